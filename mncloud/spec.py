@@ -1,0 +1,469 @@
+"""JobSpec: the user's request, parsed and validated once.
+
+Every layer (plan, render, backends, run records) takes a `JobSpec`; nothing downstream
+re-parses flags. Validation errors are `SpecError`s whose message names the bad value and
+how to mend it.
+"""
+
+from __future__ import annotations
+
+import re
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from mncloud import constants
+from mncloud.errors import SpecError
+
+#: Clouds a request may name: SkyPilot's registry names plus our own local backend.
+LOCAL_CLOUD = "local"
+
+_DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_REGION = re.compile(r"^[A-Za-z0-9][-A-Za-z0-9_]*$")
+
+
+class SpotPolicy(str, Enum):
+    """Which pricing the planner may choose."""
+
+    SPOT = "spot"
+    ON_DEMAND = "on-demand"
+    EITHER = "either"
+
+
+class Accelerator(BaseModel):
+    """What each node runs on: `H100:8` is eight H100s; `cpu:2` is two CPU processes."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    """Canonical name as SkyPilot spells it (`H100`, `A100-80GB`) or `cpu`."""
+    count: int = Field(ge=1)
+    """Devices per node; the number of torchrun processes per node."""
+
+    @property
+    def is_cpu(self) -> bool:
+        return self.name == "cpu"
+
+    def __str__(self) -> str:
+        return f"{self.name}:{self.count}"
+
+    @classmethod
+    def parse(cls, text: str) -> Accelerator:
+        """Parse `NAME[:COUNT]`, check NAME against SkyPilot's accelerator list."""
+        name, sep, count_text = text.strip().partition(":")
+        if not name:
+            raise SpecError(f"--gpus {text!r}: give NAME[:COUNT], e.g. H100:8 or cpu:2")
+        count = 1
+        if sep:
+            try:
+                count = int(count_text)
+            except ValueError:
+                raise SpecError(
+                    f"--gpus {text!r}: the count {count_text!r} is not a whole number; "
+                    "write e.g. H100:8"
+                ) from None
+        if count < 1:
+            raise SpecError(f"--gpus {text!r}: the count must be at least 1, e.g. {name}:8")
+        if name.lower() == "cpu":
+            return cls(name="cpu", count=count)
+        from mncloud import catalog
+
+        return cls(name=catalog.canonical_accelerator(name), count=count)
+
+
+class BucketURL(BaseModel):
+    """Where checkpoints and run records live: `s3://name[/prefix]`, `gs://…` or `file:///dir`."""
+
+    model_config = ConfigDict(frozen=True)
+
+    scheme: str
+    """`s3`, `gs` or `file`."""
+    name: str
+    """Bucket name; for `file` the absolute directory."""
+    prefix: str = ""
+    """Key prefix inside the bucket, without leading or trailing slashes."""
+
+    def __str__(self) -> str:
+        if self.scheme == "file":
+            return f"file://{self.name}"
+        return f"{self.scheme}://{self.name}" + (f"/{self.prefix}" if self.prefix else "")
+
+    def child(self, *parts: str) -> str:
+        """The URL of a folder below this one."""
+        return "/".join([str(self).rstrip("/"), *(p.strip("/") for p in parts)])
+
+    @classmethod
+    def parse(cls, text: str) -> BucketURL:
+        """Validate the URL; bucket names follow each cloud's rules (SkyPilot's own checks)."""
+        scheme, sep, rest = text.partition("://")
+        if not sep or scheme not in ("s3", "gs", "file"):
+            raise SpecError(
+                f"--bucket {text!r}: use s3://bucket[/prefix], gs://bucket[/prefix] "
+                "or file:///absolute/dir"
+            )
+        if scheme == "file":
+            path = Path(rest).expanduser()
+            if not path.is_absolute():
+                raise SpecError(f"--bucket {text!r}: a file:// URL needs an absolute path")
+            return cls(scheme="file", name=str(path.resolve()))
+        name, _, prefix = rest.partition("/")
+        _check_bucket_name(scheme, name, text)
+        prefix = prefix.strip("/")
+        if any(part in ("", ".", "..") for part in prefix.split("/")) and prefix:
+            raise SpecError(f"--bucket {text!r}: the prefix has an empty, '.' or '..' part")
+        return cls(scheme=scheme, name=name, prefix=prefix)
+
+
+def _check_bucket_name(scheme: str, name: str, text: str) -> None:
+    from sky.data import storage as sky_storage
+    from sky.exceptions import StorageNameError
+
+    store = sky_storage.S3Store if scheme == "s3" else sky_storage.GcsStore
+    try:
+        store.validate_name(name)
+    except StorageNameError as err:
+        reason = str(err).removeprefix("Invalid store name: ")
+        raise SpecError(f"--bucket {text!r}: {reason}") from None
+
+
+class JobSpec(BaseModel):
+    """One validated training request; the input of plan, render and every backend."""
+
+    model_config = ConfigDict(frozen=True)
+
+    script: Path
+    """The training script, absolute."""
+    script_args: list[str] = Field(default_factory=list)
+    """Arguments passed to the script verbatim."""
+    workdir: Path
+    """The script's project folder, synced to every node; the script path is relative to it."""
+    name: str
+    """Run name: DNS-safe, also the SkyPilot cluster / managed-job name."""
+    accelerator: Accelerator
+    nodes: int = Field(1, ge=1)
+    spot: SpotPolicy = SpotPolicy.EITHER
+    clouds: list[str] = Field(default_factory=list)
+    """Allowed clouds (lower case); empty means any enabled cloud."""
+    regions: list[str] = Field(default_factory=list)
+    bucket: BucketURL | None = None
+    mount_bucket: bool = False
+    """Also mount the bucket with MOUNT_CACHED (checkpoints still upload directly)."""
+    envs: dict[str, str] = Field(default_factory=dict)
+    secrets: list[str] = Field(default_factory=list)
+    """Names of secret env vars; values are read at launch and never rendered."""
+    setup: str | None = None
+    """A user setup command (shell), run once per node before training."""
+    requirements: Path | None = None
+    """A requirements file, relative to workdir, pip-installed in setup."""
+    disk_size: int | None = Field(None, ge=1)
+    image: str | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    max_hourly: float | None = Field(None, gt=0)
+    """Budget: the most the whole job may cost per hour, in USD."""
+    max_restarts: int = Field(3, ge=0)
+    """Restarts allowed after user-code errors (preemptions always recover)."""
+    master_port: int = Field(constants.DEFAULT_MASTER_PORT, ge=1024, le=65535)
+    nccl_debug: str | None = None
+    nccl_socket_ifname: str | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _dns_name(cls, value: str) -> str:
+        if not _DNS_LABEL.match(value):
+            raise ValueError(
+                f"--name {value!r}: use lower-case letters, digits and '-', starting with a "
+                "letter, at most 63 characters"
+            )
+        return value
+
+    @field_validator("clouds")
+    @classmethod
+    def _known_clouds(cls, values: list[str]) -> list[str]:
+        return [canonical_cloud(v) for v in values]
+
+    @field_validator("regions")
+    @classmethod
+    def _regions(cls, values: list[str]) -> list[str]:
+        for value in values:
+            if not _REGION.match(value):
+                raise ValueError(f"--region {value!r} is not a region name, e.g. us-east-1")
+        return values
+
+    @field_validator("envs")
+    @classmethod
+    def _env_names(cls, values: dict[str, str]) -> dict[str, str]:
+        for key in values:
+            _check_env_name(key, "--env")
+        return values
+
+    @field_validator("secrets")
+    @classmethod
+    def _secret_names(cls, values: list[str]) -> list[str]:
+        for key in values:
+            _check_env_name(key, "--secret")
+        return values
+
+    @property
+    def is_local(self) -> bool:
+        return self.clouds == [LOCAL_CLOUD]
+
+    @property
+    def script_relpath(self) -> str:
+        """The script's path relative to workdir, as it is run on every node."""
+        return self.script.relative_to(self.workdir).as_posix()
+
+    @property
+    def procs_per_node(self) -> int:
+        return self.accelerator.count
+
+
+def _check_env_name(key: str, flag: str) -> None:
+    if not _ENV_NAME.match(key):
+        raise ValueError(f"{flag} {key!r}: a variable name is letters, digits and '_'")
+    if key.startswith(("SKYPILOT_", "MNCLOUD_")):
+        raise ValueError(f"{flag} {key!r}: SKYPILOT_* and MNCLOUD_* names are set by mncloud")
+
+
+def canonical_cloud(value: str) -> str:
+    """Lower-case a cloud name and check SkyPilot knows it (or it is `local`)."""
+    name = value.strip().lower()
+    if name == LOCAL_CLOUD:
+        return name
+    from sky.utils import registry
+
+    known = sorted(registry.CLOUD_REGISTRY.keys())
+    if name not in known:
+        raise ValueError(f"--cloud {value!r} is unknown; choose one of: local, {', '.join(known)}")
+    return name
+
+
+def parse_key_values(items: list[str], flag: str) -> dict[str, str]:
+    """Parse repeated `K=V` flags into a dict; `K` alone is an error."""
+    result: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SpecError(f"{flag} {item!r}: write KEY=VALUE")
+        result[key] = value
+    return result
+
+
+def find_workdir(script: Path) -> Path:
+    """The script's project folder: the nearest ancestor with a project marker."""
+    markers = (
+        "pyproject.toml",
+        "setup.py",
+        "requirements.txt",
+        ".git",
+        constants.PROJECT_CONFIG_FILE,
+    )
+    for folder in (script.parent, *script.parent.parents):
+        if any((folder / marker).exists() for marker in markers):
+            return folder
+    return script.parent
+
+
+def load_project_config(workdir: Path) -> dict[str, Any]:
+    """Read `mncloud.yaml` in the project (a team's committed defaults), or {}."""
+    path = workdir / constants.PROJECT_CONFIG_FILE
+    if not path.is_file():
+        return {}
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise SpecError(
+            f"{path}: not valid YAML ({err.__class__.__name__}); fix the file"
+        ) from None
+    if not isinstance(data, dict):
+        raise SpecError(f"{path}: expected a mapping of option: value")
+    unknown = set(data) - set(CONFIG_KEYS)
+    if unknown:
+        raise SpecError(
+            f"{path}: unknown option(s) {', '.join(sorted(unknown))}; "
+            f"allowed: {', '.join(CONFIG_KEYS)}"
+        )
+    return data
+
+
+#: Keys allowed in mncloud.yaml, named like the CLI flags (with '_' for '-').
+CONFIG_KEYS = (
+    "gpus",
+    "nodes",
+    "spot",
+    "cloud",
+    "region",
+    "bucket",
+    "mount_bucket",
+    "env",
+    "secret",
+    "setup",
+    "requirements",
+    "disk_size",
+    "image",
+    "label",
+    "max_hourly",
+    "max_restarts",
+    "master_port",
+    "nccl_debug",
+    "nccl_socket_ifname",
+    "name",
+)
+
+
+def build_spec(
+    script: str | Path,
+    script_args: list[str] | None = None,
+    *,
+    gpus: str | None = None,
+    nodes: int | None = None,
+    spot: bool | None = None,
+    cloud: list[str] | None = None,
+    region: list[str] | None = None,
+    bucket: str | None = None,
+    mount_bucket: bool | None = None,
+    env: list[str] | None = None,
+    secret: list[str] | None = None,
+    setup: str | None = None,
+    requirements: str | None = None,
+    disk_size: int | None = None,
+    image: str | None = None,
+    label: list[str] | None = None,
+    max_hourly: float | None = None,
+    max_restarts: int | None = None,
+    master_port: int | None = None,
+    nccl_debug: str | None = None,
+    nccl_socket_ifname: str | None = None,
+    name: str | None = None,
+) -> JobSpec:
+    """Build a JobSpec from CLI-style options over the project's `mncloud.yaml` defaults.
+
+    `spot`: True = spot only, False = on-demand only, None = either (the planner decides).
+    Raises SpecError with a one-line, actionable message.
+    """
+    script_path = Path(script).expanduser()
+    if not script_path.is_file():
+        raise SpecError(
+            f"script {str(script)!r} does not exist; give the path of your training script"
+        )
+    script_path = script_path.resolve()
+    workdir = find_workdir(script_path)
+    flags = {
+        "gpus": gpus,
+        "nodes": nodes,
+        "spot": spot,
+        "cloud": cloud or None,
+        "region": region or None,
+        "bucket": bucket,
+        "mount_bucket": mount_bucket,
+        "env": env or None,
+        "secret": secret or None,
+        "setup": setup,
+        "requirements": requirements,
+        "disk_size": disk_size,
+        "image": image,
+        "label": label or None,
+        "max_hourly": max_hourly,
+        "max_restarts": max_restarts,
+        "master_port": master_port,
+        "nccl_debug": nccl_debug,
+        "nccl_socket_ifname": nccl_socket_ifname,
+        "name": name,
+    }
+    merged = load_project_config(workdir)
+    merged.update({k: v for k, v in flags.items() if v is not None})
+    return _spec_from_options(merged, script_path, workdir, list(script_args or []))
+
+
+def _as_list(value: Any) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, (list, tuple)):
+        return [str(v) for v in value]
+    return [str(value)]
+
+
+def _as_mapping(value: Any, flag: str) -> dict[str, str]:
+    if isinstance(value, dict):
+        return {str(k): str(v) for k, v in value.items()}
+    return parse_key_values(_as_list(value), flag)
+
+
+def _spec_from_options(
+    opts: dict[str, Any], script: Path, workdir: Path, script_args: list[str]
+) -> JobSpec:
+    if not opts.get("gpus"):
+        raise SpecError("--gpus is required, e.g. --gpus H100:8 (or cpu:2 for local CPU nodes)")
+    accelerator = Accelerator.parse(str(opts["gpus"]))
+    nodes = opts.get("nodes", 1)
+    if not isinstance(nodes, int) or isinstance(nodes, bool) or nodes < 1:
+        raise SpecError(f"--nodes {nodes!r}: give a whole number of nodes, 1 or more")
+    spot_opt = opts.get("spot")
+    policies = {True: SpotPolicy.SPOT, False: SpotPolicy.ON_DEMAND, None: SpotPolicy.EITHER}
+    spot = policies.get(spot_opt) if isinstance(spot_opt, bool | None) else None
+    if spot is None:
+        try:
+            spot = SpotPolicy(str(spot_opt))
+        except ValueError:
+            raise SpecError(f"spot: {spot_opt!r}; use spot, on-demand or either") from None
+    bucket = BucketURL.parse(str(opts["bucket"])) if opts.get("bucket") else None
+    requirements = None
+    if opts.get("requirements"):
+        req = (Path.cwd() / Path(str(opts["requirements"])).expanduser()).resolve()
+        if not req.is_file():
+            raise SpecError(f"--requirements {opts['requirements']!r} does not exist")
+        if not req.is_relative_to(workdir):
+            raise SpecError(f"--requirements {opts['requirements']!r} must be inside {workdir}")
+        requirements = req.relative_to(workdir)
+    if opts.get("mount_bucket") and bucket is None:
+        raise SpecError("--mount-bucket needs --bucket s3://… or gs://…")
+    if opts.get("mount_bucket") and bucket is not None and bucket.scheme == "file":
+        raise SpecError("--mount-bucket works with s3:// or gs:// buckets, not file://")
+    name = opts.get("name") or _default_name(script)
+    try:
+        return JobSpec(
+            script=script,
+            script_args=script_args,
+            workdir=workdir,
+            name=str(name),
+            accelerator=accelerator,
+            nodes=nodes,
+            spot=spot,
+            clouds=_as_list(opts.get("cloud")),
+            regions=_as_list(opts.get("region")),
+            bucket=bucket,
+            mount_bucket=bool(opts.get("mount_bucket")),
+            envs=_as_mapping(opts.get("env"), "--env"),
+            secrets=_as_list(opts.get("secret")),
+            setup=opts.get("setup"),
+            requirements=requirements,
+            disk_size=opts.get("disk_size"),
+            image=opts.get("image"),
+            labels=_as_mapping(opts.get("label"), "--label"),
+            max_hourly=opts.get("max_hourly"),
+            max_restarts=opts.get("max_restarts", 3),
+            master_port=opts.get("master_port", constants.DEFAULT_MASTER_PORT),
+            nccl_debug=opts.get("nccl_debug"),
+            nccl_socket_ifname=opts.get("nccl_socket_ifname"),
+        )
+    except ValidationError as err:
+        raise SpecError(_first_error(err)) from None
+
+
+def _default_name(script: Path) -> str:
+    stem = re.sub(r"[^a-z0-9-]+", "-", script.stem.lower()).strip("-") or "run"
+    if not stem[0].isalpha():
+        stem = f"run-{stem}"
+    return stem[:63].rstrip("-")
+
+
+def _first_error(err: ValidationError) -> str:
+    first = err.errors()[0]
+    where = ".".join(str(p) for p in first.get("loc", ()))
+    message = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
+    if message.startswith("--"):
+        return message
+    return f"--{where.replace('_', '-')}: {message}"
