@@ -29,3 +29,14 @@ DEFAULT_MASTER_PORT = 29500
 # recovery paths (SkyPilot recover_on_exit_codes, the local supervisor) treat it as a
 # preemption, not as a user error.
 PREEMPTED_EXIT_CODE = 115  # distinct from torchrun (1), signals (128+N) and the shell (126, 127)
+
+# File a rank creates when it stopped for a preemption notice; run.sh.j2 sets its path per node.
+PREEMPT_MARKER_ENV = "MNCLOUD_PREEMPT_MARKER"
+
+# Storage and checkpoints (mncloud/storage.py, mncloud/ckptstore.py, mncloud/train/ckpt.py).
+# How long a bucket operation retries transient failures before it gives up (seconds).
+STORAGE_RETRY_SECONDS_ENV = "MNCLOUD_STORAGE_RETRY_SECONDS"
+# While this file exists at the root of a file:// bucket, the bucket acts as if it were down.
+STORAGE_OUTAGE_MARKER = ".mncloud-outage"
+# Local directory where ranks stage checkpoint files before the upload (default: a temp dir).
+CKPT_STAGING_ENV = "MNCLOUD_CKPT_STAGING"

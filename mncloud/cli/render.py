@@ -1,0 +1,161 @@
+"""`mncloud render`: print the SkyPilot task YAML for a training script."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from mncloud.cli._common import console, handle_errors, print_json
+
+# The options every command that takes a training job shares (render, up). One definition,
+# so `render` and `up` cannot drift apart.
+Gpus = Annotated[
+    str | None,
+    typer.Option("--gpus", help="Accelerators per node: H100:8, A100-80GB:4, L4, cpu:2."),
+]
+Nodes = Annotated[int | None, typer.Option("--nodes", help="Number of nodes (default 1).")]
+Spot = Annotated[
+    bool | None,
+    typer.Option(
+        "--spot/--on-demand", help="Force spot or on-demand; default: either, the plan decides."
+    ),
+]
+Cloud = Annotated[
+    list[str] | None,
+    typer.Option("--cloud", help="Allowed cloud (repeatable): aws, gcp, lambda, … or local."),
+]
+Region = Annotated[list[str] | None, typer.Option("--region", help="Allowed region (repeatable).")]
+Bucket = Annotated[
+    str | None,
+    typer.Option("--bucket", help="Checkpoint bucket: s3://name[/prefix], gs://…, file:///dir."),
+]
+MountBucket = Annotated[
+    bool | None,
+    typer.Option("--mount-bucket", help="Also mount the bucket (MOUNT_CACHED) on every node."),
+]
+Env = Annotated[
+    list[str] | None, typer.Option("--env", help="Environment variable K=V (repeatable).")
+]
+Secret = Annotated[
+    list[str] | None,
+    typer.Option("--secret", help="Secret env var name, value read from your environment."),
+]
+Setup = Annotated[str | None, typer.Option("--setup", help="Shell command run once per node.")]
+Requirements = Annotated[
+    str | None, typer.Option("--requirements", help="pip requirements file inside the project.")
+]
+DiskSize = Annotated[int | None, typer.Option("--disk-size", help="Disk per node in GB.")]
+Image = Annotated[str | None, typer.Option("--image", help="VM or Docker image (image_id).")]
+Label = Annotated[list[str] | None, typer.Option("--label", help="Label K=V (repeatable).")]
+MaxHourly = Annotated[
+    float | None, typer.Option("--max-hourly", help="Budget: most USD per hour for the job.")
+]
+MaxRestarts = Annotated[
+    int | None,
+    typer.Option("--max-restarts", help="Restarts after errors in your code (default 3)."),
+]
+MasterPort = Annotated[
+    int | None, typer.Option("--master-port", help="Rendezvous port on the head node (29500).")
+]
+NcclDebug = Annotated[
+    str | None, typer.Option("--nccl-debug", help="NCCL_DEBUG level, e.g. INFO or WARN.")
+]
+NcclIfname = Annotated[
+    str | None,
+    typer.Option("--nccl-socket-ifname", help="NCCL_SOCKET_IFNAME; default: the default route's."),
+]
+Name = Annotated[str | None, typer.Option("--name", help="Run name (DNS-safe).")]
+Script = Annotated[Path, typer.Argument(help="The training script.", show_default=False)]
+ScriptArgs = Annotated[
+    list[str] | None, typer.Argument(help="Arguments for the script, after --.", show_default=False)
+]
+Catalog = Annotated[
+    str | None,
+    typer.Option(
+        "--catalog",
+        envvar="MNCLOUD_CATALOG_DIR",
+        help="Offline SkyPilot catalog snapshot (a folder holding v8/<cloud>/vms.csv).",
+    ),
+]
+
+
+def register(app: typer.Typer) -> None:
+    """Add `render` to the app."""
+    app.command("render")(render_command)
+
+
+@handle_errors
+def render_command(
+    script: Script,
+    script_args: ScriptArgs = None,
+    gpus: Gpus = None,
+    nodes: Nodes = None,
+    spot: Spot = None,
+    cloud: Cloud = None,
+    region: Region = None,
+    bucket: Bucket = None,
+    mount_bucket: MountBucket = None,
+    env: Env = None,
+    secret: Secret = None,
+    setup: Setup = None,
+    requirements: Requirements = None,
+    disk_size: DiskSize = None,
+    image: Image = None,
+    label: Label = None,
+    max_hourly: MaxHourly = None,
+    max_restarts: MaxRestarts = None,
+    master_port: MasterPort = None,
+    nccl_debug: NcclDebug = None,
+    nccl_socket_ifname: NcclIfname = None,
+    name: Name = None,
+    catalog: Catalog = None,
+    template: Annotated[
+        Path | None, typer.Option("--template", help="Render your own Jinja2 task template.")
+    ] = None,
+    output: Annotated[
+        Path | None, typer.Option("-o", "--output", help="Write the YAML to this file.")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the task as JSON.")] = False,
+) -> None:
+    """Print the SkyPilot task YAML for SCRIPT, validated by SkyPilot's own schema."""
+    from mncloud import catalog as catalog_mod
+
+    catalog_mod.use_catalog_dir(catalog)
+    from mncloud.render import render
+    from mncloud.spec import build_spec
+
+    spec = build_spec(
+        script,
+        script_args,
+        gpus=gpus,
+        nodes=nodes,
+        spot=spot,
+        cloud=cloud,
+        region=region,
+        bucket=bucket,
+        mount_bucket=mount_bucket,
+        env=env,
+        secret=secret,
+        setup=setup,
+        requirements=requirements,
+        disk_size=disk_size,
+        image=image,
+        label=label,
+        max_hourly=max_hourly,
+        max_restarts=max_restarts,
+        master_port=master_port,
+        nccl_debug=nccl_debug,
+        nccl_socket_ifname=nccl_socket_ifname,
+        name=name,
+    )
+    task = render(spec, template=template)
+    text = task.to_json() + "\n" if as_json else task.yaml_text
+    if output is not None:
+        output.write_text(text)
+        console.print(f"wrote {output}", highlight=False)
+    elif as_json:
+        print_json(task.config)
+    else:
+        typer.echo(text, nl=False)

@@ -1,0 +1,270 @@
+"""JobSpec (+ Plan) → SkyPilot task YAML, through the Jinja2 templates in `mncloud/templates/`.
+
+The result is validated with SkyPilot's own code (its task schema, which knows keywords plain
+jsonschema does not, and `sky.Task.from_yaml_config`) before anyone sees it.
+
+Template variables (also what a `--template PATH` of your own receives):
+
+| variable | meaning |
+|---|---|
+| `name`, `num_nodes`, `workdir` | run name, node count, local project folder synced to nodes |
+| `resources` | dict for `resources:` (accelerators or cpus, use_spot, infra, disk_size, …) |
+| `job_recovery` | dict for `resources.job_recovery` (spot only) or None |
+| `resource_choices`, `resource_choice_mode` | list of resource dicts and `ordered`/`any_of` |
+| `envs` | dict of environment variables (user `--env` + `MNCLOUD_*`) |
+| `secrets` | list of secret names (values never rendered) |
+| `file_mounts` | dict of mount path → mount spec (`--mount-bucket`) |
+| `script`, `script_args` | the script relative to workdir, and its arguments (quote with `q`) |
+| `nproc_per_node` | shell word: `$SKYPILOT_NUM_GPUS_PER_NODE`, or the count for `cpu:N` |
+| `master_port`, `nccl_debug`, `nccl_socket_ifname` | rendezvous port and NCCL settings |
+| `requirements`, `user_setup` | pip requirements file (relative) and the `--setup` command |
+| `preempted_exit_code`, `c` | the preemption exit code and `mncloud.constants` |
+
+Filters: `q` (shell-quote), `yaml` (one safe YAML value), `yaml_block` (a multi-line string
+as a YAML block). The shell templates `setup.sh.j2` and `run.sh.j2` can be included.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass
+from importlib import resources as importlib_resources
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import yaml
+
+from mncloud import __version__, constants
+from mncloud.errors import RenderError
+from mncloud.spec import JobSpec, SpotPolicy
+
+if TYPE_CHECKING:
+    import jinja2
+
+    from mncloud.plan import Plan
+
+TASK_TEMPLATE = "task.yaml.j2"
+MOUNT_PATH = "/mncloud-bucket"
+
+
+@dataclass(frozen=True)
+class RenderedTask:
+    """A validated SkyPilot task: its YAML text and the parsed config."""
+
+    yaml_text: str
+    config: dict[str, Any]
+
+    def to_json(self) -> str:
+        return json.dumps(self.config, indent=2)
+
+
+def render(
+    spec: JobSpec, plan: Plan | None = None, template: str | Path | None = None
+) -> RenderedTask:
+    """Render and validate the task for `spec`; `plan` adds ordered resource fallbacks."""
+    env = _environment(Path(template).expanduser().resolve().parent if template else None)
+    name = Path(template).name if template else TASK_TEMPLATE
+    if template and not Path(template).expanduser().is_file():
+        raise RenderError(f"--template {str(template)!r} does not exist")
+    import jinja2
+
+    try:
+        text = env.get_template(name).render(**template_variables(spec, plan))
+    except jinja2.TemplateError as err:
+        raise RenderError(f"template {name}: {err.__class__.__name__}: {err}") from None
+    try:
+        config = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise RenderError(f"template {name} produced invalid YAML: {err}") from None
+    if not isinstance(config, dict):
+        raise RenderError(f"template {name} must produce a YAML mapping")
+    validate_task_config(config)
+    return RenderedTask(yaml_text=text, config=config)
+
+
+def task_env(spec: JobSpec) -> dict[str, str]:
+    """Environment every node gets: the user's `--env` plus mncloud's own variables."""
+    envs = dict(spec.envs)
+    envs[constants.RUN_NAME_ENV] = spec.name
+    if spec.bucket is not None:
+        envs[constants.CKPT_URI_ENV] = spec.bucket.child(spec.name)
+    if spec.spot is SpotPolicy.SPOT:
+        envs[constants.PREEMPTION_WATCH_ENV] = "1"
+    return envs
+
+
+def template_variables(spec: JobSpec, plan: Plan | None = None) -> dict[str, Any]:
+    """All variables a task template receives (see the module docstring)."""
+    choices, mode = _resource_choices(spec, plan)
+    use_spot = _use_spot(spec, plan)
+    return {
+        "mncloud_version": __version__,
+        "name": spec.name,
+        "num_nodes": spec.nodes,
+        "workdir": str(spec.workdir),
+        "resources": _resources(spec, use_spot),
+        "job_recovery": _job_recovery(spec) if use_spot else None,
+        "resource_choices": choices,
+        "resource_choice_mode": mode,
+        "envs": task_env(spec),
+        "secrets": list(spec.secrets),
+        "file_mounts": _file_mounts(spec),
+        "script": spec.script_relpath,
+        "script_args": list(spec.script_args),
+        "nproc_per_node": (
+            str(spec.accelerator.count)
+            if spec.accelerator.is_cpu
+            else f'"${constants.SKYPILOT_NUM_GPUS_PER_NODE}"'
+        ),
+        "master_port": spec.master_port,
+        "nccl_debug": spec.nccl_debug,
+        "nccl_socket_ifname": spec.nccl_socket_ifname,
+        "requirements": spec.requirements.as_posix() if spec.requirements else None,
+        "user_setup": spec.setup,
+        "preempted_exit_code": constants.PREEMPTED_EXIT_CODE,
+        "c": constants,
+    }
+
+
+def _use_spot(spec: JobSpec, plan: Plan | None) -> bool:
+    if plan is not None:
+        return bool(plan.choice.spot)
+    return spec.spot is SpotPolicy.SPOT
+
+
+def _resources(spec: JobSpec, use_spot: bool) -> dict[str, Any]:
+    resources: dict[str, Any] = {}
+    if spec.accelerator.is_cpu:
+        resources["cpus"] = f"{spec.accelerator.count}+"
+    else:
+        resources["accelerators"] = str(spec.accelerator)
+    resources["use_spot"] = use_spot
+    if spec.disk_size:
+        resources["disk_size"] = spec.disk_size
+    if spec.image:
+        resources["image_id"] = spec.image
+    if spec.labels:
+        resources["labels"] = dict(spec.labels)
+    return resources
+
+
+def _job_recovery(spec: JobSpec) -> dict[str, Any]:
+    # EAGER_NEXT_REGION tears the whole fleet down on every flap; for several nodes FAILOVER
+    # first retries where the cluster was. One node: eager is SkyPilot's own default.
+    strategy = "FAILOVER" if spec.nodes > 1 else "EAGER_NEXT_REGION"
+    return {
+        "strategy": strategy,
+        "max_restarts_on_errors": spec.max_restarts,
+        "recover_on_exit_codes": [constants.PREEMPTED_EXIT_CODE],
+    }
+
+
+def _resource_choices(spec: JobSpec, plan: Plan | None) -> tuple[list[dict[str, Any]], str]:
+    """SkyPilot `ordered` (from a plan) or `any_of` (several clouds/regions) entries."""
+    if plan is not None:
+        return plan.ordered_resources(), "ordered"
+    clouds = [c for c in spec.clouds if c != "local"]
+    if not clouds and not spec.regions:
+        return [], "any_of"
+    if not clouds:
+        raise RenderError("--region needs --cloud: a region name belongs to one cloud")
+    infras = [f"{cloud}/{region}" for cloud, region in _cloud_regions(clouds, spec.regions)]
+    if len(infras) == 1:
+        return [{"infra": infras[0]}], "any_of"
+    return [{"infra": infra} for infra in infras], "any_of"
+
+
+def _cloud_regions(clouds: list[str], regions: list[str]) -> list[tuple[str, str]]:
+    """Pair each region with the clouds that have it (by SkyPilot's catalog)."""
+    if not regions:
+        return [(cloud, "*") for cloud in clouds]
+    if len(clouds) == 1:
+        return [(clouds[0], region) for region in regions]
+    from sky.utils import registry
+
+    pairs = []
+    for region in regions:
+        owners = []
+        for cloud in clouds:
+            try:
+                registry.CLOUD_REGISTRY.from_str(cloud).validate_region_zone(region, None)
+                owners.append(cloud)
+            except ValueError:
+                continue
+        if not owners:
+            raise RenderError(f"--region {region!r} belongs to none of --cloud {', '.join(clouds)}")
+        pairs.extend((cloud, region) for cloud in owners)
+    return pairs
+
+
+def _file_mounts(spec: JobSpec) -> dict[str, Any]:
+    if not spec.mount_bucket or spec.bucket is None:
+        return {}
+    # MOUNT modes take a whole bucket; checkpoints still go up directly through the SDK.
+    source = f"{spec.bucket.scheme}://{spec.bucket.name}"
+    return {MOUNT_PATH: {"source": source, "mode": "MOUNT_CACHED"}}
+
+
+def validate_task_config(config: dict[str, Any]) -> None:
+    """Check a task config with SkyPilot's schema and parser; raise RenderError on failure."""
+    from sky import Task
+    from sky.utils import common_utils, schemas
+
+    try:
+        common_utils.validate_schema(config, schemas.get_task_schema(), "")
+        Task.from_yaml_config(config)
+    except Exception as err:  # SkyPilot raises ValueError and its own exception types
+        message = " ".join(str(err).split())
+        raise RenderError(f"SkyPilot rejects the task: {message}") from None
+
+
+def _environment(extra_dir: Path | None) -> jinja2.Environment:
+    import jinja2
+
+    loaders: list[jinja2.BaseLoader] = []
+    if extra_dir is not None:
+        loaders.append(jinja2.FileSystemLoader(str(extra_dir)))
+    loaders.append(jinja2.FileSystemLoader(str(template_dir())))
+    env = jinja2.Environment(
+        loader=jinja2.ChoiceLoader(loaders),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+    env.filters["q"] = lambda value: shlex.quote(str(value))
+    env.filters["yaml"] = _yaml_value
+    env.filters["yaml_block"] = _yaml_block
+    return env
+
+
+def template_dir() -> Path:
+    """The folder of mncloud's shipped templates."""
+    return Path(str(importlib_resources.files("mncloud") / "templates"))
+
+
+def _yaml_value(value: Any) -> str:
+    """One YAML value on one line: scalars quoted as needed, mappings/lists in flow style."""
+    text = yaml.safe_dump(value, default_flow_style=True, width=10_000, sort_keys=False)
+    return text.removesuffix("\n...\n").rstrip("\n")
+
+
+class _BlockDumper(yaml.SafeDumper):
+    pass
+
+
+def _block_str(dumper: yaml.SafeDumper, data: str) -> yaml.ScalarNode:
+    return dumper.represent_scalar("tag:yaml.org,2002:str", data, style="|")
+
+
+_BlockDumper.add_representer(str, _block_str)
+
+
+def _yaml_block(text: str) -> str:
+    """A multi-line shell script as a YAML literal block, indented under its key.
+
+    PyYAML decides the exact form, so any content (quotes, newlines inside quoted arguments)
+    parses back byte for byte.
+    """
+    dumped = yaml.dump(text.strip("\n") + "\n", Dumper=_BlockDumper, width=10_000)
+    return dumped.removesuffix("...\n").rstrip("\n")
