@@ -11,7 +11,9 @@ import typer
 
 from mncloud import __version__
 from mncloud.cli import ckpt as ckpt_cli
+from mncloud.cli import ops as ops_cli
 from mncloud.cli import render as render_cli
+from mncloud.cli import up as up_cli
 from mncloud.errors import MncloudError
 
 app = typer.Typer(
@@ -39,6 +41,8 @@ def _root(
 
 
 render_cli.register(app)
+up_cli.register(app)
+ops_cli.register(app)
 app.add_typer(ckpt_cli.app, name="ckpt", help="List, verify, pull and remove checkpoints.")
 
 

@@ -1,0 +1,118 @@
+"""`mncloud status`, `logs`, `down`: operate runs whichever backend they run on."""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from mncloud.cli._common import console, handle_errors, print_json
+
+
+def register(app: typer.Typer) -> None:
+    """Add `status`, `logs` and `down` to the app."""
+    app.command("status")(status_command)
+    app.command("logs")(logs_command)
+    app.command("down")(down_command)
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = max(0.0, seconds)
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m"
+    return f"{seconds / 3600:.1f}h"
+
+
+def _status_dict(status) -> dict:  # type: ignore[no-untyped-def]
+    data = status.model_dump(mode="json")
+    data["cost_so_far"] = status.cost_so_far
+    return data
+
+
+@handle_errors
+def status_command(
+    name: Annotated[str | None, typer.Argument(help="A run name; all runs when omitted.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Show runs: state, where, nodes, restarts, newest checkpoint, cost so far."""
+    from mncloud.backends.base import backend_for_run, known_runs
+
+    names = [name] if name else known_runs()
+    statuses = [backend_for_run(n).status(n) for n in names]
+    if as_json:
+        print_json([_status_dict(s) for s in statuses])
+        return
+    if not statuses:
+        console.print("No runs yet. Start one: mncloud up train.py --cloud local --gpus cpu:2")
+        return
+    table = Table(title="mncloud runs")
+    for column in (
+        "name",
+        "backend",
+        "state",
+        "where",
+        "nodes",
+        "restarts",
+        "age",
+        "cost",
+        "detail",
+    ):
+        table.add_column(column)
+    now = time.time()
+    for s in statuses:
+        where = "/".join(p for p in (s.cloud, s.region, s.instance_type) if p) or "-"
+        if s.spot:
+            where += " (spot)"
+        cost = f"${s.cost_so_far:,.2f}" if s.cost_so_far is not None else "-"
+        started = None if s.started_at is None else (s.ended_at or now) - s.started_at
+        table.add_row(
+            s.name,
+            s.backend,
+            s.state.value,
+            where,
+            str(s.nodes),
+            f"{s.restarts} ({s.preemptions} preempted)",
+            _age(started),
+            cost,
+            s.detail,
+        )
+    console.print(table)
+
+
+@handle_errors
+def logs_command(
+    name: Annotated[str, typer.Argument(help="The run name.")],
+    node: Annotated[int | None, typer.Option("--node", help="Only this node's lines.")] = None,
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Keep printing new lines.")
+    ] = False,
+) -> None:
+    """Print the run's output from all nodes, each line prefixed with node and rank."""
+    from mncloud.backends.base import backend_for_run
+
+    try:
+        for line in backend_for_run(name).logs(name, node=node, follow=follow):
+            typer.echo(line)
+    except KeyboardInterrupt:
+        raise typer.Exit(code=130) from None
+
+
+@handle_errors
+def down_command(
+    name: Annotated[str, typer.Argument(help="The run name.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Stop the run and release its nodes (checkpoints stay in the bucket)."""
+    from mncloud.backends.base import backend_for_run
+
+    status = backend_for_run(name).down(name)
+    if as_json:
+        print_json(_status_dict(status))
+    else:
+        console.print(f"[bold]{status.name}[/]: {status.state.value} {status.detail}")

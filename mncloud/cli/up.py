@@ -1,0 +1,167 @@
+"""`mncloud up`: plan → render → launch, on a cloud through SkyPilot or on this machine."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from mncloud.cli import render as opts
+from mncloud.cli._common import console, handle_errors, print_json
+from mncloud.errors import SpecError
+
+
+def register(app: typer.Typer) -> None:
+    """Add `up` to the app."""
+    app.command("up")(up_command)
+
+
+def parse_duration(text: str | None, flag: str) -> float | None:
+    """`90`, `90s`, `5m`, `1h` → seconds; None stays None."""
+    if text is None:
+        return None
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", text)
+    if not match:
+        raise SpecError(f"{flag} {text!r}: write a duration like 30s, 5m or 1h")
+    value = float(match.group(1))
+    return value * {"": 1, "s": 1, "m": 60, "h": 3600}[match.group(2)]
+
+
+@handle_errors
+def up_command(
+    script: opts.Script,
+    script_args: opts.ScriptArgs = None,
+    gpus: opts.Gpus = None,
+    nodes: opts.Nodes = None,
+    spot: opts.Spot = None,
+    cloud: opts.Cloud = None,
+    region: opts.Region = None,
+    bucket: opts.Bucket = None,
+    mount_bucket: opts.MountBucket = None,
+    env: opts.Env = None,
+    secret: opts.Secret = None,
+    setup: opts.Setup = None,
+    requirements: opts.Requirements = None,
+    disk_size: opts.DiskSize = None,
+    image: opts.Image = None,
+    label: opts.Label = None,
+    max_hourly: opts.MaxHourly = None,
+    max_restarts: opts.MaxRestarts = None,
+    master_port: opts.MasterPort = None,
+    nccl_debug: opts.NcclDebug = None,
+    nccl_socket_ifname: opts.NcclIfname = None,
+    name: opts.Name = None,
+    catalog: opts.Catalog = None,
+    template: Annotated[
+        Path | None, typer.Option("--template", help="Your own Jinja2 task template.")
+    ] = None,
+    hours: Annotated[
+        float, typer.Option("--hours", help="Expected training hours, for the plan.")
+    ] = 24.0,
+    max_cost: Annotated[
+        float | None, typer.Option("--max-cost", help="Budget: most USD for the whole job.")
+    ] = None,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask before launching.")] = False,
+    detach: Annotated[
+        bool, typer.Option("--detach", "-d", help="Return once launched; do not follow logs.")
+    ] = False,
+    dryrun: Annotated[
+        bool, typer.Option("--dryrun", help="Plan, render and dry-run; provision nothing.")
+    ] = False,
+    recovery_delay: Annotated[
+        str, typer.Option("--recovery-delay", help="Local: wait before relaunching nodes.")
+    ] = "2s",
+    retry_on_error: Annotated[
+        int | None,
+        typer.Option(
+            "--retry-on-error", help="Local: retries after errors in your code (default 0)."
+        ),
+    ] = None,
+    chaos_preempt_after: Annotated[
+        str | None,
+        typer.Option(
+            "--chaos-preempt-after", help="Local: preempt node 1 once after this long (e.g. 20s)."
+        ),
+    ] = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the final status as JSON.")
+    ] = False,
+) -> None:
+    """Plan, render and launch SCRIPT on the cheapest fitting cloud (or --cloud local)."""
+    from mncloud import catalog as catalog_mod
+
+    catalog_mod.use_catalog_dir(catalog)
+    from mncloud.backends.base import LaunchRequest, get_backend, record_backend
+    from mncloud.render import render
+    from mncloud.spec import build_spec
+
+    spec = build_spec(
+        script,
+        script_args,
+        gpus=gpus,
+        nodes=nodes,
+        spot=spot,
+        cloud=cloud,
+        region=region,
+        bucket=bucket,
+        mount_bucket=mount_bucket,
+        env=env,
+        secret=secret,
+        setup=setup,
+        requirements=requirements,
+        disk_size=disk_size,
+        image=image,
+        label=label,
+        max_hourly=max_hourly,
+        max_restarts=max_restarts,
+        master_port=master_port,
+        nccl_debug=nccl_debug,
+        nccl_socket_ifname=nccl_socket_ifname,
+        name=name,
+    )
+    options = {
+        "recovery_delay": parse_duration(recovery_delay, "--recovery-delay"),
+        "retry_on_error": retry_on_error or 0,
+        "chaos_preempt_after": parse_duration(chaos_preempt_after, "--chaos-preempt-after"),
+        "follow": not detach and not as_json,
+    }
+    if spec.is_local:
+        plan = None
+        backend_name = "local"
+    else:
+        if "local" in spec.clouds:
+            raise SpecError("--cloud local runs on this machine alone; do not mix it with clouds")
+        plan = _plan_and_confirm(spec, hours, max_cost, yes=yes or dryrun, as_json=as_json)
+        backend_name = "skypilot"
+    task = render(spec, plan=plan, template=template)
+    backend = get_backend(backend_name)
+    if not dryrun:
+        record_backend(spec.name, backend_name)
+    request = LaunchRequest(
+        spec=spec, task=task, plan=plan, detach=detach, dryrun=dryrun, options=options
+    )
+    status = backend.launch(request)
+    if as_json:
+        print_json(status.model_dump(mode="json") | {"cost_so_far": status.cost_so_far})
+    else:
+        console.print(f"[bold]{status.name}[/]: {status.state.value} {status.detail}")
+    if status.state.value == "FAILED":
+        raise typer.Exit(code=1)
+
+
+def _plan_and_confirm(spec, hours: float, max_cost: float | None, *, yes: bool, as_json: bool):  # type: ignore[no-untyped-def]
+    """Plan the job, show the table, and ask before anything costs money."""
+    from mncloud.cli.plan import show_plan
+    from mncloud.plan import PlanRequest, make_plan
+
+    request = PlanRequest.from_spec(spec, hours=hours, max_cost=max_cost)
+    plan = make_plan(request)
+    if not as_json:
+        show_plan(plan, top=5)
+    if not yes and not typer.confirm(
+        f"Launch {spec.name} for an expected ${plan.choice.expected_cost:,.2f}?", default=False
+    ):
+        raise typer.Exit(code=1)
+    return plan
