@@ -26,6 +26,7 @@ as a YAML block). The shell templates `setup.sh.j2` and `run.sh.j2` can be inclu
 
 from __future__ import annotations
 
+import copy
 import json
 import shlex
 from dataclasses import dataclass
@@ -213,7 +214,7 @@ def validate_task_config(config: dict[str, Any]) -> None:
 
     try:
         common_utils.validate_schema(config, schemas.get_task_schema(), "")
-        Task.from_yaml_config(config)
+        Task.from_yaml_config(copy.deepcopy(config))  # SkyPilot pops keys from its argument
     except Exception as err:  # SkyPilot raises ValueError and its own exception types
         message = " ".join(str(err).split())
         raise RenderError(f"SkyPilot rejects the task: {message}") from None

@@ -1,0 +1,5 @@
+"""`python -m mncloud` runs the CLI."""
+
+from mncloud.cli import main
+
+main()

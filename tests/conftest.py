@@ -1,0 +1,52 @@
+"""Test session set-up.
+
+SkyPilot computes its catalog paths when `sky` is first imported, so the offline catalog
+snapshot (`../shared/catalogs`, beside the repository) is wired in here, at import time, before
+any test module imports sky. Each test gets its own `MNCLOUD_HOME`.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_CATALOGS = REPO.parent / "shared" / "catalogs"
+
+_session_tmp = Path(tempfile.mkdtemp(prefix="mncloud-tests-"))
+os.environ["SKY_RUNTIME_DIR"] = str(_session_tmp / "sky-runtime")
+os.environ["SKYPILOT_DISABLE_USAGE_COLLECTION"] = "1"
+os.environ["MNCLOUD_HOME"] = str(_session_tmp / "home")
+if SHARED_CATALOGS.is_dir():
+    os.environ.setdefault("MNCLOUD_CATALOG_DIR", str(SHARED_CATALOGS))
+HAVE_CATALOG = bool(os.environ.get("MNCLOUD_CATALOG_DIR"))
+if HAVE_CATALOG:
+    from mncloud import catalog as _catalog
+
+    _catalog.use_catalog_dir()
+
+pytest_plugins = ["tests.servers"]
+
+needs_catalog = pytest.mark.skipif(
+    not HAVE_CATALOG, reason="no SkyPilot catalog snapshot (../shared/catalogs) and no network"
+)
+
+
+@pytest.fixture(autouse=True)
+def mncloud_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A fresh MNCLOUD_HOME for every test, so runs never leak between tests."""
+    home = tmp_path_factory.mktemp("mncloud-home")
+    monkeypatch.setenv("MNCLOUD_HOME", str(home))
+    return home
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Skip every test that needs the catalog when there is none, with the reason."""
+    if HAVE_CATALOG:
+        return
+    for item in items:
+        if item.get_closest_marker("catalog"):
+            item.add_marker(needs_catalog)

@@ -1,0 +1,214 @@
+"""The CLI as users call it: `mncloud render …`, bad input, import cost, frozen options."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from mncloud.cli import app
+
+pytestmark = pytest.mark.catalog
+runner = CliRunner()
+
+
+@pytest.fixture
+def script(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    (tmp_path / "pyproject.toml").write_text("[project]\nname='p'\n")
+    path = tmp_path / "train.py"
+    path.write_text("print('hi')\n")
+    monkeypatch.chdir(tmp_path)
+    return path
+
+
+def test_render_prints_a_valid_task(script: Path) -> None:
+    args = [
+        "render",
+        "train.py",
+        "--gpus",
+        "H100:8",
+        "--nodes",
+        "4",
+        "--spot",
+        "--bucket",
+        "s3://team-ckpt",
+        "--",
+        "--lr",
+        "3e-4",
+    ]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    config = yaml.safe_load(result.stdout)
+    assert config["num_nodes"] == 4
+    assert config["resources"]["accelerators"] == "H100:8"
+    assert config["resources"]["use_spot"] is True
+    assert config["envs"]["MNCLOUD_CKPT_URI"] == "s3://team-ckpt/train"
+    assert "train.py --lr 3e-4" in config["run"]
+
+
+def test_render_json_and_output_file(script: Path, tmp_path: Path) -> None:
+    base = ["render", "train.py", "--gpus", "A100-80GB:4", "--nodes", "2", "--on-demand"]
+    as_json = runner.invoke(app, [*base, "--json"])
+    assert as_json.exit_code == 0, as_json.output
+    config = json.loads(as_json.stdout)
+    out = tmp_path / "task.yaml"
+    written = runner.invoke(app, [*base, "-o", str(out)])
+    assert written.exit_code == 0, written.output
+    assert yaml.safe_load(out.read_text()) == config
+    assert config["resources"]["accelerators"] == "A100-80GB:4"
+
+
+def test_render_flags_reach_the_task(script: Path) -> None:
+    args = [
+        "render",
+        "train.py",
+        "--gpus",
+        "L4:1",
+        "--cloud",
+        "gcp",
+        "--region",
+        "us-central1",
+        "--env",
+        "A=1",
+        "--secret",
+        "HF_TOKEN",
+        "--label",
+        "team=ml",
+        "--disk-size",
+        "100",
+        "--image",
+        "docker:pytorch/pytorch:latest",
+        "--max-restarts",
+        "7",
+        "--spot",
+        "--setup",
+        "echo ready",
+        "--master-port",
+        "29600",
+        "--nccl-debug",
+        "WARN",
+        "--name",
+        "exp-1",
+        "--bucket",
+        "gs://team-ckpt",
+        "--mount-bucket",
+    ]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    config = yaml.safe_load(result.stdout)
+    assert config["name"] == "exp-1"
+    resources = config["resources"]
+    assert resources["any_of"] == [{"infra": "gcp/us-central1"}]
+    assert resources["labels"] == {"team": "ml"} and resources["disk_size"] == 100
+    assert resources["image_id"] == "docker:pytorch/pytorch:latest"
+    assert resources["job_recovery"]["max_restarts_on_errors"] == 7
+    assert config["secrets"] == {"HF_TOKEN": None} and config["envs"]["A"] == "1"
+    assert "echo ready" in config["setup"] and "MASTER_PORT=29600" in config["run"]
+    assert config["file_mounts"]["/mncloud-bucket"]["source"] == "gs://team-ckpt"
+
+
+def test_secret_values_never_rendered(script: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_TOKEN", "hf_planted_secret_value")
+    result = runner.invoke(app, ["render", "train.py", "--gpus", "H100:8", "--secret", "HF_TOKEN"])
+    assert result.exit_code == 0, result.output
+    assert "hf_planted_secret_value" not in result.output
+
+
+@pytest.mark.parametrize(
+    ("flags", "fragment"),
+    [
+        (["--gpus", "H100:0"], "at least 1"),
+        (["--gpus", "FOO:8"], "knows no accelerator"),
+        (["--gpus", "H100:x"], "not a whole number"),
+        (["--gpus", "H100:8", "--nodes", "0"], "--nodes 0"),
+        (["--gpus", "H100:8", "--nodes", "-1"], "--nodes -1"),
+        (["--gpus", "H100:8", "--bucket", "ftp://x"], "use s3://"),
+        (["--gpus", "H100:8", "--bucket", "s3://Bad_Name"], "lowercase"),
+        (["--gpus", "H100:8", "--env", "NOVALUE"], "KEY=VALUE"),
+        (["--gpus", "H100:8", "--cloud", "nocloud"], "unknown"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(script: Path, flags: list[str], fragment: str) -> None:
+    result = runner.invoke(app, ["render", "train.py", *flags])
+    assert result.exit_code == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and fragment in lines[0]
+    assert "Traceback" not in result.output
+
+
+def test_missing_script_is_one_line(script: Path) -> None:
+    result = runner.invoke(app, ["render", "nope.py", "--gpus", "H100:8"])
+    assert result.exit_code == 2
+    assert "does not exist" in result.stderr and "Traceback" not in result.output
+
+
+def test_console_script_exit_code_and_stderr(script: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "mncloud", "render", "train.py", "--gpus", "H100:0"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0 and "at least 1" in proc.stderr
+    assert proc.stdout == ""
+
+
+def test_help_imports_neither_torch_nor_skypilot() -> None:
+    code = (
+        "import sys\nfrom mncloud.cli import main\n"
+        "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+        "print('\\nLOADED', 'torch' in sys.modules, 'sky' in sys.modules)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().endswith("LOADED False False")
+
+
+RENDER_OPTIONS = {
+    "--gpus",
+    "--nodes",
+    "--spot",
+    "--on-demand",
+    "--cloud",
+    "--region",
+    "--bucket",
+    "--mount-bucket",
+    "--env",
+    "--secret",
+    "--setup",
+    "--requirements",
+    "--disk-size",
+    "--image",
+    "--label",
+    "--max-hourly",
+    "--max-restarts",
+    "--master-port",
+    "--nccl-debug",
+    "--nccl-socket-ifname",
+    "--name",
+    "--catalog",
+    "--template",
+    "-o",
+    "--output",
+    "--json",
+}
+
+
+def test_render_options_are_frozen() -> None:
+    """A new flag is a decision: add it here on purpose."""
+    import typer.main
+
+    command = typer.main.get_command(app).commands["render"]  # type: ignore[attr-defined]
+    names = {
+        opt
+        for param in command.params
+        for opt in (*param.opts, *param.secondary_opts)
+        if opt.startswith("-")
+    }
+    assert names == RENDER_OPTIONS
