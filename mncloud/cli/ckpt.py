@@ -1,7 +1,186 @@
-"""`mncloud ckpt`: placeholder until the checkpoint commands land (helper writes this file)."""
+"""`mncloud ckpt ls|verify|rm|pull`: look at and manage a run's checkpoints. No torch needed."""
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+from typing import Annotated
+
 import typer
 
-app = typer.Typer(no_args_is_help=True)
+from mncloud.ckptstore import CheckpointStore
+from mncloud.cli._common import console, handle_errors, print_json
+from mncloud.errors import CheckpointError
+
+app = typer.Typer(no_args_is_help=True, help="List, verify, pull and remove checkpoints.")
+
+UriArg = Annotated[
+    str, typer.Argument(help="Checkpoint URL: s3://BUCKET/PREFIX, gs://… or file://…")
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+
+
+def _store(uri: str) -> CheckpointStore:
+    return CheckpointStore(uri)
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"
+
+
+def _age(mtime: float) -> str:
+    s = max(0.0, time.time() - mtime)
+    if s < 90:
+        return f"{s:.0f}s"
+    if s < 5400:
+        return f"{s / 60:.0f}m"
+    if s < 2 * 86400:
+        return f"{s / 3600:.1f}h"
+    return f"{s / 86400:.1f}d"
+
+
+@app.command("ls")
+@handle_errors
+def ls(uri: UriArg, json_out: JsonOpt = False) -> None:
+    """List checkpoint steps: complete?, size, age."""
+    steps = _store(uri).steps()
+    if json_out:
+        print_json(
+            [
+                {
+                    "step": s.step,
+                    "complete": s.complete,
+                    "files": s.n_files,
+                    "size_bytes": s.size,
+                    "age_s": round(max(0.0, time.time() - s.mtime), 1),
+                }
+                for s in steps
+            ]
+        )
+        return
+    if not steps:
+        console.print(f"no checkpoints at {uri}")
+        return
+    from rich.table import Table
+
+    table = Table("step", "complete", "files", "size", "age")
+    for s in steps:
+        table.add_row(
+            str(s.step),
+            "yes" if s.complete else "[yellow]no[/]",
+            str(s.n_files),
+            _human(s.size),
+            _age(s.mtime),
+        )
+    console.print(table)
+
+
+@app.command("verify")
+@handle_errors
+def verify(
+    uri: UriArg,
+    step: Annotated[
+        int | None, typer.Argument(help="Step to verify (default: every step).")
+    ] = None,
+    quick: Annotated[bool, typer.Option("--quick", help="Check sizes only, not sha256.")] = False,
+    json_out: JsonOpt = False,
+) -> None:
+    """Verify COMPLETE, manifest, sizes and sha256 of one step or of all; exit 2 if a
+    complete step is corrupt (or the named step does not verify)."""
+    store = _store(uri)
+    verdicts = (
+        [store.verify(step, sha256=not quick)]
+        if step is not None
+        else store.verify_all(sha256=not quick)
+    )
+    if json_out:
+        print_json([{"step": v.step, "ok": v.ok, "reason": v.reason} for v in verdicts])
+    elif not verdicts:
+        console.print(f"no checkpoints at {uri}")
+    else:
+        for v in verdicts:
+            mark = "[green]ok[/]" if v.ok else f"[red]bad[/]: {v.reason}"
+            console.print(f"step {v.step}: {mark}")
+    if step is not None and not verdicts[0].ok:
+        raise CheckpointError(f"step {step} does not verify: {verdicts[0].reason}")
+    corrupt = [v for v in verdicts if not v.ok and not v.reason.startswith("COMPLETE missing")]
+    if step is None and corrupt:
+        raise CheckpointError(
+            f"{len(corrupt)} complete step(s) are corrupt: "
+            + ", ".join(str(v.step) for v in corrupt)
+        )
+
+
+@app.command("rm")
+@handle_errors
+def rm(
+    uri: UriArg,
+    step: Annotated[int, typer.Argument(help="Step to delete.")],
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
+) -> None:
+    """Delete one step (COMPLETE first, so it stops counting at once)."""
+    store = _store(uri)
+    steps = {s.step: s for s in store.steps()}
+    if step not in steps:
+        raise CheckpointError(f"no step {step} at {uri}")
+    newest = max((s for s, info in steps.items() if info.complete), default=None)
+    note = (
+        " (the newest complete step: a resume would fall back to an older one)"
+        if (step == newest)
+        else ""
+    )
+    if not yes and not typer.confirm(
+        f"Delete step {step} ({_human(steps[step].size)}) at {uri}{note}?", default=False
+    ):
+        raise typer.Exit(code=1)
+    n = store.delete_step(step)
+    console.print(f"deleted step {step} ({n} objects)")
+
+
+@app.command("pull")
+@handle_errors
+def pull(
+    uri: UriArg,
+    step: Annotated[str, typer.Argument(help="Step to download, or 'latest'.")],
+    dest: Annotated[Path, typer.Argument(help="Local directory to write the files into.")],
+) -> None:
+    """Download a verified step into DIR and check every file's size and sha256."""
+    store = _store(uri)
+    if step == "latest":
+        latest, _ = store.latest()
+        if latest is None:
+            raise CheckpointError(f"no verified checkpoint at {uri}")
+        number = latest
+    else:
+        try:
+            number = int(step)
+        except ValueError:
+            raise CheckpointError(f"STEP must be a number or 'latest', not {step!r}") from None
+    manifest = store.read_manifest(number)
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        Progress,
+        TimeRemainingColumn,
+        TransferSpeedColumn,
+    )
+
+    with Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+        console=console,
+        transient=True,
+    ) as bar:
+        task = bar.add_task(f"step {number}", total=manifest.total_size)
+        store.pull(number, dest, progress=lambda n: bar.advance(task, n))
+    console.print(
+        f"pulled step {number} ({len(manifest.files)} files, {_human(manifest.total_size)}) "
+        f"into {dest}"
+    )

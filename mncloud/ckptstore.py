@@ -1,0 +1,407 @@
+"""Checkpoints in a bucket: layout, manifest, verification, retention. No torch here.
+
+Layout under the run's prefix (`s3://bucket/prefix/`)::
+
+    step_00000100/
+        .metadata  __0_0.distcp  __1_0.distcp   # torch DCP files, every rank's shards
+        rank_0.pt  rank_1.pt                    # per-rank extra state: RNG, data position, ...
+        manifest.json                           # written after every file above is uploaded
+        COMPLETE                                # written last; holds the manifest's sha256
+
+A step counts only when COMPLETE exists, names the sha256 of manifest.json, and every file the
+manifest lists is present with the listed size (and, on request, the listed sha256). Anything
+else is a torn step: `latest()` skips it and says why; retention deletes it once a newer step
+verifies. The CLI (`mncloud ckpt ...`) and `mncloud.train.ckpt` both use this module.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from mncloud import __version__
+from mncloud.errors import CheckpointError, StorageError
+from mncloud.storage import Bucket, ObjectInfo, ObjectNotFoundError, join_key, open_bucket
+
+log = logging.getLogger(__name__)
+
+MANIFEST = "manifest.json"
+COMPLETE = "COMPLETE"
+FORMAT_VERSION = 1
+_STEP_RE = re.compile(r"^step_(\d+)$")
+
+
+def step_dir(step: int) -> str:
+    """The folder name of a step: `step_00000100`."""
+    return f"step_{step:08d}"
+
+
+def sha256_file(path: str | os.PathLike[str], chunk: int = 4 * 1024 * 1024) -> str:
+    """The hex sha256 of a file (large reads, so hashing threads run in parallel)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    """One file of a step, as the manifest records it."""
+
+    size: int
+    sha256: str
+
+
+@dataclass
+class Manifest:
+    """What a complete step holds; written after all ranks' uploads succeeded."""
+
+    step: int
+    """The training step the checkpoint was taken after."""
+    world_size: int
+    """How many ranks wrote it."""
+    files: dict[str, FileEntry]
+    """Path inside the step folder → size and sha256."""
+    wall_time: float = field(default_factory=time.time)
+    """Seconds since the epoch when the step was committed."""
+    mncloud_version: str = __version__
+    torch_version: str = ""
+    format: int = FORMAT_VERSION
+    extra: dict[str, object] = field(default_factory=dict)
+    """Free-form facts (e.g. save durations)."""
+
+    @property
+    def total_size(self) -> int:
+        """Bytes in all files."""
+        return sum(f.size for f in self.files.values())
+
+    def to_bytes(self) -> bytes:
+        """The JSON encoding stored as manifest.json."""
+        data = asdict(self)
+        data["files"] = {k: asdict(v) for k, v in sorted(self.files.items())}
+        return json.dumps(data, indent=1, sort_keys=True).encode()
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> Manifest:
+        """Parse manifest.json; CheckpointError if it is not one."""
+        try:
+            data = json.loads(raw)
+            files = {
+                k: FileEntry(int(v["size"]), str(v["sha256"])) for k, v in data["files"].items()
+            }
+            return cls(
+                step=int(data["step"]),
+                world_size=int(data["world_size"]),
+                files=files,
+                wall_time=float(data.get("wall_time", 0.0)),
+                mncloud_version=str(data.get("mncloud_version", "")),
+                torch_version=str(data.get("torch_version", "")),
+                format=int(data.get("format", FORMAT_VERSION)),
+                extra=dict(data.get("extra", {})),
+            )
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
+            raise CheckpointError(f"manifest is not valid: {type(err).__name__}: {err}") from None
+
+
+@dataclass(frozen=True)
+class StepInfo:
+    """A step folder as a listing shows it (nothing verified yet)."""
+
+    step: int
+    complete: bool
+    """COMPLETE exists."""
+    has_manifest: bool
+    n_files: int
+    size: int
+    """Bytes of all objects in the folder."""
+    mtime: float
+    """Newest object's modification time."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The outcome of verifying one step."""
+
+    step: int
+    ok: bool
+    reason: str = ""
+    """Why the step does not count (empty when ok)."""
+
+
+class CheckpointStore:
+    """The checkpoints of one run: `CheckpointStore("s3://bucket/prefix")`."""
+
+    def __init__(
+        self,
+        uri: str,
+        *,
+        retry_seconds: float | None = None,
+        bucket: Bucket | None = None,
+        prefix: str | None = None,
+    ) -> None:
+        self.uri = uri
+        if bucket is None:
+            bucket, parsed = open_bucket(uri, retry_seconds=retry_seconds)
+            prefix = parsed if prefix is None else prefix
+        self.bucket = bucket
+        self.prefix = (prefix or "").strip("/")
+
+    # ------------------------------------------------------------------ keys and listing
+    def key(self, step: int, name: str = "") -> str:
+        """The key of `name` inside a step's folder (the folder's prefix when name is empty)."""
+        return join_key(self.prefix, step_dir(step), name) + ("" if name else "/")
+
+    def _listing(self) -> dict[int, dict[str, ObjectInfo]]:
+        base = join_key(self.prefix) + "/" if self.prefix else ""
+        steps: dict[int, dict[str, ObjectInfo]] = {}
+        for obj in self.bucket.list(base + "step_"):
+            rest = obj.key[len(base) :]
+            folder, _, name = rest.partition("/")
+            m = _STEP_RE.match(folder)
+            if m and name:
+                steps.setdefault(int(m.group(1)), {})[name] = obj
+        return steps
+
+    def steps(self) -> list[StepInfo]:
+        """Every step folder, oldest first."""
+        return [self._info(step, objs) for step, objs in sorted(self._listing().items())]
+
+    @staticmethod
+    def _info(step: int, objs: Mapping[str, ObjectInfo]) -> StepInfo:
+        return StepInfo(
+            step=step,
+            complete=COMPLETE in objs,
+            has_manifest=MANIFEST in objs,
+            n_files=len(objs),
+            size=sum(o.size for o in objs.values()),
+            mtime=max((o.mtime for o in objs.values()), default=0.0),
+        )
+
+    def read_manifest(self, step: int) -> Manifest:
+        """The manifest of a step; CheckpointError if missing or unreadable."""
+        try:
+            raw = self.bucket.get_bytes(self.key(step, MANIFEST))
+        except ObjectNotFoundError:
+            raise CheckpointError(f"step {step} has no {MANIFEST}") from None
+        return Manifest.from_bytes(raw)
+
+    # ------------------------------------------------------------------ verification
+    def verify(
+        self,
+        step: int,
+        *,
+        sha256: bool = False,
+        objects: Mapping[str, ObjectInfo] | None = None,
+    ) -> Verdict:
+        """Check COMPLETE, the manifest and every file's size (and sha256 if asked)."""
+        objs = self._listing().get(step, {}) if objects is None else objects
+        if not objs:
+            return Verdict(step, False, "no such step")
+        if COMPLETE not in objs:
+            return Verdict(step, False, "COMPLETE missing (save unfinished or interrupted)")
+        if MANIFEST not in objs:
+            return Verdict(step, False, f"{MANIFEST} missing")
+        try:
+            raw_manifest = self.bucket.get_bytes(self.key(step, MANIFEST))
+            marker = json.loads(self.bucket.get_bytes(self.key(step, COMPLETE)) or b"{}")
+        except ObjectNotFoundError as err:
+            return Verdict(step, False, str(err))
+        except ValueError:
+            return Verdict(step, False, "COMPLETE is not valid JSON")
+        if marker.get("manifest_sha256") != hashlib.sha256(raw_manifest).hexdigest():
+            return Verdict(step, False, f"COMPLETE does not match {MANIFEST} (rewritten?)")
+        try:
+            manifest = Manifest.from_bytes(raw_manifest)
+        except CheckpointError as err:
+            return Verdict(step, False, str(err))
+        if manifest.step != step:
+            return Verdict(step, False, f"{MANIFEST} says step {manifest.step}")
+        for name, entry in sorted(manifest.files.items()):
+            obj = objs.get(name)
+            if obj is None:
+                return Verdict(step, False, f"{name} missing")
+            if obj.size != entry.size:
+                return Verdict(
+                    step, False, f"{name} is {obj.size} bytes, manifest says {entry.size}"
+                )
+        if sha256:
+            with tempfile.TemporaryDirectory(prefix="mncloud-verify-") as tmp:
+                for name, entry in sorted(manifest.files.items()):
+                    local = Path(tmp) / "f"
+                    self.bucket.get_file(self.key(step, name), local)
+                    digest = sha256_file(local)
+                    local.unlink()
+                    if digest != entry.sha256:
+                        return Verdict(step, False, f"{name} sha256 differs from the manifest")
+        return Verdict(step, True)
+
+    def verify_all(self, *, sha256: bool = False) -> list[Verdict]:
+        """Verify every step, newest first."""
+        listing = self._listing()
+        return [
+            self.verify(s, sha256=sha256, objects=listing[s]) for s in sorted(listing, reverse=True)
+        ]
+
+    def candidates(self, *, sha256: bool = False) -> tuple[list[int], list[Verdict]]:
+        """Verified steps newest first, and the verdicts of the newer steps that were skipped.
+
+        Stops at the first verified step when `sha256` is set (hashing is costly); otherwise
+        returns every verified step so a loader can fall back further.
+        """
+        listing = self._listing()
+        good: list[int] = []
+        skipped: list[Verdict] = []
+        for step in sorted(listing, reverse=True):
+            verdict = self.verify(step, sha256=sha256, objects=listing[step])
+            if verdict.ok:
+                good.append(step)
+                if sha256:
+                    break
+            elif not good:
+                skipped.append(verdict)
+        return good, skipped
+
+    def latest(self, *, sha256: bool = False) -> tuple[int | None, list[Verdict]]:
+        """The newest verified step (or None) and why each newer step was skipped."""
+        good, skipped = self.candidates(sha256=sha256)
+        for v in skipped:
+            log.warning("checkpoint step %d skipped: %s", v.step, v.reason)
+        return (good[0] if good else None), skipped
+
+    # ------------------------------------------------------------------ writing
+    def upload(
+        self,
+        step: int,
+        files: Mapping[str, str | os.PathLike[str]],
+        *,
+        workers: int = 4,
+    ) -> dict[str, FileEntry]:
+        """Hash and upload local files into a step's folder, in parallel; return their entries."""
+
+        def one(item: tuple[str, str | os.PathLike[str]]) -> tuple[str, FileEntry]:
+            name, path = item
+            entry = FileEntry(os.path.getsize(path), sha256_file(path))
+            self.bucket.put_file(self.key(step, name), path)
+            return name, entry
+
+        items = sorted(files.items(), key=lambda kv: -os.path.getsize(kv[1]))  # big ones first
+        if workers <= 1 or len(items) <= 1:
+            return dict(map(one, items))
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="mncloud-up") as pool:
+            return dict(pool.map(one, items))
+
+    def commit(self, manifest: Manifest) -> None:
+        """Write manifest.json, then COMPLETE (with the manifest's sha256): the step now counts."""
+        raw = manifest.to_bytes()
+        self.bucket.put_bytes(self.key(manifest.step, MANIFEST), raw)
+        marker = {"step": manifest.step, "manifest_sha256": hashlib.sha256(raw).hexdigest()}
+        self.bucket.put_bytes(self.key(manifest.step, COMPLETE), json.dumps(marker).encode())
+
+    def uncommit(self, step: int) -> None:
+        """Remove COMPLETE and the manifest of a step (before rewriting it)."""
+        self.bucket.delete(self.key(step, COMPLETE))
+        self.bucket.delete(self.key(step, MANIFEST))
+
+    def delete_step(self, step: int) -> int:
+        """Delete a step: COMPLETE first (so it stops counting at once), then the rest."""
+        objs = self._listing().get(step, {})
+        if COMPLETE in objs:
+            self.bucket.delete(objs[COMPLETE].key)
+        for name, obj in sorted(objs.items()):
+            if name != COMPLETE:
+                self.bucket.delete(obj.key)
+        return len(objs)
+
+    def retain(self, keep: int, *, newest_verified: int | None = None) -> list[int]:
+        """Keep the newest `keep` verified steps; delete older verified ones and torn ones.
+
+        Never deletes `newest_verified` (nor the newest step that verifies), and never a torn
+        step newer than it: that one may still be uploading. Returns the deleted steps.
+        """
+        if keep < 2:
+            raise CheckpointError("keep must be at least 2: the newest step may still be writing")
+        listing = self._listing()
+        verified = [
+            s for s in sorted(listing, reverse=True) if self.verify(s, objects=listing[s]).ok
+        ]
+        if newest_verified is None:
+            newest_verified = verified[0] if verified else None
+        if newest_verified is None:
+            return []
+        keep_set = {s for s in verified if s <= newest_verified}
+        keep_set = set(sorted(keep_set, reverse=True)[:keep]) | {newest_verified}
+        keep_set |= {s for s in verified if s > newest_verified}
+        deleted = []
+        for step in sorted(listing):
+            if step in keep_set or step > newest_verified:
+                continue
+            reason = f"older than the last {keep}" if step in verified else "torn"
+            log.info("deleting checkpoint step %d (%s)", step, reason)
+            self.delete_step(step)
+            deleted.append(step)
+        return deleted
+
+    # ------------------------------------------------------------------ reading
+    def pull(
+        self,
+        step: int,
+        dest: str | os.PathLike[str],
+        *,
+        names: list[str] | None = None,
+        sha256: bool = True,
+        workers: int = 4,
+        progress: Callable[[int], None] | None = None,
+    ) -> Manifest:
+        """Download a verified step's files (or just `names`) into `dest` and check them.
+
+        `progress(n)` is called with each finished file's size. Raises CheckpointError when
+        the step does not verify or a downloaded file differs from the manifest.
+        """
+        verdict = self.verify(step)
+        if not verdict.ok:
+            raise CheckpointError(f"step {step} at {self.uri} does not verify: {verdict.reason}")
+        manifest = self.read_manifest(step)
+        wanted = sorted(manifest.files) if names is None else names
+        missing = [n for n in wanted if n not in manifest.files]
+        if missing:
+            raise CheckpointError(f"step {step} has no file(s) {', '.join(missing)}")
+        root = Path(dest)
+        root.mkdir(parents=True, exist_ok=True)
+
+        def one(name: str) -> str | None:
+            entry = manifest.files[name]
+            local = root / name
+            self.bucket.get_file(self.key(step, name), local)
+            size = local.stat().st_size
+            problem = None
+            if size != entry.size:
+                problem = f"{name} is {size} bytes, manifest says {entry.size}"
+            elif sha256 and sha256_file(local) != entry.sha256:
+                problem = f"{name} sha256 differs from the manifest"
+            if progress is not None:
+                progress(entry.size)
+            return problem
+
+        try:
+            if workers <= 1:
+                problems = [one(n) for n in wanted]
+            else:
+                with ThreadPoolExecutor(workers, thread_name_prefix="mncloud-down") as pool:
+                    problems = list(pool.map(one, wanted))
+        except StorageError as err:
+            raise CheckpointError(f"pulling step {step} failed: {err}") from err
+        bad = [p for p in problems if p]
+        if bad:
+            raise CheckpointError(f"step {step} is corrupt: {'; '.join(bad)}")
+        (root / MANIFEST).write_bytes(manifest.to_bytes())
+        return manifest

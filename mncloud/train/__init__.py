@@ -1,0 +1,38 @@
+"""What a training script imports: checkpoints, process-group set-up, a resumable sampler.
+
+Needs torch (`pip install mncloud[train]`); nothing outside `mncloud.train` imports it.
+"""
+
+from __future__ import annotations
+
+from mncloud.train.ckpt import CheckpointManager, rng_state, set_rng_state
+from mncloud.train.dist import (
+    DistInfo,
+    barrier,
+    cleanup,
+    get_rank,
+    get_world_size,
+    info,
+    init_distributed,
+    is_main,
+    seed_everything,
+    wrap_ddp,
+)
+from mncloud.train.sampler import ResumableSampler
+
+__all__ = [
+    "CheckpointManager",
+    "DistInfo",
+    "ResumableSampler",
+    "barrier",
+    "cleanup",
+    "get_rank",
+    "get_world_size",
+    "info",
+    "init_distributed",
+    "is_main",
+    "rng_state",
+    "seed_everything",
+    "set_rng_state",
+    "wrap_ddp",
+]

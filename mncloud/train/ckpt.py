@@ -1,0 +1,531 @@
+"""CheckpointManager: asynchronous, verified checkpoints that survive a preemption.
+
+    ckpt = CheckpointManager(uri=os.environ["MNCLOUD_CKPT_URI"], interval_steps=100, keep=3)
+    state = {"model": model, "optimizer": opt, "step": 0, "sampler": sampler}
+    start = ckpt.load(state)               # newest verified step, or None; restores in place
+    for step in range(start or 0, total):
+        ...
+        ckpt.maybe_save(step + 1, state)   # every interval; returns at once
+    ckpt.close()                           # waits for the last upload and commit
+
+Design: the newest checkpoint is never torn. A step becomes visible only when COMPLETE is
+written, and rank 0 writes it only after *every* rank reported its upload finished. Ranks agree
+over a separate gloo group, on the training thread, at step boundaries, so no collective ever
+runs on the training process group from another thread. Example sequence (2 ranks, interval 100):
+
+    step 100  maybe_save: both ranks copy model/optimizer tensors to CPU memory (the only
+              stall), record RNG states and the data position; an all-reduce on the gloo
+              group confirms both staged. Each rank's worker thread then writes its DCP shard
+              to local disk (DCP's planning collectives run on a second, private gloo group),
+              hashes and uploads its files. Training continues.
+    step 101+ maybe_save: one small all-reduce asks "has everyone finished uploading?" - no.
+    step 117  both uploads done: the ranks exchange their file lists (size + sha256); rank 0's
+              worker writes manifest.json, then COMPLETE, then applies keep-last-K.
+    step 150  preempted. Step 100 is complete; a half-uploaded step would lack COMPLETE.
+    restart   load(): rank 0 lists the bucket, verifies steps newest first (COMPLETE matches the
+              manifest, every file present with its size; sha256 on request), skipping torn
+              ones with the reason; every rank downloads and checks the files, DCP restores the
+              tensors in place, then the per-rank extras and, last, the RNG states.
+
+If an upload fails (bucket down for longer than the storage retry budget), the ranks learn it
+at the agreement, the step stays uncommitted, the failure is logged, and the next interval
+saves again; training never stops for storage. If a save is still uploading when the next
+interval comes, that interval is skipped (logged) rather than stalling training; `save(...,
+wait=True)` (used on a preemption notice) waits instead.
+
+Without torch.distributed the same code runs in one process, with no collectives.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import random
+import shutil
+import tempfile
+import time
+import warnings
+from collections.abc import MutableMapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+
+from mncloud.ckptstore import CheckpointStore, FileEntry, Manifest
+from mncloud.constants import CKPT_STAGING_ENV, CKPT_URI_ENV
+from mncloud.errors import CheckpointError, MncloudError, StorageError
+
+log = logging.getLogger(__name__)
+
+warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable")
+
+_RNG_KEY = "__rng__"
+_VALUE, _STATEFUL = "value", "stateful"
+
+
+def rng_state() -> dict[str, Any]:
+    """The python, numpy, torch CPU and CUDA RNG states of this process."""
+    out: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    try:
+        import numpy as np
+
+        out["numpy"] = np.random.get_state()
+    except ImportError:
+        pass
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        out["cuda"] = torch.cuda.get_rng_state_all()
+    return out
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore what `rng_state` returned."""
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"])
+    if "numpy" in state:
+        import numpy as np
+
+        np.random.set_state(state["numpy"])
+    if "cuda" in state and torch.cuda.is_available():
+        if len(state["cuda"]) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all(state["cuda"])
+        else:
+            log.warning("CUDA device count changed; CUDA RNG states not restored")
+
+
+@dataclass
+class _Pending:
+    step: int
+    future: Future[dict[str, FileEntry]]
+    started: float
+
+
+class CheckpointManager:
+    """Save training state every `interval_steps` to a bucket; load the newest verified step.
+
+    `uri` defaults to `$MNCLOUD_CKPT_URI`. `keep` (≥ 2) verified steps are retained.
+    `verify_sha256` makes `load` hash every downloaded file (sizes are always checked).
+    `async_upload=False` makes every save block until committed (for comparison or tests).
+    `staging_dir` holds the local copy before upload (default `$MNCLOUD_CKPT_STAGING` or a
+    temporary directory). `retry_seconds` is the storage retry budget per operation.
+    `collective_timeout_s` bounds the checkpoint's own gloo collectives.
+    """
+
+    def __init__(
+        self,
+        uri: str | None = None,
+        *,
+        interval_steps: int = 100,
+        keep: int = 3,
+        verify_sha256: bool = False,
+        async_upload: bool = True,
+        staging_dir: str | os.PathLike[str] | None = None,
+        upload_workers: int = 4,
+        retry_seconds: float | None = None,
+        collective_timeout_s: float = 600.0,
+    ) -> None:
+        uri = uri or os.environ.get(CKPT_URI_ENV)
+        if not uri:
+            raise CheckpointError(f"no checkpoint URI: pass uri= or set {CKPT_URI_ENV}")
+        if interval_steps < 1:
+            raise CheckpointError(f"interval_steps must be ≥ 1, not {interval_steps}")
+        if keep < 2:
+            raise CheckpointError("keep must be ≥ 2: the newest step may still be uploading")
+        self.uri = uri
+        self.interval_steps = interval_steps
+        self.keep = keep
+        self.verify_sha256 = verify_sha256
+        self.async_upload = async_upload
+        self.upload_workers = upload_workers
+        self.store = CheckpointStore(uri, retry_seconds=retry_seconds)
+
+        self.distributed = dist.is_available() and dist.is_initialized()
+        self.rank = dist.get_rank() if self.distributed else 0
+        self.world_size = dist.get_world_size() if self.distributed else 1
+        self._agree_pg: Any = None
+        self._dcp_pg: Any = None
+        if self.distributed:
+            timeout = timedelta(seconds=collective_timeout_s)
+            self._agree_pg = dist.new_group(backend="gloo", timeout=timeout)
+            self._dcp_pg = dist.new_group(backend="gloo", timeout=timeout)
+
+        base = staging_dir or os.environ.get(CKPT_STAGING_ENV)
+        self._own_staging = base is None
+        root = Path(base) if base else Path(tempfile.mkdtemp(prefix="mncloud-ckpt-"))
+        self.staging_dir = root / f"rank_{self.rank}"
+        self.staging_dir.mkdir(parents=True, exist_ok=True)
+
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mncloud-ckpt")
+        self._stager: Any = None
+        self._pending: _Pending | None = None
+        self._last_commit: Future[None] | None = None
+        self._floor: int | None = None  # steps ≤ this exist already (the loaded step)
+        self._closed = False
+        self.last_stall_s = 0.0
+        """Seconds the training thread spent in the last save call."""
+        self.last_save_s = 0.0
+        """Seconds from the last save call until its commit was scheduled."""
+        self.last_committed: int | None = None
+        """The newest step this manager committed (on every rank, once agreed)."""
+
+    # ------------------------------------------------------------------ collectives
+    def _all_gather(self, obj: Any) -> list[Any]:
+        if not self.distributed:
+            return [obj]
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, obj, group=self._agree_pg)
+        return out
+
+    def _all_sum(self, *values: int) -> list[int]:
+        if not self.distributed:
+            return list(values)
+        t = torch.tensor(values, dtype=torch.int64)
+        dist.all_reduce(t, op=dist.ReduceOp.SUM, group=self._agree_pg)
+        return [int(v) for v in t.tolist()]
+
+    def _broadcast(self, obj: Any) -> Any:
+        if not self.distributed:
+            return obj
+        box = [obj if self.rank == 0 else None]
+        dist.broadcast_object_list(box, src=0, group=self._agree_pg)
+        return box[0]
+
+    # ------------------------------------------------------------------ saving
+    def maybe_save(
+        self, step: int, state: MutableMapping[str, Any], *, force: bool = False
+    ) -> bool:
+        """Save when `step` is a multiple of `interval_steps` (or `force`); returns at once.
+
+        Call it on every rank after every step; it also commits finished uploads. Returns True
+        when a save was started.
+        """
+        self._poll()
+        if not force and step % self.interval_steps != 0:
+            return False
+        if self._pending is not None:
+            log.warning(
+                "checkpoint step %d still uploading at step %d; skipping this save "
+                "(consider a longer interval)",
+                self._pending.step,
+                step,
+            )
+            return False
+        return self.save(step, state)
+
+    def save(self, step: int, state: MutableMapping[str, Any], *, wait: bool = False) -> bool:
+        """Save now. With `wait` (or `async_upload=False`), return only once committed.
+
+        Returns False when the step was not saved (already saved, or staging failed: logged).
+        """
+        if self._closed:
+            raise CheckpointError("CheckpointManager is closed")
+        t0 = time.perf_counter()
+        if self._pending is not None:
+            if self._pending.step == step:
+                if wait or not self.async_upload:
+                    self._finish_pending()
+                return True
+            self._finish_pending()
+        if self._floor is not None and step <= self._floor:
+            log.info("checkpoint step %d exists already (resumed from %d); not saved", step,
+                     self._floor)  # fmt: skip
+            return False
+        stage_dir = self.staging_dir / f"step_{step}"
+        error: str | None = None
+        staged: Any = None
+        extras: dict[str, Any] = {}
+        try:
+            if self.rank == 0:
+                self.store.uncommit(step)  # a rewrite must never sit under an old COMPLETE
+            shutil.rmtree(stage_dir, ignore_errors=True)
+            stage_dir.mkdir(parents=True)
+            tensors, extras = self._split(state)
+            staged = self._stage(tensors)
+        except (MncloudError, OSError, RuntimeError) as err:
+            error = f"{type(err).__name__}: {err}"
+        failures = self._all_sum(1 if error else 0)[0]
+        if failures:
+            log.warning("checkpoint step %d not saved: staging failed on %d rank(s)%s; will "
+                        "retry at the next interval", step, failures,
+                        f" (here: {error})" if error else "")  # fmt: skip
+            shutil.rmtree(stage_dir, ignore_errors=True)
+            return False
+        future = self._worker.submit(self._write_and_upload, step, staged, extras, stage_dir)
+        self._pending = _Pending(step, future, t0)
+        if wait or not self.async_upload:
+            self._finish_pending()
+        self.last_stall_s = time.perf_counter() - t0
+        return True
+
+    def _split(self, state: MutableMapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Tensors for DCP (models, optimizers, tensors) and per-rank extras (the rest)."""
+        modules = [v for v in state.values() if isinstance(v, torch.nn.Module)]
+        tensors: dict[str, Any] = {}
+        extras: dict[str, Any] = {}
+        for key, val in state.items():
+            if isinstance(val, torch.nn.Module):
+                tensors[key] = get_model_state_dict(val)
+            elif isinstance(val, torch.optim.Optimizer):
+                tensors[key] = get_optimizer_state_dict(_owner(val, modules, key), val)
+            elif isinstance(val, torch.Tensor):
+                tensors[key] = val
+            elif callable(getattr(val, "state_dict", None)) and callable(
+                getattr(val, "load_state_dict", None)
+            ):
+                extras[key] = (_STATEFUL, val.state_dict())
+            else:
+                extras[key] = (_VALUE, val)
+        extras[_RNG_KEY] = (_VALUE, rng_state())
+        # Detach the extras from live objects now: the worker serialises them later.
+        import copy
+
+        return tensors, copy.deepcopy(extras)
+
+    def _stage(self, tensors: dict[str, Any]) -> dict[str, Any]:
+        """Copy every tensor to (reused) CPU memory: the only part that stalls training."""
+        if self._stager is None:
+            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+            cuda = torch.cuda.is_available()
+            self._stager = DefaultStager(
+                StagingOptions(
+                    use_pinned_memory=cuda,
+                    use_shared_memory=False,
+                    use_async_staging=False,
+                    use_non_blocking_copy=False,
+                )
+            )
+        return self._stager.stage(tensors)
+
+    def _write_and_upload(
+        self, step: int, staged: dict[str, Any], extras: dict[str, Any], stage_dir: Path
+    ) -> dict[str, FileEntry]:
+        """Worker thread: DCP shard and extras to local disk, then hash and upload them."""
+        try:
+            writer = dcp.FileSystemWriter(str(stage_dir), sync_files=False)
+            dcp.save(
+                staged,
+                storage_writer=writer,
+                process_group=self._dcp_pg,
+                no_dist=not self.distributed,
+            )
+            torch.save(extras, stage_dir / f"rank_{self.rank}.pt")
+            files = {p.name: p for p in stage_dir.iterdir() if p.is_file()}
+            return self.store.upload(step, files, workers=self.upload_workers)
+        finally:
+            shutil.rmtree(stage_dir, ignore_errors=True)
+
+    def _poll(self) -> None:
+        """At a step boundary: if every rank finished its upload, commit the pending step."""
+        if self._pending is None:
+            return
+        not_done = self._all_sum(0 if self._pending.future.done() else 1)[0]
+        if not_done == 0:
+            self._finish_pending()
+
+    def _finish_pending(self) -> None:
+        """Wait for this rank's upload, agree with the others, and (rank 0) commit."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        entries: dict[str, FileEntry] | None = None
+        error: str | None = None
+        try:
+            entries = pending.future.result()
+        except (MncloudError, OSError, RuntimeError, ValueError) as err:
+            error = f"{type(err).__name__}: {err}"
+        except Exception as err:  # DCP wraps failures in its own exception types
+            error = f"{type(err).__name__}: {err}"
+        results = self._all_gather((entries, error))
+        errors = [f"rank {r}: {e}" for r, (_, e) in enumerate(results) if e]
+        if errors:
+            log.warning("checkpoint step %d failed (%s); the previous checkpoint stays; will "
+                        "retry at the next interval", pending.step, "; ".join(errors))  # fmt: skip
+            return
+        self.last_save_s = time.perf_counter() - pending.started
+        self.last_committed = pending.step
+        if self.rank != 0:
+            return
+        files: dict[str, FileEntry] = {}
+        for rank_entries, _ in results:
+            files.update(rank_entries or {})
+        manifest = Manifest(
+            step=pending.step,
+            world_size=self.world_size,
+            files=files,
+            torch_version=torch.__version__,
+            extra={"upload_s": round(self.last_save_s, 3)},
+        )
+        self._last_commit = self._worker.submit(self._commit, manifest)
+        if not self.async_upload:
+            self._last_commit.result()
+
+    def _commit(self, manifest: Manifest) -> None:
+        """Worker thread on rank 0: manifest, COMPLETE, then keep-last-K."""
+        try:
+            self.store.commit(manifest)
+        except StorageError as err:
+            log.warning("checkpoint step %d uploaded but not committed: %s", manifest.step, err)
+            return
+        log.info("checkpoint step %d committed (%.1f MB)", manifest.step,
+                 manifest.total_size / 1e6)  # fmt: skip
+        try:
+            self.store.retain(self.keep, newest_verified=manifest.step)
+        except MncloudError as err:
+            log.warning("checkpoint retention failed (will retry after the next save): %s", err)
+
+    def wait(self) -> None:
+        """Block until the pending save (if any) is uploaded and committed."""
+        self._finish_pending()
+        if self._last_commit is not None:
+            self._last_commit.result()
+
+    def close(self) -> None:
+        """Wait for the last upload and commit, then release the worker thread."""
+        if self._closed:
+            return
+        try:
+            self.wait()
+            if self.distributed:
+                dist.barrier(group=self._agree_pg)
+        finally:
+            self._closed = True
+            self._worker.shutdown(wait=True)
+            if self._stager is not None:
+                self._stager.close()
+            if self._own_staging:
+                shutil.rmtree(self.staging_dir.parent, ignore_errors=True)
+
+    def __enter__(self) -> CheckpointManager:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ loading
+    def load(self, state: MutableMapping[str, Any], *, step: int | None = None) -> int | None:
+        """Restore `state` in place from the newest verified step (or `step`); return it.
+
+        Torn or corrupt steps are skipped with a logged reason and older ones tried. Returns
+        None (state untouched) when no step verifies. Call it on every rank.
+        """
+        if self._pending is not None:
+            raise CheckpointError("load() while a save is in progress; call wait() first")
+        candidates: list[int] | str = []
+        if self.rank == 0:
+            try:
+                good, skipped = self.store.candidates()
+                for v in skipped:
+                    log.warning("checkpoint step %d skipped: %s", v.step, v.reason)
+                if step is not None:
+                    good = [step] if step in good else []
+                    if not good:
+                        candidates = f"step {step} at {self.uri} does not verify"
+                if isinstance(candidates, list):
+                    candidates = good
+            except MncloudError as err:
+                candidates = str(err)
+        candidates = self._broadcast(candidates)
+        if isinstance(candidates, str):
+            raise CheckpointError(candidates)
+        for cand in candidates:
+            local = self.staging_dir / f"load_{cand}"
+            try:
+                error = None
+                try:
+                    manifest = self._pull(cand, local)
+                except MncloudError as err:
+                    error = str(err)
+                errors = [f"rank {r}: {e}" for r, e in enumerate(self._all_gather(error)) if e]
+                if errors:
+                    log.warning("checkpoint step %d skipped: %s", cand, "; ".join(errors))
+                    continue
+                self._restore(state, local, manifest)
+            finally:
+                shutil.rmtree(local, ignore_errors=True)
+            self._floor = cand
+            self.last_committed = cand
+            log.info("resumed from checkpoint step %d at %s", cand, self.uri)
+            return cand
+        log.info("no usable checkpoint at %s; starting from scratch", self.uri)
+        return None
+
+    def _pull(self, step: int, local: Path) -> Manifest:
+        manifest = self.store.read_manifest(step)
+        own = f"rank_{self.rank}.pt"
+        if own not in manifest.files:
+            fallback = f"rank_{self.rank % max(manifest.world_size, 1)}.pt"
+            log.warning("step %d was saved by %d ranks; rank %d takes %s (RNG and data position "
+                        "will not match an uninterrupted run)", step, manifest.world_size,
+                        self.rank, fallback)  # fmt: skip
+            own = fallback
+        names = [n for n in manifest.files if not n.startswith("rank_")] + [own]
+        self.store.pull(step, local, names=names, sha256=self.verify_sha256)
+        (local / "extras.pt").symlink_to(local / own)
+        return manifest
+
+    def _restore(self, state: MutableMapping[str, Any], local: Path, manifest: Manifest) -> None:
+        modules = [v for v in state.values() if isinstance(v, torch.nn.Module)]
+        targets: dict[str, Any] = {}
+        for key, val in state.items():
+            if isinstance(val, torch.nn.Module):
+                targets[key] = get_model_state_dict(val)
+            elif isinstance(val, torch.optim.Optimizer):
+                targets[key] = get_optimizer_state_dict(_owner(val, modules, key), val)
+            elif isinstance(val, torch.Tensor):
+                targets[key] = val
+        try:
+            dcp.load(
+                targets,
+                storage_reader=dcp.FileSystemReader(str(local)),
+                process_group=self._dcp_pg,
+                no_dist=not self.distributed,
+            )
+        except Exception as err:
+            raise CheckpointError(
+                f"step {manifest.step} does not fit this model/optimizer: {err}"
+            ) from err
+        for key, val in state.items():
+            if isinstance(val, torch.nn.Module):
+                set_model_state_dict(val, targets[key])
+            elif isinstance(val, torch.optim.Optimizer):
+                set_optimizer_state_dict(_owner(val, modules, key), val, targets[key])
+        extras = torch.load(local / "extras.pt", weights_only=False)
+        for key, (kind, value) in extras.items():
+            if key == _RNG_KEY:
+                continue
+            current = state.get(key)
+            if kind == _STATEFUL and current is not None and hasattr(current, "load_state_dict"):
+                current.load_state_dict(value)
+            elif isinstance(current, dict) and isinstance(value, dict):
+                current.clear()
+                current.update(value)
+            else:
+                state[key] = value
+        set_rng_state(extras[_RNG_KEY][1])  # last: nothing after this may draw random numbers
+
+
+def _owner(opt: torch.optim.Optimizer, modules: list[torch.nn.Module], key: str) -> Any:
+    """The module in the state whose parameters the optimizer updates."""
+    first = next((p for g in opt.param_groups for p in g["params"]), None)
+    for m in modules:
+        if first is None or any(p is first for p in m.parameters()):
+            return m
+    raise CheckpointError(
+        f"optimizer {key!r} updates parameters of no model in the state; put the model in too"
+    )
+
+
+with contextlib.suppress(Exception):  # keep DCP's own per-save info logs quiet by default
+    logging.getLogger("torch.distributed.checkpoint").setLevel(logging.WARNING)
