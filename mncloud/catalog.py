@@ -10,9 +10,15 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import math
 import os
+import re
 import sys
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from mncloud import constants
 from mncloud.errors import CatalogError, SpecError
@@ -88,3 +94,274 @@ def canonical_accelerator(name: str) -> str:
     close = difflib.get_close_matches(name.upper(), known, n=3, cutoff=0.5)
     hint = f"did you mean {', '.join(close)}?" if close else "see `sky show-gpus` for the names"
     raise SpecError(f"--gpus {name!r}: SkyPilot knows no accelerator of that name; {hint}")
+
+
+#: Clouds in SkyPilot's registry that have no public price list (they price at 0 or not at all).
+_UNPRICED_CLOUDS = frozenset({"kubernetes", "ssh", "slurm", "vsphere"})
+
+
+class Offer(BaseModel):
+    """One way to rent a node: an instance type in a region, spot or on-demand, at its price."""
+
+    model_config = ConfigDict(frozen=True)
+
+    cloud: str
+    """SkyPilot's registry name, lower case (`aws`, `lambda`)."""
+    region: str
+    instance_type: str
+    accelerator: str
+    """Canonical accelerator name as the catalog spells it."""
+    accelerator_count: int
+    spot: bool
+    hourly_price: float
+    """USD per node-hour: the lowest price of the instance type among the region's zones."""
+    region_rank: int = 0
+    """SkyPilot's own order of preference for this instance type's regions (0 = tried first)."""
+
+
+class Exclusion(BaseModel):
+    """A cloud (or its spot market) left out of a search, and why."""
+
+    model_config = ConfigDict(frozen=True)
+
+    cloud: str
+    reason: str
+
+
+class OfferSearch(BaseModel):
+    """The result of `offers`: what fits, and which clouds were left out and why."""
+
+    offers: list[Offer]
+    excluded: list[Exclusion] = Field(default_factory=list)
+    clouds: list[str] = Field(default_factory=list)
+    """The clouds searched."""
+
+
+def snapshot_clouds(versioned: Path) -> list[str]:
+    """Clouds with a `vms.csv` in a catalog snapshot's version folder."""
+    return sorted(p.parent.name for p in versioned.glob("*/vms.csv"))
+
+
+def default_clouds() -> list[str]:
+    """The clouds to search when the request names none.
+
+    With a catalog snapshot (offline): the clouds it holds. Online: the clouds SkyPilot found
+    credentials for at its last `sky check`, else every cloud SkyPilot prices.
+    """
+    versioned = use_catalog_dir()
+    if versioned is not None:
+        return snapshot_clouds(versioned)
+    from sky import global_user_state, skypilot_config
+    from sky.clouds import cloud as cloud_lib
+    from sky.skylet import constants as sky_constants
+
+    try:
+        enabled = global_user_state.get_cached_enabled_clouds(
+            cloud_lib.CloudCapability.COMPUTE, skypilot_config.get_active_workspace()
+        )
+    except Exception:  # a broken or foreign state database: fall back to every cloud
+        enabled = []
+    names = [str(c).lower() for c in enabled] or list(sky_constants.ALL_CLOUDS)
+    return [n for n in names if n not in _UNPRICED_CLOUDS]
+
+
+def offers(
+    accelerator: str,
+    count: int,
+    *,
+    clouds: Sequence[str] = (),
+    regions: Sequence[str] = (),
+    use_spot: bool | None = None,
+    nodes: int = 1,
+) -> OfferSearch:
+    """Every (cloud, region, instance type, spot) offering exactly `count` × `accelerator`.
+
+    Prices come from `sky.catalog.list_accelerators`; `use_spot` None means both markets. A
+    cloud is left out, with SkyPilot's reason, when SkyPilot's own feature check
+    (`Cloud.check_features_are_supported`, the test its optimizer applies) rejects multi-node
+    (for `nodes` > 1) or spot; a missing (NaN) spot price means no spot offer. Raises
+    CatalogError, listing what the catalog does offer for the accelerator, when nothing fits.
+    """
+    use_catalog_dir()
+    searched = [c.lower() for c in clouds] or default_clouds()
+    found, excluded = _list_accelerator(accelerator, searched)
+    wanted_regions = {r.lower() for r in regions}
+    markets = [False, True] if use_spot is None else [use_spot]
+    result: list[Offer] = []
+    for cloud in searched:
+        rows = [
+            info
+            for info in found.get(cloud, [])
+            if int(info.accelerator_count) == count
+            and (not wanted_regions or str(info.region).lower() in wanted_regions)
+        ]
+        if not rows:
+            continue
+        for spot in markets:
+            reason = _unsupported_reason(cloud, rows[0].instance_type, spot, nodes)
+            if reason:
+                if Exclusion(cloud=cloud, reason=reason) not in excluded:
+                    excluded.append(Exclusion(cloud=cloud, reason=reason))
+                continue
+            priced = [
+                (info, float(info.spot_price if spot else info.price))
+                for info in rows
+                if not math.isnan(float(info.spot_price if spot else info.price))
+            ]
+            if not priced:
+                excluded.append(
+                    Exclusion(
+                        cloud=cloud,
+                        reason=f"SkyPilot's catalog has no {_market(spot)} price for "
+                        f"{accelerator}:{count}",
+                    )
+                )
+                continue
+            ranks = _region_ranks(cloud, {info.instance_type for info, _ in priced}, spot)
+            result.extend(
+                Offer(
+                    cloud=cloud,
+                    region=str(info.region),
+                    instance_type=str(info.instance_type),
+                    accelerator=str(info.accelerator_name),
+                    accelerator_count=count,
+                    spot=spot,
+                    hourly_price=price,
+                    region_rank=ranks.get((str(info.instance_type), str(info.region)), 0),
+                )
+                for info, price in priced
+            )
+    if not result:
+        everywhere = found
+        if clouds:  # say what the other clouds offer too
+            extra = [c for c in default_clouds() if c not in searched]
+            everywhere = {**_list_accelerator(accelerator, extra)[0], **found} if extra else found
+        message = _no_offer_message(accelerator, count, searched, regions, found, excluded)
+        raise CatalogError(message + _availability_note(accelerator, searched, everywhere))
+    return OfferSearch(offers=result, excluded=excluded, clouds=searched)
+
+
+def _market(spot: bool) -> str:
+    return "spot" if spot else "on-demand"
+
+
+def _list_accelerator(
+    accelerator: str, clouds: list[str]
+) -> tuple[dict[str, list[Any]], list[Exclusion]]:
+    """SkyPilot's catalog rows for one accelerator name, by cloud; clouds it cannot read."""
+    from sky import catalog as sky_catalog
+
+    kwargs = {
+        "gpus_only": True,
+        "name_filter": f"^{re.escape(accelerator)}$",
+        "all_regions": True,
+        "case_sensitive": False,
+    }
+    excluded: list[Exclusion] = []
+    try:
+        listed = sky_catalog.list_accelerators(clouds=clouds, **kwargs)
+        rows = [info for infos in listed.values() for info in infos]
+    except Exception:  # one unreadable catalog fails the batch: retry cloud by cloud
+        rows = []
+        for cloud in clouds:
+            try:
+                listed = sky_catalog.list_accelerators(clouds=[cloud], **kwargs)
+            except ValueError as err:  # SkyPilot has no catalog module of that name
+                excluded.append(Exclusion(cloud=cloud, reason=str(err)))
+                continue
+            except Exception as err:  # requests/OSError/pandas errors when offline
+                excluded.append(
+                    Exclusion(
+                        cloud=cloud,
+                        reason=f"SkyPilot's catalog for {cloud} is unavailable "
+                        f"({err.__class__.__name__}); go online once or add it to "
+                        f"${constants.CATALOG_DIR_ENV}",
+                    )
+                )
+                continue
+            rows.extend(info for infos in listed.values() for info in infos)
+    by_cloud: dict[str, list[Any]] = {}
+    for info in rows:
+        by_cloud.setdefault(str(info.cloud).lower(), []).append(info)
+    return by_cloud, excluded
+
+
+def _unsupported_reason(cloud: str, instance_type: str, spot: bool, nodes: int) -> str | None:
+    """SkyPilot's reason why `cloud` cannot run this request, or None if it can.
+
+    Applies the check SkyPilot's optimizer applies: the features the resources need (spot
+    among them) plus MULTI_NODE for more than one node, through `check_features_are_supported`.
+    """
+    import sky
+    from sky import exceptions
+    from sky.clouds import cloud as cloud_lib
+    from sky.utils import registry
+
+    cloud_obj = registry.CLOUD_REGISTRY.from_str(cloud)
+    resources = sky.Resources(infra=cloud, instance_type=instance_type, use_spot=spot)
+    required = set(resources.get_required_cloud_features())
+    if nodes > 1:
+        required.add(cloud_lib.CloudImplementationFeatures.MULTI_NODE)
+    try:
+        cloud_obj.check_features_are_supported(resources, required)
+    except exceptions.NotSupportedError:
+        pass
+    else:
+        return None
+    # The public check raised; its per-feature reasons are in the cloud's (private) table.
+    table = getattr(cloud_obj, "_unsupported_features_for_resources", None)
+    reasons = table(resources) if table else {}
+    parts = [
+        f"{feature.value}: {reasons[feature]}"
+        for feature in sorted(required, key=lambda f: f.value)
+        if feature in reasons
+    ]
+    return "; ".join(parts) or f"SkyPilot rejects {_market(spot)} on {nodes} node(s)"
+
+
+def _region_ranks(cloud: str, instance_types: set[str], spot: bool) -> dict[tuple[str, str], int]:
+    """SkyPilot's region order for each instance type (price, then its own preference)."""
+    from sky import catalog as sky_catalog
+
+    ranks: dict[tuple[str, str], int] = {}
+    for instance_type in instance_types:
+        regions = sky_catalog.get_region_zones_for_instance_type(instance_type, spot, clouds=cloud)
+        for rank, region in enumerate(regions):
+            ranks[(instance_type, region.name)] = rank
+    return ranks
+
+
+def _no_offer_message(
+    accelerator: str,
+    count: int,
+    clouds: list[str],
+    regions: Sequence[str],
+    found: dict[str, list[Any]],
+    excluded: list[Exclusion],
+) -> str:
+    where = f" on {', '.join(clouds)}" + (f" in {', '.join(regions)}" if regions else "")
+    del found
+    if excluded:
+        reasons = "; ".join(f"{e.cloud}: {e.reason}" for e in excluded)
+        return f"no cloud can serve {accelerator}:{count}{where} ({reasons})"
+    return f"no offer for {accelerator}:{count}{where}"
+
+
+def _availability_note(accelerator: str, clouds: list[str], found: dict[str, list[Any]]) -> str:
+    """`. Available for H100: H100:1 on gcp, lambda; H100:8 on aws, gcp, lambda`."""
+    available = _availability(found)
+    if available:
+        return f". Available for {accelerator} (any region): {available}"
+    return f". SkyPilot's catalog lists no {accelerator} on {', '.join(clouds)}"
+
+
+def _availability(found: dict[str, list[Any]]) -> str:
+    by_count: dict[tuple[str, int], set[str]] = {}
+    for cloud, rows in found.items():
+        for info in rows:
+            key = (str(info.accelerator_name), int(info.accelerator_count))
+            by_count.setdefault(key, set()).add(cloud)
+    return "; ".join(
+        f"{name}:{count} on {', '.join(sorted(clouds))}"
+        for (name, count), clouds in sorted(by_count.items(), key=lambda kv: kv[0][1])
+    )
