@@ -406,12 +406,12 @@ def _within_budget(
         kept = [c for c in within if value(c) <= limit]
         if not kept:
             cheapest = min(within, key=value)
-            what = "per hour for the job" if flag == "--max-hourly" else "expected in total"
+            what = "/h" if flag == "--max-hourly" else f" expected for {request.hours:g} h of work"
             raise CatalogError(
-                f"over budget: the cheapest fitting offer, {cheapest.market} {cheapest.where}, "
-                f"costs ${value(cheapest):,.2f} {what} for {request.nodes} × "
-                f"{request.accelerator} ({flag} is ${limit:,.2f}); raise {flag}, or ask for "
-                "fewer nodes or hours"
+                f"over budget: the cheapest fitting offer for {request.nodes} × "
+                f"{request.accelerator}, {cheapest.market} {cheapest.where}, costs "
+                f"${value(cheapest):,.2f}{what}, over {flag} ${limit:,.2f}; raise {flag} or ask "
+                "for fewer nodes or hours"
             )
         for cloud in sorted({c.cloud for c in within} - {c.cloud for c in kept}):
             excluded.append(Exclusion(cloud=cloud, reason=f"every offer is over {flag} ${limit:g}"))
@@ -460,7 +460,16 @@ def _explain(ranked: list[Candidate], request: PlanRequest, excluded: list[Exclu
         missing = "on-demand" if choice.spot else "spot"
         why = [f"{e.cloud}: {e.reason}" for e in excluded]
         reason += f"; no {missing} offer fits" + (f" ({'; '.join(why)})" if why else "")
-    elif len(ranked) > 1:
-        nxt = ranked[1]
-        reason += f"; next is {nxt.where} at ${nxt.expected_cost:,.2f}"
+    else:
+        # The runner-up worth naming is another cloud or instance type, not another region.
+        nxt = next(
+            (
+                c
+                for c in ranked
+                if (c.cloud, c.instance_type) != (choice.cloud, choice.instance_type)
+            ),
+            None,
+        )
+        if nxt is not None:
+            reason += f"; next best is {nxt.where} at ${nxt.expected_cost:,.2f}"
     return reason

@@ -12,6 +12,7 @@ import typer
 from mncloud import __version__
 from mncloud.cli import ckpt as ckpt_cli
 from mncloud.cli import ops as ops_cli
+from mncloud.cli import plan as plan_cli
 from mncloud.cli import render as render_cli
 from mncloud.cli import up as up_cli
 from mncloud.errors import MncloudError
@@ -41,6 +42,7 @@ def _root(
 
 
 render_cli.register(app)
+plan_cli.register(app)
 up_cli.register(app)
 ops_cli.register(app)
 app.add_typer(ckpt_cli.app, name="ckpt", help="List, verify, pull and remove checkpoints.")

@@ -1,0 +1,162 @@
+"""`mncloud plan`: rank every fitting offer by its expected cost to finish the job."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from rich.table import Table
+
+from mncloud.cli import render as opts
+from mncloud.cli._common import console, handle_errors, print_json
+
+if TYPE_CHECKING:
+    from mncloud.plan import Plan
+
+
+def register(app: typer.Typer) -> None:
+    """Add `plan` to the app."""
+    app.command("plan")(plan_command)
+
+
+@handle_errors
+def plan_command(
+    gpus: Annotated[
+        str,
+        typer.Option(
+            "--gpus", help="Accelerators per node: H100:8, A100-80GB:4, L4.", show_default=False
+        ),
+    ],
+    nodes: Annotated[int, typer.Option("--nodes", min=1, help="Number of nodes.")] = 1,
+    hours: Annotated[
+        float,
+        typer.Option("--hours", min=0.0, help="Hours of work the job needs without interruptions."),
+    ] = 1.0,
+    spot: opts.Spot = None,
+    cloud: opts.Cloud = None,
+    region: opts.Region = None,
+    max_hourly: opts.MaxHourly = None,
+    max_cost: Annotated[
+        float | None,
+        typer.Option("--max-cost", help="Budget: most USD the job may be expected to cost."),
+    ] = None,
+    preemption_rate: Annotated[
+        float | None,
+        typer.Option(
+            "--preemption-rate",
+            help="Spot preemptions per node-hour for every cloud (default: per-cloud priors).",
+        ),
+    ] = None,
+    recovery_minutes: Annotated[
+        float | None,
+        typer.Option(
+            "--recovery-minutes", help="Minutes from a preemption to training again (10)."
+        ),
+    ] = None,
+    ckpt_seconds: Annotated[
+        float | None,
+        typer.Option("--ckpt-seconds", help="Seconds training stalls to save a checkpoint (60)."),
+    ] = None,
+    top: Annotated[
+        int | None, typer.Option("--top", min=1, help="Show only the N cheapest.")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
+    verbose: Annotated[
+        bool,
+        typer.Option("--verbose", "-v", help="Also show excluded clouds and the model inputs."),
+    ] = False,
+    catalog: opts.Catalog = None,
+) -> None:
+    """Rank clouds, regions and instance types by expected cost to finish, preemptions included."""
+    from mncloud import catalog as catalog_mod
+
+    catalog_mod.use_catalog_dir(catalog)  # before anything imports sky
+    from mncloud.plan import PlanRequest, make_plan
+    from mncloud.spec import Accelerator, SpotPolicy
+
+    policy = {True: SpotPolicy.SPOT, False: SpotPolicy.ON_DEMAND, None: SpotPolicy.EITHER}[spot]
+    request = PlanRequest.build(
+        accelerator=Accelerator.parse(gpus),
+        nodes=nodes,
+        spot=policy,
+        clouds=list(cloud or []),
+        regions=list(region or []),
+        hours=hours,
+        max_hourly=max_hourly,
+        max_cost=max_cost,
+        preemption_rate=preemption_rate,
+        **{
+            k: v
+            for k, v in {"recovery_minutes": recovery_minutes, "ckpt_seconds": ckpt_seconds}.items()
+            if v is not None
+        },
+    )
+    plan = make_plan(request)
+    if as_json:
+        print_json(plan.to_json(top=top))
+    else:
+        show_plan(plan, top=top, verbose=verbose)
+
+
+def show_plan(plan: Plan, *, top: int | None = None, verbose: bool = False) -> None:
+    """Print the ranked candidates as a table, then one line on why the choice won."""
+    request = plan.request
+    rows = plan.candidates[:top] if top else plan.candidates
+    title = (
+        f"{request.nodes} × {request.accelerator} for {request.hours:g} h of work — "
+        "cheapest expected cost first"
+    )
+    table = Table(title=title, title_justify="left")
+    for header in ("cloud", "region", "instance type", "spot"):
+        table.add_column(header)
+    for header in ("$/h node", "$/h job", "exp. hours", "exp. cost", "exp. preempt.", "ckpt every"):
+        table.add_column(header, justify="right")
+    for c in rows:
+        style = "bold green" if c == plan.choice else None
+        table.add_row(
+            c.cloud,
+            c.region,
+            c.instance_type,
+            "yes" if c.spot else "no",
+            f"{c.hourly_per_node:,.2f}",
+            f"{c.hourly_total:,.2f}",
+            f"{c.expected_hours:,.2f}",
+            f"${c.expected_cost:,.2f}",
+            f"{c.expected_preemptions:.2f}",
+            _duration(c.checkpoint_interval_s),
+            style=style,
+        )
+    console.print(table)
+    if top and len(plan.candidates) > top:
+        console.print(f"({len(plan.candidates) - top} more; drop --top to see all)", style="dim")
+    console.print(plan.explanation, highlight=False)
+    if verbose:
+        _show_details(plan)
+
+
+def _show_details(plan: Plan) -> None:
+    from mncloud import plan as plan_mod
+
+    request = plan.request
+    hazards = (
+        f"{request.preemption_rate:g}/node-h on every cloud"
+        if request.preemption_rate is not None
+        else ", ".join(f"{k} {v:g}" for k, v in plan_mod.SPOT_HAZARD_PER_HOUR.items())
+        + f", others {plan_mod.DEFAULT_SPOT_HAZARD_PER_HOUR:g} /node-h"
+    )
+    console.print(
+        f"model: spot preemptions {hazards}; on-demand faults "
+        f"{plan_mod.ON_DEMAND_HAZARD_PER_HOUR:g}/node-h; "
+        f"recovery {request.recovery_minutes:g} min; checkpoint {request.ckpt_seconds:g} s",
+        highlight=False,
+        style="dim",
+    )
+    fallbacks = ", ".join(f"{c.cloud}/{c.region}" for c in plan.fallbacks) or "none"
+    console.print(f"fallbacks, in order: {fallbacks}", highlight=False)
+    for e in plan.excluded:
+        console.print(f"excluded {e.cloud}: {e.reason}", highlight=False)
+
+
+def _duration(seconds: float) -> str:
+    minutes = seconds / 60
+    return f"{minutes / 60:.1f} h" if minutes >= 90 else f"{minutes:.0f} min"

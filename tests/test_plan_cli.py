@@ -1,0 +1,130 @@
+"""`mncloud plan` end to end through Typer's CliRunner: table, JSON, errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from mncloud.cli import plan as plan_cli
+
+runner = CliRunner()
+
+
+def _app() -> typer.Typer:
+    app = typer.Typer()
+
+    @app.callback()
+    def _root() -> None:
+        """Test app: one command, called the way users call it."""
+
+    plan_cli.register(app)
+    return app
+
+
+def _run(*args: str) -> tuple[int, str, str]:
+    result = runner.invoke(_app(), ["plan", *args], env={"COLUMNS": "200"})
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_importing_the_command_does_not_import_skypilot() -> None:
+    code = "import sys, mncloud.cli.plan; print('sky' in sys.modules, 'torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False"]
+
+
+@pytest.mark.catalog
+def test_table_cheapest_expected_cost_first_then_why() -> None:
+    code, out, _ = _run("--gpus", "H100:8", "--nodes", "4", "--hours", "24")
+    assert code == 0, out
+    for header in ("cloud", "region", "instance type", "spot", "$/h node", "$/h job"):
+        assert header in out
+    for header in ("exp. hours", "exp. cost", "exp. preempt.", "ckpt every"):
+        assert header in out
+    rows = [line for line in out.splitlines() if "p5.48xlarge" in line or "gpu_8x" in line]
+    assert "us-east-1" in rows[0] and "p5.48xlarge" in rows[0] and "yes" in rows[0]
+    assert "$1,096.04" in rows[0] and "24 min" in rows[0]
+    assert "spot aws p5.48xlarge in us-east-1 wins" in out
+    assert "excluded" not in out
+
+
+@pytest.mark.catalog
+def test_top_limits_rows_and_verbose_shows_exclusions() -> None:
+    code, out, _ = _run("--gpus", "H100:8", "--nodes", "4", "--top", "2", "--verbose")
+    assert code == 0, out
+    assert (
+        sum("│ aws" in line or "│ gcp" in line or "│ lambda" in line for line in out.splitlines())
+        == 2
+    )
+    assert "more; drop --top" in out
+    assert "excluded lambda: spot_instance" in out
+    assert "recovery 10 min; checkpoint 60 s" in out
+
+
+@pytest.mark.catalog
+def test_json_on_demand_two_clouds() -> None:
+    code, out, _ = _run(
+        "--gpus", "A100-80GB:8", "--nodes", "2", "--on-demand", "--cloud", "aws", "--cloud", "gcp",
+        "--json",
+    )  # fmt: skip
+    assert code == 0, out
+    data = json.loads(out)
+    assert {"choice", "candidates", "checkpoint_interval_s", "fallbacks", "explanation"} <= set(
+        data
+    )
+    fields = ("cloud", "region", "instance_type", "spot", "hourly_per_node", "hourly_total")
+    for c in data["candidates"]:
+        assert all(f in c for f in (*fields, "expected_hours", "expected_cost"))
+        assert c["cloud"] in ("aws", "gcp") and c["spot"] is False
+        assert c["hourly_total"] == pytest.approx(2 * c["hourly_per_node"])
+    costs = [c["expected_cost"] for c in data["candidates"]]
+    assert costs == sorted(costs)
+    assert data["choice"] == data["candidates"][0]
+    _, limited, _ = _run("--gpus", "A100-80GB:8", "--on-demand", "--json", "--top", "1")
+    assert len(json.loads(limited)["candidates"]) == 1
+
+
+@pytest.mark.catalog
+def test_model_options_reach_the_plan() -> None:
+    args = ("--gpus", "H100:8", "--nodes", "4", "--spot", "--json", "--top", "1")
+    _, default_out, _ = _run(*args)
+    code, custom_out, err = _run(
+        *args, "--preemption-rate", "0.1", "--recovery-minutes", "20", "--ckpt-seconds", "120"
+    )
+    assert code == 0, err
+    default, custom = json.loads(default_out), json.loads(custom_out)
+    assert default["request"]["recovery_minutes"] == 10.0
+    assert (custom["request"]["recovery_minutes"], custom["request"]["ckpt_seconds"]) == (20, 120)
+    assert custom["choice"]["preemption_rate"] == 0.1
+    assert custom["choice"]["expected_cost"] > default["choice"]["expected_cost"]
+
+
+@pytest.mark.catalog
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--gpus", "H100:3"), "Available for H100"),
+        (("--gpus", "H100:8", "--cloud", "runpod"), "no offer for H100:8 on runpod"),
+        (("--gpus", "H100:8", "--nodes", "4", "--max-hourly", "30"), "over budget"),
+        (("--gpus", "H100:8", "--spot", "--cloud", "lambda"), "Spot instances are not supported"),
+        (("--gpus", "H100:8", "--cloud", "mars"), "--cloud 'mars' is unknown"),
+        (("--gpus", "cpu:2"), "nothing to plan"),
+    ],
+)
+def test_errors_are_one_line_exit_2(args: tuple[str, ...], message: str) -> None:
+    code, out, err = _run(*args)
+    assert code == 2
+    assert out == ""
+    assert err.startswith("error: ") and message in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_catalog_flag_checks_the_folder(tmp_path: Path) -> None:
+    code, _, err = _run("--gpus", "H100:8", "--catalog", str(tmp_path))
+    assert code == 2
+    assert "has no v8/" in err
