@@ -861,3 +861,166 @@ def step_times(record: RunRecord) -> dict[int, float]:
         log.warning("step times not read from %s: %s", record.bucket_uri, err)
         return dict(record.step_times)
     return found
+
+
+# --------------------------------------------------------------------------- rerun
+
+
+class RerunSetup(BaseModel):
+    """A reconstructed working tree and the options to launch the recorded spec from it."""
+
+    worktree: Path
+    workdir: Path
+    options: dict[str, Any]
+    """Keyword options for `mncloud up` (see `up_options`)."""
+    restored_untracked: list[str] = Field(default_factory=list)
+    skipped_untracked: list[str] = Field(default_factory=list)
+
+
+def _repo_root(start: Path) -> Path | None:
+    try:
+        return Path(_git(start, "rev-parse", "--show-toplevel"))
+    except (RecordError, OSError, subprocess.TimeoutExpired):
+        return None
+
+
+def prepare_rerun(
+    record: RunRecord,
+    dest: Path,
+    *,
+    repo: Path | None = None,
+    env_overrides: Mapping[str, str] | None = None,
+    skip_untracked: bool = False,
+) -> RerunSetup:
+    """Rebuild the run's code in a new git worktree at `dest`: its commit + its stored diff.
+
+    `repo` is the repository to take the commit from (default: the current directory's, else
+    the recorded root). Untracked files are copied from that checkout only if their sha256 still
+    matches. Raises RecordError with one line whenever the tree cannot be reconstructed exactly;
+    the current checkout is never modified.
+    """
+    g = record.git
+    if g is None:
+        raise RecordError(
+            f"run {record.run_id} was not launched from a git repository; there is no commit "
+            "to rebuild its code from"
+        )
+    if g.commit is None:
+        raise RecordError(f"run {record.run_id} was launched before the repository's first commit")
+    if g.diff_redacted:
+        raise RecordError(
+            f"run {record.run_id}'s uncommitted diff contained secrets and was stored scrubbed; "
+            "it cannot be re-applied exactly"
+        )
+    root = repo or _repo_root(Path.cwd()) or (Path(g.root) if Path(g.root).is_dir() else None)
+    if root is None or _repo_root(root) is None:
+        raise RecordError(
+            "not inside a git repository: run `mncloud rerun` from a clone of the run's project"
+        )
+    root = _repo_root(root) or root
+    try:
+        _git(root, "cat-file", "-e", f"{g.commit}^{{commit}}")
+    except RecordError:
+        raise RecordError(
+            f"commit {g.commit[:12]} of run {record.run_id} is not in {root}; "
+            f"fetch it first (git fetch origin {g.commit})"
+        ) from None
+    spec = dict(record.spec)
+    envs = dict(spec.get("envs") or {})
+    for key, value in envs.items():
+        if REDACTED in value:
+            if not env_overrides or key not in env_overrides:
+                raise RecordError(
+                    f"--env {key} was redacted in the record; pass it again: --env {key}=VALUE"
+                )
+            envs[key] = env_overrides[key]
+    envs.update(env_overrides or {})
+    diff = load_diff(record)
+    if g.diff_sha256 and hashlib.sha256(diff).hexdigest() != g.diff_sha256:
+        raise RecordError(f"the stored diff of run {record.run_id} does not match its sha256")
+    untracked_plan: list[tuple[UntrackedFile, Path]] = []
+    skipped: list[str] = []
+    for item in g.untracked:
+        source = root / item.path
+        ok = source.is_file() and item.sha256 is not None and _sha256_file(source) == item.sha256
+        if ok:
+            untracked_plan.append((item, source))
+        elif skip_untracked:
+            skipped.append(item.path)
+        else:
+            why = "missing" if not source.is_file() else "changed since the run"
+            raise RecordError(
+                f"untracked file {item.path} is {why}; restore it or pass --skip-untracked"
+            )
+    if dest.exists():
+        raise RecordError(f"{dest} already exists; choose another --name or remove it")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    _git(root, "worktree", "add", "--detach", "--quiet", str(dest), g.commit)
+    try:
+        if diff:
+            patch = dest.parent / f".{dest.name}.patch"
+            patch.write_bytes(diff)
+            try:
+                _git(dest, "apply", "--binary", "--whitespace=nowarn", str(patch))
+            finally:
+                patch.unlink(missing_ok=True)
+        for item, source in untracked_plan:
+            target = dest / item.path
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(source.read_bytes())
+    except RecordError as err:
+        with contextlib.suppress(Exception):
+            _git(root, "worktree", "remove", "--force", str(dest))
+        raise RecordError(f"could not rebuild run {record.run_id}'s tree: {err}") from None
+    workdir = dest / g.workdir
+    old_workdir = Path(spec["workdir"])
+    script = workdir / Path(spec["script"]).relative_to(old_workdir)
+    return RerunSetup(
+        worktree=dest,
+        workdir=workdir,
+        options=up_options(spec | {"envs": envs}, script, workdir, record.plan),
+        restored_untracked=[i.path for i, _ in untracked_plan],
+        skipped_untracked=skipped,
+    )
+
+
+def up_options(
+    spec: Mapping[str, Any], script: Path, workdir: Path, plan: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    """A recorded spec (JSON) as the keyword options of `mncloud up`'s command function."""
+    accel = spec["accelerator"]
+    spot = {"spot": True, "on-demand": False}.get(spec.get("spot", "either"))
+    bucket = spec.get("bucket")
+    bucket_url = None
+    if bucket:
+        if bucket["scheme"] == "file":
+            bucket_url = f"file://{bucket['name']}"
+        else:
+            bucket_url = f"{bucket['scheme']}://{bucket['name']}"
+            bucket_url += f"/{bucket['prefix']}" if bucket.get("prefix") else ""
+    request = (plan or {}).get("request") or {}
+    return {
+        "script": script,
+        "script_args": list(spec.get("script_args") or []) or None,
+        "gpus": f"{accel['name']}:{accel['count']}",
+        "nodes": spec.get("nodes"),
+        "spot": spot,
+        "cloud": list(spec.get("clouds") or []) or None,
+        "region": list(spec.get("regions") or []) or None,
+        "bucket": bucket_url,
+        "mount_bucket": bool(spec.get("mount_bucket")),
+        "env": [f"{k}={v}" for k, v in (spec.get("envs") or {}).items()] or None,
+        "secret": list(spec.get("secrets") or []) or None,
+        "setup": spec.get("setup"),
+        "requirements": str(workdir / spec["requirements"]) if spec.get("requirements") else None,
+        "disk_size": spec.get("disk_size"),
+        "image": spec.get("image"),
+        "label": [f"{k}={v}" for k, v in (spec.get("labels") or {}).items()] or None,
+        "max_hourly": spec.get("max_hourly"),
+        "max_restarts": spec.get("max_restarts"),
+        "master_port": spec.get("master_port"),
+        "nccl_debug": spec.get("nccl_debug"),
+        "nccl_socket_ifname": spec.get("nccl_socket_ifname"),
+        "hours": float(request.get("hours") or 24.0),
+        "max_cost": request.get("max_cost"),
+    }

@@ -8,6 +8,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
 from mncloud import runs
 from mncloud.errors import RunNotFoundError
@@ -311,3 +312,135 @@ def test_published_step_times(repo: Path, tmp_path: Path) -> None:
     times = runs.step_times(record)
     assert times == {0: 1.0, 1: 1.0, 2: 2.0}
     assert runs.straggler_ranks(times) == [2]
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def cli(*args: str) -> tuple[int, str, str]:
+    from mncloud.cli import app
+
+    result = CliRunner().invoke(app, list(args))
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_cli_ls_show_cost(repo: Path) -> None:
+    record = runs.create_record(make_spec(repo), "a: 1\n")
+    runs.append_event("exp", "launch", cloud="aws", spot=True, hourly_price=3.6, at=1000.0)
+    runs.append_event("exp", "preemption", node=1, at=1000.0 + H)
+    runs.append_event("exp", "recovery", at=1000.0 + 2 * H)
+    runs.append_event("exp", "checkpoint", step=300, at=1000.0 + 2.5 * H)
+    runs.append_event("exp", "finish", at=1000.0 + 3 * H)
+    code, out, _ = cli("runs", "ls", "--json")
+    assert code == 0
+    (row,) = json.loads(out)
+    assert row["run_id"] == record.run_id and row["dirty"] is True
+    assert row["cost"] == pytest.approx(7.2)
+    code, out, _ = cli("runs", "ls")
+    assert code == 0 and record.run_id in out
+    code, out, _ = cli("runs", "show", record.run_id, "--json")
+    assert code == 0
+    shown = json.loads(out)
+    assert [e["kind"] for e in shown["events"]] == [
+        "launch", "preemption", "recovery", "checkpoint", "finish"
+    ]  # fmt: skip
+    code, out, _ = cli("runs", "show", "exp")
+    assert code == 0 and "preemption" in out and "step 300" in out
+    code, out, _ = cli("runs", "cost", "exp", "--json")
+    summary = json.loads(out)
+    assert code == 0 and len(summary["segments"]) == 2
+    assert summary["spot"] == pytest.approx(7.2) and summary["on_demand"] == 0
+    code, out, _ = cli("runs", "cost", "exp")
+    assert code == 0 and "preemption" in out and "$7.20" in out
+    code, _, err = cli("runs", "show", "missing")
+    assert code == 2 and "no run record 'missing'" in err
+
+
+# --------------------------------------------------------------------------- rerun
+
+
+def test_rerun_rebuilds_commit_diff_and_untracked(
+    repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(repo)
+    spec = make_spec(repo, env=["MODE=fast"], label=["team=nlp"])
+    record = runs.create_record(spec, "a: 1\n")
+    # The checkout moves on: new commit, the diff committed, more edits.
+    git(repo, "commit", "-qam", "v2")
+    (repo / "train.py").write_text("print('v3')\n")
+    setup = runs.prepare_rerun(record, tmp_path / "wt")
+    assert (setup.worktree / "train.py").read_text() == "print('v2')\n"
+    assert (setup.worktree / "notes.txt").read_text() == "untracked\n"
+    assert not (setup.worktree / "ignored").exists()
+    assert git(setup.worktree, "rev-parse", "HEAD") == record.git.commit  # type: ignore[union-attr]
+    assert (repo / "train.py").read_text() == "print('v3')\n"  # the checkout is untouched
+    opts = setup.options
+    rebuilt = build_spec(
+        opts.pop("script"),
+        opts.pop("script_args"),
+        **{k: v for k, v in opts.items() if k not in ("hours", "max_cost")},
+        name="exp",
+    )
+    original = spec.model_dump(exclude={"script", "workdir"})
+    assert rebuilt.model_dump(exclude={"script", "workdir"}) == original
+    assert rebuilt.workdir == setup.workdir
+
+
+def test_rerun_refusals(repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(repo)
+    record = runs.create_record(make_spec(repo), "a: 1\n")
+    (repo / "notes.txt").write_text("changed\n")
+    with pytest.raises(runs.RecordError, match=r"untracked file notes\.txt is changed"):
+        runs.prepare_rerun(record, tmp_path / "wt1")
+    setup = runs.prepare_rerun(record, tmp_path / "wt1", skip_untracked=True)
+    assert setup.skipped_untracked == ["notes.txt"]
+    with pytest.raises(runs.RecordError, match="already exists"):
+        runs.prepare_rerun(record, tmp_path / "wt1", skip_untracked=True)
+    # A commit the repository does not have (another clone).
+    other = tmp_path / "other"
+    other.mkdir()
+    git(other, "init", "-q")
+    (other / "x").write_text("x")
+    git(other, "add", ".")
+    git(other, "commit", "-qm", "x")
+    with pytest.raises(runs.RecordError, match=r"is not in .*git fetch origin"):
+        runs.prepare_rerun(record, tmp_path / "wt2", repo=other)
+    # A redacted diff and redacted --env values.
+    bad = record.model_copy(deep=True)
+    bad.git.diff_redacted = True  # type: ignore[union-attr]
+    with pytest.raises(runs.RecordError, match="cannot be re-applied exactly"):
+        runs.prepare_rerun(bad, tmp_path / "wt3")
+    bad = record.model_copy(deep=True)
+    bad.spec["envs"] = {"HF_TOKEN": "<redacted>"}
+    with pytest.raises(runs.RecordError, match="pass it again: --env HF_TOKEN=VALUE"):
+        runs.prepare_rerun(bad, tmp_path / "wt4", skip_untracked=True)
+    ok = runs.prepare_rerun(
+        bad, tmp_path / "wt4", skip_untracked=True, env_overrides={"HF_TOKEN": "x"}
+    )
+    assert "HF_TOKEN=x" in ok.options["env"]
+    # Outside git: nothing to rebuild from.
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / "train.py").write_text("pass\n")
+    rec = runs.create_record(
+        build_spec(plain / "train.py", gpus="cpu:1", cloud=["local"], name="plain"), "x: 1\n"
+    )
+    code, _, err = cli("rerun", rec.run_id)
+    assert code == 2 and "not launched from a git repository" in err
+
+
+def test_rerun_cli_launches_through_up(
+    repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mncloud_home: Path
+) -> None:
+    monkeypatch.chdir(repo)
+    record = runs.create_record(make_spec(repo), "a: 1\n")
+    seen: dict[str, object] = {}
+    import mncloud.cli.up as up_mod
+
+    monkeypatch.setattr(up_mod, "up_command", lambda **kw: seen.update(kw))
+    code, out, err = cli("rerun", record.run_id, "--name", "exp-again", "--yes", "--detach")
+    assert code == 0, err
+    assert "rebuilt " + record.run_id in out
+    assert seen["name"] == "exp-again" and seen["yes"] and seen["detach"]
+    assert seen["script"] == mncloud_home / "reruns" / "exp-again" / "train.py"
+    assert seen["gpus"] == "cpu:2" and seen["nodes"] == 2 and seen["cloud"] == ["local"]

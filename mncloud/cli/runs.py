@@ -1,0 +1,252 @@
+"""`mncloud runs ls|show|cost` and `mncloud rerun`: read run records, relaunch one exactly."""
+
+from __future__ import annotations
+
+import datetime as dt
+import secrets
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from mncloud.cli._common import console, handle_errors, print_json
+
+app = typer.Typer(no_args_is_help=True, help="Run records: lineage, events and cost.")
+
+RefArg = Annotated[str, typer.Argument(help="A run id, a unique prefix of one, or a run name.")]
+BucketOpt = Annotated[
+    str | None,
+    typer.Option("--bucket", help="Also look in this bucket (s3://…, gs://…, file://…)."),
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
+
+
+def register(main: typer.Typer) -> None:
+    """Add the `runs` group and `rerun` to the app."""
+    main.add_typer(app, name="runs", help="Run records: lineage, events and cost.")
+    main.command("rerun")(rerun_command)
+
+
+def _when(ts: float | None) -> str:
+    if ts is None:
+        return "-"
+    return dt.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _money(value: float | None) -> str:
+    return "-" if value is None else f"${value:,.2f}"
+
+
+@app.command("ls")
+@handle_errors
+def ls_command(bucket: BucketOpt = None, as_json: JsonOpt = False) -> None:
+    """List run records on this machine (and in --bucket)."""
+    from mncloud import runs
+
+    records = runs.list_records()
+    if bucket:
+        known = {r.run_id for r in records}
+        records += [r for r in runs.list_bucket_records(bucket) if r.run_id not in known]
+        records.sort(key=lambda r: r.created_at)
+    if as_json:
+        print_json(
+            [
+                {
+                    "run_id": r.run_id,
+                    "name": r.name,
+                    "user": r.user,
+                    "created_at": r.created_at,
+                    "backend": r.backend,
+                    "commit": r.git.commit if r.git else None,
+                    "dirty": r.git.dirty if r.git else None,
+                    "last_event": r.events[-1].kind if r.events else None,
+                    "cost": runs.cost_summary(r).total,
+                }
+                for r in records
+            ]
+        )
+        return
+    if not records:
+        console.print("No run records yet; `mncloud up` writes one for every run.")
+        return
+    table = Table(title="run records")
+    for col in ("run id", "user", "created", "backend", "commit", "last event", "cost"):
+        table.add_column(col, justify="right" if col == "cost" else "left", no_wrap=col == "run id")
+    for r in records:
+        commit = "-"
+        if r.git and r.git.commit:
+            commit = r.git.commit[:10] + ("+dirty" if r.git.dirty else "")
+        table.add_row(
+            r.run_id,
+            r.user,
+            _when(r.created_at),
+            r.backend,
+            commit,
+            r.events[-1].kind if r.events else "-",
+            _money(runs.cost_summary(r).total),
+        )
+    console.print(table)
+
+
+@app.command("show")
+@handle_errors
+def show_command(ref: RefArg, bucket: BucketOpt = None, as_json: JsonOpt = False) -> None:
+    """Show one run's lineage, events and step-time stragglers."""
+    from mncloud import runs
+
+    record = runs.find_record(ref, bucket)
+    times = runs.step_times(record) if record.bucket_uri else dict(record.step_times)
+    if as_json:
+        data = record.model_dump(mode="json")
+        data["step_times"] = times
+        data["stragglers"] = runs.straggler_ranks(times)
+        print_json(data)
+        return
+    spec = record.spec
+    head = Table.grid(padding=(0, 2))
+    head.add_column(style="bold")
+    head.add_column()
+    head.add_row("run", record.run_id)
+    head.add_row("user", f"{record.user}@{record.host}")
+    head.add_row("created", _when(record.created_at))
+    head.add_row("backend", record.backend)
+    accel = spec.get("accelerator") or {}
+    head.add_row("request", f"{spec.get('nodes')} × {accel.get('name')}:{accel.get('count')}")
+    if record.git:
+        g = record.git
+        state = "clean" if not g.dirty else f"diff {g.diff_bytes} B, {len(g.untracked)} untracked"
+        head.add_row("code", f"{g.commit or '(no commit)'} on {g.branch or '-'} ({state})")
+    else:
+        head.add_row("code", "not a git repository")
+    head.add_row("image", record.image or "-")
+    head.add_row("labels", ", ".join(f"{k}={v}" for k, v in record.labels.items()) or "-")
+    head.add_row("record", record.bucket_uri or str(runs.record_dir(record.name)))
+    head.add_row("packages", str(len(record.packages)))
+    console.print(head)
+    events = Table(title="events")
+    for col in ("time", "event", "node", "where", "market", "$/h", "detail"):
+        events.add_column(col)
+    for e in record.events:
+        where = " ".join(x for x in (e.cloud, e.region, e.instance_type) if x) or "-"
+        market = "-" if e.spot is None else ("spot" if e.spot else "on-demand")
+        detail = e.detail or (f"step {e.step}" if e.step is not None else "")
+        events.add_row(
+            _when(e.time),
+            e.kind,
+            "-" if e.node is None else str(e.node),
+            where,
+            market,
+            _money(e.hourly_price),
+            detail,
+        )
+    console.print(events)
+    if times:
+        slow = runs.straggler_ranks(times)
+        line = ", ".join(f"{r}: {t:.3f}s" for r, t in sorted(times.items()))
+        console.print(f"step times by rank: {line}")
+        if slow:
+            console.print(f"[yellow]stragglers (≥ {runs.STRAGGLER_FACTOR}× median): {slow}[/]")
+
+
+@app.command("cost")
+@handle_errors
+def cost_command(ref: RefArg, bucket: BucketOpt = None, as_json: JsonOpt = False) -> None:
+    """Cost so far by segment (each launch until its end), spot vs on-demand, vs the plan."""
+    from mncloud import runs
+
+    record = runs.find_record(ref, bucket)
+    summary = runs.cost_summary(record)
+    if as_json:
+        print_json(summary.model_dump(mode="json"))
+        return
+    table = Table(title=f"cost of {record.run_id}")
+    for col in ("#", "from", "until", "where", "market", "hours", "$/h", "cost"):
+        table.add_column(col, justify="right" if col in ("#", "hours", "$/h", "cost") else "left")
+    for s in summary.segments:
+        until = "now (running)" if s.open else f"{_when(s.end)} ({s.ended_by})"
+        where = " ".join(x for x in (s.cloud, s.region, s.instance_type) if x) or "-"
+        market = "-" if s.spot is None else ("spot" if s.spot else "on-demand")
+        table.add_row(
+            str(s.index),
+            f"{_when(s.start)} ({s.opened_by})",
+            until,
+            where,
+            market,
+            f"{s.hours:.2f}",
+            _money(s.hourly_price),
+            _money(s.cost),
+        )
+    console.print(table)
+    console.print(
+        f"total {_money(summary.total)} = spot {_money(summary.spot)} + on-demand "
+        f"{_money(summary.on_demand)}; {summary.preemptions} preemption(s), "
+        f"{summary.restarts} relaunch(es)"
+    )
+    if summary.unpriced_hours:
+        console.print(f"[yellow]{summary.unpriced_hours:.2f} h without a known price[/]")
+    if summary.estimate is not None:
+        console.print(f"plan's estimate for the whole job: {_money(summary.estimate)}")
+
+
+def _rerun_name(name: str) -> str:
+    return f"{name[:50].rstrip('-')}-rerun-{secrets.token_hex(2)}"
+
+
+@handle_errors
+def rerun_command(
+    ref: RefArg,
+    name: Annotated[
+        str | None, typer.Option("--name", help="Name of the new run (default NAME-rerun-XXXX).")
+    ] = None,
+    env: Annotated[
+        list[str] | None,
+        typer.Option("--env", help="KEY=VALUE for a value the record had to redact."),
+    ] = None,
+    skip_untracked: Annotated[
+        bool,
+        typer.Option("--skip-untracked", help="Go on without untracked files that changed."),
+    ] = False,
+    bucket: BucketOpt = None,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask before launching.")] = False,
+    detach: Annotated[
+        bool, typer.Option("--detach", "-d", help="Return once launched; do not follow logs.")
+    ] = False,
+    dryrun: Annotated[
+        bool, typer.Option("--dryrun", help="Rebuild the tree and dry-run; provision nothing.")
+    ] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the final status as JSON.")
+    ] = False,
+) -> None:
+    """Launch a recorded run again: same spec, same commit, same uncommitted diff."""
+    from mncloud import runs
+    from mncloud.catalog import mncloud_home
+    from mncloud.cli.up import up_command
+    from mncloud.spec import parse_key_values
+
+    record = runs.find_record(ref, bucket)
+    new_name = name or _rerun_name(record.name)
+    setup = runs.prepare_rerun(
+        record,
+        mncloud_home() / "reruns" / new_name,
+        env_overrides=parse_key_values(env or [], "--env"),
+        skip_untracked=skip_untracked,
+    )
+    if not as_json:
+        console.print(
+            f"rebuilt {record.run_id} at {setup.worktree} "
+            f"({record.git.commit[:10] if record.git and record.git.commit else '?'}"
+            f"{' + diff' if record.git and record.git.diff_sha256 else ''}"
+            f"{f', {len(setup.restored_untracked)} untracked' if setup.restored_untracked else ''})"
+        )
+        if setup.skipped_untracked:
+            console.print(f"[yellow]skipped untracked: {', '.join(setup.skipped_untracked)}[/]")
+    options: dict[str, Any] = dict(setup.options)
+    up_command(
+        **options,
+        name=new_name,
+        yes=yes,
+        detach=detach,
+        dryrun=dryrun,
+        as_json=as_json,
+    )
