@@ -1,0 +1,441 @@
+"""The SkyPilot backend, offline.
+
+- The exact `sky.Task` each launch hands SkyPilot is checked with SkyPilot's own schema.
+- `--dryrun` runs SkyPilot's in-process dry run for real over the catalog snapshot (needs rsync).
+- Only the SDK calls that talk to SkyPilot's API server are replaced: the provisioning call
+  (`sky.launch` / `sky.jobs.launch`, recording the Task and kwargs) and the request-result
+  calls, which answer with responses from `tests/data/skypilot/` parsed by SkyPilot's models.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from mncloud.backends.base import LaunchRequest, RunState, record_backend, run_dir
+from mncloud.backends.skypilot import (
+    AUTOSTOP_IDLE_MINUTES,
+    META_FILE,
+    SkyPilotBackend,
+    prefix_line,
+    translate_error,
+)
+from mncloud.errors import BackendError, RunNotFoundError
+from mncloud.render import render
+from mncloud.spec import build_spec
+from tests.skyseed import sky_enabled_clouds  # noqa: F401 - a fixture
+
+pytestmark = pytest.mark.catalog
+
+DATA = Path(__file__).parent / "data" / "skypilot"
+SECRET_VALUE = "hf_s3cr3t_value_never_in_files"
+
+
+@pytest.fixture
+def script(tmp_path: Path) -> Path:
+    (tmp_path / "pyproject.toml").write_text("[project]\nname='p'\n")
+    path = tmp_path / "train.py"
+    path.write_text("print('hi')\n")
+    return path
+
+
+class FakeSky:
+    """SkyPilot's API-server calls, answered locally; every call is recorded."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
+        self.answers: dict[str, Any] = {}
+        self._results: dict[str, Any] = {}
+
+    def request(self, name: str) -> Callable[..., str]:
+        def call(*args: Any, **kwargs: Any) -> str:
+            self.calls.append((name, args, kwargs))
+            request_id = f"req-{name}-{len(self.calls)}"
+            self._results[request_id] = self.answers.get(name)
+            return request_id
+
+        return call
+
+    def get(self, request_id: str, **_kwargs: Any) -> Any:
+        value = self._results[request_id]
+        if isinstance(value, BaseException):
+            raise value
+        return value
+
+    def called(self, name: str) -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
+        return [(args, kwargs) for n, args, kwargs in self.calls if n == name]
+
+
+@pytest.fixture
+def fake_sky(monkeypatch: pytest.MonkeyPatch) -> FakeSky:
+    import sky
+    import sky.jobs
+
+    fake = FakeSky()
+    for name in ("launch", "status", "job_status", "down"):
+        monkeypatch.setattr(sky, name, fake.request(name))
+    for name in ("launch", "queue_v2", "cancel"):
+        monkeypatch.setattr(sky.jobs, name, fake.request(f"jobs.{name}"))
+    monkeypatch.setattr(sky, "stream_and_get", fake.get)
+    monkeypatch.setattr(sky, "get", fake.get)
+    return fake
+
+
+def _request(script: Path, *, spot: bool, dryrun: bool = False, **flags: Any) -> LaunchRequest:
+    from mncloud.plan import PlanRequest, make_plan
+
+    spec = build_spec(script, gpus="H100:8", nodes=4, spot=spot, name="llm", **flags)
+    plan = make_plan(PlanRequest.from_spec(spec, hours=24))
+    return LaunchRequest(spec=spec, task=render(spec, plan=plan), plan=plan, dryrun=dryrun)
+
+
+def _check_with_skypilot_schema(task: Any) -> dict[str, Any]:
+    from sky.utils import common_utils, schemas
+
+    config = task.to_yaml_config()  # what the SDK serialises and sends to the API server
+    public = {k: v for k, v in copy.deepcopy(config).items() if not k.startswith("_")}
+    common_utils.validate_schema(public, schemas.get_task_schema(), "")
+    return config
+
+
+# ------------------------------------------------------------------------------- launch
+
+
+def test_on_demand_launch_is_an_autodown_cluster(
+    script: Path, fake_sky: FakeSky, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HF_TOKEN", SECRET_VALUE)
+    fake_sky.answers["launch"] = (1, None)
+    request = _request(script, spot=False, bucket="s3://team-ckpt", secret=["HF_TOKEN"])
+    record_backend("llm", "skypilot")
+
+    status = SkyPilotBackend().launch(request)
+
+    ((args, kwargs),) = fake_sky.called("launch")
+    assert not fake_sky.called("jobs.launch")
+    assert kwargs == {
+        "cluster_name": "llm",
+        "idle_minutes_to_autostop": AUTOSTOP_IDLE_MINUTES,
+        "down": True,
+    }
+    task = args[0]
+    config = _check_with_skypilot_schema(task)
+    assert task.num_nodes == 4
+    choice = request.plan.choice
+    ordered = config["resources"]["ordered"]
+    assert ordered[0]["instance_type"] == choice.instance_type
+    assert ordered[0]["infra"].lower() == f"{choice.cloud}/{choice.region}".lower()
+    assert all(not r.use_spot for r in task.resources)
+    assert "job_recovery" not in config["resources"]
+    assert task.envs["MNCLOUD_CKPT_URI"] == "s3://team-ckpt/llm"
+    assert "HF_TOKEN" not in task.envs and task.managed_secret_refs == []
+    assert task.secrets["HF_TOKEN"].get_secret_value() == SECRET_VALUE
+    assert status.state is RunState.RUNNING and status.cloud == choice.cloud
+    meta = json.loads((run_dir("llm") / META_FILE).read_text())
+    assert meta["kind"] == "cluster" and meta["job_id"] == 1
+    assert meta["hourly_per_node"] == pytest.approx(choice.hourly_per_node)
+    assert SECRET_VALUE not in "".join(p.read_text() for p in run_dir("llm").iterdir())
+
+
+def test_spot_launch_is_a_managed_job_with_failover(script: Path, fake_sky: FakeSky) -> None:
+    fake_sky.answers["jobs.launch"] = ([7], None)
+    request = _request(script, spot=True, bucket="gs://team-ckpt", max_restarts=5)
+
+    status = SkyPilotBackend().launch(request)
+
+    ((args, kwargs),) = fake_sky.called("jobs.launch")
+    assert not fake_sky.called("launch")
+    assert kwargs == {"name": "llm"}
+    task = args[0]
+    config = _check_with_skypilot_schema(task)
+    assert task.num_nodes == 4
+    assert all(r.use_spot for r in task.resources)
+    recovery = {"strategy": "FAILOVER", "max_restarts_on_errors": 5, "recover_on_exit_codes": [115]}
+    ordered = config["resources"]["ordered"]  # SkyPilot copies job_recovery into each entry
+    assert len(ordered) > 1 and all(entry["job_recovery"] == recovery for entry in ordered)
+    assert ordered[0]["instance_type"] == request.plan.choice.instance_type
+    assert status.state is RunState.PENDING and status.spot is True
+    assert json.loads((run_dir("llm") / META_FILE).read_text())["job_id"] == 7
+
+
+def test_a_secret_missing_from_the_environment_stops_the_launch(
+    script: Path, fake_sky: FakeSky, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    request = _request(script, spot=False, secret=["WANDB_API_KEY"])
+    with pytest.raises(BackendError, match="WANDB_API_KEY is not set in your environment"):
+        SkyPilotBackend().launch(request)
+    assert fake_sky.calls == []
+
+
+def test_no_capacity_becomes_one_line_with_advice(script: Path, fake_sky: FakeSky) -> None:
+    from sky import exceptions as sx
+
+    fake_sky.answers["launch"] = sx.ResourcesUnavailableError(
+        "Failed to provision all possible launchable resources.\nRelax the task's resource "
+        "requirements: 4x Lambda(gpu_8x_h100_sxm5)"
+    )
+    request = _request(script, spot=False)
+    with pytest.raises(BackendError) as caught:
+        SkyPilotBackend().launch(request)
+    message = str(caught.value)
+    assert "\n" not in message and "no capacity" in message and "--on-demand" in message
+    status = SkyPilotBackend().status("llm")  # the failure is remembered
+    assert status.state is RunState.FAILED and "no capacity" in status.detail
+
+
+@pytest.mark.parametrize(
+    ("make", "expected"),
+    [
+        (lambda sx: sx.ApiServerConnectionError("http://127.0.0.1:46580"), "sky api start"),
+        (lambda sx: sx.NoCloudAccessError("no cloud"), "sky check"),
+        (lambda sx: sx.InvalidCloudCredentials("AWS: expired token"), "sky check"),
+        (
+            lambda sx: sx.ResourcesUnavailableError("Quota exceeded for NVIDIA_H100_GPUS"),
+            "quota increase",
+        ),
+        (lambda sx: sx.NotSupportedError("Lambda does not support spot"), "does not support"),
+        (lambda sx: RuntimeError("boom\n  at line 3"), "RuntimeError: boom at line 3"),
+    ],
+)
+def test_skypilot_errors_are_translated(make: Callable[[Any], Exception], expected: str) -> None:
+    from sky import exceptions as sx
+
+    error = translate_error(make(sx), "launch cluster llm")
+    assert isinstance(error, BackendError)
+    assert expected in str(error) and "\n" not in str(error)
+
+
+# ------------------------------------------------------------------------------ dry run
+
+
+@pytest.mark.skipif(shutil.which("rsync") is None, reason="SkyPilot's dry run needs rsync on PATH")
+@pytest.mark.parametrize("spot", [False, True])
+def test_dryrun_runs_skypilot_for_real(
+    script: Path,
+    spot: bool,
+    sky_enabled_clouds: list[str],  # noqa: F811 - the fixture imported above
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import sky
+    import sky.jobs
+
+    def forbidden(*_args: Any, **_kwargs: Any) -> None:
+        raise AssertionError("a dry run must not provision")
+
+    monkeypatch.setattr(sky, "launch", forbidden)
+    monkeypatch.setattr(sky.jobs, "launch", forbidden)
+    request = _request(script, spot=spot, dryrun=True)
+
+    status = SkyPilotBackend().launch(request)
+
+    assert "dry run passed" in status.detail and "nothing was provisioned" in status.detail
+    assert status.cloud in {c.lower() for c in sky_enabled_clouds}
+    assert status.region and status.instance_type and status.spot is spot
+    assert not (run_dir("llm") / META_FILE).exists()
+
+
+@pytest.mark.skipif(shutil.which("rsync") is None, reason="SkyPilot's dry run needs rsync on PATH")
+def test_cli_up_dryrun(
+    script: Path,
+    sky_enabled_clouds: list[str],  # noqa: F811 - the fixture imported above
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from mncloud.cli import app
+
+    monkeypatch.chdir(script.parent)
+    args = ["up", "train.py", "--gpus", "H100:8", "--nodes", "4", "--on-demand", "--dryrun"]
+    result = CliRunner().invoke(app, [*args, "--name", "llm"])
+    assert result.exit_code == 0, result.output
+    assert "dry run passed" in result.output
+
+
+# ------------------------------------------------------------------------------- status
+
+
+def _launched(script: Path, fake_sky: FakeSky, *, spot: bool, **flags: Any) -> SkyPilotBackend:
+    fake_sky.answers["jobs.launch" if spot else "launch"] = ([7], None) if spot else (1, None)
+    backend = SkyPilotBackend()
+    record_backend("llm", "skypilot")
+    backend.launch(_request(script, spot=spot, **flags))
+    return backend
+
+
+def _status_records(name: str) -> list[Any]:
+    from sky.schemas.api import responses
+
+    return [
+        responses.StatusResponse.model_validate(r) for r in json.loads((DATA / name).read_text())
+    ]
+
+
+def _job_records(name: str) -> list[Any]:
+    from sky.schemas.api import responses
+
+    raw = json.loads((DATA / name).read_text())
+    return [responses.ManagedJobRecord.model_validate(r) for r in raw]
+
+
+def _write_complete_step(uri: str, step: int, tmp_path: Path) -> None:
+    from mncloud.ckptstore import CheckpointStore, Manifest
+
+    store = CheckpointStore(uri)
+    shard = tmp_path / f"shard-{step}.bin"
+    shard.write_bytes(b"x" * 64)
+    entries = store.upload(step, {"__0_0.distcp": shard})
+    store.commit(Manifest(step=step, world_size=1, files=entries))
+
+
+def test_cluster_status_running_with_checkpoint_and_cost(
+    script: Path, fake_sky: FakeSky, tmp_path: Path
+) -> None:
+    from sky.skylet import job_lib
+
+    bucket = tmp_path / "bucket"
+    backend = _launched(script, fake_sky, spot=False, bucket=f"file://{bucket}")
+    _write_complete_step(f"file://{bucket}/llm", 200, tmp_path)
+    fake_sky.answers["status"] = _status_records("status_cluster_up.json")
+    fake_sky.answers["job_status"] = {1: job_lib.JobStatus.RUNNING}
+
+    status = backend.status("llm")
+
+    ((args, _kw),) = fake_sky.called("job_status")
+    assert args == ("llm", [1])
+    assert status.state is RunState.RUNNING
+    assert (status.cloud, status.region, status.nodes) == ("Lambda", "us-east-1", 4)
+    assert "checkpoint step 200" in status.detail
+    assert status.hourly_total and status.cost_so_far is not None and status.cost_so_far >= 0
+
+
+def test_cluster_status_while_provisioning(script: Path, fake_sky: FakeSky) -> None:
+    backend = _launched(script, fake_sky, spot=False)
+    fake_sky.answers["status"] = _status_records("status_cluster_init.json")
+    assert backend.status("llm").state is RunState.STARTING
+
+
+def test_cluster_gone_after_success_keeps_the_last_state(script: Path, fake_sky: FakeSky) -> None:
+    from sky.skylet import job_lib
+
+    backend = _launched(script, fake_sky, spot=False)
+    fake_sky.answers["status"] = _status_records("status_cluster_up.json")
+    fake_sky.answers["job_status"] = {1: job_lib.JobStatus.SUCCEEDED}
+    assert backend.status("llm").state is RunState.SUCCEEDED
+    fake_sky.answers["status"] = []  # autodown after the idle minutes
+    status = backend.status("llm")
+    assert status.state is RunState.SUCCEEDED and "torn down" in status.detail
+
+
+def test_managed_job_status_counts_recoveries(
+    script: Path, fake_sky: FakeSky, tmp_path: Path
+) -> None:
+    backend = _launched(script, fake_sky, spot=True, bucket=f"file://{tmp_path / 'b'}")
+    fake_sky.answers["jobs.queue_v2"] = (_job_records("jobs_queue_recovering.json"), 1, {}, 1)
+
+    status = backend.status("llm")
+
+    ((_args, kwargs),) = fake_sky.called("jobs.queue_v2")
+    assert kwargs["job_ids"] == [7]
+    assert status.state is RunState.RECOVERING and status.restarts == 2
+    assert (status.cloud, status.region) == ("AWS", "us-east-1")
+    assert status.started_at == pytest.approx(1763700420.5)
+    assert "no checkpoint yet" in status.detail and "2 recoveries" in status.detail
+
+
+def test_managed_job_failure_reason_is_shown(script: Path, fake_sky: FakeSky) -> None:
+    backend = _launched(script, fake_sky, spot=True)
+    fake_sky.answers["jobs.queue_v2"] = (
+        _job_records("jobs_queue_failed_no_resource.json"),
+        1,
+        {},
+        1,
+    )
+    status = backend.status("llm")
+    assert status.state is RunState.FAILED
+    assert "Failed to acquire resources" in status.detail
+    assert status.ended_at == pytest.approx(1763703600.0)
+
+
+# --------------------------------------------------------------------------- logs, down
+
+
+def _chunks(text: str, size: int = 17) -> list[str | None]:
+    """The log in odd-sized chunks, ending with None, as `preload_content=False` yields."""
+    return [*(text[i : i + size] for i in range(0, len(text), size)), None]
+
+
+def test_logs_are_prefixed_by_node_and_filtered(
+    script: Path, fake_sky: FakeSky, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sky
+
+    backend = _launched(script, fake_sky, spot=False)
+    text = (DATA / "logs_cluster_two_nodes.txt").read_text()
+    seen: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+
+    def tail_logs(*args: Any, **kwargs: Any) -> Any:
+        seen.append((args, kwargs))
+        return iter(_chunks(text))
+
+    monkeypatch.setattr(sky, "tail_logs", tail_logs)
+    lines = list(backend.logs("llm", follow=True))
+    assert seen[0] == (("llm", 1), {"follow": True, "preload_content": False})
+    assert "[node 0] step 100 loss 2.31" in lines
+    assert "[node 1] mncloud: node 1 of 2, torchrun starting" in lines
+    assert lines[-1] == "[sky] ✓ Job finished (status: SUCCEEDED)."
+    only_one = list(backend.logs("llm", node=1))
+    assert only_one == [
+        "[node 1] mncloud: node 1 of 2, torchrun starting",
+        "[node 1] step 100 loss 2.31",
+    ]
+
+
+def test_managed_job_logs(script: Path, fake_sky: FakeSky, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sky.jobs
+
+    backend = _launched(script, fake_sky, spot=True)
+    seen: list[dict[str, Any]] = []
+
+    def tail_logs(**kwargs: Any) -> Any:
+        seen.append(kwargs)
+        return iter(["(head, rank=0, pid=9) resumed from step 200\n", None])
+
+    monkeypatch.setattr(sky.jobs, "tail_logs", tail_logs)
+    assert list(backend.logs("llm")) == ["[node 0] resumed from step 200"]
+    assert seen == [{"job_id": 7, "follow": False, "preload_content": False}]
+
+
+def test_prefix_line_single_node() -> None:
+    assert prefix_line("(llm, pid=12) hello") == (0, "[node 0] hello")
+
+
+def test_down_cluster_is_idempotent(script: Path, fake_sky: FakeSky) -> None:
+    from sky import exceptions as sx
+
+    backend = _launched(script, fake_sky, spot=False)
+    status = backend.down("llm")
+    assert fake_sky.called("down") == [(("llm",), {})]
+    assert status.state is RunState.CANCELLED and status.ended_at is not None
+    fake_sky.answers["down"] = sx.ClusterDoesNotExist("Cluster 'llm' does not exist.")
+    assert backend.down("llm").state is RunState.CANCELLED
+
+
+def test_down_managed_job_cancels_it(script: Path, fake_sky: FakeSky) -> None:
+    backend = _launched(script, fake_sky, spot=True)
+    cancelled = _job_records("jobs_queue_recovering.json")
+    cancelled[0].status = cancelled[0].status.__class__("CANCELLED")
+    fake_sky.answers["jobs.queue_v2"] = (cancelled, 1, {}, 1)
+    status = backend.down("llm")
+    assert fake_sky.called("jobs.cancel") == [((), {"job_ids": [7]})]
+    assert status.state is RunState.CANCELLED
+
+
+def test_unknown_run_has_no_record() -> None:
+    with pytest.raises(RunNotFoundError):
+        SkyPilotBackend().status("never-launched")
