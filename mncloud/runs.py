@@ -1,10 +1,13 @@
 """Run records: what ran (lineage), where and at what price (cost ledger), how fast (stragglers).
 
-At `up` a record is created for the run and written twice: in the local run folder
-(`$MNCLOUD_HOME/runs/<name>/record/run.json`) and in the bucket beside the checkpoints
+At `up` a record is created for the run and written twice: on this machine
+(`$MNCLOUD_HOME/records/<run-id>/run.json`) and in the bucket beside the checkpoints
 (`<bucket>/<name>/runs/<run-id>/run.json`), each with the uncommitted diff as `diff.patch`
 beside it. The bucket copy outlives the laptop; the local copy outlives a lost bucket. A bucket
-failure never breaks a run: it is logged and the local copy still holds everything.
+failure never breaks a run: it is logged and the local copy still holds everything. Local
+records live outside the run folder `$MNCLOUD_HOME/runs/<name>/` on purpose: a backend replaces
+that folder when a name is launched again, and the record of the earlier run must survive it.
+Run ids are `<name>-<UTC time>-<6 hex>`, so a name's newest record is its current one.
 
 Lineage: the git commit, a sha256 and a copy of `git diff HEAD --binary` (tracked changes, staged
 or not), the untracked files with their sha256 (they are not in the diff; `rerun` copies them
@@ -75,8 +78,8 @@ log = logging.getLogger(__name__)
 SCHEMA_VERSION = 1
 RECORD_FILE = "run.json"
 DIFF_FILE = "diff.patch"
-RECORD_DIR = "record"
-HISTORY_DIR = "history"
+RECORDS_DIR = "records"
+LOCKS_DIR = ".locks"
 #: Environment variable carrying the run id to every node (render adds it to the task envs).
 RUN_ID_ENV = "MNCLOUD_RUN_ID"
 #: A rank at least this many times slower than the median step time is a straggler.
@@ -332,6 +335,10 @@ def spec_redactor(spec: JobSpec | Mapping[str, Any] | None) -> Redactor:
 # --------------------------------------------------------------------------- lineage
 
 
+def _ID_OF_NAME(name: str) -> re.Pattern[str]:
+    return re.compile(rf"^{re.escape(name)}-\d{{8}}T\d{{6}}-[0-9a-f]{{6}}$")
+
+
 def new_run_id(name: str, now: float | None = None) -> str:
     """`<name>-<UTC yyyymmddThhmmss>-<6 hex>`: sortable, unique, readable."""
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(time.time() if now is None else now))
@@ -474,18 +481,23 @@ def create_record(
         bucket_uri=bucket_uri,
     )
     if save:
-        save_record(record, diff=diff, archive_previous=True)
+        save_record(record, diff=diff)
     return record
 
 
 # --------------------------------------------------------------------------- storage
 
 
-def record_dir(name: str) -> Path:
-    """The local folder of a run name's current record."""
-    from mncloud.backends.base import run_dir
+def records_root() -> Path:
+    """The local folder of all run records: `$MNCLOUD_HOME/records/<run-id>/`."""
+    from mncloud.catalog import mncloud_home
 
-    return run_dir(name) / RECORD_DIR
+    return mncloud_home() / RECORDS_DIR
+
+
+def record_dir(run_id: str) -> Path:
+    """The local folder of one run record."""
+    return records_root() / run_id
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
@@ -508,9 +520,9 @@ def _locked(name: str) -> Iterator[None]:
     """An exclusive lock on a run's record (several processes may append events)."""
     import fcntl
 
-    folder = record_dir(name)
+    folder = records_root() / LOCKS_DIR
     folder.mkdir(parents=True, exist_ok=True)
-    with (folder / ".lock").open("a") as handle:
+    with (folder / f"{name}.lock").open("a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
             yield
@@ -518,28 +530,13 @@ def _locked(name: str) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def save_record(
-    record: RunRecord, *, diff: bytes | None = None, archive_previous: bool = False
-) -> None:
+def save_record(record: RunRecord, *, diff: bytes | None = None) -> None:
     """Write the record (and `diff`) locally, atomically, then to the bucket (best effort)."""
-    folder = record_dir(record.name)
-    current = folder / RECORD_FILE
-    if archive_previous and current.is_file():
-        with contextlib.suppress(Exception):
-            old = _load_file(current)
-            if old.run_id != record.run_id:
-                target = folder / HISTORY_DIR / old.run_id
-                target.mkdir(parents=True, exist_ok=True)
-                os.replace(current, target / RECORD_FILE)
-                if (folder / DIFF_FILE).is_file():
-                    os.replace(folder / DIFF_FILE, target / DIFF_FILE)
+    folder = record_dir(record.run_id)
     payload = _serialize(record)
-    _atomic_write(current, payload)
-    if diff is not None:
-        if diff:
-            _atomic_write(folder / DIFF_FILE, diff)
-        else:
-            (folder / DIFF_FILE).unlink(missing_ok=True)
+    _atomic_write(folder / RECORD_FILE, payload)
+    if diff:
+        _atomic_write(folder / DIFF_FILE, diff)
     if record.bucket_uri:
         _push(record.bucket_uri, payload, diff)
 
@@ -563,24 +560,18 @@ def _load_file(path: Path) -> RunRecord:
         raise RecordError(f"run record {path} is unreadable ({type(err).__name__})") from None
 
 
-def _local_record_files() -> list[Path]:
-    from mncloud.backends.base import runs_root
-
-    root = runs_root()
+def list_records(name: str | None = None) -> list[RunRecord]:
+    """Every record on this machine (of run `name` only, if given), oldest first."""
+    root = records_root()
     if not root.is_dir():
         return []
-    files = list(root.glob(f"*/{RECORD_DIR}/{RECORD_FILE}"))
-    files += list(root.glob(f"*/{RECORD_DIR}/{HISTORY_DIR}/*/{RECORD_FILE}"))
-    return files
-
-
-def list_records() -> list[RunRecord]:
-    """Every record on this machine (current and earlier runs of each name), oldest first."""
     records = []
-    for path in _local_record_files():
+    for path in root.glob(f"*/{RECORD_FILE}"):
+        if name is not None and not _ID_OF_NAME(name).match(path.parent.name):
+            continue
         with contextlib.suppress(RecordError):
             records.append(_load_file(path))
-    return sorted(records, key=lambda r: r.created_at)
+    return sorted(records, key=lambda r: (r.created_at, r.run_id))
 
 
 def list_bucket_records(uri: str) -> list[RunRecord]:
@@ -626,16 +617,8 @@ def load_diff(record: RunRecord) -> bytes:
     """The stored `git diff HEAD` of a record (b"" for a clean tree)."""
     if record.git is None or record.git.diff_sha256 is None:
         return b""
-    candidates = [record_dir(record.name) / DIFF_FILE]
-    candidates.append(record_dir(record.name) / HISTORY_DIR / record.run_id / DIFF_FILE)
-    current = record_dir(record.name) / RECORD_FILE
-    for path in candidates:
-        if not path.is_file():
-            continue
-        if path.parent.name == RECORD_DIR:  # the current record's diff only
-            with contextlib.suppress(RecordError):
-                if current.is_file() and _load_file(current).run_id != record.run_id:
-                    continue
+    path = record_dir(record.run_id) / DIFF_FILE
+    if path.is_file():
         return path.read_bytes()
     if record.bucket_uri:
         from mncloud.storage import join_key, open_bucket
@@ -647,11 +630,11 @@ def load_diff(record: RunRecord) -> bytes:
 
 
 def load_current(name: str) -> RunRecord:
-    """The current record of run `name` on this machine."""
-    path = record_dir(name) / RECORD_FILE
-    if not path.is_file():
+    """The newest record of run `name` on this machine (the run `up` launched last)."""
+    found = list_records(name)
+    if not found:
         raise RunNotFoundError(f"run {name!r} has no record on this machine")
-    return _load_file(path)
+    return found[-1]
 
 
 def append_event(

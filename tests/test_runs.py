@@ -84,7 +84,7 @@ def test_record_has_every_field(repo: Path, mncloud_home: Path) -> None:
     spec = make_spec(repo, label=["team=nlp"], image="docker:pytorch/pytorch:latest")
     record = runs.create_record(spec, "name: exp\n", None, "local", now=1_700_000_000)
     assert record.run_id.startswith("exp-20231114T221320-")
-    path = mncloud_home / "runs" / "exp" / "record" / "run.json"
+    path = mncloud_home / "records" / record.run_id / "run.json"
     data = json.loads(path.read_text())
     for key in ("run_id", "name", "user", "host", "created_at", "git", "spec", "task_yaml"):
         assert data[key], key
@@ -115,7 +115,7 @@ def test_record_outside_git_and_clean_tree(tmp_path: Path) -> None:
     assert runs.create_record(spec, "x: 1\n").git is None
 
 
-def test_second_record_archives_the_first(repo: Path) -> None:
+def test_records_of_one_name_accumulate(repo: Path) -> None:
     spec = make_spec(repo)
     first = runs.create_record(spec, "a: 1\n", now=1_700_000_000)
     git(repo, "commit", "-qam", "v2")
@@ -187,7 +187,7 @@ def test_planted_secrets_absent_from_every_file(
     assert record.git is not None
     assert runs.load_current("leaky").git.diff_redacted  # type: ignore[union-attr]
     assert_no_planted(mncloud_home, bucket)
-    data = (mncloud_home / "runs" / "leaky" / "record" / "run.json").read_text()
+    data = (mncloud_home / "records" / record.run_id / "run.json").read_text()
     assert "visible-value" in data and "<redacted>" in data
 
 

@@ -120,7 +120,7 @@ def show_command(ref: RefArg, bucket: BucketOpt = None, as_json: JsonOpt = False
         head.add_row("code", "not a git repository")
     head.add_row("image", record.image or "-")
     head.add_row("labels", ", ".join(f"{k}={v}" for k, v in record.labels.items()) or "-")
-    head.add_row("record", record.bucket_uri or str(runs.record_dir(record.name)))
+    head.add_row("record", record.bucket_uri or str(runs.record_dir(record.run_id)))
     head.add_row("packages", str(len(record.packages)))
     console.print(head)
     events = Table(title="events")
