@@ -28,7 +28,7 @@ if HAVE_CATALOG:
 
     _catalog.use_catalog_dir()
 
-pytest_plugins = ["tests.servers"]
+pytest_plugins = ["tests.servers", "tests.skyseed"]
 
 needs_catalog = pytest.mark.skipif(
     not HAVE_CATALOG, reason="no SkyPilot catalog snapshot (../shared/catalogs) and no network"
