@@ -40,3 +40,11 @@ STORAGE_RETRY_SECONDS_ENV = "MNCLOUD_STORAGE_RETRY_SECONDS"
 STORAGE_OUTAGE_MARKER = ".mncloud-outage"
 # Local directory where ranks stage checkpoint files before the upload (default: a temp dir).
 CKPT_STAGING_ENV = "MNCLOUD_CKPT_STAGING"
+
+# Local backend (mncloud/backends/local.py).
+# Every process of a local node carries this variable (`<run token>/<node>`), so the supervisor,
+# `mncloud chaos` and `mncloud down` find a node's processes, wherever they were reparented.
+LOCAL_NODE_TAG_ENV = "MNCLOUD_LOCAL_NODE"
+# Rank 0 of a training script may append one JSON line per step here ({"t", "step", ...}); the
+# local backend sets it and derives steps lost and time-to-resume from it.
+PROGRESS_FILE_ENV = "MNCLOUD_PROGRESS_FILE"

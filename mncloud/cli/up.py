@@ -10,6 +10,7 @@ import typer
 
 from mncloud.cli import render as opts
 from mncloud.cli._common import console, handle_errors, print_json
+from mncloud.constants import DEFAULT_MASTER_PORT
 from mncloud.errors import SpecError
 
 
@@ -130,6 +131,10 @@ def up_command(
     if spec.is_local:
         plan = None
         backend_name = "local"
+        if master_port is None and spec.master_port == DEFAULT_MASTER_PORT:
+            from mncloud.backends.local import free_port  # several local runs side by side
+
+            spec = spec.model_copy(update={"master_port": free_port()})
     else:
         if "local" in spec.clouds:
             raise SpecError("--cloud local runs on this machine alone; do not mix it with clouds")
@@ -143,6 +148,10 @@ def up_command(
         spec=spec, task=task, plan=plan, detach=detach, dryrun=dryrun, options=options
     )
     status = backend.launch(request)
+    if backend_name == "local" and options["follow"] and not dryrun:
+        from mncloud.cli.follow import follow_local_run
+
+        status = follow_local_run(spec.name)
     if as_json:
         print_json(status.model_dump(mode="json") | {"cost_so_far": status.cost_so_far})
     else:
