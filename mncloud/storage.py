@@ -199,10 +199,37 @@ def _retry(
                 f"{what}: still failing after {attempt} attempts over {budget:.0f}s "
                 f"({transient_msg}); is the storage endpoint reachable?"
             )
-        sleep = min(delay * (0.5 + random.random()), remaining, 8.0)
+        sleep = min(delay * (0.5 + _SDK_RANDOM.random()), remaining, 8.0)
         log.warning("%s failed (%s); retrying in %.1fs", what, transient_msg, sleep)
         time.sleep(sleep)
         delay = min(delay * 2, 8.0)
+
+
+# The SDKs draw from the global `random` (multipart boundaries, temp names, retry jitter) in
+# upload threads, at moments that depend on timing. That would perturb a training script's own
+# python RNG stream and break bitwise-exact resume, so their module-level `random` is pointed
+# at a private generator.
+_SDK_RANDOM = random.Random()
+_SDK_MODULES = {
+    "s3": ("s3transfer", "s3transfer.utils", "botocore.retries.standard", "botocore.retryhandler",
+           "botocore.utils", "urllib3.util.retry"),
+    "gs": ("google.resumable_media._upload", "google.resumable_media._helpers",
+           "google.cloud.storage._media._upload", "google.cloud.storage._media._helpers",
+           "google.api_core.retry.retry_base", "google.auth._exponential_backoff",
+           "urllib3.util.retry"),
+}  # fmt: skip
+
+
+def _isolate_sdk_random(kind: str) -> None:
+    import importlib
+
+    for name in _SDK_MODULES[kind]:
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            continue
+        if getattr(module, "random", None) is random:
+            module.random = _SDK_RANDOM  # type: ignore[attr-defined]
 
 
 def _short(err: BaseException) -> str:
@@ -283,6 +310,7 @@ class S3Bucket:
             from boto3.s3.transfer import TransferConfig
             from botocore.config import Config
 
+            _isolate_sdk_random("s3")
             config = Config(
                 retries={"mode": "standard", "max_attempts": 3},
                 max_pool_connections=max(10, 2 * self.max_concurrency),
@@ -441,6 +469,7 @@ class GCSBucket:
         if self._bucket is None:
             from google.cloud import storage
 
+            _isolate_sdk_random("gs")
             if os.environ.get("STORAGE_EMULATOR_HOST"):
                 from google.auth.credentials import AnonymousCredentials
 

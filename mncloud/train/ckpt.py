@@ -69,7 +69,7 @@ from mncloud.errors import CheckpointError, MncloudError, StorageError
 
 log = logging.getLogger(__name__)
 
-warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable")
+_NO_DIST_WARNING = "torch.distributed is disabled, unavailable"
 
 _RNG_KEY = "__rng__"
 _VALUE, _STATEFUL = "value", "stateful"
@@ -234,7 +234,7 @@ class CheckpointManager:
         if self._pending is not None:
             if self._pending.step == step:
                 if wait or not self.async_upload:
-                    self._finish_pending()
+                    self.wait()
                 return True
             self._finish_pending()
         if self._floor is not None and step <= self._floor:
@@ -246,8 +246,6 @@ class CheckpointManager:
         staged: Any = None
         extras: dict[str, Any] = {}
         try:
-            if self.rank == 0:
-                self.store.uncommit(step)  # a rewrite must never sit under an old COMPLETE
             shutil.rmtree(stage_dir, ignore_errors=True)
             stage_dir.mkdir(parents=True)
             tensors, extras = self._split(state)
@@ -264,7 +262,7 @@ class CheckpointManager:
         future = self._worker.submit(self._write_and_upload, step, staged, extras, stage_dir)
         self._pending = _Pending(step, future, t0)
         if wait or not self.async_upload:
-            self._finish_pending()
+            self.wait()
         self.last_stall_s = time.perf_counter() - t0
         return True
 
@@ -311,15 +309,31 @@ class CheckpointManager:
     def _write_and_upload(
         self, step: int, staged: dict[str, Any], extras: dict[str, Any], stage_dir: Path
     ) -> dict[str, FileEntry]:
-        """Worker thread: DCP shard and extras to local disk, then hash and upload them."""
+        """Worker thread: DCP shard and extras to local disk, then hash and upload them.
+
+        Rank 0 first removes an old COMPLETE of the same step (a rewrite must never sit under a
+        stale marker). The other ranks cannot upload before that: DCP's planning collectives
+        hold them until rank 0 joins. A failure there is raised only after DCP, so no rank is
+        left waiting in a collective.
+        """
+        uncommit_error: StorageError | None = None
+        if self.rank == 0:
+            try:
+                self.store.uncommit(step)
+            except StorageError as err:
+                uncommit_error = err
         try:
             writer = dcp.FileSystemWriter(str(stage_dir), sync_files=False)
-            dcp.save(
-                staged,
-                storage_writer=writer,
-                process_group=self._dcp_pg,
-                no_dist=not self.distributed,
-            )
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message=_NO_DIST_WARNING)
+                dcp.save(
+                    staged,
+                    storage_writer=writer,
+                    process_group=self._dcp_pg,
+                    no_dist=not self.distributed,
+                )
+            if uncommit_error is not None:
+                raise uncommit_error
             torch.save(extras, stage_dir / f"rank_{self.rank}.pt")
             files = {p.name: p for p in stage_dir.iterdir() if p.is_file()}
             return self.store.upload(step, files, workers=self.upload_workers)
@@ -368,8 +382,6 @@ class CheckpointManager:
             extra={"upload_s": round(self.last_save_s, 3)},
         )
         self._last_commit = self._worker.submit(self._commit, manifest)
-        if not self.async_upload:
-            self._last_commit.result()
 
     def _commit(self, manifest: Manifest) -> None:
         """Worker thread on rank 0: manifest, COMPLETE, then keep-last-K."""
@@ -486,12 +498,14 @@ class CheckpointManager:
             elif isinstance(val, torch.Tensor):
                 targets[key] = val
         try:
-            dcp.load(
-                targets,
-                storage_reader=dcp.FileSystemReader(str(local)),
-                process_group=self._dcp_pg,
-                no_dist=not self.distributed,
-            )
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message=_NO_DIST_WARNING)
+                dcp.load(
+                    targets,
+                    storage_reader=dcp.FileSystemReader(str(local)),
+                    process_group=self._dcp_pg,
+                    no_dist=not self.distributed,
+                )
         except Exception as err:
             raise CheckpointError(
                 f"step {manifest.step} does not fit this model/optimizer: {err}"

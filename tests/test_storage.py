@@ -1,0 +1,123 @@
+"""Bucket operations against real servers: S3 (SeaweedFS or moto), a GCS emulator, a directory."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from mncloud.errors import StorageError
+from mncloud.storage import (
+    Bucket,
+    ObjectNotFoundError,
+    delete_prefix,
+    join_key,
+    open_bucket,
+    set_simulated_outage,
+    split_uri,
+)
+
+
+def test_split_uri() -> None:
+    assert split_uri("s3://b/run/1/") == ("s3", "b", "run/1")
+    assert split_uri("gs://b") == ("gs", "b", "")
+    assert split_uri("file:///tmp/x") == ("file", "/tmp/x", "")
+    for bad in ("ftp://b/x", "s3://", "s3:///x", ""):
+        with pytest.raises(StorageError):
+            split_uri(bad)
+    assert join_key("a/", "", "/b", "c") == "a/b/c"
+
+
+def test_bucket_operations(bucket_uri: str, tmp_path: Path) -> None:
+    bucket, prefix = open_bucket(bucket_uri)
+    assert isinstance(bucket, Bucket)
+    k = lambda name: join_key(prefix, name)  # noqa: E731
+    bucket.put_bytes(k("a/small"), b"hello")
+    big = tmp_path / "big"
+    big.write_bytes(bytes(range(256)) * (24 * 4096 + 7))  # ~24 MiB: multipart / resumable
+    bucket.put_file(k("a/big"), big)
+    bucket.put_bytes(k("b/other"), b"")
+
+    assert bucket.get_bytes(k("a/small")) == b"hello"
+    assert bucket.size(k("a/big")) == big.stat().st_size
+    assert bucket.exists(k("a/small")) and not bucket.exists(k("a/missing"))
+    listing = bucket.list(k("a/"))
+    assert [o.key for o in listing] == [k("a/big"), k("a/small")]
+    assert all(o.mtime > 0 for o in listing)
+    out = tmp_path / "down" / "big"
+    bucket.get_file(k("a/big"), out)
+    assert out.read_bytes() == big.read_bytes()
+    with pytest.raises(ObjectNotFoundError):
+        bucket.get_bytes(k("a/missing"))
+    with pytest.raises(ObjectNotFoundError):
+        bucket.size(k("a/missing"))
+    bucket.delete(k("a/small"))
+    bucket.delete(k("a/small"))  # missing is fine
+    assert not bucket.exists(k("a/small"))
+    assert delete_prefix(bucket, k("a")) == 1
+    assert [o.key for o in bucket.list(prefix)] == [k("b/other")]
+
+
+def test_missing_bucket_is_permanent(s3_env, gcs_env) -> None:
+    for uri in ("s3://no-such-bucket-mncloud/x", "gs://no-such-bucket-mncloud/x"):
+        bucket, _ = open_bucket(uri, retry_seconds=30)
+        t0 = time.monotonic()
+        with pytest.raises(StorageError, match="does not exist"):
+            bucket.list("x/")
+        assert time.monotonic() - t0 < 10, "a permanent error must not be retried"
+
+
+def test_wrong_credentials_are_not_logged(s3_env, monkeypatch, caplog) -> None:
+    if s3_env.kind != "seaweedfs":
+        pytest.skip("moto accepts any credentials")
+    bucket_name = s3_env.make_bucket()
+    secret = "very-secret-value-123"
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)
+    bucket, _ = open_bucket(f"s3://{bucket_name}", retry_seconds=5)
+    with caplog.at_level(logging.DEBUG, logger="mncloud"), pytest.raises(StorageError) as err:
+        bucket.put_bytes("k", b"x")
+    assert "denied" in str(err.value) or "SignatureDoesNotMatch" in str(err.value)
+    assert secret not in str(err.value) and secret not in caplog.text
+
+
+def test_s3_retries_through_an_outage(s3_env, tmp_path: Path) -> None:
+    """The server is down for ~3 s; an upload started meanwhile succeeds once it is back."""
+    name = s3_env.make_bucket()
+    bucket, _ = open_bucket(f"s3://{name}", retry_seconds=60)
+    src = tmp_path / "f"
+    src.write_bytes(b"x" * 1024)
+    s3_env.stop()
+    restart = threading.Timer(3.0, s3_env.start)
+    restart.start()
+    try:
+        bucket.put_file("after-outage", src)
+    finally:
+        restart.join()
+    assert bucket.get_bytes("after-outage") == b"x" * 1024
+
+
+def test_s3_outage_longer_than_budget_raises(s3_env) -> None:
+    name = s3_env.make_bucket()
+    bucket, _ = open_bucket(f"s3://{name}", retry_seconds=1)
+    s3_env.stop()
+    try:
+        with pytest.raises(StorageError, match="still failing"):
+            bucket.put_bytes("k", b"x")
+    finally:
+        s3_env.start()
+
+
+def test_file_simulated_outage(tmp_path: Path) -> None:
+    uri = f"file://{tmp_path / 'b'}"
+    bucket, _ = open_bucket(uri, retry_seconds=0.5)
+    bucket.put_bytes("k", b"1")
+    set_simulated_outage(uri, True)
+    with pytest.raises(StorageError, match="simulated outage"):
+        bucket.get_bytes("k")
+    bucket2, _ = open_bucket(uri, retry_seconds=10)
+    threading.Timer(1.0, set_simulated_outage, (uri, False)).start()
+    assert bucket2.get_bytes("k") == b"1"
+    assert [o.key for o in bucket2.list("")] == ["k"]
