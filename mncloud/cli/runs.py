@@ -22,9 +22,12 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of tab
 
 
 def register(main: typer.Typer) -> None:
-    """Add the `runs` group and `rerun` to the app."""
+    """Add the `runs` group, `rerun` and `doctor` (lineage and preflight) to the app."""
+    from mncloud.cli import doctor as doctor_cli
+
     main.add_typer(app, name="runs", help="Run records: lineage, events and cost.")
     main.command("rerun")(rerun_command)
+    doctor_cli.register(main)
 
 
 def _when(ts: float | None) -> str:

@@ -1,0 +1,102 @@
+"""`mncloud doctor`: check credentials, bucket and data paths from the laptop before a launch.
+
+The node-side half runs inside the job (`python -m mncloud.doctor node`, see mncloud/doctor.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from mncloud.cli._common import console, handle_errors, print_json
+
+
+def register(app: typer.Typer) -> None:
+    """Add `doctor` to the app."""
+    app.command("doctor")(doctor_command)
+
+
+@handle_errors
+def doctor_command(
+    script: Annotated[
+        Path | None, typer.Argument(help="Your training script (its mncloud.yaml gives defaults).")
+    ] = None,
+    gpus: Annotated[str | None, typer.Option("--gpus", help="e.g. H100:8, checked.")] = None,
+    cloud: Annotated[
+        list[str] | None, typer.Option("--cloud", help="Check this cloud's credentials.")
+    ] = None,
+    bucket: Annotated[
+        str | None, typer.Option("--bucket", help="Check it is reachable and writable.")
+    ] = None,
+    require_path: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--require-path",
+            help="A data path: s3://…/gs://… are checked here, local paths on every node.",
+        ),
+    ] = None,
+    timeout: Annotated[
+        float, typer.Option("--timeout", help="Seconds allowed for each cloud's credential check.")
+    ] = 20.0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Check credentials, bucket and data paths now, instead of at a stuck rendezvous."""
+    from mncloud import doctor
+    from mncloud.spec import Accelerator, find_workdir, load_project_config
+
+    checks: list[doctor.Check] = []
+    config: dict = {}
+    if script is not None:
+        if not script.is_file():
+            checks.append(doctor.Check("script", False, f"{script} does not exist"))
+        else:
+            workdir = find_workdir(script.resolve())
+            config = load_project_config(workdir)
+            digest = doctor.code_hash(workdir)
+            checks.append(doctor.Check("code", True, f"{workdir}: code hash {digest}"))
+    gpus = gpus or config.get("gpus")
+    if gpus:
+        try:
+            checks.append(doctor.Check("gpus", True, f"{Accelerator.parse(str(gpus))} is known"))
+        except Exception as err:  # SpecError: an unknown accelerator name
+            checks.append(doctor.Check("gpus", False, str(err)))
+    clouds = list(cloud or []) or _as_list(config.get("cloud"))
+    if clouds:
+        checks += doctor.check_credentials(clouds, timeout=timeout)
+    else:
+        checks.append(doctor.Check("credentials", True, "no --cloud given: nothing to check"))
+    bucket = bucket or config.get("bucket")
+    if bucket:
+        checks.append(doctor.check_bucket(str(bucket)))
+    for path in require_path or []:
+        if "://" in path:
+            checks.append(doctor.check_path(path))
+        else:
+            checks.append(
+                doctor.Check("path", True, f"{path}: checked on every node when the job starts")
+            )
+    bad = doctor.failures(checks)
+    if as_json:
+        print_json([c.__dict__ for c in checks])
+    else:
+        table = Table(title="mncloud doctor", show_lines=False)
+        for col in ("", "check", "detail"):
+            table.add_column(col)
+        for c in checks:
+            table.add_row("[green]ok[/]" if c.ok else "[red]FAIL[/]", c.name, c.detail)
+        console.print(table)
+        for c in bad:
+            console.print(f"[red]✗[/] {c.detail}")
+    if bad:
+        raise typer.Exit(code=1)
+
+
+def _as_list(value: object) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, (list, tuple)):
+        return [str(v) for v in value]
+    return [str(value)]
