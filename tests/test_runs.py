@@ -444,3 +444,56 @@ def test_rerun_cli_launches_through_up(
     assert seen["name"] == "exp-again" and seen["yes"] and seen["detach"]
     assert seen["script"] == mncloud_home / "reruns" / "exp-again" / "train.py"
     assert seen["gpus"] == "cpu:2" and seen["nodes"] == 2 and seen["cloud"] == ["local"]
+
+
+# --------------------------------------------------------------------------- local backend e2e
+
+
+def _integrated() -> str | None:
+    """Why the e2e test cannot run yet (the calls into runs.py are in other modules), or None."""
+    import inspect
+
+    import mncloud.backends.local as local
+    import mncloud.cli.up as up
+
+    if "create_record" not in inspect.getsource(up):
+        return "mncloud up does not write run records yet (runs.create_record integration)"
+    if "append_event" not in inspect.getsource(local):
+        return "the local backend does not append run events yet (runs.append_event integration)"
+    return None
+
+
+@pytest.mark.slow
+def test_local_run_records_preemption_segments(repo: Path, tmp_path: Path) -> None:
+    reason = _integrated()
+    if reason:
+        pytest.skip(reason)
+    import time
+
+    (repo / "train.py").write_text("import time\ntime.sleep(5)\n")
+    bucket = tmp_path / "bucket"
+    args = ["up", str(repo / "train.py"), "--cloud", "local", "--nodes", "2", "--gpus", "cpu:1"]
+    args += ["--name", "e2e", "--bucket", f"file://{bucket}", "--detach", "--yes"]
+    args += [
+        "--chaos-preempt-after",
+        "2s",
+        "--recovery-delay",
+        "0s",
+        "--env",
+        f"A_TOKEN={TOKEN_VALUE}",
+    ]
+    code, _, err = cli(*args)
+    assert code == 0, err
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        record = runs.load_current("e2e")
+        if record.finished:
+            break
+        time.sleep(0.5)
+    kinds = [e.kind for e in record.events]
+    assert kinds[0] == "launch" and "preemption" in kinds and kinds[-1] == "finish", kinds
+    summary = runs.cost_summary(record)
+    assert len(summary.segments) >= 2
+    assert summary.segments[0].ended_by == "preemption"
+    assert any(e.node == 1 for e in record.events if e.kind == "preemption")
+    assert_no_planted(bucket, runs.records_root())
