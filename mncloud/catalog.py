@@ -35,7 +35,8 @@ def use_catalog_dir(catalog_dir: str | Path | None = None) -> Path | None:
     """Point SkyPilot at an offline catalog snapshot; return the snapshot's v8 folder or None.
 
     Uses `catalog_dir`, else `$MNCLOUD_CATALOG_DIR`; with neither, SkyPilot fetches its
-    catalog itself. Must run before `import sky`.
+    catalog itself. Must run before `import sky`. A folder given explicitly is remembered in
+    `$MNCLOUD_CATALOG_DIR`, so later calls (and child processes) use the same snapshot.
     """
     chosen = catalog_dir or os.environ.get(constants.CATALOG_DIR_ENV)
     if not chosen:
@@ -57,6 +58,7 @@ def use_catalog_dir(catalog_dir: str | Path | None = None) -> Path | None:
                 f"set {constants.CATALOG_DIR_ENV} in the environment instead"
             )
         os.environ["SKY_RUNTIME_DIR"] = runtime
+    os.environ[constants.CATALOG_DIR_ENV] = str(root)
     target = Path(runtime) / ".sky" / "catalogs" / CATALOG_SCHEMA_VERSION
     for csv in versioned.rglob("*.csv"):
         link = target / csv.relative_to(versioned)

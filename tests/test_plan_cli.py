@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ import typer
 from typer.testing import CliRunner
 
 from mncloud.cli import plan as plan_cli
+from mncloud.constants import CATALOG_DIR_ENV as CATALOG_ENV
 
 runner = CliRunner()
 
@@ -128,3 +130,20 @@ def test_catalog_flag_checks_the_folder(tmp_path: Path) -> None:
     code, _, err = _run("--gpus", "H100:8", "--catalog", str(tmp_path))
     assert code == 2
     assert "has no v8/" in err
+
+
+@pytest.mark.catalog
+def test_catalog_flag_alone_points_skypilot_at_the_snapshot(tmp_path: Path) -> None:
+    """A fresh process with only --catalog: the snapshot's clouds, nothing fetched."""
+    snapshot = os.environ["MNCLOUD_CATALOG_DIR"]
+    env = {k: v for k, v in os.environ.items() if k not in ("SKY_RUNTIME_DIR", CATALOG_ENV)}
+    env.update(MNCLOUD_HOME=str(tmp_path / "home"), COLUMNS="200")
+    code = "from mncloud.cli import main; main()"
+    args = ["plan", "--gpus", "H100:8", "--catalog", snapshot, "--top", "1", "--verbose"]
+    out = subprocess.run(
+        [sys.executable, "-c", code, *args], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert "wins" in out.stdout
+    assert "unavailable" not in out.stdout + out.stderr
+    assert (tmp_path / "home" / "sky-runtime").is_dir()
