@@ -42,14 +42,14 @@ from mncloud.train import (
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--steps", type=int, default=300, help="optimizer steps in total")
+    p.add_argument("--steps", type=int, default=1000, help="optimizer steps in total")
     p.add_argument("--batch-size", type=int, default=32, help="samples per rank per step")
     p.add_argument("--hidden", type=int, default=256, help="width of the hidden layers")
     p.add_argument("--samples", type=int, default=8192, help="size of the synthetic data set")
     p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--ckpt-interval", type=int, default=20, help="steps between checkpoints")
+    p.add_argument("--ckpt-interval", type=int, default=50, help="steps between checkpoints")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--log-every", type=int, default=20)
+    p.add_argument("--log-every", type=int, default=100)
     return p.parse_args()
 
 
@@ -144,6 +144,7 @@ def main() -> None:
             if step >= args.steps:
                 break
         epoch += 1
+    ckpt.save(step, state, wait=True)  # the final state too (a no-op if just saved)
     ckpt.close()
 
     if d.rank == 0:

@@ -76,6 +76,7 @@ SUPERVISOR_LOG = "supervisor.log"
 FINAL_FILE = "final.json"
 LOCALHOST = "127.0.0.1"
 POLL_S = 0.1
+CHAOS_NO_PROGRESS_S = 60.0
 _RANK_PREFIX = re.compile(r"^\[rank(\d+)\]:(.*)$", re.DOTALL)
 # Supervisor children kept referenced so Python reaps them (no zombie, no ResourceWarning).
 _CHILDREN: list[subprocess.Popen[bytes]] = []
@@ -349,6 +350,7 @@ class Supervisor:
         self._preempt_requests: list[dict[str, Any]] = []
         self._procs: dict[int, subprocess.Popen[bytes]] = {}
         self._pumps: list[threading.Thread] = []
+        self._first_step_t: float | None = None
 
     # ------------------------------------------------------------------ plumbing
     def _save(self) -> None:
@@ -554,15 +556,15 @@ class Supervisor:
         self.event("launch", f"attempt {st.attempt}: {la.num_nodes} node(s) × "
                    f"{la.procs_per_node} process(es) started", pids=[p.pid for p in
                    self._procs.values()])  # fmt: skip
-        chaos_at = started + la.chaos_preempt_after if la.chaos_preempt_after else None
+        chaos_pending = la.chaos_preempt_after is not None and st.attempt == 1
         last_scan = 0.0
         while True:
             if self.stop.wait(POLL_S):
                 return "stopped", "stopped"
             self._ingest_chaos()
             now = time.time()
-            if chaos_at is not None and st.attempt == 1 and now >= chaos_at:
-                chaos_at = None
+            if chaos_pending and self._chaos_due(started, now):
+                chaos_pending = False
                 preempt_node(self.folder, la.num_nodes - 1, by="--chaos-preempt-after")
             codes = {n: p.poll() for n, p in self._procs.items()}
             failed = {n: c for n, c in codes.items() if c not in (None, 0)}
@@ -590,6 +592,19 @@ class Supervisor:
                    exit_codes={str(k): v for k, v in codes.items()})  # fmt: skip
         self._kill_all()
         return ("preempted" if preempted else "error"), message
+
+    def _chaos_due(self, started: float, now: float) -> bool:
+        """`--chaos-preempt-after D`: D after the first step the script reports, else after
+        launch (when no step is reported within D + CHAOS_NO_PROGRESS_S)."""
+        delay = self.launch.chaos_preempt_after or 0.0
+        if self._first_step_t is None:
+            for record in read_jsonl(self.folder / PROGRESS_FILE):
+                if "step" in record and "event" not in record and record["t"] >= started:
+                    self._first_step_t = float(record["t"])
+                    break
+        if self._first_step_t is not None:
+            return now >= self._first_step_t + delay
+        return now >= started + delay + CHAOS_NO_PROGRESS_S
 
     def _refresh_pids(self) -> None:
         changed = False
@@ -648,6 +663,20 @@ def preempt_node(
     _append_jsonl(folder / CHAOS_FILE, record)
     record["pids"] = kill_tagged(launch.token, node)
     return record
+
+
+def wait_for_running(folder: Path, timeout: float = 600.0) -> LocalState:
+    """Wait until the run's nodes are up (RUNNING) or the run ended; return its state."""
+    deadline = time.monotonic() + timeout
+    while True:
+        state = load_state(folder)
+        if state.state is RunState.RUNNING or state.state.is_final:
+            return state
+        if not _supervisor_alive(state) and state.supervisor_pid is not None:
+            raise BackendError(f"the supervisor of {state.name} is gone; see {SUPERVISOR_LOG}")
+        if time.monotonic() > deadline:
+            raise BackendError(f"run {state.name} not RUNNING after {timeout:g}s ({state.detail})")
+        time.sleep(0.05)
 
 
 def _listener_pid(port: int) -> int | None:

@@ -10,6 +10,7 @@ import sys
 import typer
 
 from mncloud import __version__
+from mncloud.cli import chaos as chaos_cli
 from mncloud.cli import ckpt as ckpt_cli
 from mncloud.cli import ops as ops_cli
 from mncloud.cli import plan as plan_cli
@@ -48,6 +49,7 @@ up_cli.register(app)
 ops_cli.register(app)
 runs_cli.register(app)
 app.add_typer(ckpt_cli.app, name="ckpt", help="List, verify, pull and remove checkpoints.")
+app.add_typer(chaos_cli.app, name="chaos", help="Preempt nodes or cut storage (local runs).")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,0 +1,108 @@
+"""`mncloud chaos preempt|storage-outage`: break a local run on purpose, as the cloud would.
+
+    mncloud chaos preempt demo --node 1              # SIGKILL node 1, like a spot VM vanishing
+    mncloud chaos preempt demo --every 20s --times 3 # three preemptions, 20 s apart
+    mncloud chaos preempt demo --during-save         # kill while a checkpoint is being written
+    mncloud chaos storage-outage demo --seconds 30   # the bucket is unreachable for 30 s
+
+Only runs of `--cloud local`; the supervisor notices the lost node and recovers.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from typing import Annotated
+
+import typer
+
+from mncloud.cli._common import console, handle_errors, print_json
+from mncloud.cli.up import parse_duration
+from mncloud.errors import BackendError
+
+app = typer.Typer(
+    no_args_is_help=True, help="Preempt nodes or take the bucket away from a local run."
+)
+
+NameArg = Annotated[str, typer.Argument(help="The name of a local run (mncloud up --cloud local).")]
+
+
+def _local_folder(name: str):  # type: ignore[no-untyped-def]
+    from mncloud.backends.base import backend_name_of, run_dir
+
+    if backend_name_of(name) != "local":
+        raise BackendError(f"run {name!r} is not local; chaos works on --cloud local runs only")
+    return run_dir(name)
+
+
+@app.command("preempt")
+@handle_errors
+def preempt_command(
+    name: NameArg,
+    node: Annotated[
+        int | None, typer.Option("--node", help="The node to preempt (default: a random one).")
+    ] = None,
+    every: Annotated[
+        str | None, typer.Option("--every", help="Preempt repeatedly, this long apart (20s, 2m).")
+    ] = None,
+    times: Annotated[
+        int | None,
+        typer.Option(
+            "--times",
+            min=1,
+            help="How many preemptions (default 1; with --every: until the run ends).",
+        ),
+    ] = None,
+    during_save: Annotated[
+        bool, typer.Option("--during-save", help="Wait for a checkpoint write, kill during it.")
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print each preemption as JSON.")] = False,
+) -> None:
+    """SIGKILL a node's launcher, torchrun and workers, like a spot VM vanishing."""
+    from mncloud.backends.local import load_state, preempt_node, wait_for_running
+
+    folder = _local_folder(name)
+    state = load_state(folder)
+    if node is not None and not 0 <= node < state.num_nodes:
+        raise BackendError(f"--node {node}: run {name} has nodes 0..{state.num_nodes - 1}")
+    interval = parse_duration(every, "--every")
+    count = times or (1 if interval is None else 1_000_000)
+    records = []
+    try:
+        for i in range(count):
+            if interval is not None:
+                deadline = time.monotonic() + interval
+                while time.monotonic() < deadline:
+                    if load_state(folder).state.is_final:
+                        break
+                    time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+            state = wait_for_running(folder)
+            if state.state.is_final:
+                if i == 0:
+                    raise BackendError(f"run {name} is {state.state.value}; nothing to preempt")
+                break
+            target = node if node is not None else random.randrange(state.num_nodes)
+            record = preempt_node(folder, target, during_save=during_save)
+            records.append(record)
+            if not as_json:
+                console.print(f"{record['message']}: killed pids {record['pids']}")
+    except KeyboardInterrupt:
+        raise typer.Exit(code=130) from None
+    if as_json:
+        print_json(records)
+
+
+@app.command("storage-outage")
+@handle_errors
+def storage_outage_command(
+    name: NameArg,
+    seconds: Annotated[
+        float, typer.Option("--seconds", min=0.1, help="How long the bucket stays unreachable.")
+    ] = 30.0,
+) -> None:
+    """Make the run's bucket unreachable for a while (file:// or a storage server on this host)."""
+    from mncloud.backends.local import storage_outage
+
+    folder = _local_folder(name)
+    for message in storage_outage(folder, seconds):
+        console.print(message)

@@ -1,0 +1,269 @@
+"""The local backend end to end: real supervisor, real torchrun, real SIGKILLs.
+
+The slow tests launch runs with `mncloud up --detach` and wait on the run's own state and
+progress files (bounded polls, no sleeps standing in for events).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from mncloud import constants
+from mncloud.backends.base import RunState, run_dir
+from mncloud.backends.local import (
+    LocalState,
+    kill_tagged,
+    load_state,
+    pid_alive,
+    read_final,
+    read_jsonl,
+    recovery_figures,
+    tagged_pids,
+    tail_lines,
+)
+from mncloud.cli import app
+
+pytestmark = pytest.mark.catalog
+runner = CliRunner()
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLE = REPO / "examples" / "train_ddp.py"
+# Small enough for seconds of training on 2 cores, long enough to preempt in the middle.
+TRAIN_ARGS = ["--steps", "150", "--ckpt-interval", "10", "--log-every", "50"]
+
+
+def cli(*args: str) -> Any:
+    result = runner.invoke(app, list(args))
+    assert result.exit_code == 0, f"mncloud {' '.join(args)}: {result.output}"
+    return result
+
+
+def up(name: str, script: Path, *flags: str, script_args: list[str] | None = None) -> None:
+    args = ["up", str(script), "--cloud", "local", "--name", name, "--detach", "--yes", *flags]
+    cli(*args, "--", *(script_args or []))
+
+
+def wait_until(check: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def state_of(name: str) -> LocalState:
+    return load_state(run_dir(name))
+
+
+def wait_final(name: str, timeout: float = 240) -> LocalState:
+    state = wait_until(
+        lambda: (s := state_of(name)).state.is_final and s, timeout, f"{name} to end"
+    )
+    assert isinstance(state, LocalState)
+    return state
+
+
+def steps_since(name: str, t0: float) -> list[int]:
+    records = read_jsonl(run_dir(name) / "progress.jsonl")
+    return [r["step"] for r in records if "step" in r and "event" not in r and r["t"] >= t0]
+
+
+def run_log(name: str) -> str:
+    return (run_dir(name) / "run.log").read_text()
+
+
+# --------------------------------------------------------------------------- fast
+
+
+def test_kill_tagged_finds_processes_in_their_own_sessions(tmp_path: Path) -> None:
+    """A node's processes are found by their tag, even in new sessions and reparented."""
+    env = dict(os.environ, **{constants.LOCAL_NODE_TAG_ENV: "tok/1"})
+    script = "sleep 60 & setsid sleep 60 & (sleep 60 &) ; wait"
+    proc = subprocess.Popen(["bash", "-c", script], env=env, start_new_session=True)
+    try:
+        pids = wait_until(lambda: len(p := tagged_pids("tok", 1)) >= 4 and p, 10, "4 processes")
+        assert tagged_pids("tok", 0) == [] and tagged_pids("tok") == pids
+        killed = kill_tagged("tok", 1)
+        assert set(pids) <= set(killed)
+        proc.wait(timeout=10)
+        wait_until(lambda: not any(pid_alive(p) for p in pids), 10, "all dead")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_recovery_figures_from_events_and_progress(tmp_path: Path) -> None:
+    from mncloud.backends.local import Event, save_state
+
+    folder = tmp_path / "run"
+    folder.mkdir()
+    state = LocalState(
+        name="r", token="t", num_nodes=2, procs_per_node=1, master_port=1, task_id="x",
+        ckpt_uri=f"file://{tmp_path / 'ckpt'}", restarts=1, preemptions=1, started_at=90.0,
+        ended_at=200.0,
+        events=[
+            Event(t=100.0, kind="launch", message=""),
+            Event(t=130.0, kind="chaos-preempt", message=""),
+            Event(t=130.5, kind="preempted", message=""),
+            Event(t=133.0, kind="launch", message=""),
+        ],
+    )  # fmt: skip
+    save_state(folder, state)
+    lines = [{"t": 110.0, "event": "start", "resumed_from": 0}]
+    lines += [{"t": 111.0 + s, "step": s} for s in range(1, 15)]  # steps 1..14 before the kill
+    lines += [{"t": 143.0, "event": "start", "resumed_from": 10}]
+    lines += [{"t": 144.0 + s, "step": 10 + s} for s in range(1, 11)]
+    (folder / "progress.jsonl").write_text("\n".join(json.dumps(r) for r in lines) + "\n")
+    fig = recovery_figures(folder)
+    assert fig.attempts == 2 and fig.resumed_from == [0, 10]
+    assert fig.steps_lost == 4 and fig.lost_per_recovery == [4]
+    assert fig.cold_start_s == 12.0  # launch at 100, first step at 112
+    assert fig.resume_s == [15.0]  # preempted at 130, first resumed step at 145
+    assert fig.wall_s == 110.0
+
+
+def test_tail_lines_reads_and_stops(tmp_path: Path) -> None:
+    path = tmp_path / "log"
+    path.write_text("a\nb\npartial")
+    assert list(tail_lines(path, follow=False, done=lambda: True)) == ["a", "b", "partial"]
+    assert list(tail_lines(path, follow=True, done=lambda: True)) == ["a", "b", "partial"]
+
+
+def test_chaos_needs_a_known_local_run() -> None:
+    result = runner.invoke(app, ["chaos", "preempt", "nope"])
+    assert result.exit_code == 2 and "no run named 'nope'" in result.output
+
+
+def test_dryrun_checks_without_starting(tmp_path: Path) -> None:
+    result = runner.invoke(
+        app, ["up", str(EXAMPLE), "--cloud", "local", "--gpus", "cpu:2", "--nodes", "2",
+              "--name", "dry", "--dryrun", "--json"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["state"] == "PENDING"
+    assert not (run_dir("dry") / "state.json").exists()
+
+
+# --------------------------------------------------------------------------- slow, end to end
+
+
+@pytest.mark.slow
+def test_preempted_twice_ends_with_the_uninterrupted_weights(s3_env: Any) -> None:
+    """2 nodes × 2 processes: uninterrupted vs preempted twice (once during a save)."""
+    flags = ["--nodes", "2", "--gpus", "cpu:2", "--recovery-delay", "0.5s"]
+    up("ref", EXAMPLE, *flags, script_args=TRAIN_ARGS)
+    ref = wait_final("ref")
+    assert ref.state is RunState.SUCCEEDED, run_log("ref")
+    reference = read_final(ref.ckpt_uri)
+    assert reference and reference["steps"] == 150
+
+    bucket = s3_env.make_bucket()
+    up("chaos", EXAMPLE, *flags, "--bucket", f"s3://{bucket}/exp", script_args=TRAIN_ARGS)
+    # 1) node 1 dies while its ranks write the first checkpoint (step 10).
+    cli("chaos", "preempt", "chaos", "--node", "1", "--during-save")
+    # 2) node 0 (the rendezvous host) dies mid-training in the second attempt.
+    wait_until(lambda: state_of("chaos").attempt == 2, 60, "attempt 2")
+    launched = [e.t for e in state_of("chaos").events if e.kind == "launch"][-1]
+    wait_until(lambda: len(steps_since("chaos", launched)) >= 25, 120, "25 steps in attempt 2")
+    cli("chaos", "preempt", "chaos", "--node", "0")
+    state = wait_final("chaos")
+    assert state.state is RunState.SUCCEEDED, run_log("chaos")
+    assert state.ckpt_uri == f"s3://{bucket}/exp/chaos"
+
+    final = read_final(state.ckpt_uri)
+    assert final is not None and final["weights_sha256"] == reference["weights_sha256"]
+    assert (state.restarts, state.preemptions) == (2, 2)
+    fig = recovery_figures(run_dir("chaos"))
+    assert fig.attempts == 3
+    saving = next(e for e in state.events if e.kind == "chaos-preempt").data["during_save_step"]
+    assert saving == 10 and fig.resumed_from[1] < saving  # the torn step was not used
+    for k in range(1, 3):
+        resumed, steps = fig.resumed_from[k], fig.steps_per_attempt[k]
+        assert resumed is not None and resumed <= max(fig.steps_per_attempt[k - 1], default=0)
+        # Past the resume point each step is trained exactly once, in order.
+        assert steps == list(range(resumed + 1, resumed + 1 + len(steps)))
+    assert fig.steps_per_attempt[2][-1] == 150
+    assert all(lost <= 2 * 10 for lost in fig.lost_per_recovery), fig.lost_per_recovery
+    # Logs carry node and rank, across relaunches; `logs --node` filters.
+    log = cli("logs", "chaos").output
+    assert "[node 0 rank" in log and "[node 1 rank" in log and "attempt 3" in log
+    node1 = cli("logs", "chaos", "--node", "1").output.splitlines()
+    assert node1 and all(line.startswith("[node 1") for line in node1)
+    status = json.loads(cli("status", "chaos", "--json").output)[0]
+    assert status["state"] == "SUCCEEDED" and status["restarts"] == 2
+
+
+@pytest.mark.slow
+def test_user_errors_are_retried_only_when_asked(tmp_path: Path) -> None:
+    (tmp_path / "pyproject.toml").write_text("[project]\nname='crash'\n")
+    script = tmp_path / "crash.py"
+    script.write_text("import sys\nprint('about to fail', flush=True)\nsys.exit(1)\n")
+    flags = ["--nodes", "2", "--gpus", "cpu:1", "--recovery-delay", "0s"]
+    up("crash", script, *flags)
+    up("crash-retry", script, *flags, "--retry-on-error", "1")
+    once, twice = wait_final("crash"), wait_final("crash-retry")
+    assert once.state is RunState.FAILED and twice.state is RunState.FAILED
+    assert (once.attempt, once.restarts, once.preemptions) == (1, 0, 0)
+    assert "not retried" in once.detail and "exited with code 1" in once.detail
+    assert (twice.attempt, twice.restarts, twice.errors_retried) == (2, 1, 1)
+    assert "about to fail" in run_log("crash")
+    result = runner.invoke(app, ["status", "crash", "--json"])
+    assert json.loads(result.output)[0]["state"] == "FAILED"
+
+
+@pytest.mark.slow
+def test_storage_outage_mid_run_is_survived() -> None:
+    import re
+
+    from mncloud.ckptstore import CheckpointStore
+
+    args = ["--steps", "1000", "--ckpt-interval", "20", "--log-every", "500"]
+    up("outage", EXAMPLE, "--nodes", "2", "--gpus", "cpu:1", script_args=args)
+    wait_until(lambda: len(steps_since("outage", 0)) >= 50, 120, "training to start")
+    result = cli("chaos", "storage-outage", "outage", "--seconds", "2")
+    assert "reachable again" in result.output
+    step_after_outage = max(steps_since("outage", 0))
+    state = wait_final("outage")
+    assert state.state is RunState.SUCCEEDED, run_log("outage")
+    assert state.restarts == 0
+    kinds = [e.data.get("phase") for e in state.events if e.kind == "chaos-storage-outage"]
+    assert kinds == ["start", "end"]
+    log = run_log("outage")
+    assert "simulated outage" in log  # the ranks did feel it
+    # Saving resumed after the outage (not only the final save), up to the last step.
+    committed = [int(n) for n in re.findall(r"checkpoint step (\d+) committed", log)]
+    assert any(step_after_outage < n < 1000 for n in committed), (step_after_outage, committed)
+    latest, _ = CheckpointStore(state.ckpt_uri).latest()
+    assert latest == 1000
+
+
+@pytest.mark.slow
+def test_down_leaves_no_process_behind(tmp_path: Path) -> None:
+    (tmp_path / "pyproject.toml").write_text("[project]\nname='sleepy'\n")
+    script = tmp_path / "sleepy.py"
+    script.write_text("import time\nprint('up', flush=True)\ntime.sleep(600)\n")
+    up("sleepy", script, "--nodes", "2", "--gpus", "cpu:2")
+    state = wait_until(lambda: (s := state_of("sleepy")).state is RunState.RUNNING and s, 60,
+                       "RUNNING")  # fmt: skip
+    # Each node: bash, torchrun and 2 workers (each in its own session).
+    pids = wait_until(lambda: len(p := tagged_pids(state.token)) >= 8 and p, 60, "8 processes")
+    supervisor = state.supervisor_pid
+    result = json.loads(cli("down", "sleepy", "--json").output)
+    assert result["state"] == "CANCELLED"
+    assert not pid_alive(supervisor)
+    assert [p for p in pids if pid_alive(p)] == []
+    assert tagged_pids(state.token) == []
+    # Idempotent.
+    assert json.loads(cli("down", "sleepy", "--json").output)["state"] == "CANCELLED"
