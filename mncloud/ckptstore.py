@@ -290,9 +290,18 @@ class CheckpointStore:
 
         def one(item: tuple[str, str | os.PathLike[str]]) -> tuple[str, FileEntry]:
             name, path = item
-            entry = FileEntry(os.path.getsize(path), sha256_file(path))
-            self.bucket.put_file(self.key(step, name), path)
-            return name, entry
+            size = os.path.getsize(path)
+            if size < 8 * 1024 * 1024:
+                digest = sha256_file(path)
+                self.bucket.put_file(self.key(step, name), path)
+            else:  # hash while the upload runs (hashlib releases the GIL on large reads)
+                with ThreadPoolExecutor(1, thread_name_prefix="mncloud-sha") as hasher:
+                    pending = hasher.submit(sha256_file, path)
+                    self.bucket.put_file(self.key(step, name), path)
+                    digest = pending.result()
+            if os.path.getsize(path) != size:
+                raise CheckpointError(f"{path} changed while it was uploaded")
+            return name, FileEntry(size, digest)
 
         items = sorted(files.items(), key=lambda kv: -os.path.getsize(kv[1]))  # big ones first
         if workers <= 1 or len(items) <= 1:
