@@ -327,9 +327,10 @@ def make_plan(request: PlanRequest, *, max_fallbacks: int = MAX_FALLBACKS) -> Pl
         excluded.append(
             Exclusion(
                 cloud=cloud,
-                reason=f"spot: at {c.preemption_rate:g} preemptions per node-hour × "
+                reason=f"{c.market}: at {c.preemption_rate:g} preemptions per node-hour × "
                 f"{request.nodes} nodes the job would lose over {MAX_LOSS_FRACTION:.0%} of its "
-                "time recovering; use fewer nodes, on-demand, or a lower --preemption-rate",
+                "time recovering; use fewer nodes or on-demand (or set --preemption-rate if "
+                "you know the rate is lower)",
             )
         )
     if not candidates:
