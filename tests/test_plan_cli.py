@@ -10,12 +10,19 @@ from pathlib import Path
 
 import pytest
 import typer
+from rich.console import Console
 from typer.testing import CliRunner
 
 from mncloud.cli import plan as plan_cli
 from mncloud.constants import CATALOG_DIR_ENV as CATALOG_ENV
 
 runner = CliRunner()
+
+
+@pytest.fixture(autouse=True)
+def wide_console(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A console 200 columns wide, whatever $COLUMNS was when rich first looked."""
+    monkeypatch.setattr(plan_cli, "console", Console(width=200))
 
 
 def _app() -> typer.Typer:
