@@ -28,6 +28,12 @@ an error in the user's code and is retried only with `--retry-on-error` (SkyPilo
             CheckpointManager.load() resumes from the newest COMPLETE step
     t=40    both nodes exit 0 → SUCCEEDED
 
+`--chaos-preempt-after D` does what `chaos preempt` does to the last node, once, D after the
+first training step the script reports in `$MNCLOUD_PROGRESS_FILE` (or D + 60 s after the
+launch when it reports none), so the preemption lands mid-training however long start-up takes.
+`mncloud down` stops the supervisor (SIGTERM; it SIGKILLs every node process and records
+CANCELLED), then kills by tag whatever is left, so no process survives it.
+
 Files in `$MNCLOUD_HOME/runs/<name>/`: `launch.json` (what to run), `state.json` (written only
 by the supervisor, atomically: state, attempt, restarts, nodes and pids, events with times),
 `chaos.jsonl` (requests from `mncloud chaos`, appended), `run.log` (all nodes, every line
@@ -534,7 +540,7 @@ class Supervisor:
             st.state = RunState.RECOVERING
             self.event(
                 "recovering",
-                f"{message}; relaunching all nodes in {la.recovery_delay:g}s "
+                f"relaunching all nodes in {la.recovery_delay:g}s "
                 f"(restart {st.restarts}/{la.max_restarts})",
             )
             self._sleep(la.recovery_delay)

@@ -83,7 +83,8 @@ def up_command(
     chaos_preempt_after: Annotated[
         str | None,
         typer.Option(
-            "--chaos-preempt-after", help="Local: preempt node 1 once after this long (e.g. 20s)."
+            "--chaos-preempt-after",
+            help="Local: preempt the last node once, this long after the first step (e.g. 10s).",
         ),
     ] = None,
     as_json: Annotated[
