@@ -189,13 +189,15 @@ def test_preempted_twice_ends_with_the_uninterrupted_weights(s3_env: Any) -> Non
     assert fig.attempts == 3
     saving = next(e for e in state.events if e.kind == "chaos-preempt").data["during_save_step"]
     assert saving == 10 and fig.resumed_from[1] < saving  # the torn step was not used
+    failures = [e for e in state.events if e.kind == "preempted"]
     for k in range(1, 3):
         resumed, steps = fig.resumed_from[k], fig.steps_per_attempt[k]
-        assert resumed is not None and resumed <= max(fig.steps_per_attempt[k - 1], default=0)
+        # Resumed from the newest checkpoint complete when the nodes went down.
+        assert resumed == (failures[k - 1].data["latest_checkpoint"] or 0)
+        assert resumed <= max(fig.steps_per_attempt[k - 1], default=0)
         # Past the resume point each step is trained exactly once, in order.
         assert steps == list(range(resumed + 1, resumed + 1 + len(steps)))
     assert fig.steps_per_attempt[2][-1] == 150
-    assert all(lost <= 2 * 10 for lost in fig.lost_per_recovery), fig.lost_per_recovery
     # Logs carry node and rank, across relaunches; `logs --node` filters.
     log = cli("logs", "chaos").output
     assert "[node 0 rank" in log and "[node 1 rank" in log and "attempt 3" in log

@@ -594,10 +594,23 @@ class Supervisor:
         code = failed.get(first, codes.get(first))
         what = describe_exit(code) if code is not None else "was preempted"
         message = f"node {first} {what}" + (" (preempted)" if preempted else "")
-        self.event("preempted" if preempted else "error", message, node=first,
-                   exit_codes={str(k): v for k, v in codes.items()})  # fmt: skip
-        self._kill_all()
+        self._kill_all()  # first: no commit may land after we look at the bucket
+        latest = self._latest_checkpoint()
+        where = f"step {latest}" if latest is not None else "none"
+        self.event("preempted" if preempted else "error",
+                   f"{message}; newest complete checkpoint: {where}", node=first,
+                   exit_codes={str(k): v for k, v in codes.items()},
+                   latest_checkpoint=latest)  # fmt: skip
         return ("preempted" if preempted else "error"), message
+
+    def _latest_checkpoint(self) -> int | None:
+        """The newest COMPLETE step in the bucket (None if none or unreachable)."""
+        from mncloud.ckptstore import CheckpointStore
+
+        with contextlib.suppress(Exception):
+            good, _ = CheckpointStore(self.launch.ckpt_uri, retry_seconds=2).candidates()
+            return good[0] if good else None
+        return None
 
     def _chaos_due(self, started: float, now: float) -> bool:
         """`--chaos-preempt-after D`: D after the first step the script reports, else after
