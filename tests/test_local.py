@@ -162,6 +162,8 @@ def test_dryrun_checks_without_starting(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_preempted_twice_ends_with_the_uninterrupted_weights(s3_env: Any) -> None:
     """2 nodes × 2 processes: uninterrupted vs preempted twice (once during a save)."""
+    from mncloud.ckptstore import CheckpointStore
+
     flags = ["--nodes", "2", "--gpus", "cpu:2", "--recovery-delay", "0.5s"]
     up("ref", EXAMPLE, *flags, script_args=TRAIN_ARGS)
     ref = wait_final("ref")
@@ -176,7 +178,13 @@ def test_preempted_twice_ends_with_the_uninterrupted_weights(s3_env: Any) -> Non
     # 2) node 0 (the rendezvous host) dies mid-training in the second attempt.
     wait_until(lambda: state_of("chaos").attempt == 2, 60, "attempt 2")
     launched = [e.t for e in state_of("chaos").events if e.kind == "launch"][-1]
-    wait_until(lambda: len(steps_since("chaos", launched)) >= 25, 120, "25 steps in attempt 2")
+    store = CheckpointStore(f"s3://{bucket}/exp/chaos")
+
+    def checkpoint_behind_training() -> bool:
+        good, _ = store.candidates()
+        return bool(good) and max(steps_since("chaos", launched), default=0) > good[0] + 3
+
+    wait_until(checkpoint_behind_training, 120, "a checkpoint in attempt 2, and steps past it")
     cli("chaos", "preempt", "chaos", "--node", "0")
     state = wait_final("chaos")
     assert state.state is RunState.SUCCEEDED, run_log("chaos")
@@ -197,6 +205,7 @@ def test_preempted_twice_ends_with_the_uninterrupted_weights(s3_env: Any) -> Non
         assert resumed <= max(fig.steps_per_attempt[k - 1], default=0)
         # Past the resume point each step is trained exactly once, in order.
         assert steps == list(range(resumed + 1, resumed + 1 + len(steps)))
+    assert fig.resumed_from[2] > 0  # the second resume used a real checkpoint
     assert fig.steps_per_attempt[2][-1] == 150
     # Logs carry node and rank, across relaunches; `logs --node` filters.
     log = cli("logs", "chaos").output
