@@ -132,9 +132,9 @@ class S3Server:
             p = self._ports
             cmd = [
                 _weed_binary() or "weed", "server", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
-                f"-dir={self.data_dir / 'data'}", "-volume.max=0",
+                f"-dir={self.data_dir / 'data'}", "-volume.max=500",
                 f"-master.port={p['master']}", f"-master.port.grpc={p['master_grpc']}",
-                "-master.volumeSizeLimitMB=1024", "-master.electionTimeout=1s",
+                "-master.volumeSizeLimitMB=64", "-master.electionTimeout=1s",
                 "-master.resumeState=false",
                 f"-volume.port={p['volume']}", f"-volume.port.grpc={p['volume_grpc']}",
                 f"-filer.port={p['filer']}", f"-filer.port.grpc={p['filer_grpc']}",
@@ -143,9 +143,18 @@ class S3Server:
                 "-s3.autoCreateBucket=false",
             ]  # fmt: skip
             (self.data_dir / "data").mkdir(exist_ok=True)
+            # Every bucket is a SeaweedFS collection that grows 7 volumes by default, so a few
+            # dozen buckets exhaust -volume.max; grow one at a time (weed reads ./master.toml).
+            (self.data_dir / "master.toml").write_text(
+                "[master.volume_growth]\ncopy_1 = 1\ncopy_2 = 2\ncopy_3 = 3\ncopy_other = 1\n"
+            )
             log = open(self.data_dir / "weed.log", "ab")  # noqa: SIM115 - lives with the process
             self._proc = subprocess.Popen(
-                cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                cmd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                cwd=self.data_dir,
             )
             log.close()
         client = self.client()
