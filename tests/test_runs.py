@@ -470,7 +470,13 @@ def test_local_run_records_preemption_segments(repo: Path, tmp_path: Path) -> No
         pytest.skip(reason)
     import time
 
-    (repo / "train.py").write_text("import time\ntime.sleep(5)\n")
+    # One progress line: --chaos-preempt-after counts from the first step a script reports.
+    (repo / "train.py").write_text(
+        "import json, os, time\n"
+        "with open(os.environ['MNCLOUD_PROGRESS_FILE'], 'a') as f:\n"
+        "    f.write(json.dumps({'t': time.time(), 'step': 1}) + '\\n')\n"
+        "time.sleep(5)\n"
+    )
     bucket = tmp_path / "bucket"
     args = ["up", str(repo / "train.py"), "--cloud", "local", "--nodes", "2", "--gpus", "cpu:1"]
     args += ["--name", "e2e", "--bucket", f"file://{bucket}", "--detach", "--yes"]

@@ -53,6 +53,7 @@ import contextlib
 import ctypes
 import json
 import os
+import queue
 import re
 import shutil
 import signal
@@ -84,6 +85,9 @@ LOCALHOST = "127.0.0.1"
 POLL_S = 0.1
 CHAOS_NO_PROGRESS_S = 60.0
 _RANK_PREFIX = re.compile(r"^\[rank(\d+)\]:(.*)$", re.DOTALL)
+# Supervisor event kinds → run-record event kinds (runs.py); "launch" is mapped by attempt.
+_RECORD_KINDS = {"preempted": "preemption", "error": "failure", "succeeded": "finish",
+                 "failed": "failure", "cancelled": "finish"}  # fmt: skip
 # Supervisor children kept referenced so Python reaps them (no zombie, no ResourceWarning).
 _CHILDREN: list[subprocess.Popen[bytes]] = []
 
@@ -357,6 +361,13 @@ class Supervisor:
         self._procs: dict[int, subprocess.Popen[bytes]] = {}
         self._pumps: list[threading.Thread] = []
         self._first_step_t: float | None = None
+        # Run-record events go through a queue to one writer thread: a bucket write can stall
+        # for seconds during a storage outage, and supervision must never wait for it.
+        self._records: queue.Queue[dict[str, Any] | None] = queue.Queue()
+        self._recorder = threading.Thread(
+            target=self._write_records, name="mncloud-records", daemon=True
+        )
+        self._recorder.start()
 
     # ------------------------------------------------------------------ plumbing
     def _save(self) -> None:
@@ -378,6 +389,35 @@ class Supervisor:
         self.state.detail = message
         self._save()
         self._log(f"[mncloud {datetime.fromtimestamp(now):%H:%M:%S}] {message}")
+        self._record(kind, message, node, now, st_attempt)
+
+    def _record(self, kind: str, message: str, node: int | None, at: float, attempt: int) -> None:
+        """Queue the run-record (`runs.py`) event for a supervisor event, if it maps to one."""
+        mapped = _RECORD_KINDS.get(kind)
+        if kind == "launch":
+            prev = [e.kind for e in self.state.events[:-1] if e.kind in ("preempted", "error")]
+            mapped = "launch" if attempt == 1 else (
+                "recovery" if prev and prev[-1] == "preempted" else "restart")  # fmt: skip
+        if mapped:
+            self._records.put({"kind": mapped, "node": node, "detail": message, "at": at})
+
+    def _write_records(self) -> None:
+        from mncloud import runs
+
+        while (item := self._records.get()) is not None:
+            try:
+                runs.append_event(
+                    self.launch.name, item["kind"], node=item["node"], cloud="local",
+                    instance_type=f"cpu:{self.launch.procs_per_node}", spot=False,
+                    hourly_price=0.0, detail=item["detail"], at=item["at"],
+                )  # fmt: skip
+            except Exception as err:  # a record must never break supervision
+                self._log(f"[mncloud] run record event not written: {err}")
+
+    def _flush_records(self, timeout: float = 60.0) -> None:
+        """Let the record writer finish what is queued (bounded: a bucket may be down)."""
+        self._records.put(None)
+        self._recorder.join(timeout)
 
     def _pump(self, node: int, stream: IO[bytes], label: str) -> None:
         for raw in iter(stream.readline, b""):
@@ -490,6 +530,7 @@ class Supervisor:
         for record in st.nodes:
             record.pids = []
         self.event(final.value.lower(), self._final_message(final))
+        self._flush_records()
         for f in (self._run_log, *self._node_logs.values()):
             f.close()
         return 0 if final is RunState.SUCCEEDED else 1
