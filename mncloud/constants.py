@@ -33,6 +33,18 @@ PREEMPTED_EXIT_CODE = 115  # distinct from torchrun (1), signals (128+N) and the
 # File a rank creates when it stopped for a preemption notice; run.sh.j2 sets its path per node.
 PREEMPT_MARKER_ENV = "MNCLOUD_PREEMPT_MARKER"
 
+# Preemption notices (mncloud/train/preempt.py). Base URL of a metadata service to ask instead
+# of the cloud's own (tests, the local backend); it may carry a path prefix.
+METADATA_URL_ENV = "MNCLOUD_METADATA_URL"
+# Which metadata protocol to speak: aws, gcp, azure, all (one thread each) or none. Default:
+# the cloud in MNCLOUD_CLOUD; without it, probed (short timeouts) in the watcher thread.
+METADATA_PROTOCOL_ENV = "MNCLOUD_METADATA_PROTOCOL"
+# Seconds between two polls of a polled endpoint (AWS: 5, Azure: 1; GCP long-polls).
+METADATA_POLL_ENV = "MNCLOUD_METADATA_POLL_SECONDS"
+# Seconds a rank assumes it has left after SIGTERM/SIGUSR1 (default 30: torchrun's shutdown
+# timeout before its SIGKILL, and GCP's notice).
+SIGNAL_NOTICE_ENV = "MNCLOUD_SIGNAL_NOTICE_SECONDS"
+
 # Storage and checkpoints (mncloud/storage.py, mncloud/ckptstore.py, mncloud/train/ckpt.py).
 # How long a bucket operation retries transient failures before it gives up (seconds).
 STORAGE_RETRY_SECONDS_ENV = "MNCLOUD_STORAGE_RETRY_SECONDS"
@@ -48,3 +60,6 @@ LOCAL_NODE_TAG_ENV = "MNCLOUD_LOCAL_NODE"
 # Rank 0 of a training script may append one JSON line per step here ({"t", "step", ...}); the
 # local backend sets it and derives steps lost and time-to-resume from it.
 PROGRESS_FILE_ENV = "MNCLOUD_PROGRESS_FILE"
+
+# The run id (lineage record) every node gets; see mncloud/runs.py.
+RUN_ID_ENV = "MNCLOUD_RUN_ID"

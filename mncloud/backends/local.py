@@ -83,6 +83,8 @@ SUPERVISOR_LOG = "supervisor.log"
 FINAL_FILE = "final.json"
 LOCALHOST = "127.0.0.1"
 POLL_S = 0.1
+NOTICE_POLL_S = 0.5
+"""How often a local node polls its (simulated) metadata for a preemption notice."""
 CHAOS_NO_PROGRESS_S = 60.0
 _RANK_PREFIX = re.compile(r"^\[rank(\d+)\]:(.*)$", re.DOTALL)
 # Supervisor event kinds → run-record event kinds (runs.py); "launch" is mapped by attempt.
@@ -368,6 +370,12 @@ class Supervisor:
             target=self._write_records, name="mncloud-records", daemon=True
         )
         self._recorder.start()
+        # Every node's cloud metadata (AWS, GCP, Azure): "no notice" until `chaos preempt
+        # --notice` flips one; the node is killed at the notice's deadline if still running.
+        from mncloud.backends.metadata import MetadataServer
+
+        self._metadata = MetadataServer()
+        self._notice_kills: list[tuple[float, int, int]] = []  # (deadline, node, attempt)
 
     # ------------------------------------------------------------------ plumbing
     def _save(self) -> None:
@@ -449,6 +457,9 @@ class Supervisor:
             constants.PROGRESS_FILE_ENV: str(self.folder / PROGRESS_FILE),
             constants.CPU_THREADS_ENV: threads,
             constants.CLOUD_ENV: "local",
+            constants.METADATA_URL_ENV: self._metadata.url(node),
+            constants.METADATA_PROTOCOL_ENV: "all",
+            constants.METADATA_POLL_ENV: str(NOTICE_POLL_S),
             constants.LOCAL_NODE_TAG_ENV: node_tag(la.token, node),
             "OMP_NUM_THREADS": threads,
             "MKL_NUM_THREADS": threads,
@@ -461,6 +472,8 @@ class Supervisor:
             "PET_LOG_DIR": str(node_dir / "torchrun"),
             "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "[rank${rank}]:",
         })  # fmt: skip
+        # Local nodes can be preempted with a notice at any time: watch (unless --env says no).
+        env.setdefault(constants.PREEMPTION_WATCH_ENV, "1")
         if setup:
             env["SKYPILOT_SETUP_NODE_IPS"] = ips
             env["SKYPILOT_SETUP_NODE_RANK"] = str(node)
@@ -497,6 +510,10 @@ class Supervisor:
         for record in lines[self._chaos_lines :]:
             if record.get("action") == "preempt":
                 self._preempt_requests.append(record)
+            if record.get("action") == "notice":
+                node, deadline = int(record["node"]), float(record["deadline"])
+                self._metadata.announce(node, str(record["protocol"]), deadline)
+                self._notice_kills.append((deadline, node, self.state.attempt))
             data = {k: v for k, v in record.items() if k not in ("t", "message", "node")}
             self.event(f"chaos-{record.get('action')}", str(record.get("message", "")),
                        node=record.get("node"), t=record.get("t"), **data)  # fmt: skip
@@ -514,6 +531,7 @@ class Supervisor:
         _become_subreaper()
         st = self.state
         st.supervisor_pid = os.getpid()
+        self._metadata.start()
         st.started_at = time.time()
         st.state = RunState.STARTING
         st.nodes = [NodeRecord(node=n) for n in range(self.launch.num_nodes)]
@@ -525,6 +543,7 @@ class Supervisor:
             self.event("failed", f"supervisor error: {type(err).__name__}: {err}")
         finally:
             self._kill_all()
+            self._metadata.stop()
         st.state = final
         st.ended_at = time.time()
         for record in st.nodes:
@@ -593,6 +612,7 @@ class Supervisor:
         la, st = self.launch, self.state
         st.attempt += 1
         started = time.time()
+        self._metadata.clear()  # a relaunch gets fresh VMs
         self._procs = {}
         for node in range(la.num_nodes):
             proc = self._procs[node] = self._start(node, "run.sh", "")
@@ -613,6 +633,7 @@ class Supervisor:
             if chaos_pending and self._chaos_due(started, now):
                 chaos_pending = False
                 preempt_node(self.folder, la.num_nodes - 1, by="--chaos-preempt-after")
+            self._kill_at_deadlines(now)
             codes = {n: p.poll() for n, p in self._procs.items()}
             failed = {n: c for n, c in codes.items() if c not in (None, 0)}
             if failed or all(c == 0 for c in codes.values()):
@@ -643,6 +664,15 @@ class Supervisor:
                    exit_codes={str(k): v for k, v in codes.items()},
                    latest_checkpoint=latest)  # fmt: skip
         return ("preempted" if preempted else "error"), message
+
+    def _kill_at_deadlines(self, now: float) -> None:
+        """A node told it would be preempted and still running at the deadline is killed."""
+        for deadline, node, attempt in list(self._notice_kills):
+            if deadline > now:
+                continue
+            self._notice_kills.remove((deadline, node, attempt))
+            if attempt == self.state.attempt and self._procs[node].poll() is None:
+                preempt_node(self.folder, node, by="the notice's deadline")
 
     def _latest_checkpoint(self) -> int | None:
         """The newest COMPLETE step in the bucket (None if none or unreachable)."""
@@ -688,6 +718,22 @@ def _staging_steps(folder: Path, node: int) -> list[int]:
     return found
 
 
+def _wait_for_save(folder: Path, node: int, timeout: float) -> int:
+    """Wait until a rank of `node` writes a checkpoint; return its step."""
+    deadline = time.monotonic() + timeout
+    while not (steps := _staging_steps(folder, node)):
+        if time.monotonic() > deadline:
+            raise BackendError(
+                f"no checkpoint save started on node {node} within {timeout:g}s; "
+                "preempt without --during-save"
+            )
+        state = load_state(folder)
+        if state.state.is_final:
+            raise BackendError(f"run {state.name} ended ({state.state.value}) before a save")
+        time.sleep(0.002)
+    return max(steps)
+
+
 def preempt_node(
     folder: Path,
     node: int,
@@ -702,26 +748,41 @@ def preempt_node(
     folder holds a step) and kill it then, leaving that step torn.
     """
     launch = load_launch(folder)
-    step = None
-    if during_save:
-        deadline = time.monotonic() + save_timeout
-        while not (steps := _staging_steps(folder, node)):
-            if time.monotonic() > deadline:
-                raise BackendError(
-                    f"no checkpoint save started on node {node} within {save_timeout:g}s; "
-                    "preempt without --during-save"
-                )
-            state = load_state(folder)
-            if state.state.is_final:
-                raise BackendError(f"run {launch.name} ended ({state.state.value}) before a save")
-            time.sleep(0.002)
-        step = max(steps)
+    step = _wait_for_save(folder, node, save_timeout) if during_save else None
     record: dict[str, Any] = {"t": time.time(), "action": "preempt", "node": node, "by": by}
     where = f" while it saved step {step}" if step is not None else ""
     record["message"] = f"{by}: preempting node {node}{where} (SIGKILL)"
     record["during_save_step"] = step
     _append_jsonl(folder / CHAOS_FILE, record)
     record["pids"] = kill_tagged(launch.token, node)
+    return record
+
+
+def notify_node(
+    folder: Path,
+    node: int,
+    notice_s: float,
+    *,
+    protocol: str = "gcp",
+    during_save: bool = False,
+    save_timeout: float = 120.0,
+) -> dict[str, Any]:
+    """Announce a spot preemption of `node` in `notice_s` through its metadata (in `protocol`:
+    aws, gcp or azure); the supervisor kills the node then if it is still running."""
+    from mncloud.backends.metadata import PROTOCOLS
+
+    if protocol not in PROTOCOLS:
+        raise BackendError(f"--cloud-protocol {protocol}: use one of {', '.join(PROTOCOLS)}")
+    step = _wait_for_save(folder, node, save_timeout) if during_save else None
+    now = time.time()
+    where = f" while it saved step {step}" if step is not None else ""
+    record: dict[str, Any] = {
+        "t": now, "action": "notice", "node": node, "protocol": protocol,
+        "notice_s": notice_s, "deadline": now + notice_s, "during_save_step": step,
+        "message": f"mncloud chaos: {protocol} preemption notice to node {node}{where}; "
+                   f"it goes in {notice_s:g}s",
+    }  # fmt: skip
+    _append_jsonl(folder / CHAOS_FILE, record)
     return record
 
 

@@ -3,6 +3,9 @@
     mncloud chaos preempt demo --node 1              # SIGKILL node 1, like a spot VM vanishing
     mncloud chaos preempt demo --every 20s --times 3 # three preemptions, 20 s apart
     mncloud chaos preempt demo --during-save         # kill while a checkpoint is being written
+    mncloud chaos preempt demo --notice 30s --cloud-protocol gcp
+                                 # the spot notice first (node 1's GCP metadata says preempted),
+                                 # the kill 30 s later if the node has not stopped by then
     mncloud chaos storage-outage demo --seconds 30   # the bucket is unreachable for 30 s
 
 Only runs of `--cloud local`; the supervisor notices the lost node and recovers.
@@ -56,16 +59,28 @@ def preempt_command(
     during_save: Annotated[
         bool, typer.Option("--during-save", help="Wait for a checkpoint write, kill during it.")
     ] = False,
+    notice: Annotated[
+        str | None,
+        typer.Option(
+            "--notice",
+            help="Warn first through the node's metadata (30s, 2m); kill when the time is up.",
+        ),
+    ] = None,
+    cloud_protocol: Annotated[
+        str,
+        typer.Option("--cloud-protocol", help="Metadata protocol of the notice: aws, gcp, azure."),
+    ] = "gcp",
     as_json: Annotated[bool, typer.Option("--json", help="Print each preemption as JSON.")] = False,
 ) -> None:
     """SIGKILL a node's launcher, torchrun and workers, like a spot VM vanishing."""
-    from mncloud.backends.local import load_state, preempt_node, wait_for_running
+    from mncloud.backends.local import load_state, notify_node, preempt_node, wait_for_running
 
     folder = _local_folder(name)
     state = load_state(folder)
     if node is not None and not 0 <= node < state.num_nodes:
         raise BackendError(f"--node {node}: run {name} has nodes 0..{state.num_nodes - 1}")
     interval = parse_duration(every, "--every")
+    notice_s = parse_duration(notice, "--notice")
     count = times or (1 if interval is None else 1_000_000)
     records = []
     try:
@@ -82,10 +97,16 @@ def preempt_command(
                     raise BackendError(f"run {name} is {state.state.value}; nothing to preempt")
                 break
             target = node if node is not None else random.randrange(state.num_nodes)
-            record = preempt_node(folder, target, during_save=during_save)
+            if notice_s is not None:
+                record = notify_node(
+                    folder, target, notice_s, protocol=cloud_protocol, during_save=during_save
+                )
+            else:
+                record = preempt_node(folder, target, during_save=during_save)
             records.append(record)
             if not as_json:
-                console.print(f"{record['message']}: killed pids {record['pids']}")
+                pids = record.get("pids")
+                console.print(record["message"] + (f": killed pids {pids}" if pids else ""))
     except KeyboardInterrupt:
         raise typer.Exit(code=130) from None
     if as_json:

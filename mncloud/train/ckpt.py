@@ -40,14 +40,18 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
+import queue
 import random
 import shutil
 import tempfile
+import threading
 import time
 import warnings
-from collections.abc import MutableMapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, MutableMapping
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -64,8 +68,14 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from mncloud.ckptstore import CheckpointStore, FileEntry, Manifest
-from mncloud.constants import CKPT_STAGING_ENV, CKPT_URI_ENV
+from mncloud.constants import (
+    CKPT_STAGING_ENV,
+    CKPT_URI_ENV,
+    PREEMPT_MARKER_ENV,
+    PREEMPTION_WATCH_ENV,
+)
 from mncloud.errors import CheckpointError, MncloudError, StorageError
+from mncloud.train.preempt import Notice, Preempted, PreemptionWatcher
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +121,35 @@ class _Pending:
     started: float
 
 
+class _Worker:
+    """A one-thread executor whose thread never holds the interpreter open at exit: after a
+    preemption an unfinished upload is abandoned, not waited for (`close` waits otherwise)."""
+
+    def __init__(self, name: str) -> None:
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
+        future: Future[Any] = Future()
+        self._queue.put((future, fn, args))
+        return future
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not None:
+            future, fn, args = item
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn(*args))
+                except BaseException as err:
+                    future.set_exception(err)
+
+    def shutdown(self, wait: bool = True) -> None:
+        self._queue.put(None)
+        if wait:
+            self._thread.join()
+
+
 class CheckpointManager:
     """Save training state every `interval_steps` to a bucket; load the newest verified step.
 
@@ -120,6 +159,12 @@ class CheckpointManager:
     `staging_dir` holds the local copy before upload (default `$MNCLOUD_CKPT_STAGING` or a
     temporary directory). `retry_seconds` is the storage retry budget per operation.
     `collective_timeout_s` bounds the checkpoint's own gloo collectives.
+
+    `watch_preemption` (default: `$MNCLOUD_PREEMPTION_WATCH`, set for spot runs) starts a
+    `PreemptionWatcher` and checks for a notice at every `notice_check_steps`-th `maybe_save`.
+    On a notice all ranks save the same step, keep `preemption_safety_s` of the deadline for
+    the commit, write `$MNCLOUD_PREEMPT_MARKER` and raise `Preempted` (exit code 115). With
+    `exit_on_preemption=False`, `maybe_save` returns instead and `preempted` tells the script.
     """
 
     def __init__(
@@ -134,6 +179,10 @@ class CheckpointManager:
         upload_workers: int = 4,
         retry_seconds: float | None = None,
         collective_timeout_s: float = 600.0,
+        watch_preemption: bool | None = None,
+        exit_on_preemption: bool = True,
+        notice_check_steps: int = 1,
+        preemption_safety_s: float = 2.0,
     ) -> None:
         uri = uri or os.environ.get(CKPT_URI_ENV)
         if not uri:
@@ -153,12 +202,24 @@ class CheckpointManager:
         self.distributed = dist.is_available() and dist.is_initialized()
         self.rank = dist.get_rank() if self.distributed else 0
         self.world_size = dist.get_world_size() if self.distributed else 1
+        if watch_preemption is None:
+            watch_preemption = os.environ.get(PREEMPTION_WATCH_ENV, "") in ("1", "true", "yes")
+        if notice_check_steps < 1:
+            raise CheckpointError(f"notice_check_steps must be ≥ 1, not {notice_check_steps}")
+        self.exit_on_preemption = exit_on_preemption
+        self.notice_check_steps = notice_check_steps
+        self.preemption_safety_s = preemption_safety_s
+        self.preempted: Notice | None = None
+        """Set on every rank once the ranks agreed on a preemption notice (see `Preempted`)."""
         self._agree_pg: Any = None
         self._dcp_pg: Any = None
+        self._emergency_pg: Any = None  # DCP of an emergency save, beside a periodic one
         if self.distributed:
             timeout = timedelta(seconds=collective_timeout_s)
             self._agree_pg = dist.new_group(backend="gloo", timeout=timeout)
             self._dcp_pg = dist.new_group(backend="gloo", timeout=timeout)
+            if watch_preemption:  # every rank has the same environment: same groups
+                self._emergency_pg = dist.new_group(backend="gloo", timeout=timeout)
 
         base = staging_dir or os.environ.get(CKPT_STAGING_ENV)
         self._own_staging = base is None
@@ -166,7 +227,12 @@ class CheckpointManager:
         self.staging_dir = root / f"rank_{self.rank}"
         self.staging_dir.mkdir(parents=True, exist_ok=True)
 
-        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mncloud-ckpt")
+        self._worker = _Worker("mncloud-ckpt")
+        self._emergency_worker: _Worker | None = None
+        self.watcher: PreemptionWatcher | None = None
+        """Watches for a preemption notice (None unless `watch_preemption`)."""
+        if watch_preemption:
+            self.watcher = PreemptionWatcher.from_env().start()
         self._stager: Any = None
         self._pending: _Pending | None = None
         self._last_commit: Future[None] | None = None
@@ -207,10 +273,14 @@ class CheckpointManager:
     ) -> bool:
         """Save when `step` is a multiple of `interval_steps` (or `force`); returns at once.
 
-        Call it on every rank after every step; it also commits finished uploads. Returns True
-        when a save was started.
+        Call it on every rank after every step; it also commits finished uploads and, when
+        watching for preemption, acts on a notice (then it raises `Preempted`, see the class
+        docstring). Returns True when a save was started.
         """
-        self._poll()
+        deadline = self._step_boundary(step)
+        if deadline is not None:
+            self._save_for_preemption(step, state, deadline)
+            return True
         if not force and step % self.interval_steps != 0:
             return False
         if self._pending is not None:
@@ -241,6 +311,19 @@ class CheckpointManager:
             log.info("checkpoint step %d exists already (resumed from %d); not saved", step,
                      self._floor)  # fmt: skip
             return False
+        pending = self._start_save(step, state, self._worker, self._dcp_pg, t0)
+        if pending is None:
+            return False
+        self._pending = pending
+        if wait or not self.async_upload:
+            self.wait()
+        self.last_stall_s = time.perf_counter() - t0
+        return True
+
+    def _start_save(
+        self, step: int, state: MutableMapping[str, Any], worker: _Worker, pg: Any, t0: float
+    ) -> _Pending | None:
+        """Stage on every rank, agree that all staged, hand the write and upload to `worker`."""
         stage_dir = self.staging_dir / f"step_{step}"
         error: str | None = None
         staged: Any = None
@@ -258,13 +341,9 @@ class CheckpointManager:
                         "retry at the next interval", step, failures,
                         f" (here: {error})" if error else "")  # fmt: skip
             shutil.rmtree(stage_dir, ignore_errors=True)
-            return False
-        future = self._worker.submit(self._write_and_upload, step, staged, extras, stage_dir)
-        self._pending = _Pending(step, future, t0)
-        if wait or not self.async_upload:
-            self.wait()
-        self.last_stall_s = time.perf_counter() - t0
-        return True
+            return None
+        future = worker.submit(self._write_and_upload, step, staged, extras, stage_dir, pg)
+        return _Pending(step, future, t0)
 
     def _split(self, state: MutableMapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         """Tensors for DCP (models, optimizers, tensors) and per-rank extras (the rest)."""
@@ -307,7 +386,7 @@ class CheckpointManager:
         return self._stager.stage(tensors)
 
     def _write_and_upload(
-        self, step: int, staged: dict[str, Any], extras: dict[str, Any], stage_dir: Path
+        self, step: int, staged: dict[str, Any], extras: dict[str, Any], stage_dir: Path, pg: Any
     ) -> dict[str, FileEntry]:
         """Worker thread: DCP shard and extras to local disk, then hash and upload them.
 
@@ -329,7 +408,7 @@ class CheckpointManager:
                 dcp.save(
                     staged,
                     storage_writer=writer,
-                    process_group=self._dcp_pg,
+                    process_group=pg,
                     no_dist=not self.distributed,
                 )
             if uncommit_error is not None:
@@ -340,13 +419,29 @@ class CheckpointManager:
         finally:
             shutil.rmtree(stage_dir, ignore_errors=True)
 
-    def _poll(self) -> None:
-        """At a step boundary: if every rank finished its upload, commit the pending step."""
-        if self._pending is None:
-            return
-        not_done = self._all_sum(0 if self._pending.future.done() else 1)[0]
-        if not_done == 0:
+    def _step_boundary(self, step: int) -> float | None:
+        """One all-reduce per step: commit the pending step if every rank finished uploading;
+        when watching, also learn whether any rank has a preemption notice. Returns the agreed
+        deadline (the earliest of any rank's) on a notice, else None."""
+        watching = self.watcher is not None and step % self.notice_check_steps == 0
+        if self._pending is None and not watching:
+            return None
+        not_done = int(self._pending is not None and not self._pending.future.done())
+        has_notice = int(watching and self.watcher is not None and self.watcher.notice is not None)
+        not_done, notices = self._all_sum(not_done, has_notice)
+        if notices:
+            own = self.watcher.notice if self.watcher is not None else None
+            return self._all_min(own.deadline if own is not None else math.inf)
+        if self._pending is not None and not_done == 0:
             self._finish_pending()
+        return None
+
+    def _all_min(self, value: float) -> float:
+        if not self.distributed:
+            return value
+        t = torch.tensor([value], dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self._agree_pg)
+        return float(t.item())
 
     def _finish_pending(self) -> None:
         """Wait for this rank's upload, agree with the others, and (rank 0) commit."""
@@ -371,17 +466,22 @@ class CheckpointManager:
         self.last_committed = pending.step
         if self.rank != 0:
             return
+        manifest = self._manifest(pending.step, [entries for entries, _ in results])
+        self._last_commit = self._worker.submit(self._commit, manifest)
+
+    def _manifest(
+        self, step: int, per_rank: list[dict[str, FileEntry] | None], **extra: Any
+    ) -> Manifest:
         files: dict[str, FileEntry] = {}
-        for rank_entries, _ in results:
+        for rank_entries in per_rank:
             files.update(rank_entries or {})
-        manifest = Manifest(
-            step=pending.step,
+        return Manifest(
+            step=step,
             world_size=self.world_size,
             files=files,
             torch_version=torch.__version__,
-            extra={"upload_s": round(self.last_save_s, 3)},
+            extra={"upload_s": round(self.last_save_s, 3), **extra},
         )
-        self._last_commit = self._worker.submit(self._commit, manifest)
 
     def _commit(self, manifest: Manifest) -> None:
         """Worker thread on rank 0: manifest, COMPLETE, then keep-last-K."""
@@ -397,6 +497,86 @@ class CheckpointManager:
         except MncloudError as err:
             log.warning("checkpoint retention failed (will retry after the next save): %s", err)
 
+    # ------------------------------------------------------------------ preemption
+    def _save_for_preemption(
+        self, step: int, state: MutableMapping[str, Any], deadline: float
+    ) -> None:
+        """Every rank: save `step` now, commit it if every rank uploaded before the deadline,
+        leave the marker, then raise `Preempted` (unless `exit_on_preemption` is off)."""
+        now = time.time()
+        own = self.watcher.notice if self.watcher is not None else None
+        notice = own or Notice("peer", deadline, now, detail="another rank's notice")
+        self.preempted = notice
+        if self.rank == 0:
+            log.warning("preemption notice (%s): all %d ranks save step %d; %.1fs left",
+                        notice.source, self.world_size, step, deadline - now)  # fmt: skip
+        committed = self.last_committed
+        try:
+            committed = self._emergency_save(step, state, deadline - self.preemption_safety_s)
+        except Exception as err:  # a peer vanished mid-collective: stop all the same
+            log.warning("emergency checkpoint of step %d abandoned: %s: %s", step,
+                        type(err).__name__, err)  # fmt: skip
+        marker = os.environ.get(PREEMPT_MARKER_ENV)
+        if marker:
+            with contextlib.suppress(OSError):
+                Path(marker).touch()
+        if self.exit_on_preemption:
+            raise Preempted(step, committed, notice)
+
+    def _emergency_save(self, step: int, state: MutableMapping[str, Any], end: float) -> int | None:
+        """Save `step` beside a periodic save still uploading; commit what every rank finished
+        by `end` (epoch seconds): `step`, else that periodic step. Returns the newest committed."""
+        t0 = time.perf_counter()
+        periodic, self._pending = self._pending, None
+        current: _Pending | None = None
+        if periodic is not None and periodic.step == step:
+            current, periodic = periodic, None
+        elif self.last_committed == step or (self._floor is not None and step <= self._floor):
+            return step  # saved already
+        else:
+            if self._emergency_worker is None:
+                self._emergency_worker = _Worker("mncloud-ckpt-emergency")
+            pg = self._emergency_pg if self.distributed else None
+            current = self._start_save(step, state, self._emergency_worker, pg, t0)
+
+        def settle(p: _Pending | None, until: float) -> tuple[Any, str | None]:
+            if p is None:
+                return None, "not saved"
+            try:
+                return p.future.result(timeout=max(0.0, until - time.time())), None
+            except FutureTimeout:
+                return None, "deadline"
+            except Exception as err:
+                return None, f"{type(err).__name__}: {err}"
+
+        mine = settle(current, end)
+        earlier = settle(periodic, time.time() if mine[1] is None else end)
+        results = self._all_gather((mine, earlier))
+        self.last_save_s = time.perf_counter() - t0
+        for which, pending in ((0, current), (1, periodic)):
+            outcome = [r[which] for r in results]
+            if pending is None or any(err for _, err in outcome):
+                continue
+            ok = 1
+            if self.rank == 0:
+                manifest = self._manifest(pending.step, [e for e, _ in outcome], preemption=True)
+                try:
+                    self.store.commit(manifest)
+                    log.warning("checkpoint step %d committed for the preemption (%.1fs)",
+                                pending.step, self.last_save_s)  # fmt: skip
+                except MncloudError as err:
+                    ok = 0
+                    log.warning("preemption: step %d not committed: %s", pending.step, err)
+            if self._broadcast(ok) == 0:  # also: nobody exits before rank 0 committed
+                break
+            self.last_committed = pending.step
+            return pending.step
+        reasons = sorted({err for r in results for _, err in r if err})
+        if self.rank == 0:
+            log.warning("preemption: step %d not committed (%s); the newest checkpoint is %s",
+                        step, ", ".join(reasons), self.last_committed)  # fmt: skip
+        return self.last_committed
+
     def wait(self) -> None:
         """Block until the pending save (if any) is uploaded and committed."""
         self._finish_pending()
@@ -407,6 +587,11 @@ class CheckpointManager:
         """Wait for the last upload and commit, then release the worker thread."""
         if self._closed:
             return
+        if self.watcher is not None:
+            self.watcher.stop()
+        if self.preempted is not None:  # the VM is going away: abandon, do not wait
+            self._closed = True
+            return
         try:
             self.wait()
             if self.distributed:
@@ -414,6 +599,8 @@ class CheckpointManager:
         finally:
             self._closed = True
             self._worker.shutdown(wait=True)
+            if self._emergency_worker is not None:
+                self._emergency_worker.shutdown(wait=True)
             if self._stager is not None:
                 self._stager.close()
             if self._own_staging:
