@@ -19,6 +19,7 @@ Template variables (also what a `--template PATH` of your own receives):
 | `master_port`, `nccl_debug`, `nccl_socket_ifname` | rendezvous port and NCCL settings |
 | `requirements`, `user_setup` | pip requirements file (relative) and the `--setup` command |
 | `preempted_exit_code`, `c` | the preemption exit code and `mncloud.constants` |
+| `preflight`, `preflight_gpus`, `require_paths` | node checks before torchrun (`mncloud.doctor`) |
 
 Filters: `q` (shell-quote), `yaml` (one safe YAML value), `yaml_block` (a multi-line string
 as a YAML block). The shell templates `setup.sh.j2` and `run.sh.j2` can be included.
@@ -61,9 +62,15 @@ class RenderedTask:
 
 
 def render(
-    spec: JobSpec, plan: Plan | None = None, template: str | Path | None = None
+    spec: JobSpec,
+    plan: Plan | None = None,
+    template: str | Path | None = None,
+    run_id: str | None = None,
 ) -> RenderedTask:
-    """Render and validate the task for `spec`; `plan` adds ordered resource fallbacks."""
+    """Render and validate the task for `spec`; `plan` adds ordered resource fallbacks.
+
+    `run_id` (given by `up`, not by `render`) reaches every node as `MNCLOUD_RUN_ID`.
+    """
     env = _environment(Path(template).expanduser().resolve().parent if template else None)
     name = Path(template).name if template else TASK_TEMPLATE
     if template and not Path(template).expanduser().is_file():
@@ -71,7 +78,7 @@ def render(
     import jinja2
 
     try:
-        text = env.get_template(name).render(**template_variables(spec, plan))
+        text = env.get_template(name).render(**template_variables(spec, plan, run_id))
     except jinja2.TemplateError as err:
         raise RenderError(f"template {name}: {err.__class__.__name__}: {err}") from None
     try:
@@ -84,10 +91,12 @@ def render(
     return RenderedTask(yaml_text=text, config=config)
 
 
-def task_env(spec: JobSpec) -> dict[str, str]:
+def task_env(spec: JobSpec, run_id: str | None = None) -> dict[str, str]:
     """Environment every node gets: the user's `--env` plus mncloud's own variables."""
     envs = dict(spec.envs)
     envs[constants.RUN_NAME_ENV] = spec.name
+    if run_id:
+        envs[constants.RUN_ID_ENV] = run_id
     if spec.bucket is not None:
         envs[constants.CKPT_URI_ENV] = spec.bucket.child(spec.name)
     if spec.spot is SpotPolicy.SPOT:
@@ -95,10 +104,13 @@ def task_env(spec: JobSpec) -> dict[str, str]:
     return envs
 
 
-def template_variables(spec: JobSpec, plan: Plan | None = None) -> dict[str, Any]:
+def template_variables(
+    spec: JobSpec, plan: Plan | None = None, run_id: str | None = None
+) -> dict[str, Any]:
     """All variables a task template receives (see the module docstring)."""
     choices, mode = _resource_choices(spec, plan)
     use_spot = _use_spot(spec, plan)
+    gpus_per_node = f'"${constants.SKYPILOT_NUM_GPUS_PER_NODE}"'
     return {
         "mncloud_version": __version__,
         "name": spec.name,
@@ -108,22 +120,21 @@ def template_variables(spec: JobSpec, plan: Plan | None = None) -> dict[str, Any
         "job_recovery": _job_recovery(spec) if use_spot else None,
         "resource_choices": choices,
         "resource_choice_mode": mode,
-        "envs": task_env(spec),
+        "envs": task_env(spec, run_id),
         "secrets": list(spec.secrets),
         "file_mounts": _file_mounts(spec),
         "script": spec.script_relpath,
         "script_args": list(spec.script_args),
-        "nproc_per_node": (
-            str(spec.accelerator.count)
-            if spec.accelerator.is_cpu
-            else f'"${constants.SKYPILOT_NUM_GPUS_PER_NODE}"'
-        ),
+        "nproc_per_node": str(spec.accelerator.count) if spec.accelerator.is_cpu else gpus_per_node,
         "master_port": spec.master_port,
         "nccl_debug": spec.nccl_debug,
         "nccl_socket_ifname": spec.nccl_socket_ifname,
         "requirements": spec.requirements.as_posix() if spec.requirements else None,
         "user_setup": spec.setup,
         "preempted_exit_code": constants.PREEMPTED_EXIT_CODE,
+        "preflight": spec.preflight,
+        "preflight_gpus": "0" if spec.accelerator.is_cpu else gpus_per_node,
+        "require_paths": list(spec.require_paths),
         "c": constants,
     }
 

@@ -81,7 +81,7 @@ DIFF_FILE = "diff.patch"
 RECORDS_DIR = "records"
 LOCKS_DIR = ".locks"
 #: Environment variable carrying the run id to every node (render adds it to the task envs).
-RUN_ID_ENV = "MNCLOUD_RUN_ID"
+RUN_ID_ENV = constants.RUN_ID_ENV
 #: A rank at least this many times slower than the median step time is a straggler.
 STRAGGLER_FACTOR = 1.5
 #: Record writes to the bucket give up after this long (the local copy is always written).

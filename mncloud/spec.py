@@ -165,10 +165,15 @@ class JobSpec(BaseModel):
     max_hourly: float | None = Field(None, gt=0)
     """Budget: the most the whole job may cost per hour, in USD."""
     max_restarts: int = Field(3, ge=0)
-    """Restarts allowed after user-code errors (preemptions always recover)."""
+    """Restart budget. Cloud: SkyPilot's `max_restarts_on_errors` (a managed job always
+    recovers from preemptions). Local: every relaunch counts against it."""
     master_port: int = Field(constants.DEFAULT_MASTER_PORT, ge=1024, le=65535)
     nccl_debug: str | None = None
     nccl_socket_ifname: str | None = None
+    require_paths: list[str] = Field(default_factory=list)
+    """Paths (local or bucket URLs) every node must see before training starts."""
+    preflight: bool = True
+    """Run `python -m mncloud.doctor node` on every node before torchrun (when installed)."""
 
     @field_validator("name")
     @classmethod
@@ -310,6 +315,8 @@ CONFIG_KEYS = (
     "master_port",
     "nccl_debug",
     "nccl_socket_ifname",
+    "require_path",
+    "preflight",
     "name",
 )
 
@@ -337,6 +344,8 @@ def build_spec(
     master_port: int | None = None,
     nccl_debug: str | None = None,
     nccl_socket_ifname: str | None = None,
+    require_path: list[str] | None = None,
+    preflight: bool | None = None,
     name: str | None = None,
 ) -> JobSpec:
     """Build a JobSpec from CLI-style options over the project's `mncloud.yaml` defaults.
@@ -371,6 +380,8 @@ def build_spec(
         "master_port": master_port,
         "nccl_debug": nccl_debug,
         "nccl_socket_ifname": nccl_socket_ifname,
+        "require_path": require_path or None,
+        "preflight": preflight,
         "name": name,
     }
     merged = load_project_config(workdir)
@@ -448,6 +459,8 @@ def _spec_from_options(
             master_port=opts.get("master_port", constants.DEFAULT_MASTER_PORT),
             nccl_debug=opts.get("nccl_debug"),
             nccl_socket_ifname=opts.get("nccl_socket_ifname"),
+            require_paths=_as_list(opts.get("require_path")),
+            preflight=bool(opts.get("preflight", True)),
         )
     except ValidationError as err:
         raise SpecError(_first_error(err)) from None

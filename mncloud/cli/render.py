@@ -67,6 +67,14 @@ NcclIfname = Annotated[
     typer.Option("--nccl-socket-ifname", help="NCCL_SOCKET_IFNAME; default: the default route's."),
 ]
 Name = Annotated[str | None, typer.Option("--name", help="Run name (DNS-safe).")]
+RequirePath = Annotated[
+    list[str] | None,
+    typer.Option("--require-path", help="A path or bucket URL every node must see (repeatable)."),
+]
+Preflight = Annotated[
+    bool | None,
+    typer.Option("--preflight/--no-preflight", help="Check every node before torchrun (on)."),
+]
 Script = Annotated[Path, typer.Argument(help="The training script.", show_default=False)]
 ScriptArgs = Annotated[
     list[str] | None, typer.Argument(help="Arguments for the script, after --.", show_default=False)
@@ -109,6 +117,8 @@ def render_command(
     master_port: MasterPort = None,
     nccl_debug: NcclDebug = None,
     nccl_socket_ifname: NcclIfname = None,
+    require_path: RequirePath = None,
+    preflight: Preflight = None,
     name: Name = None,
     catalog: Catalog = None,
     template: Annotated[
@@ -148,6 +158,8 @@ def render_command(
         master_port=master_port,
         nccl_debug=nccl_debug,
         nccl_socket_ifname=nccl_socket_ifname,
+        require_path=require_path,
+        preflight=preflight,
         name=name,
     )
     task = render(spec, template=template)

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from mncloud.cli import render as opts
-from mncloud.cli._common import console, handle_errors, print_json
+from mncloud.cli._common import console, err_console, handle_errors, print_json
 from mncloud.constants import DEFAULT_MASTER_PORT
 from mncloud.errors import SpecError
 
@@ -53,6 +53,8 @@ def up_command(
     master_port: opts.MasterPort = None,
     nccl_debug: opts.NcclDebug = None,
     nccl_socket_ifname: opts.NcclIfname = None,
+    require_path: opts.RequirePath = None,
+    preflight: opts.Preflight = None,
     name: opts.Name = None,
     catalog: opts.Catalog = None,
     template: Annotated[
@@ -95,6 +97,7 @@ def up_command(
     from mncloud import catalog as catalog_mod
 
     catalog_mod.use_catalog_dir(catalog)
+    from mncloud import runs
     from mncloud.backends.base import LaunchRequest, get_backend, record_backend
     from mncloud.render import render
     from mncloud.spec import build_spec
@@ -121,6 +124,8 @@ def up_command(
         master_port=master_port,
         nccl_debug=nccl_debug,
         nccl_socket_ifname=nccl_socket_ifname,
+        require_path=require_path,
+        preflight=preflight,
         name=name,
     )
     options = {
@@ -141,10 +146,20 @@ def up_command(
             raise SpecError("--cloud local runs on this machine alone; do not mix it with clouds")
         plan = _plan_and_confirm(spec, hours, max_cost, yes=yes or dryrun, as_json=as_json)
         backend_name = "skypilot"
-    task = render(spec, plan=plan, template=template)
+    run_id = None if dryrun else runs.new_run_id(spec.name)
+    task = render(spec, plan=plan, template=template, run_id=run_id)
     backend = get_backend(backend_name)
-    if not dryrun:
+    if plan is not None and spec.bucket is not None and not dryrun:
+        from mncloud.buckets import prepare_bucket
+
+        _state, warning = prepare_bucket(
+            spec.bucket, plan.choice.cloud, plan.choice.region, console.print
+        )
+        if warning:
+            err_console.print(f"[yellow]warning:[/] {warning}")
+    if run_id is not None:
         record_backend(spec.name, backend_name)
+        runs.create_record(spec, task, plan, backend_name, run_id=run_id)
     request = LaunchRequest(
         spec=spec, task=task, plan=plan, detach=detach, dryrun=dryrun, options=options
     )
@@ -153,6 +168,10 @@ def up_command(
         from mncloud.cli.follow import follow_local_run
 
         status = follow_local_run(spec.name)
+    elif backend_name == "skypilot" and options["follow"] and not dryrun:
+        for line in backend.logs(spec.name, follow=True):
+            typer.echo(line)
+        status = backend.status(spec.name)
     if as_json:
         print_json(status.model_dump(mode="json") | {"cost_so_far": status.cost_so_far})
     else:
