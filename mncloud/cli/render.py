@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from mncloud.cli._common import console, handle_errors, print_json
+
+if TYPE_CHECKING:
+    from mncloud.spec import JobSpec
 
 # The options every command that takes a training job shares (render, up). One definition,
 # so `render` and `up` cannot drift apart.
@@ -89,6 +93,23 @@ Catalog = Annotated[
 ]
 
 
+def spec_from_options(values: dict[str, Any]) -> JobSpec:
+    """Build the JobSpec from a command's parameters (its `locals()`), by `build_spec`'s names.
+
+    `render` and `up` share every job option; this keeps them from drifting apart.
+    """
+    from mncloud.spec import build_spec
+
+    names = [
+        p.name
+        for p in inspect.signature(build_spec).parameters.values()
+        if p.kind is inspect.Parameter.KEYWORD_ONLY
+    ]
+    return build_spec(
+        values["script"], values["script_args"], **{name: values[name] for name in names}
+    )
+
+
 def register(app: typer.Typer) -> None:
     """Add `render` to the app."""
     app.command("render")(render_command)
@@ -134,34 +155,8 @@ def render_command(
 
     catalog_mod.use_catalog_dir(catalog)
     from mncloud.render import render
-    from mncloud.spec import build_spec
 
-    spec = build_spec(
-        script,
-        script_args,
-        gpus=gpus,
-        nodes=nodes,
-        spot=spot,
-        cloud=cloud,
-        region=region,
-        bucket=bucket,
-        mount_bucket=mount_bucket,
-        env=env,
-        secret=secret,
-        setup=setup,
-        requirements=requirements,
-        disk_size=disk_size,
-        image=image,
-        label=label,
-        max_hourly=max_hourly,
-        max_restarts=max_restarts,
-        master_port=master_port,
-        nccl_debug=nccl_debug,
-        nccl_socket_ifname=nccl_socket_ifname,
-        require_path=require_path,
-        preflight=preflight,
-        name=name,
-    )
+    spec = spec_from_options(locals())
     task = render(spec, template=template)
     text = task.to_json() + "\n" if as_json else task.yaml_text
     if output is not None:

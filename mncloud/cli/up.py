@@ -100,34 +100,8 @@ def up_command(
     from mncloud import runs
     from mncloud.backends.base import LaunchRequest, get_backend, record_backend
     from mncloud.render import render
-    from mncloud.spec import build_spec
 
-    spec = build_spec(
-        script,
-        script_args,
-        gpus=gpus,
-        nodes=nodes,
-        spot=spot,
-        cloud=cloud,
-        region=region,
-        bucket=bucket,
-        mount_bucket=mount_bucket,
-        env=env,
-        secret=secret,
-        setup=setup,
-        requirements=requirements,
-        disk_size=disk_size,
-        image=image,
-        label=label,
-        max_hourly=max_hourly,
-        max_restarts=max_restarts,
-        master_port=master_port,
-        nccl_debug=nccl_debug,
-        nccl_socket_ifname=nccl_socket_ifname,
-        require_path=require_path,
-        preflight=preflight,
-        name=name,
-    )
+    spec = opts.spec_from_options(locals())
     options = {
         "recovery_delay": parse_duration(recovery_delay, "--recovery-delay"),
         "retry_on_error": retry_on_error or 0,
