@@ -234,3 +234,55 @@ def test_no_watch_installs_no_handler(tmp_path: Path, monkeypatch: pytest.Monkey
     assert signal.getsignal(signal.SIGTERM) is not before
     watched.close()
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+# --------------------------------------------------------------------------- end to end
+
+
+@pytest.mark.slow
+def test_notice_at_a_random_step_loses_no_step(s3_env: Any) -> None:
+    """2 nodes × 2 ranks: node 1 gets an AWS notice at a random step; all 4 ranks save that
+    step, exit 115, and the run resumes there with the uninterrupted run's final weights."""
+    import random
+
+    from mncloud.backends.base import RunState, run_dir
+    from mncloud.backends.local import read_final, recovery_figures
+    from mncloud.ckptstore import CheckpointStore
+    from tests.test_local import (
+        EXAMPLE,
+        TRAIN_ARGS,
+        cli,
+        run_log,
+        state_of,
+        steps_since,
+        up,
+        wait_final,
+        wait_until,
+    )
+
+    flags = ["--nodes", "2", "--gpus", "cpu:2", "--recovery-delay", "0s"]
+    up("ref", EXAMPLE, *flags, script_args=TRAIN_ARGS)
+    bucket = s3_env.make_bucket()
+    up("notice", EXAMPLE, *flags, "--bucket", f"s3://{bucket}/exp", script_args=TRAIN_ARGS)
+    at = random.randrange(15, 100)
+    wait_until(lambda: max(steps_since("notice", 0), default=0) >= at, 120, f"step {at}")
+    cli("chaos", "preempt", "notice", "--node", "1", "--notice", "30s", "--cloud-protocol", "aws")
+    events = wait_until(
+        lambda: [e for e in state_of("notice").events if e.kind == "preempted"], 60, "the stop"
+    )
+    saved = events[0].data["latest_checkpoint"]  # read its manifest before keep-last-2 drops it
+    manifest = CheckpointStore(f"s3://{bucket}/exp/notice").read_manifest(saved)
+    assert manifest.extra.get("preemption") and manifest.world_size == 4
+    assert {f"rank_{r}.pt" for r in range(4)} <= set(manifest.files)  # all 4 ranks saved it
+    state, ref = wait_final("notice"), wait_final("ref")
+    assert state.state is RunState.SUCCEEDED and ref.state is RunState.SUCCEEDED, run_log("notice")
+
+    preempted = next(e for e in state.events if e.kind == "preempted")
+    assert preempted.data["exit_codes"] == {"0": 115, "1": 115}  # both nodes stopped on purpose
+    assert not any(e.kind == "chaos-preempt" for e in state.events)  # nobody had to be killed
+    fig = recovery_figures(run_dir("notice"))
+    assert fig.resumed_from[1] == saved == max(fig.steps_per_attempt[0]) + 1 >= at
+    assert fig.lost_per_recovery == [0] and (state.restarts, state.preemptions) == (1, 1)
+    final, reference = read_final(state.ckpt_uri), read_final(ref.ckpt_uri)
+    assert final and reference and final["weights_sha256"] == reference["weights_sha256"]
+    assert f"all 4 ranks save step {saved}" in run_log("notice")

@@ -84,6 +84,8 @@ FINAL_FILE = "final.json"
 LOCALHOST = "127.0.0.1"
 POLL_S = 0.1
 NOTICE_POLL_S = 0.5
+NOTICE_EXIT_GRACE_S = 10.0
+"""After a node exits for a preemption notice, how long the others get to do the same."""
 """How often a local node polls its (simulated) metadata for a preemption notice."""
 CHAOS_NO_PROGRESS_S = 60.0
 _RANK_PREFIX = re.compile(r"^\[rank(\d+)\]:(.*)$", re.DOTALL)
@@ -625,6 +627,7 @@ class Supervisor:
                    self._procs.values()])  # fmt: skip
         chaos_pending = la.chaos_preempt_after is not None and st.attempt == 1
         last_scan = 0.0
+        stopping_until: float | None = None  # nodes stopping for a notice: let the rest follow
         while True:
             if self.stop.wait(POLL_S):
                 return "stopped", "stopped"
@@ -636,6 +639,10 @@ class Supervisor:
             self._kill_at_deadlines(now)
             codes = {n: p.poll() for n, p in self._procs.items()}
             failed = {n: c for n, c in codes.items() if c not in (None, 0)}
+            if failed and all(c == constants.PREEMPTED_EXIT_CODE for c in failed.values()):
+                stopping_until = stopping_until or now + NOTICE_EXIT_GRACE_S
+                if now < stopping_until and None in codes.values():
+                    continue
             if failed or all(c == 0 for c in codes.values()):
                 break
             if now - last_scan >= 1.0:
