@@ -36,27 +36,10 @@ def plan_command(
     cloud: opts.Cloud = None,
     region: opts.Region = None,
     max_hourly: opts.MaxHourly = None,
-    max_cost: Annotated[
-        float | None,
-        typer.Option("--max-cost", help="Budget: most USD the job may be expected to cost."),
-    ] = None,
-    preemption_rate: Annotated[
-        float | None,
-        typer.Option(
-            "--preemption-rate",
-            help="Spot preemptions per node-hour for every cloud (default: per-cloud priors).",
-        ),
-    ] = None,
-    recovery_minutes: Annotated[
-        float | None,
-        typer.Option(
-            "--recovery-minutes", help="Minutes from a preemption to training again (10)."
-        ),
-    ] = None,
-    ckpt_seconds: Annotated[
-        float | None,
-        typer.Option("--ckpt-seconds", help="Seconds training stalls to save a checkpoint (60)."),
-    ] = None,
+    max_cost: opts.MaxCost = None,
+    preemption_rate: opts.PreemptionRate = None,
+    recovery_minutes: opts.RecoveryMinutes = None,
+    ckpt_seconds: opts.CkptSeconds = None,
     top: Annotated[
         int | None, typer.Option("--top", min=1, help="Show only the N cheapest.")
     ] = None,

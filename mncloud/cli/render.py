@@ -79,6 +79,26 @@ Preflight = Annotated[
     bool | None,
     typer.Option("--preflight/--no-preflight", help="Check every node before torchrun (on)."),
 ]
+# Planning options shared by `plan` and `up`.
+MaxCost = Annotated[
+    float | None,
+    typer.Option("--max-cost", help="Budget: most USD the job may be expected to cost."),
+]
+PreemptionRate = Annotated[
+    float | None,
+    typer.Option(
+        "--preemption-rate",
+        help="Spot preemptions per node-hour for every cloud (default: per-cloud priors).",
+    ),
+]
+RecoveryMinutes = Annotated[
+    float | None,
+    typer.Option("--recovery-minutes", help="Minutes from a preemption to training again (10)."),
+]
+CkptSeconds = Annotated[
+    float | None,
+    typer.Option("--ckpt-seconds", help="Seconds training stalls to save a checkpoint (60)."),
+]
 Script = Annotated[Path, typer.Argument(help="The training script.", show_default=False)]
 ScriptArgs = Annotated[
     list[str] | None, typer.Argument(help="Arguments for the script, after --.", show_default=False)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -12,6 +12,9 @@ from mncloud.cli import render as opts
 from mncloud.cli._common import console, err_console, handle_errors, print_json
 from mncloud.constants import DEFAULT_MASTER_PORT
 from mncloud.errors import SpecError
+
+if TYPE_CHECKING:
+    from mncloud.plan import Plan, PlanRequest
 
 
 def register(app: typer.Typer) -> None:
@@ -63,9 +66,10 @@ def up_command(
     hours: Annotated[
         float, typer.Option("--hours", help="Expected training hours, for the plan.")
     ] = 24.0,
-    max_cost: Annotated[
-        float | None, typer.Option("--max-cost", help="Budget: most USD for the whole job.")
-    ] = None,
+    max_cost: opts.MaxCost = None,
+    preemption_rate: opts.PreemptionRate = None,
+    recovery_minutes: opts.RecoveryMinutes = None,
+    ckpt_seconds: opts.CkptSeconds = None,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask before launching.")] = False,
     detach: Annotated[
         bool, typer.Option("--detach", "-d", help="Return once launched; do not follow logs.")
@@ -118,7 +122,17 @@ def up_command(
     else:
         if "local" in spec.clouds:
             raise SpecError("--cloud local runs on this machine alone; do not mix it with clouds")
-        plan = _plan_and_confirm(spec, hours, max_cost, yes=yes or dryrun, as_json=as_json)
+        from mncloud.plan import PlanRequest
+
+        request = PlanRequest.from_spec(
+            spec,
+            hours=hours,
+            max_cost=max_cost,
+            preemption_rate=preemption_rate,
+            recovery_minutes=recovery_minutes,
+            ckpt_seconds=ckpt_seconds,
+        )
+        plan = _plan_and_confirm(request, spec.name, yes=yes or dryrun, as_json=as_json)
         backend_name = "skypilot"
     run_id = None if dryrun else runs.new_run_id(spec.name)
     task = render(spec, plan=plan, template=template, run_id=run_id)
@@ -154,17 +168,16 @@ def up_command(
         raise typer.Exit(code=1)
 
 
-def _plan_and_confirm(spec, hours: float, max_cost: float | None, *, yes: bool, as_json: bool):  # type: ignore[no-untyped-def]
+def _plan_and_confirm(request: PlanRequest, name: str, *, yes: bool, as_json: bool) -> Plan:
     """Plan the job, show the table, and ask before anything costs money."""
     from mncloud.cli.plan import show_plan
-    from mncloud.plan import PlanRequest, make_plan
+    from mncloud.plan import make_plan
 
-    request = PlanRequest.from_spec(spec, hours=hours, max_cost=max_cost)
     plan = make_plan(request)
     if not as_json:
         show_plan(plan, top=5)
     if not yes and not typer.confirm(
-        f"Launch {spec.name} for an expected ${plan.choice.expected_cost:,.2f}?", default=False
+        f"Launch {name} for an expected ${plan.choice.expected_cost:,.2f}?", default=False
     ):
         raise typer.Exit(code=1)
     return plan
