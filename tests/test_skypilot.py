@@ -19,7 +19,13 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from mncloud.backends.base import LaunchRequest, RunState, record_backend, run_dir
+from mncloud.backends.base import (
+    LaunchRequest,
+    RunState,
+    newest_checkpoint_step,
+    record_backend,
+    run_dir,
+)
 from mncloud.backends.skypilot import (
     AUTOSTOP_IDLE_MINUTES,
     META_FILE,
@@ -310,8 +316,31 @@ def test_cluster_status_running_with_checkpoint_and_cost(
     assert args == ("llm", [1])
     assert status.state is RunState.RUNNING
     assert (status.cloud, status.region, status.nodes) == ("Lambda", "us-east-1", 4)
-    assert "checkpoint step 200" in status.detail
+    assert status.ckpt_uri == f"file://{bucket}/llm"
+    assert newest_checkpoint_step(status.ckpt_uri) == 200
     assert status.hourly_total and status.cost_so_far is not None and status.cost_so_far >= 0
+
+
+def test_status_command_shows_the_newest_checkpoint(
+    script: Path, fake_sky: FakeSky, tmp_path: Path
+) -> None:
+    from sky.skylet import job_lib
+
+    from mncloud.cli import app
+
+    bucket = tmp_path / "bucket"
+    _launched(script, fake_sky, spot=False, bucket=f"file://{bucket}")
+    _write_complete_step(f"file://{bucket}/llm", 100, tmp_path)
+    _write_complete_step(f"file://{bucket}/llm", 200, tmp_path)
+    fake_sky.answers["status"] = _status_records("status_cluster_up.json")
+    fake_sky.answers["job_status"] = {1: job_lib.JobStatus.RUNNING}
+
+    result = CliRunner().invoke(app, ["status", "llm", "--json"])
+
+    assert result.exit_code == 0, result.output
+    (row,) = json.loads(result.stdout)
+    assert row["ckpt_step"] == 200 and row["state"] == "RUNNING"
+    assert row["cost_so_far"] is not None
 
 
 def test_cluster_status_while_provisioning(script: Path, fake_sky: FakeSky) -> None:
@@ -345,7 +374,8 @@ def test_managed_job_status_counts_recoveries(
     assert status.state is RunState.RECOVERING and status.restarts == 2
     assert (status.cloud, status.region) == ("AWS", "us-east-1")
     assert status.started_at == pytest.approx(1763700420.5)
-    assert "no checkpoint yet" in status.detail and "2 recoveries" in status.detail
+    assert "2 recoveries" in status.detail
+    assert status.ckpt_uri and newest_checkpoint_step(status.ckpt_uri) is None
 
 
 def test_managed_job_failure_reason_is_shown(script: Path, fake_sky: FakeSky) -> None:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from pydantic import BaseModel
 
 from mncloud.catalog import mncloud_home
-from mncloud.errors import BackendError, RunNotFoundError
+from mncloud.errors import BackendError, MncloudError, RunNotFoundError
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -65,6 +65,8 @@ class RunStatus(BaseModel):
     hourly_total: float | None = None
     """USD per hour for all nodes, when known."""
     ckpt_uri: str | None = None
+    ckpt_step: int | None = None
+    """Newest complete checkpoint step in the bucket (filled by `run_status`)."""
     detail: str = ""
     """One line: the newest event or the reason of a failure."""
 
@@ -163,3 +165,27 @@ def get_backend(name: str) -> Backend:
 
 def backend_for_run(run_name: str) -> Backend:
     return get_backend(backend_name_of(run_name))
+
+
+#: How long `status` keeps trying a bucket before it reports it unreadable.
+CKPT_LOOKUP_SECONDS = 5.0
+
+
+def newest_checkpoint_step(uri: str) -> int | None:
+    """The newest complete, verified checkpoint step under `uri`, or None."""
+    from mncloud.ckptstore import CheckpointStore
+
+    good, _skipped = CheckpointStore(uri, retry_seconds=CKPT_LOOKUP_SECONDS).candidates()
+    return good[0] if good else None
+
+
+def run_status(run_name: str) -> RunStatus:
+    """A run's status from its backend, with the newest checkpoint read from its bucket."""
+    status = backend_for_run(run_name).status(run_name)
+    if status.ckpt_uri and status.ckpt_step is None:
+        try:
+            status.ckpt_step = newest_checkpoint_step(status.ckpt_uri)
+        except MncloudError as err:
+            note = f"checkpoints unreadable: {' '.join(str(err).split())[:120]}"
+            status.detail = f"{note}; {status.detail}" if status.detail else note
+    return status

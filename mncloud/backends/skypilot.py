@@ -62,8 +62,6 @@ if TYPE_CHECKING:
 META_FILE = "skypilot.json"
 AUTOSTOP_IDLE_MINUTES = 10
 """Idle minutes before an on-demand cluster tears itself down after its job ended."""
-CKPT_LOOKUP_SECONDS = 5.0
-"""How long `status` may retry reading the bucket for the newest checkpoint."""
 
 CLUSTER = "cluster"
 MANAGED_JOB = "managed-job"
@@ -265,14 +263,6 @@ def prefix_line(line: str) -> tuple[int | None, str]:
     return node, f"[node {node}] {line[match.end() :]}"
 
 
-def latest_checkpoint_step(uri: str) -> int | None:
-    """The newest complete checkpoint step in the bucket (mncloud.ckptstore), or None."""
-    from mncloud.ckptstore import CheckpointStore
-
-    good, _skipped = CheckpointStore(uri, retry_seconds=CKPT_LOOKUP_SECONDS).candidates()
-    return good[0] if good else None
-
-
 # ------------------------------------------------------------------------------ backend
 
 
@@ -389,7 +379,7 @@ class SkyPilotBackend:
         if status.state != meta.last_state:
             meta.last_state = status.state
             save_meta(meta)
-        return self._with_checkpoint(status)
+        return status
 
     def _cluster_status(self, meta: RunMeta) -> RunStatus:
         import sky
@@ -467,18 +457,6 @@ class SkyPilotBackend:
         status.restarts = recoveries
         status.started_at = record.get("start_at") or record.get("submitted_at") or meta.launched_at
         status.ended_at = record.get("end_at") or None
-        return status
-
-    def _with_checkpoint(self, status: RunStatus) -> RunStatus:
-        if not status.ckpt_uri:
-            return status
-        try:
-            step = latest_checkpoint_step(status.ckpt_uri)
-        except MncloudError as err:
-            note = f"checkpoints unreadable: {_one_line(err, 120)}"
-        else:
-            note = "no checkpoint yet" if step is None else f"checkpoint step {step}"
-        status.detail = f"{note}; {status.detail}" if status.detail else note
         return status
 
     # ------------------------------------------------------------------ logs

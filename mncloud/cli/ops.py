@@ -41,10 +41,10 @@ def status_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Show runs: state, where, nodes, restarts, newest checkpoint, cost so far."""
-    from mncloud.backends.base import backend_for_run, known_runs
+    from mncloud.backends.base import known_runs, run_status
 
     names = [name] if name else known_runs()
-    statuses = [backend_for_run(n).status(n) for n in names]
+    statuses = [run_status(n) for n in names]
     if as_json:
         print_json([_status_dict(s) for s in statuses])
         return
@@ -59,6 +59,7 @@ def status_command(
         "where",
         "nodes",
         "restarts",
+        "ckpt",
         "age",
         "cost",
         "detail",
@@ -78,6 +79,7 @@ def status_command(
             where,
             str(s.nodes),
             f"{s.restarts} ({s.preemptions} preempted)",
+            "-" if s.ckpt_step is None else str(s.ckpt_step),
             _age(started),
             cost,
             s.detail,
