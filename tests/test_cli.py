@@ -112,6 +112,21 @@ def test_render_flags_reach_the_task(script: Path) -> None:
     assert config["file_mounts"]["/mncloud-bucket"]["source"] == "gs://team-ckpt"
 
 
+def test_render_with_plan_orders_the_cheapest_offers(script: Path) -> None:
+    args = ["render", "train.py", "--gpus", "H100:8", "--nodes", "4", "--spot", "--plan"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    ordered = yaml.safe_load(result.stdout)["resources"]["ordered"]
+    assert len(ordered) >= 2
+    assert ordered[0] == {
+        "infra": "aws/us-east-1",
+        "instance_type": "p5.48xlarge",
+        "accelerators": "H100:8",
+        "use_spot": True,
+    }
+    assert all(entry["use_spot"] is True for entry in ordered)
+
+
 def test_secret_values_never_rendered(script: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HF_TOKEN", "hf_planted_secret_value")
     result = runner.invoke(app, ["render", "train.py", "--gpus", "H100:8", "--secret", "HF_TOKEN"])
@@ -200,6 +215,8 @@ RENDER_OPTIONS = {
     "-o",
     "--output",
     "--json",
+    "--plan",
+    "--hours",
 }
 
 

@@ -169,6 +169,13 @@ def render_command(
         Path | None, typer.Option("-o", "--output", help="Write the YAML to this file.")
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the task as JSON.")] = False,
+    with_plan: Annotated[
+        bool,
+        typer.Option(
+            "--plan", help="Plan first; the winner and its fallbacks become `ordered` resources."
+        ),
+    ] = False,
+    hours: Annotated[float, typer.Option("--hours", help="Hours of work, for --plan.")] = 24.0,
 ) -> None:
     """Print the SkyPilot task YAML for SCRIPT, validated by SkyPilot's own schema."""
     from mncloud import catalog as catalog_mod
@@ -177,7 +184,12 @@ def render_command(
     from mncloud.render import render
 
     spec = spec_from_options(locals())
-    task = render(spec, template=template)
+    plan = None
+    if with_plan:
+        from mncloud.plan import PlanRequest, make_plan
+
+        plan = make_plan(PlanRequest.from_spec(spec, hours=hours))
+    task = render(spec, plan=plan, template=template)
     text = task.to_json() + "\n" if as_json else task.yaml_text
     if output is not None:
         output.write_text(text)
