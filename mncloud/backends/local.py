@@ -28,6 +28,22 @@ an error in the user's code and is retried only with `--retry-on-error` (SkyPilo
             CheckpointManager.load() resumes from the newest COMPLETE step
     t=40    both nodes exit 0 → SUCCEEDED
 
+Preemption *with notice*: the supervisor also runs one cloud metadata server for the run
+(`mncloud.backends.metadata`, 127.0.0.1, a free port) and points every node at its own part of
+it (`MNCLOUD_METADATA_URL=http://127.0.0.1:PORT/node/N`, `MNCLOUD_METADATA_PROTOCOL=all`: a
+local node watches the AWS, GCP and Azure protocols at once, polled every 0.5 s) with
+`MNCLOUD_PREEMPTION_WATCH=1` (unless `--env` sets it), so a running node can be warned at any
+time. `chaos preempt demo --node 1 --notice 30s --cloud-protocol gcp` appends the request to
+chaos.jsonl; the supervisor flips node 1's GCP `instance/preempted` to TRUE, and:
+
+    t=0     node 1's watcher sees the notice; at the next step all 4 ranks agree (all-reduce)
+            and save the same step, then exit 115 (`PREEMPTED_EXIT_CODE`)
+    t=2     node 0 exits 115 first: the supervisor gives the other nodes up to 10 s to stop
+            the same way, then counts one preemption and relaunches (resume: that step)
+    t=30    the deadline: a node still running then is SIGKILLed (a notice the script ignored)
+
+Each relaunch resets the metadata (fresh VMs).
+
 `--chaos-preempt-after D` does what `chaos preempt` does to the last node, once, D after the
 first training step the script reports in `$MNCLOUD_PROGRESS_FILE` (or D + 60 s after the
 launch when it reports none), so the preemption lands mid-training however long start-up takes.

@@ -1,4 +1,5 @@
-"""What a training script imports: checkpoints, process-group set-up, a resumable sampler.
+"""What a training script imports: checkpoints, preemption notices, process-group set-up, a
+resumable sampler.
 
 Needs torch (`pip install mncloud[train]`); nothing outside `mncloud.train` imports it.
 """
@@ -18,11 +19,15 @@ from mncloud.train.dist import (
     seed_everything,
     wrap_ddp,
 )
+from mncloud.train.preempt import Notice, Preempted, PreemptionWatcher
 from mncloud.train.sampler import ResumableSampler
 
 __all__ = [
     "CheckpointManager",
     "DistInfo",
+    "Notice",
+    "Preempted",
+    "PreemptionWatcher",
     "ResumableSampler",
     "barrier",
     "cleanup",

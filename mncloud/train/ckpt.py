@@ -277,6 +277,8 @@ class CheckpointManager:
         watching for preemption, acts on a notice (then it raises `Preempted`, see the class
         docstring). Returns True when a save was started.
         """
+        if self.preempted is not None:  # stopped for a notice (exit_on_preemption=False)
+            return False
         deadline = self._step_boundary(step)
         if deadline is not None:
             self._save_for_preemption(step, state, deadline)
