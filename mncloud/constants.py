@@ -8,6 +8,8 @@ SKYPILOT_NODE_RANK = "SKYPILOT_NODE_RANK"
 SKYPILOT_NUM_NODES = "SKYPILOT_NUM_NODES"
 SKYPILOT_NUM_GPUS_PER_NODE = "SKYPILOT_NUM_GPUS_PER_NODE"
 SKYPILOT_TASK_ID = "SKYPILOT_TASK_ID"
+# JSON {"cluster_name", "cloud", "region", "zone"} of where the task landed (e.g. "cloud": "AWS").
+SKYPILOT_CLUSTER_INFO = "SKYPILOT_CLUSTER_INFO"
 
 # Environment variables mncloud sets for the training script.
 CKPT_URI_ENV = "MNCLOUD_CKPT_URI"

@@ -89,6 +89,8 @@ def test_protocols_from_env() -> None:
     m, c = constants.METADATA_PROTOCOL_ENV, constants.CLOUD_ENV
     assert protocols_from_env({c: "AWS"}) == ["aws"]
     assert protocols_from_env({c: "runpod"}) == []  # no notice there: signals only
+    info = '{"cluster_name": "x", "cloud": "Azure", "region": "eastus", "zone": null}'
+    assert protocols_from_env({constants.SKYPILOT_CLUSTER_INFO: info, c: "aws"}) == ["azure"]
     assert protocols_from_env({}) is None  # probe
     assert protocols_from_env({m: "all", c: "aws"}) == ["aws", "gcp", "azure"]
     assert protocols_from_env({m: "none"}) == []

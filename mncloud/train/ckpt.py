@@ -31,7 +31,17 @@ If an upload fails (bucket down for longer than the storage retry budget), the r
 at the agreement, the step stays uncommitted, the failure is logged, and the next interval
 saves again; training never stops for storage. If a save is still uploading when the next
 interval comes, that interval is skipped (logged) rather than stalling training; `save(...,
-wait=True)` (used on a preemption notice) waits instead.
+wait=True)` waits instead.
+
+Preemption notices (`watch_preemption`, on for spot runs; see `mncloud/train/preempt.py`): the
+step-boundary all-reduce also carries "has any rank a notice?" (one int beside the upload flag,
+so watching costs one small gloo all-reduce per step). On a notice every rank saves that same
+step at once - on a second worker thread and a third gloo group, so a periodic save still
+uploading goes on beside it - waits for the upload until the earliest rank's deadline minus
+`preemption_safety_s`, and rank 0 commits that step if every rank finished, else the periodic
+step if that finished, else nothing (the newest COMPLETE step stays the fallback). Then every
+rank writes `$MNCLOUD_PREEMPT_MARKER` and raises `Preempted` (exit code 115); unfinished uploads
+are abandoned on daemon threads, so the process never waits past its deadline.
 
 Without torch.distributed the same code runs in one process, with no collectives.
 """

@@ -14,10 +14,11 @@ A `PreemptionWatcher` runs in every training process. On the node's first proces
 one daemon thread per metadata protocol watches the service (one thread per node: the cluster
 learns from it through the agreement below); every process also takes SIGTERM and SIGUSR1 as a
 notice (torchrun forwards SIGTERM to its workers and SIGKILLs them 30 s later). The protocol
-comes from `MNCLOUD_METADATA_PROTOCOL`, else from the cloud the task landed on
-(`MNCLOUD_CLOUD`), else it is probed with short timeouts (in the thread, never on the training
-path); `MNCLOUD_METADATA_URL` points it at another service (tests, the local backend). A second
-SIGTERM restores the default action and stops the process at once.
+comes from `MNCLOUD_METADATA_PROTOCOL`, else from the cloud the task landed on (SkyPilot's
+`SKYPILOT_CLUSTER_INFO`, else `MNCLOUD_CLOUD`), else it is probed with short timeouts (in the
+thread, never on the training path); `MNCLOUD_METADATA_URL` points it at another service
+(tests, the local backend). A second SIGTERM restores the default action and stops the process
+at once.
 
 The watcher only raises a flag; `CheckpointManager` turns it into one coordinated save (see
 `mncloud/train/ckpt.py`). Sequence, 2 nodes × 2 ranks on GCP, step time 0.5 s, interval 100:
@@ -301,7 +302,10 @@ def protocols_from_env(env: dict[str, str] | None = None) -> list[str] | None:
                 f"{', '.join(DETECTORS)}, all or none"
             )
         return names
-    cloud = env.get(constants.CLOUD_ENV, "").strip().lower()
+    cloud = ""
+    with contextlib.suppress(ValueError, AttributeError):  # where SkyPilot put the task
+        cloud = str(json.loads(env.get(constants.SKYPILOT_CLUSTER_INFO) or "{}").get("cloud") or "")
+    cloud = (cloud or env.get(constants.CLOUD_ENV, "")).strip().lower()
     if cloud:
         return [cloud] if cloud in DETECTORS else []  # RunPod & co. send no notice
     return None
@@ -343,7 +347,8 @@ class PreemptionWatcher:
 
     @classmethod
     def from_env(cls, *, poll: bool | None = None) -> PreemptionWatcher:
-        """Configured by the `MNCLOUD_METADATA_*` / `MNCLOUD_CLOUD` variables; polls on the
+        """Configured by the `MNCLOUD_METADATA_*`, `SKYPILOT_CLUSTER_INFO` and `MNCLOUD_CLOUD`
+        variables; polls on the
         node's first process (LOCAL_RANK 0) unless `poll` says otherwise."""
         env = os.environ
         if poll is None:
