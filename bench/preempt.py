@@ -65,7 +65,6 @@ def run(
             str(preemptions + 2), "--", "--steps", str(STEPS), "--ckpt-interval",
             str(INTERVAL), "--log-every", "1000")  # fmt: skip
     folder = run_dir(name)
-    at_steps = []
     for attempt in range(1, preemptions + 1):
         wait(lambda a=attempt: load_state(folder).attempt >= a, 300, f"attempt {attempt}")
         launched = [e.t for e in load_state(folder).events if e.kind == "launch"][-1]
@@ -76,7 +75,6 @@ def run(
 
         offset = rng.randrange(10, 90)
         wait(lambda o=offset: len(steps()) >= o, 300, f"{offset} steps in attempt {attempt}")
-        at_steps.append(max(steps()))
         node = str(rng.randrange(2))
         extra = ["--notice", notice, "--cloud-protocol", protocol] if notice else []
         mncloud("chaos", "preempt", name, "--node", node, *extra)
@@ -84,6 +82,13 @@ def run(
              300, "the relaunch")  # fmt: skip
     state = wait(lambda: (s := load_state(folder)).state.is_final and s, 900, f"{name} to end")
     fig = recovery_figures(folder)
+    progress = [
+        r for r in read_jsonl(folder / "progress.jsonl") if "step" in r and "event" not in r
+    ]
+    chaos = [e.t for e in state.events if e.kind == ("chaos-notice" if notice else "chaos-preempt")]
+    # The step rank 0 had finished when the notice (or the kill) landed.
+    at_steps = [max((r["step"] for r in progress if r["t"] <= t), default=0) for t in chaos]
+    stopped = [e.t for e in state.events if e.kind == "preempted"]
     return {
         "state": state.state.value,
         "at_steps": at_steps,
@@ -91,6 +96,7 @@ def run(
         "resumed_from": fig.resumed_from[1:],
         "killed": sum(e.kind == "chaos-preempt" for e in state.events),
         "resume_s": fig.resume_s,
+        "notice_to_stop_s": [round(b - a, 2) for a, b in zip(chaos, stopped, strict=False)],
         "wall_s": round(fig.wall_s or 0.0, 1),
         "weights": (read_final(state.ckpt_uri) or {}).get("weights_sha256"),
     }
@@ -128,13 +134,13 @@ def main() -> None:
         f"2 nodes × 2 ranks, checkpoint every {INTERVAL} steps, {args.preemptions} "
         f"preemptions per run at random steps; notice {args.notice} ({args.protocol})"
     )
-    print(
-        f"{'':16} {'preempted at':>18} {'steps lost':>14} {'mean':>6} {'killed':>7} {'wall s':>7}"
-    )
+    print(f"{'':16} {'at step':>18} {'steps lost':>14} {'mean':>6} {'killed':>7} {'wall s':>7}")
     for label, r in (("without notice", without), ("with notice", with_notice)):
         mean = sum(r["lost"]) / max(len(r["lost"]), 1)
         print(f"{label:16} {r['at_steps']!s:>18} {r['lost']!s:>14} {mean:>6.1f} "
               f"{r['killed']:>7} {r['wall_s']:>7}")  # fmt: skip
+    print(f"with notice, from the notice to all nodes stopped (saved, exit 115): "
+          f"{with_notice['notice_to_stop_s']} s")  # fmt: skip
     print(f"final weights equal: {result['final_weights_equal']}; goals: with notice 0 lost: "
           f"{result['goal_with_notice_0_lost']}, without ≤ one interval: "
           f"{result['goal_without_le_interval']}")  # fmt: skip
