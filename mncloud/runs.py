@@ -68,6 +68,7 @@ from pydantic import BaseModel, Field
 
 from mncloud import __version__, constants
 from mncloud.errors import MncloudError, RunNotFoundError
+from mncloud.storage import write_atomic
 
 if TYPE_CHECKING:
     from mncloud.render import RenderedTask
@@ -500,16 +501,6 @@ def record_dir(run_id: str) -> Path:
     return records_root() / run_id
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
 def _serialize(record: RunRecord) -> bytes:
     data = spec_redactor(record.spec).scrub_obj(record.model_dump(mode="json"))
     return (json.dumps(data, indent=2) + "\n").encode()
@@ -534,9 +525,9 @@ def save_record(record: RunRecord, *, diff: bytes | None = None) -> None:
     """Write the record (and `diff`) locally, atomically, then to the bucket (best effort)."""
     folder = record_dir(record.run_id)
     payload = _serialize(record)
-    _atomic_write(folder / RECORD_FILE, payload)
+    write_atomic(folder / RECORD_FILE, payload)
     if diff:
-        _atomic_write(folder / DIFF_FILE, diff)
+        write_atomic(folder / DIFF_FILE, diff)
     if record.bucket_uri:
         _push(record.bucket_uri, payload, diff)
 

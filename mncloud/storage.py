@@ -246,12 +246,28 @@ def _chain(err: BaseException) -> Iterator[BaseException]:
         cur = cur.__cause__ or cur.__context__
 
 
-def _atomic_target(path: str | os.PathLike[str]) -> tuple[Path, Path]:
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """A temporary file beside `path`, renamed onto it when the block succeeds.
+
+    A reader never sees half a file; on failure the temporary file is removed.
+    """
     dest = Path(path)
     dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".part", dir=dest.parent)
+    fd, name = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".part", dir=dest.parent)
     os.close(fd)
-    return dest, Path(tmp)
+    tmp = Path(name)
+    try:
+        yield tmp
+        os.replace(tmp, dest)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_atomic(path: str | os.PathLike[str], data: bytes | str) -> None:
+    """Write a whole file so that readers see the old or the new content, never a mix."""
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data.encode() if isinstance(data, str) else data)
 
 
 # --------------------------------------------------------------------------- S3
@@ -388,12 +404,8 @@ class S3Bucket:
         client = self.client
 
         def op() -> None:
-            dest, tmp = _atomic_target(path)
-            try:
+            with atomic_path(path) as tmp:
                 client.download_file(self.name, key, str(tmp), Config=self._transfer)
-                os.replace(tmp, dest)
-            finally:
-                tmp.unlink(missing_ok=True)
 
         self._call("download of", op, key)
 
@@ -540,12 +552,8 @@ class GCSBucket:
         bucket = self.bucket
 
         def op() -> None:
-            dest, tmp = _atomic_target(path)
-            try:
+            with atomic_path(path) as tmp:
                 bucket.blob(key).download_to_filename(str(tmp))
-                os.replace(tmp, dest)
-            finally:
-                tmp.unlink(missing_ok=True)
 
         self._call("download of", op, key)
 
@@ -641,12 +649,8 @@ class LocalBucket:
         )
 
     def _copy_in(self, key: str, write: Callable[[Path], None]) -> None:
-        dest, tmp = _atomic_target(self._path(key))
-        try:
+        with atomic_path(self._path(key)) as tmp:
             write(tmp)
-            os.replace(tmp, dest)
-        finally:
-            tmp.unlink(missing_ok=True)
 
     def put_file(self, key: str, path: str | os.PathLike[str]) -> None:
         """Copy a file in."""
@@ -660,12 +664,8 @@ class LocalBucket:
 
         def op() -> None:
             src = self._path(key)
-            dest, tmp = _atomic_target(path)
-            try:
+            with atomic_path(path) as tmp:
                 shutil.copyfile(src, tmp)
-                os.replace(tmp, dest)
-            finally:
-                tmp.unlink(missing_ok=True)
 
         self._call("download of", op, key)
 

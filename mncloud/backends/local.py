@@ -89,6 +89,7 @@ from pydantic import BaseModel, Field
 from mncloud import constants
 from mncloud.backends.base import BACKEND_FILE, LaunchRequest, RunState, RunStatus, run_dir
 from mncloud.errors import BackendError, RunNotFoundError
+from mncloud.storage import write_atomic
 
 LAUNCH_FILE = "launch.json"
 STATE_FILE = "state.json"
@@ -188,12 +189,6 @@ class LocalState(BaseModel):
     events: list[Event] = Field(default_factory=list)
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def load_launch(folder: Path) -> LocalLaunch:
     return LocalLaunch.model_validate_json((folder / LAUNCH_FILE).read_text())
 
@@ -207,7 +202,7 @@ def load_state(folder: Path) -> LocalState:
 
 
 def save_state(folder: Path, state: LocalState) -> None:
-    _write_atomic(folder / STATE_FILE, state.model_dump_json(indent=2))
+    write_atomic(folder / STATE_FILE, state.model_dump_json(indent=2))
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -1012,7 +1007,7 @@ def prepare_run(folder: Path, launch: LocalLaunch, task_yaml: str) -> None:
     (folder / "run.sh").write_text(launch.run)
     if launch.setup:
         (folder / "setup.sh").write_text(launch.setup)
-    _write_atomic(folder / LAUNCH_FILE, launch.model_dump_json(indent=2))
+    write_atomic(folder / LAUNCH_FILE, launch.model_dump_json(indent=2))
     state = LocalState(
         name=launch.name,
         token=launch.token,
