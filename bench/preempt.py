@@ -21,37 +21,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
-import subprocess
-import sys
-import tempfile
-import time
-from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-EXAMPLE = REPO / "examples" / "train_ddp.py"
+from _local import EXAMPLE, fresh_home, mncloud, wait
+
 STEPS, INTERVAL = 600, 50
-
-
-def mncloud(*args: str) -> str:
-    exe = Path(sys.executable).parent / "mncloud"
-    cmd = (
-        [str(exe)]
-        if exe.exists()
-        else [sys.executable, "-c", "from mncloud.cli import main; main()"]
-    )
-    return subprocess.run([*cmd, *args], check=True, capture_output=True, text=True).stdout
-
-
-def wait(check: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := check():
-            return value
-        time.sleep(0.05)
-    raise SystemExit(f"bench/preempt: timed out waiting for {what}")
 
 
 def run(
@@ -110,10 +85,7 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
-    os.environ["MNCLOUD_HOME"] = tempfile.mkdtemp(prefix="mncloud-bench-")
-    shared = REPO.parent / "shared" / "catalogs"
-    if shared.is_dir():
-        os.environ.setdefault("MNCLOUD_CATALOG_DIR", str(shared))
+    fresh_home()
     rng = random.Random(args.seed)
     without = run("kill", args.preemptions, None, args.protocol, rng)
     with_notice = run("notice", args.preemptions, args.notice, args.protocol, rng)

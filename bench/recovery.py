@@ -22,27 +22,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
-import sys
-import tempfile
-import time
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-EXAMPLE = REPO / "examples" / "train_ddp.py"
+from _local import EXAMPLE, fresh_home, mncloud, wait
+
 STEPS, INTERVAL = 1000, 50
-
-
-def mncloud(*args: str) -> str:
-    exe = Path(sys.executable).parent / "mncloud"
-    cmd = (
-        [str(exe)]
-        if exe.exists()
-        else [sys.executable, "-c", "from mncloud.cli import main; main()"]
-    )
-    out = subprocess.run([*cmd, *args], check=True, capture_output=True, text=True)
-    return out.stdout
 
 
 def launch(name: str, delay: str) -> None:
@@ -51,26 +34,13 @@ def launch(name: str, delay: str) -> None:
             "--", "--steps", str(STEPS), "--ckpt-interval", str(INTERVAL))  # fmt: skip
 
 
-def wait(check, timeout: float, what: str):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := check():
-            return value
-        time.sleep(0.05)
-    raise SystemExit(f"bench/recovery: timed out waiting for {what}")
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description="Recovery time and lost steps of a local run.")
     p.add_argument("--preemptions", type=int, default=3)
     p.add_argument("--recovery-delay", default="2s")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
-    home = Path(tempfile.mkdtemp(prefix="mncloud-bench-"))
-    os.environ["MNCLOUD_HOME"] = str(home)
-    shared = REPO.parent / "shared" / "catalogs"
-    if shared.is_dir():
-        os.environ.setdefault("MNCLOUD_CATALOG_DIR", str(shared))
+    fresh_home()
 
     from mncloud.backends.base import run_dir
     from mncloud.backends.local import (
