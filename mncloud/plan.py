@@ -29,14 +29,35 @@ The first-order form holds while the losses are small; once Λ·(R + τ/2) reach
 On-demand uses the same formulae with a small hardware-fault hazard, so its checkpoints cost
 something too. Independent node hazards make N·λ pessimistic when a cloud reclaims several of
 your nodes at once (one event, not N).
+
+Learning the hazard (`--learn`, `learn_hazards`)
+-----------------------------------------------
+The spot priors below are guesses; your own run records count preemptions per spot node-hour
+by cloud (`runs.observed_spot_hazard`). Little data must not swing the plan, so the observed
+rate is blended with the prior as if the prior had been seen for `LEARN_PRIOR_NODE_HOURS`
+node-hours (the posterior mean of a Poisson rate under a gamma prior):
+
+    λ = (preemptions + λ_prior · H₀) / (node_hours + H₀)
+
+e.g. with λ_prior = 0.05/h and H₀ = 50: 1 preemption in 4 node-hours gives 0.065 (not 0.25);
+30 in 200 node-hours gives 0.13; the observation's weight is node_hours / (node_hours + H₀).
+An explicit `--preemption-rate` still wins for every cloud.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from mncloud.catalog import Exclusion, Offer
 from mncloud.errors import CatalogError, SpecError
@@ -79,6 +100,8 @@ MAX_LOSS_FRACTION = 0.5
 #: (choice included) may come from one cloud before other clouds get a turn.
 MAX_FALLBACKS = 4
 _PER_CLOUD = 2
+#: H₀: how many node-hours of observation the prior is worth when `--learn` blends them.
+LEARN_PRIOR_NODE_HOURS = 50.0
 
 
 # --- the cost model: pure functions, times in hours -------------------------------------------
@@ -87,6 +110,65 @@ _PER_CLOUD = 2
 def spot_hazard(cloud: str) -> float:
     """Default spot preemption hazard per node per hour for a SkyPilot cloud name."""
     return SPOT_HAZARD_PER_HOUR.get(cloud.lower(), DEFAULT_SPOT_HAZARD_PER_HOUR)
+
+
+def blend_hazard(
+    prior: float,
+    preemptions: int,
+    node_hours: float,
+    prior_node_hours: float = LEARN_PRIOR_NODE_HOURS,
+) -> float:
+    """Observed preemptions blended with the prior: (n + λ₀·H₀) / (h + H₀) (module docstring)."""
+    if node_hours <= 0 and prior_node_hours <= 0:
+        return prior
+    return (preemptions + prior * prior_node_hours) / (node_hours + prior_node_hours)
+
+
+class LearnedHazard(BaseModel):
+    """One cloud's spot hazard learned from run records (`--learn`)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    cloud: str
+    prior: float
+    """The planning prior, `spot_hazard(cloud)`."""
+    preemptions: int
+    node_hours: float
+    """Observed spot node-hours."""
+    observed: float
+    """preemptions / node_hours."""
+    weight: float
+    """Weight of the observation: node_hours / (node_hours + H₀)."""
+    hazard: float
+    """The blend the planner uses, per node per hour."""
+
+
+def learn_hazards(
+    observed: Mapping[str, tuple[float, int, float]],
+    prior_node_hours: float = LEARN_PRIOR_NODE_HOURS,
+) -> list[LearnedHazard]:
+    """Blend `runs.observed_spot_hazard()` (`cloud → (hazard, count, node_hours)`) with the priors.
+
+    This machine's simulated nodes (`local`) teach nothing about a cloud and are skipped.
+    """
+    learned = []
+    for name, (_rate, count, hours) in sorted(observed.items()):
+        cloud = name.lower()
+        if cloud == LOCAL_CLOUD or hours <= 0:
+            continue
+        prior = spot_hazard(cloud)
+        learned.append(
+            LearnedHazard(
+                cloud=cloud,
+                prior=prior,
+                preemptions=int(count),
+                node_hours=hours,
+                observed=count / hours,
+                weight=hours / (hours + prior_node_hours),
+                hazard=blend_hazard(prior, int(count), hours, prior_node_hours),
+            )
+        )
+    return learned
 
 
 def interval_bounds(ckpt_hours: float) -> tuple[float, float]:
@@ -175,7 +257,11 @@ class PlanRequest(BaseModel):
     max_cost: float | None = Field(None, gt=0)
     """Budget: the most the whole job may be expected to cost, USD."""
     preemption_rate: float | None = Field(None, ge=0)
-    """Spot hazard per node per hour for every cloud; None: `spot_hazard(cloud)`."""
+    """Spot hazard per node per hour for every cloud; None: `hazards`, else `spot_hazard(cloud)`."""
+    hazards: dict[str, float] = Field(default_factory=dict)
+    """Spot hazard per node per hour by cloud, overriding the priors (filled from `learned`)."""
+    learned: list[LearnedHazard] = Field(default_factory=list)
+    """How `hazards` were learned from run records (`--learn`), for --verbose and the record."""
     recovery_minutes: float = Field(DEFAULT_RECOVERY_MINUTES, ge=0)
     """R: minutes from a preemption to training again, work lost since the checkpoint aside."""
     ckpt_seconds: float = Field(DEFAULT_CKPT_SECONDS, ge=0)
@@ -187,6 +273,25 @@ class PlanRequest(BaseModel):
         if value.is_cpu:
             raise ValueError("--gpus cpu:N runs on this machine (--cloud local); nothing to plan")
         return value
+
+    @field_validator("hazards")
+    @classmethod
+    def _hazards(cls, values: dict[str, float]) -> dict[str, float]:
+        if any(v < 0 for v in values.values()):
+            raise ValueError("a spot hazard cannot be negative")
+        return {k.lower(): v for k, v in values.items()}
+
+    @model_validator(mode="after")
+    def _learned_hazards(self) -> PlanRequest:
+        for item in self.learned:  # an explicit `hazards` entry wins over a learned one
+            self.hazards.setdefault(item.cloud, item.hazard)
+        return self
+
+    def spot_hazard(self, cloud: str) -> float:
+        """The spot hazard the plan assumes on `cloud`: --preemption-rate, learned, or prior."""
+        if self.preemption_rate is not None:
+            return self.preemption_rate
+        return self.hazards.get(cloud.lower(), spot_hazard(cloud))
 
     @field_validator("clouds")
     @classmethod
@@ -353,14 +458,7 @@ def make_plan(request: PlanRequest, *, max_fallbacks: int = MAX_FALLBACKS) -> Pl
 
 
 def _candidate(offer: Offer, request: PlanRequest) -> tuple[Candidate, bool]:
-    if offer.spot:
-        hazard = (
-            request.preemption_rate
-            if request.preemption_rate is not None
-            else spot_hazard(offer.cloud)
-        )
-    else:
-        hazard = ON_DEMAND_HAZARD_PER_HOUR
+    hazard = request.spot_hazard(offer.cloud) if offer.spot else ON_DEMAND_HAZARD_PER_HOUR
     hourly_total = offer.hourly_price * request.nodes
     est = estimate(
         hourly_total,

@@ -13,8 +13,10 @@ import typer
 from rich.console import Console
 from typer.testing import CliRunner
 
+from mncloud import runs
 from mncloud.cli import plan as plan_cli
 from mncloud.constants import CATALOG_DIR_ENV as CATALOG_ENV
+from mncloud.spec import build_spec
 
 runner = CliRunner()
 
@@ -111,6 +113,97 @@ def test_model_options_reach_the_plan() -> None:
     assert (custom["request"]["recovery_minutes"], custom["request"]["ckpt_seconds"]) == (20, 120)
     assert custom["choice"]["preemption_rate"] == 0.1
     assert custom["choice"]["expected_cost"] > default["choice"]["expected_cost"]
+
+
+def _history(tmp_path: Path, name: str, cloud: str, spot: bool, preemptions: int) -> None:
+    """A finished 4-node run on `cloud`, preempted every half hour, in this test's records."""
+    (tmp_path / "pyproject.toml").write_text("")
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    gpus = "cpu:2" if cloud == "local" else "H100:8"
+    spec = build_spec(tmp_path / "train.py", gpus=gpus, nodes=4, cloud=[cloud], name=name)
+    runs.create_record(spec, "a: 1\n", backend="local" if cloud == "local" else "skypilot")
+    t = 1_000_000.0
+    runs.append_event(name, "launch", cloud=cloud, spot=spot, hourly_price=40.0, at=t)
+    for _ in range(preemptions):
+        t += 1800
+        runs.append_event(name, "preemption", node=1, at=t)
+        runs.append_event(name, "recovery", at=t)
+    runs.append_event(name, "finish", at=t + 1800)
+
+
+@pytest.mark.catalog
+def test_learn_feeds_observed_preemptions_into_the_plan(tmp_path: Path) -> None:
+    # aws: 20 preemptions in 21 half-hour segments × 4 nodes = 42 spot node-hours.
+    _history(tmp_path, "bad-aws", "aws", True, 20)
+    _history(tmp_path, "sim", "local", True, 30)  # this machine's nodes: must not count
+    _history(tmp_path, "od-gcp", "gcp", False, 5)  # on-demand: not spot history
+    args = ("--gpus", "H100:8", "--nodes", "4", "--hours", "24", "--spot", "--json")
+    _, prior_out, _ = _run(*args)
+    code, learned_out, err = _run(*args, "--learn")
+    assert code == 0, err
+    prior, learned = json.loads(prior_out), json.loads(learned_out)
+    hazard = (20 + 0.05 * 50) / (42 + 50)  # blended with H₀ = 50 node-hours of the prior
+    assert prior["request"]["hazards"] == {} and prior["request"]["learned"] == []
+    assert learned["request"]["hazards"] == {"aws": pytest.approx(hazard)}
+    (item,) = learned["request"]["learned"]
+    assert (item["cloud"], item["preemptions"], item["node_hours"]) == ("aws", 20, 42.0)
+    assert item["weight"] == pytest.approx(42 / 92)
+    # aws still wins, but its spot offers now price in four times the preemptions…
+    assert prior["choice"]["cloud"] == learned["choice"]["cloud"] == "aws"
+    assert learned["choice"]["preemption_rate"] == pytest.approx(hazard)
+    assert learned["choice"]["expected_cost"] > 1.1 * prior["choice"]["expected_cost"]
+    gcp = [c for c in learned["candidates"] if c["cloud"] == "gcp"]
+    assert gcp and all(c["preemption_rate"] == 0.05 for c in gcp)
+    # …and once a preemption costs 30 minutes, aws is left out and gcp wins.
+    slow = ("--recovery-minutes", "30")
+    assert json.loads(_run(*args, *slow)[1])["choice"]["cloud"] == "aws"
+    code, out, err = _run(*args, *slow, "--learn")
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["choice"]["cloud"] == "gcp"
+    assert {c["cloud"] for c in data["candidates"]} == {"gcp"}
+    assert any(e["cloud"] == "aws" and "recovering" in e["reason"] for e in data["excluded"])
+    # An explicit --preemption-rate still wins for every cloud.
+    pinned = json.loads(_run(*args, "--learn", "--preemption-rate", "0.05")[1])
+    assert pinned["choice"]["expected_cost"] == pytest.approx(prior["choice"]["expected_cost"])
+    # --verbose says what was learned.
+    code, out, _ = _run("--gpus", "H100:8", "--nodes", "4", "--spot", "--learn", "--verbose")
+    assert code == 0
+    assert "aws 0.245 (learned)" in out
+    assert "learned aws: 20 preemptions in 42.0 spot node-h (0.476/node-h)" in out
+    assert "46% weight → 0.245/node-h" in out
+
+
+def test_up_learn_reaches_the_plan_request(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from typing import get_type_hints
+
+    from mncloud.cli import app
+    from mncloud.cli import render as opts
+    from mncloud.cli import up as up_cli
+
+    for command in (plan_cli.plan_command, up_cli.up_command):  # one alias, no drift
+        assert get_type_hints(command, include_extras=True)["learn"] == opts.Learn
+    _history(tmp_path, "bad-aws", "aws", True, 20)
+    seen = []
+
+    def stop(request: object, *_args: object, **_kwargs: object) -> None:
+        seen.append(request)
+        raise typer.Exit(code=3)
+
+    monkeypatch.setattr(up_cli, "_plan_and_confirm", stop)
+    script = str(tmp_path / "train.py")
+    for extra in ((), ("--learn",)):
+        result = runner.invoke(app, ["up", script, "--gpus", "H100:8", "--spot", *extra])
+        assert result.exit_code == 3, result.output
+    assert seen[0].hazards == {} and not seen[0].learned
+    assert seen[1].hazards == {"aws": pytest.approx(22.5 / 92)}
+
+
+@pytest.mark.catalog
+def test_learn_without_history_says_so() -> None:
+    code, out, _ = _run("--gpus", "H100:8", "--learn", "--top", "1")
+    assert code == 0
+    assert "no spot node-hours in this machine's run records yet" in out
 
 
 @pytest.mark.catalog

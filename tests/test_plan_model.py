@@ -122,3 +122,60 @@ def test_expected_preemptions_are_hazard_times_hours(
     assert est.preemptions == pytest.approx(n * hazard * est.hours)
     assert est.hours >= 10.0
     assert est.cost == pytest.approx(3.0 * est.hours)
+
+
+# --- --learn: observed preemptions blended with the priors -------------------------------------
+
+
+def test_blend_by_hand() -> None:
+    # (n + λ₀·H₀) / (h + H₀) with λ₀ = 0.05, H₀ = 50: the docstring's examples.
+    assert plan.LEARN_PRIOR_NODE_HOURS == 50.0
+    assert plan.blend_hazard(0.05, 1, 4.0) == pytest.approx(3.5 / 54)
+    assert plan.blend_hazard(0.05, 30, 200.0) == pytest.approx(0.13)
+    assert plan.blend_hazard(0.05, 0, 0.0) == 0.05  # no data: the prior
+    assert plan.blend_hazard(0.05, 3, 10.0, prior_node_hours=0) == pytest.approx(0.3)
+
+
+@given(
+    st.floats(min_value=0.0, max_value=1.0),
+    st.integers(min_value=0, max_value=1000),
+    st.floats(min_value=0.01, max_value=1e5),
+)
+def test_blend_lies_between_prior_and_observation(prior: float, n: int, hours: float) -> None:
+    blended = plan.blend_hazard(prior, n, hours)
+    low, high = sorted((prior, n / hours))
+    assert low - 1e-12 <= blended <= high + 1e-12
+    # More of the same observation pulls the blend towards it.
+    more = plan.blend_hazard(prior, 10 * n, 10 * hours)
+    assert abs(more - n / hours) <= abs(blended - n / hours) + 1e-12
+
+
+def test_learn_hazards_weights_and_skips_local() -> None:
+    observed = {
+        "AWS": (0.5, 20, 40.0),
+        "local": (1.0, 10, 10.0),  # simulated nodes on this machine teach nothing
+        "runpod": (0.0, 0, 150.0),
+    }
+    learned = {h.cloud: h for h in plan.learn_hazards(observed)}
+    assert set(learned) == {"aws", "runpod"}
+    aws = learned["aws"]
+    assert (aws.prior, aws.preemptions, aws.node_hours, aws.observed) == (0.05, 20, 40.0, 0.5)
+    assert aws.weight == pytest.approx(40 / 90)
+    assert aws.hazard == pytest.approx(22.5 / 90)
+    runpod = learned["runpod"]  # 150 quiet node-hours: the 0.1 prior drops to a quarter
+    assert runpod.hazard == pytest.approx(0.1 * 50 / 200)
+
+
+def test_request_hazard_precedence() -> None:
+    learned = plan.learn_hazards({"aws": (0.5, 20, 40.0)})
+    gpus = plan.Accelerator.parse("H100:8")
+    request = plan.PlanRequest.build(accelerator=gpus, learned=learned)
+    assert request.hazards == {"aws": pytest.approx(0.25)}
+    assert request.spot_hazard("AWS") == pytest.approx(0.25)
+    assert request.spot_hazard("gcp") == plan.spot_hazard("gcp")
+    explicit = plan.PlanRequest.build(accelerator=gpus, learned=learned, hazards={"aws": 0.2})
+    assert explicit.spot_hazard("aws") == 0.2  # an explicit per-cloud hazard beats a learned one
+    everywhere = plan.PlanRequest.build(accelerator=gpus, learned=learned, preemption_rate=0.01)
+    assert everywhere.spot_hazard("aws") == everywhere.spot_hazard("gcp") == 0.01
+    with pytest.raises(plan.SpecError, match="negative"):
+        plan.PlanRequest.build(accelerator=gpus, hazards={"aws": -1.0})

@@ -11,7 +11,7 @@ from mncloud.cli import render as opts
 from mncloud.cli._common import console, handle_errors, print_json
 
 if TYPE_CHECKING:
-    from mncloud.plan import Plan
+    from mncloud.plan import LearnedHazard, Plan
 
 
 def register(app: typer.Typer) -> None:
@@ -38,6 +38,7 @@ def plan_command(
     max_hourly: opts.MaxHourly = None,
     max_cost: opts.MaxCost = None,
     preemption_rate: opts.PreemptionRate = None,
+    learn: opts.Learn = False,
     recovery_minutes: opts.RecoveryMinutes = None,
     ckpt_seconds: opts.CkptSeconds = None,
     top: Annotated[
@@ -68,6 +69,7 @@ def plan_command(
         max_hourly=max_hourly,
         max_cost=max_cost,
         preemption_rate=preemption_rate,
+        learned=learned_hazards() if learn else [],
         **{
             k: v
             for k, v in {"recovery_minutes": recovery_minutes, "ckpt_seconds": ckpt_seconds}.items()
@@ -79,6 +81,19 @@ def plan_command(
         print_json(plan.to_json(top=top))
     else:
         show_plan(plan, top=top, verbose=verbose)
+        if learn and not request.learned:
+            console.print(NOTHING_LEARNED, style="dim", highlight=False)
+
+
+NOTHING_LEARNED = "--learn: no spot node-hours in this machine's run records yet; priors used"
+
+
+def learned_hazards() -> list[LearnedHazard]:
+    """Spot hazards learned from this machine's run records, blended with the priors."""
+    from mncloud import runs
+    from mncloud.plan import learn_hazards
+
+    return learn_hazards(runs.observed_spot_hazard())
 
 
 def show_plan(plan: Plan, *, top: int | None = None, verbose: bool = False) -> None:
@@ -121,12 +136,17 @@ def _show_details(plan: Plan) -> None:
     from mncloud import plan as plan_mod
 
     request = plan.request
-    hazards = (
-        f"{request.preemption_rate:g}/node-h on every cloud"
-        if request.preemption_rate is not None
-        else ", ".join(f"{k} {v:g}" for k, v in plan_mod.SPOT_HAZARD_PER_HOUR.items())
-        + f", others {plan_mod.DEFAULT_SPOT_HAZARD_PER_HOUR:g} /node-h"
-    )
+    if request.preemption_rate is not None:
+        hazards = f"{request.preemption_rate:g}/node-h on every cloud"
+    else:
+        per_cloud = plan_mod.SPOT_HAZARD_PER_HOUR | request.hazards
+        hazards = (
+            ", ".join(
+                f"{k} {v:.3g}" + (" (learned)" if k in request.hazards else "")
+                for k, v in per_cloud.items()
+            )
+            + f", others {plan_mod.DEFAULT_SPOT_HAZARD_PER_HOUR:g} /node-h"
+        )
     console.print(
         f"model: spot preemptions {hazards}; on-demand faults "
         f"{plan_mod.ON_DEMAND_HAZARD_PER_HOUR:g}/node-h; "
@@ -134,10 +154,24 @@ def _show_details(plan: Plan) -> None:
         highlight=False,
         style="dim",
     )
+    show_learned(plan)
     fallbacks = ", ".join(f"{c.cloud}/{c.region}" for c in plan.fallbacks) or "none"
     console.print(f"fallbacks, in order: {fallbacks}", highlight=False)
     for e in plan.excluded:
         console.print(f"excluded {e.cloud}: {e.reason}", highlight=False)
+
+
+def show_learned(plan: Plan) -> None:
+    """One line per cloud whose spot hazard `--learn` took from the run records."""
+    request = plan.request
+    for item in request.learned:
+        console.print(
+            f"learned {item.cloud}: {item.preemptions} preemptions in {item.node_hours:,.1f} spot "
+            f"node-h ({item.observed:.3g}/node-h), blended with the prior {item.prior:g} at "
+            f"{item.weight:.0%} weight → {item.hazard:.3g}/node-h"
+            + (", overridden by --preemption-rate" if request.preemption_rate is not None else ""),
+            highlight=False,
+        )
 
 
 def _duration(seconds: float) -> str:

@@ -91,6 +91,13 @@ PreemptionRate = Annotated[
         help="Spot preemptions per node-hour for every cloud (default: per-cloud priors).",
     ),
 ]
+Learn = Annotated[
+    bool,
+    typer.Option(
+        "--learn",
+        help="Blend the spot preemptions seen in this machine's run records into the priors.",
+    ),
+]
 RecoveryMinutes = Annotated[
     float | None,
     typer.Option("--recovery-minutes", help="Minutes from a preemption to training again (10)."),

@@ -68,6 +68,7 @@ def up_command(
     ] = 24.0,
     max_cost: opts.MaxCost = None,
     preemption_rate: opts.PreemptionRate = None,
+    learn: opts.Learn = False,
     recovery_minutes: opts.RecoveryMinutes = None,
     ckpt_seconds: opts.CkptSeconds = None,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask before launching.")] = False,
@@ -122,6 +123,7 @@ def up_command(
     else:
         if "local" in spec.clouds:
             raise SpecError("--cloud local runs on this machine alone; do not mix it with clouds")
+        from mncloud.cli.plan import learned_hazards
         from mncloud.plan import PlanRequest
 
         request = PlanRequest.from_spec(
@@ -129,6 +131,7 @@ def up_command(
             hours=hours,
             max_cost=max_cost,
             preemption_rate=preemption_rate,
+            learned=learned_hazards() if learn else None,
             recovery_minutes=recovery_minutes,
             ckpt_seconds=ckpt_seconds,
         )
@@ -170,12 +173,13 @@ def up_command(
 
 def _plan_and_confirm(request: PlanRequest, name: str, *, yes: bool, as_json: bool) -> Plan:
     """Plan the job, show the table, and ask before anything costs money."""
-    from mncloud.cli.plan import show_plan
+    from mncloud.cli.plan import show_learned, show_plan
     from mncloud.plan import make_plan
 
     plan = make_plan(request)
     if not as_json:
         show_plan(plan, top=5)
+        show_learned(plan)
     if not yes and not typer.confirm(
         f"Launch {name} for an expected ${plan.choice.expected_cost:,.2f}?", default=False
     ):
