@@ -1,5 +1,5 @@
 """What a training script imports: checkpoints, preemption notices, process-group set-up, a
-resumable sampler.
+resumable sampler, step-time reports for the straggler view.
 
 Needs torch (`pip install mncloud[train]`); nothing outside `mncloud.train` imports it.
 """
@@ -21,6 +21,7 @@ from mncloud.train.dist import (
 )
 from mncloud.train.preempt import Notice, Preempted, PreemptionWatcher
 from mncloud.train.sampler import ResumableSampler
+from mncloud.train.steptime import StepTimer, report
 
 __all__ = [
     "CheckpointManager",
@@ -29,6 +30,7 @@ __all__ = [
     "Preempted",
     "PreemptionWatcher",
     "ResumableSampler",
+    "StepTimer",
     "barrier",
     "cleanup",
     "get_rank",
@@ -36,6 +38,7 @@ __all__ = [
     "info",
     "init_distributed",
     "is_main",
+    "report",
     "rng_state",
     "seed_everything",
     "set_rng_state",

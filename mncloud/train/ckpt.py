@@ -86,6 +86,7 @@ from mncloud.constants import (
 )
 from mncloud.errors import CheckpointError, MncloudError, StorageError
 from mncloud.train.preempt import Notice, Preempted, PreemptionWatcher
+from mncloud.train.steptime import report
 
 log = logging.getLogger(__name__)
 
@@ -285,8 +286,10 @@ class CheckpointManager:
 
         Call it on every rank after every step; it also commits finished uploads and, when
         watching for preemption, acts on a notice (then it raises `Preempted`, see the class
-        docstring). Returns True when a save was started.
+        docstring). Returns True when a save was started. It also reports the step time for
+        the straggler view (`mncloud.train.report`).
         """
+        report(step)
         if self.preempted is not None:  # stopped for a notice (exit_on_preemption=False)
             return False
         deadline = self._step_boundary(step)
