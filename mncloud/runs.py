@@ -819,22 +819,39 @@ def publish_step_time(
     return True
 
 
-def step_times(record: RunRecord) -> dict[int, float]:
-    """The newest published step time of every rank (from the bucket), or the stored ones."""
-    if not record.bucket_uri:
+def step_times(record: RunRecord, ckpt_uri: str | None = None) -> dict[int, float]:
+    """The newest published step time of every rank (from the bucket), or the stored ones.
+
+    Ranks publish under `$MNCLOUD_CKPT_URI/runs/<run-id>`: the record's bucket copy, or, for a
+    run without `--bucket` (a local run's checkpoint folder), under `ckpt_uri` when given.
+    """
+    uri = record.bucket_uri
+    if not uri and ckpt_uri:
+        uri = f"{ckpt_uri.rstrip('/')}/runs/{record.run_id}"
+    if not uri:
         return dict(record.step_times)
     from mncloud.storage import join_key, open_bucket
 
     found: dict[int, float] = {}
     try:
-        bucket, prefix = open_bucket(record.bucket_uri, retry_seconds=BUCKET_RETRY_SECONDS)
+        bucket, prefix = open_bucket(uri, retry_seconds=BUCKET_RETRY_SECONDS)
         for obj in bucket.list(join_key(prefix, "steps") + "/"):
             data = json.loads(bucket.get_bytes(obj.key))
             found[int(data["rank"])] = float(data["seconds_per_step"])
     except Exception as err:
-        log.warning("step times not read from %s: %s", record.bucket_uri, err)
+        log.warning("step times not read from %s: %s", uri, err)
         return dict(record.step_times)
-    return found
+    return found or dict(record.step_times)
+
+
+def straggler_note(step_times: Mapping[int, float], ranks: list[int]) -> str:
+    """`straggler rank 3 (1.8× median)`, or "" without stragglers."""
+    values = [t for t in step_times.values() if t > 0]
+    if not ranks or not values:
+        return ""
+    median = statistics.median(values)
+    parts = [f"rank {r} ({step_times[r] / median:.1f}× median)" for r in ranks]
+    return ("straggler " if len(parts) == 1 else "stragglers ") + ", ".join(parts)
 
 
 # --------------------------------------------------------------------------- rerun

@@ -315,6 +315,85 @@ def test_published_step_times(repo: Path, tmp_path: Path) -> None:
     assert runs.straggler_ranks(times) == [2]
 
 
+def _local_run(name: str, ckpt_uri: str) -> None:
+    """A running local run as its backend sees it (no processes: status only reads state)."""
+    from mncloud.backends.base import record_backend
+    from mncloud.backends.local import LocalState, save_state
+
+    folder = record_backend(name, "local")
+    state = LocalState(
+        name=name, token="t", state="RUNNING", num_nodes=2, procs_per_node=2, master_port=29500,
+        ckpt_uri=ckpt_uri, task_id="x", started_at=1000.0,
+    )  # fmt: skip
+    save_state(folder, state)
+
+
+def test_status_flags_the_straggling_rank(
+    repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rich.console import Console
+
+    from mncloud.backends.base import run_status
+    from mncloud.cli import ops
+
+    monkeypatch.setattr(ops, "console", Console(width=250))
+    monkeypatch.setattr(runs, "_last_publish", {})  # other tests published ranks 0-2
+    uri = f"file://{tmp_path / 'b'}"
+    record = runs.create_record(make_spec(repo, bucket=uri), "a: 1\n")
+    _local_run("exp", f"{uri}/exp")
+    monkeypatch.setenv("MNCLOUD_CKPT_URI", f"{uri}/exp")  # as render sets them on every node
+    monkeypatch.setenv(runs.RUN_ID_ENV, record.run_id)
+    for rank, secs in enumerate([1.0, 1.05, 0.95, 1.8]):  # median 1.025: rank 3 is 1.76×
+        monkeypatch.setenv("RANK", str(rank))
+        assert runs.publish_step_time(secs, 200)
+    assert (tmp_path / "b" / "exp" / "runs" / record.run_id / "steps" / "rank-3.json").is_file()
+
+    status = run_status("exp")
+    assert status.stragglers == [3]
+    assert status.step_times == {0: 1.0, 1: 1.05, 2: 0.95, 3: 1.8}
+    assert status.detail.startswith("straggler rank 3 (1.8× median)")
+    code, out, _ = cli("status", "exp", "--json")
+    assert code == 0
+    (row,) = json.loads(out)
+    assert row["stragglers"] == [3] and row["step_times"]["3"] == 1.8
+    assert "straggler rank 3 (1.8× median)" in row["detail"]
+    code, out, _ = cli("status")
+    assert code == 0 and "straggler rank 3 (1.8× median)" in out
+
+    # A run without a record, and one whose ranks are even: nothing flagged.
+    _local_run("norec", f"file://{tmp_path / 'c'}")
+    assert run_status("norec").stragglers == []
+    assert runs.publish_step_time(1.1, 400, rank=3, min_interval=0)
+    calm = run_status("exp")
+    assert (calm.stragglers, calm.detail) == ([], "")
+
+
+def test_status_reads_step_times_of_a_run_without_bucket(
+    repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A local run without --bucket publishes under its checkpoint folder, not a bucket."""
+    from mncloud.backends.base import run_dir, run_status
+
+    record = runs.create_record(make_spec(repo), "a: 1\n")
+    assert record.bucket_uri is None
+    ckpt_uri = f"file://{run_dir('exp') / 'checkpoints'}"
+    _local_run("exp", ckpt_uri)
+    env = {"MNCLOUD_CKPT_URI": ckpt_uri, runs.RUN_ID_ENV: record.run_id}
+    for rank, secs in enumerate([2.0, 2.0, 7.0]):
+        assert runs.publish_step_time(secs, 10, rank=rank, environ=env, min_interval=0)
+    status = run_status("exp")
+    assert status.stragglers == [2]
+    assert "straggler rank 2 (3.5× median)" in status.detail
+
+
+def test_straggler_note() -> None:
+    times = {0: 1.0, 1: 1.0, 2: 1.0, 3: 2.0, 4: 1.6}
+    assert runs.straggler_note(times, runs.straggler_ranks(times)) == (
+        "stragglers rank 3 (2.0× median), rank 4 (1.6× median)"
+    )
+    assert runs.straggler_note({0: 1.0}, []) == ""
+
+
 # --------------------------------------------------------------------------- CLI
 
 

@@ -15,7 +15,7 @@ from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from mncloud.catalog import mncloud_home
 from mncloud.errors import BackendError, MncloudError, RunNotFoundError
@@ -69,6 +69,10 @@ class RunStatus(BaseModel):
     """Newest complete checkpoint step in the bucket (filled by `run_status`)."""
     detail: str = ""
     """One line: the newest event or the reason of a failure."""
+    step_times: dict[int, float] = Field(default_factory=dict)
+    """Mean seconds per step by global rank, as the ranks last published them (`runs`)."""
+    stragglers: list[int] = Field(default_factory=list)
+    """Ranks at least `runs.STRAGGLER_FACTOR` × slower than the median (filled by `run_status`)."""
 
     @property
     def cost_so_far(self) -> float | None:
@@ -180,7 +184,8 @@ def newest_checkpoint_step(uri: str) -> int | None:
 
 
 def run_status(run_name: str) -> RunStatus:
-    """A run's status from its backend, with the newest checkpoint read from its bucket."""
+    """A run's status from its backend, with the newest checkpoint read from its bucket and
+    the straggling ranks from its newest run record (none without a record)."""
     status = backend_for_run(run_name).status(run_name)
     if status.ckpt_uri and status.ckpt_step is None:
         try:
@@ -188,4 +193,19 @@ def run_status(run_name: str) -> RunStatus:
         except MncloudError as err:
             note = f"checkpoints unreadable: {' '.join(str(err).split())[:120]}"
             status.detail = f"{note}; {status.detail}" if status.detail else note
+    _add_stragglers(status)
     return status
+
+
+def _add_stragglers(status: RunStatus) -> None:
+    from mncloud import runs
+
+    try:
+        record = runs.load_current(status.name)
+    except MncloudError:
+        return
+    status.step_times = runs.step_times(record, ckpt_uri=status.ckpt_uri)
+    status.stragglers = runs.straggler_ranks(status.step_times)
+    note = runs.straggler_note(status.step_times, status.stragglers)
+    if note:
+        status.detail = f"{note}; {status.detail}" if status.detail else note

@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from mncloud.cli._common import console, handle_errors, print_json
 
@@ -40,7 +41,7 @@ def status_command(
     name: Annotated[str | None, typer.Argument(help="A run name; all runs when omitted.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
-    """Show runs: state, where, nodes, restarts, newest checkpoint, cost so far."""
+    """Show runs: state, where, nodes, restarts, newest checkpoint, cost so far, stragglers."""
     from mncloud.backends.base import known_runs, run_status
 
     names = [name] if name else known_runs()
@@ -82,7 +83,7 @@ def status_command(
             "-" if s.ckpt_step is None else str(s.ckpt_step),
             _age(started),
             cost,
-            s.detail,
+            Text(s.detail, style="yellow" if s.stragglers else ""),
         )
     console.print(table)
 
