@@ -79,6 +79,16 @@ Preflight = Annotated[
     bool | None,
     typer.Option("--preflight/--no-preflight", help="Check every node before torchrun (on)."),
 ]
+# Launch options shared by `up` and `rerun`.
+Yes = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask before launching.")]
+Detach = Annotated[
+    bool, typer.Option("--detach", "-d", help="Return once launched; do not follow logs.")
+]
+Dryrun = Annotated[
+    bool, typer.Option("--dryrun", help="Plan, render and dry-run; provision nothing.")
+]
+StatusJson = Annotated[bool, typer.Option("--json", help="Print the final status as JSON.")]
+
 # Planning options shared by `plan` and `up`.
 MaxCost = Annotated[
     float | None,

@@ -9,6 +9,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
+from mncloud.cli import render as opts
 from mncloud.cli._common import console, handle_errors, print_json
 
 app = typer.Typer(no_args_is_help=True, help="Run records: lineage, events and cost.")
@@ -210,16 +211,10 @@ def rerun_command(
         typer.Option("--skip-untracked", help="Go on without untracked files that changed."),
     ] = False,
     bucket: BucketOpt = None,
-    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask before launching.")] = False,
-    detach: Annotated[
-        bool, typer.Option("--detach", "-d", help="Return once launched; do not follow logs.")
-    ] = False,
-    dryrun: Annotated[
-        bool, typer.Option("--dryrun", help="Rebuild the tree and dry-run; provision nothing.")
-    ] = False,
-    as_json: Annotated[
-        bool, typer.Option("--json", help="Print the final status as JSON.")
-    ] = False,
+    yes: opts.Yes = False,
+    detach: opts.Detach = False,
+    dryrun: opts.Dryrun = False,
+    as_json: opts.StatusJson = False,
 ) -> None:
     """Launch a recorded run again: same spec, same commit, same uncommitted diff."""
     from mncloud import runs

@@ -71,13 +71,9 @@ def up_command(
     learn: opts.Learn = False,
     recovery_minutes: opts.RecoveryMinutes = None,
     ckpt_seconds: opts.CkptSeconds = None,
-    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask before launching.")] = False,
-    detach: Annotated[
-        bool, typer.Option("--detach", "-d", help="Return once launched; do not follow logs.")
-    ] = False,
-    dryrun: Annotated[
-        bool, typer.Option("--dryrun", help="Plan, render and dry-run; provision nothing.")
-    ] = False,
+    yes: opts.Yes = False,
+    detach: opts.Detach = False,
+    dryrun: opts.Dryrun = False,
     recovery_delay: Annotated[
         str, typer.Option("--recovery-delay", help="Local: wait before relaunching nodes.")
     ] = "2s",
@@ -94,9 +90,7 @@ def up_command(
             help="Local: preempt the last node once, this long after the first step (e.g. 10s).",
         ),
     ] = None,
-    as_json: Annotated[
-        bool, typer.Option("--json", help="Print the final status as JSON.")
-    ] = False,
+    as_json: opts.StatusJson = False,
 ) -> None:
     """Plan, render and launch SCRIPT on the cheapest fitting cloud (or --cloud local)."""
     from mncloud import catalog as catalog_mod
