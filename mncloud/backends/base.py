@@ -15,7 +15,7 @@ from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, computed_field
 
 from mncloud.catalog import mncloud_home
 from mncloud.errors import BackendError, MncloudError, RunNotFoundError
@@ -74,6 +74,7 @@ class RunStatus(BaseModel):
     stragglers: list[int] = Field(default_factory=list)
     """Ranks at least `runs.STRAGGLER_FACTOR` × slower than the median (filled by `run_status`)."""
 
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def cost_so_far(self) -> float | None:
         if self.hourly_total is None or self.started_at is None:

@@ -30,12 +30,6 @@ def _age(seconds: float | None) -> str:
     return f"{seconds / 3600:.1f}h"
 
 
-def _status_dict(status) -> dict:  # type: ignore[no-untyped-def]
-    data = status.model_dump(mode="json")
-    data["cost_so_far"] = status.cost_so_far
-    return data
-
-
 @handle_errors
 def status_command(
     name: Annotated[str | None, typer.Argument(help="A run name; all runs when omitted.")] = None,
@@ -47,7 +41,7 @@ def status_command(
     names = [name] if name else known_runs()
     statuses = [run_status(n) for n in names]
     if as_json:
-        print_json([_status_dict(s) for s in statuses])
+        print_json([s.model_dump(mode="json") for s in statuses])
         return
     if not statuses:
         console.print("No runs yet. Start one: mncloud up train.py --cloud local --gpus cpu:2")
@@ -116,6 +110,6 @@ def down_command(
 
     status = backend_for_run(name).down(name)
     if as_json:
-        print_json(_status_dict(status))
+        print_json(status.model_dump(mode="json"))
     else:
         console.print(f"[bold]{status.name}[/]: {status.state.value} {status.detail}")

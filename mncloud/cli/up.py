@@ -97,7 +97,7 @@ def up_command(
 
     catalog_mod.use_catalog_dir(catalog)
     from mncloud import runs
-    from mncloud.backends.base import LaunchRequest, get_backend, record_backend
+    from mncloud.backends.base import LaunchRequest, RunState, get_backend, record_backend
     from mncloud.render import render
 
     spec = opts.spec_from_options(locals())
@@ -158,10 +158,10 @@ def up_command(
             typer.echo(line)
         status = backend.status(spec.name)
     if as_json:
-        print_json(status.model_dump(mode="json") | {"cost_so_far": status.cost_so_far})
+        print_json(status.model_dump(mode="json"))
     else:
         console.print(f"[bold]{status.name}[/]: {status.state.value} {status.detail}")
-    if status.state.value == "FAILED":
+    if status.state is RunState.FAILED:
         raise typer.Exit(code=1)
 
 
