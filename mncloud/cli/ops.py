@@ -46,40 +46,30 @@ def status_command(
     if not statuses:
         console.print("No runs yet. Start one: mncloud up train.py --cloud local --gpus cpu:2")
         return
-    table = Table(title="mncloud runs")
-    for column in (
-        "name",
-        "backend",
-        "state",
-        "where",
-        "nodes",
-        "restarts",
-        "ckpt",
-        "age",
-        "cost",
-        "detail",
-    ):
-        table.add_column(column)
+    table = Table(title="mncloud runs", title_justify="left")
+    for column in ("name", "state", "where", "restarts", "ckpt", "age", "cost"):
+        table.add_column(column, no_wrap=column != "where")
     now = time.time()
     for s in statuses:
-        where = "/".join(p for p in (s.cloud, s.region, s.instance_type) if p) or "-"
-        if s.spot:
-            where += " (spot)"
+        where = "/".join(p for p in (s.cloud, s.region, s.instance_type) if p) or s.backend
+        where = f"{s.nodes}× {where}" + (" spot" if s.spot else "")
         cost = f"${s.cost_so_far:,.2f}" if s.cost_so_far is not None else "-"
         started = None if s.started_at is None else (s.ended_at or now) - s.started_at
         table.add_row(
             s.name,
-            s.backend,
             s.state.value,
             where,
-            str(s.nodes),
             f"{s.restarts} ({s.preemptions} preempted)",
             "-" if s.ckpt_step is None else str(s.ckpt_step),
             _age(started),
             cost,
-            Text(s.detail, style="yellow" if s.stragglers else ""),
         )
     console.print(table)
+    # The free-text detail goes below the table, one line a run, where it has the full width.
+    for s in statuses:
+        if s.detail:
+            style = "yellow" if s.stragglers else "dim"
+            console.print(Text(f"{s.name}: ", style="bold") + Text(s.detail, style=style))
 
 
 @handle_errors
