@@ -228,6 +228,25 @@ def test_file_outage_then_recovery(tmp_path: Path, caplog) -> None:
     assert CheckpointStore(uri).latest()[0] == 3
 
 
+def test_close_saves_a_final_step_skipped_for_a_slow_upload(tmp_path: Path, caplog) -> None:
+    """An interval save skipped because the previous upload still ran is not lost at the end."""
+    uri = f"file://{tmp_path / 'b'}"
+    state = {"model": _model(), "step": 0}
+    ckpt = CheckpointManager(uri, interval_steps=2, retry_seconds=30)
+    set_simulated_outage(uri, True)  # the step-2 upload keeps retrying
+    try:
+        assert ckpt.maybe_save(2, state)
+        with caplog.at_level(logging.WARNING):
+            assert not ckpt.maybe_save(4, state)  # step 2 still uploading: skipped
+        assert "skipping this save" in caplog.text
+    finally:
+        set_simulated_outage(uri, False)
+    ckpt.close()
+    store = CheckpointStore(uri)
+    assert store.latest()[0] == 4
+    assert [(s.step, s.complete) for s in store.steps()] == [(2, True), (4, True)]
+
+
 DDP_SCRIPT = textwrap.dedent(
     """
     import logging, os, random, signal, sys

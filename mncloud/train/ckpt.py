@@ -246,6 +246,9 @@ class CheckpointManager:
             self.watcher = PreemptionWatcher.from_env().start()
         self._stager: Any = None
         self._pending: _Pending | None = None
+        self._skipped: tuple[int, MutableMapping[str, Any]] | None = None
+        """An interval save skipped while an upload ran; taken at `close` if still the newest."""
+        self._last_step = -1  # the newest step `maybe_save` was called with
         self._last_commit: Future[None] | None = None
         self._floor: int | None = None  # steps ≤ this exist already (the loaded step)
         self._closed = False
@@ -290,6 +293,7 @@ class CheckpointManager:
         the straggler view (`mncloud.train.report`).
         """
         report(step)
+        self._last_step = step
         if self.preempted is not None:  # stopped for a notice (exit_on_preemption=False)
             return False
         deadline = self._step_boundary(step)
@@ -305,7 +309,9 @@ class CheckpointManager:
                 self._pending.step,
                 step,
             )
+            self._skipped = (step, state)
             return False
+        self._skipped = None
         return self.save(step, state)
 
     def save(self, step: int, state: MutableMapping[str, Any], *, wait: bool = False) -> bool:
@@ -609,6 +615,11 @@ class CheckpointManager:
             return
         try:
             self.wait()
+            # The last interval save was skipped for a slow upload and training stopped right
+            # there (no later step reached maybe_save): save that final state now.
+            if self._skipped is not None and self._skipped[0] == self._last_step:
+                self.save(*self._skipped, wait=True)
+            self._skipped = None
             if self.distributed:
                 dist.barrier(group=self._agree_pg)
         finally:
