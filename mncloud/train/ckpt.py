@@ -368,17 +368,12 @@ class CheckpointManager:
 
     def _split(self, state: MutableMapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         """Tensors for DCP (models, optimizers, tensors) and per-rank extras (the rest)."""
-        modules = [v for v in state.values() if isinstance(v, torch.nn.Module)]
-        tensors: dict[str, Any] = {}
+        tensors = _tensor_state(state)
         extras: dict[str, Any] = {}
         for key, val in state.items():
-            if isinstance(val, torch.nn.Module):
-                tensors[key] = get_model_state_dict(val)
-            elif isinstance(val, torch.optim.Optimizer):
-                tensors[key] = get_optimizer_state_dict(_owner(val, modules, key), val)
-            elif isinstance(val, torch.Tensor):
-                tensors[key] = val
-            elif callable(getattr(val, "state_dict", None)) and callable(
+            if key in tensors:
+                continue
+            if callable(getattr(val, "state_dict", None)) and callable(
                 getattr(val, "load_state_dict", None)
             ):
                 extras[key] = (_STATEFUL, val.state_dict())
@@ -702,14 +697,7 @@ class CheckpointManager:
 
     def _restore(self, state: MutableMapping[str, Any], local: Path, manifest: Manifest) -> None:
         modules = [v for v in state.values() if isinstance(v, torch.nn.Module)]
-        targets: dict[str, Any] = {}
-        for key, val in state.items():
-            if isinstance(val, torch.nn.Module):
-                targets[key] = get_model_state_dict(val)
-            elif isinstance(val, torch.optim.Optimizer):
-                targets[key] = get_optimizer_state_dict(_owner(val, modules, key), val)
-            elif isinstance(val, torch.Tensor):
-                targets[key] = val
+        targets = _tensor_state(state)
         try:
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message=_NO_DIST_WARNING)
@@ -741,6 +729,20 @@ class CheckpointManager:
             else:
                 state[key] = value
         set_rng_state(extras[_RNG_KEY][1])  # last: nothing after this may draw random numbers
+
+
+def _tensor_state(state: MutableMapping[str, Any]) -> dict[str, Any]:
+    """The part of `state` DCP saves and loads: models, optimizers and plain tensors."""
+    modules = [v for v in state.values() if isinstance(v, torch.nn.Module)]
+    tensors: dict[str, Any] = {}
+    for key, val in state.items():
+        if isinstance(val, torch.nn.Module):
+            tensors[key] = get_model_state_dict(val)
+        elif isinstance(val, torch.optim.Optimizer):
+            tensors[key] = get_optimizer_state_dict(_owner(val, modules, key), val)
+        elif isinstance(val, torch.Tensor):
+            tensors[key] = val
+    return tensors
 
 
 def _owner(opt: torch.optim.Optimizer, modules: list[torch.nn.Module], key: str) -> Any:
