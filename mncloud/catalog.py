@@ -20,15 +20,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from mncloud import constants
+from mncloud import constants, layout
 from mncloud.errors import CatalogError, SpecError
 
 CATALOG_SCHEMA_VERSION = "v8"
-
-
-def mncloud_home() -> Path:
-    """mncloud's own state folder: `$MNCLOUD_HOME` or `~/.mncloud`."""
-    return Path(os.environ.get(constants.HOME_ENV) or Path.home() / ".mncloud").expanduser()
 
 
 def use_catalog_dir(catalog_dir: str | Path | None = None) -> Path | None:
@@ -51,7 +46,7 @@ def use_catalog_dir(catalog_dir: str | Path | None = None) -> Path | None:
     runtime = os.environ.get("SKY_RUNTIME_DIR")
     if not runtime:
         digest = hashlib.sha256(str(versioned).encode()).hexdigest()[:12]
-        runtime = str(mncloud_home() / "sky-runtime" / digest)
+        runtime = str(layout.sky_runtime_dir(digest))
         if "sky" in sys.modules:
             raise CatalogError(
                 "the catalog folder must be chosen before SkyPilot is imported; "

@@ -61,7 +61,14 @@ from pydantic import (
 
 from mncloud.catalog import Exclusion, Offer
 from mncloud.errors import CatalogError, SpecError
-from mncloud.spec import LOCAL_CLOUD, Accelerator, JobSpec, SpotPolicy, canonical_cloud
+from mncloud.spec import (
+    DEFAULT_HOURS,
+    LOCAL_CLOUD,
+    Accelerator,
+    JobSpec,
+    SpotPolicy,
+    canonical_cloud,
+)
 
 #: Default spot preemption hazard λ per node per hour, by SkyPilot cloud name. These are
 #: planning priors, not measurements of your region: no cloud publishes an hourly rate for its
@@ -250,7 +257,7 @@ class PlanRequest(BaseModel):
     clouds: list[str] = Field(default_factory=list)
     """Allowed clouds (SkyPilot names); empty: `catalog.default_clouds()`."""
     regions: list[str] = Field(default_factory=list)
-    hours: float = Field(1.0, gt=0)
+    hours: float = Field(DEFAULT_HOURS, gt=0)
     """Hours of work the job needs without interruptions (W)."""
     max_hourly: float | None = Field(None, gt=0)
     """Budget: the most the whole job may cost per hour, USD."""
@@ -315,7 +322,9 @@ class PlanRequest(BaseModel):
             raise SpecError(message) from None
 
     @classmethod
-    def from_spec(cls, spec: JobSpec, *, hours: float = 1.0, **overrides: Any) -> PlanRequest:
+    def from_spec(
+        cls, spec: JobSpec, *, hours: float = DEFAULT_HOURS, **overrides: Any
+    ) -> PlanRequest:
         """The plan request for a JobSpec; `overrides` sets the fields a JobSpec lacks."""
         fields: dict[str, Any] = {
             "accelerator": spec.accelerator,

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from mncloud import __version__, constants
+from mncloud import __version__, constants, layout
 from mncloud.errors import RenderError
 from mncloud.spec import JobSpec, SpotPolicy
 
@@ -52,10 +52,12 @@ MOUNT_PATH = "/mncloud-bucket"
 
 @dataclass(frozen=True)
 class RenderedTask:
-    """A validated SkyPilot task: its YAML text and the parsed config."""
+    """A validated SkyPilot task: its YAML text, the config parsed once, and its market."""
 
     yaml_text: str
     config: dict[str, Any]
+    spot: bool = False
+    """Whether the task runs on spot: decided once by `uses_spot`, read by every backend."""
 
     def to_json(self) -> str:
         return json.dumps(self.config, indent=2)
@@ -88,18 +90,28 @@ def render(
     if not isinstance(config, dict):
         raise RenderError(f"template {name} must produce a YAML mapping")
     validate_task_config(config)
-    return RenderedTask(yaml_text=text, config=config)
+    spot = uses_spot(spec, plan)
+    if _config_asks_spot(config) != spot:
+        raise RenderError(
+            f"template {name} sets use_spot against the plan ({'spot' if spot else 'on-demand'}); "
+            "render `resources` from the template variables"
+        )
+    return RenderedTask(yaml_text=text, config=config, spot=spot)
 
 
-def task_env(spec: JobSpec, run_id: str | None = None) -> dict[str, str]:
-    """Environment every node gets: the user's `--env` plus mncloud's own variables."""
+def task_env(spec: JobSpec, spot: bool, run_id: str | None = None) -> dict[str, str]:
+    """Environment every node gets: the user's `--env` plus mncloud's own variables.
+
+    A spot task always watches for preemption notices, whoever chose spot (`--spot` or the
+    plan under the default market).
+    """
     envs = dict(spec.envs)
     envs[constants.RUN_NAME_ENV] = spec.name
     if run_id:
         envs[constants.RUN_ID_ENV] = run_id
     if spec.bucket is not None:
-        envs[constants.CKPT_URI_ENV] = spec.bucket.child(spec.name)
-    if spec.spot is SpotPolicy.SPOT:
+        envs[constants.CKPT_URI_ENV] = layout.ckpt_uri(spec.bucket, spec.name)
+    if spot:
         envs[constants.PREEMPTION_WATCH_ENV] = "1"
     return envs
 
@@ -109,7 +121,7 @@ def template_variables(
 ) -> dict[str, Any]:
     """All variables a task template receives (see the module docstring)."""
     choices, mode = _resource_choices(spec, plan)
-    use_spot = _use_spot(spec, plan)
+    use_spot = uses_spot(spec, plan)
     gpus_per_node = f'"${constants.SKYPILOT_NUM_GPUS_PER_NODE}"'
     return {
         "mncloud_version": __version__,
@@ -120,7 +132,7 @@ def template_variables(
         "job_recovery": _job_recovery(spec) if use_spot else None,
         "resource_choices": choices,
         "resource_choice_mode": mode,
-        "envs": task_env(spec, run_id),
+        "envs": task_env(spec, use_spot, run_id),
         "secrets": list(spec.secrets),
         "file_mounts": _file_mounts(spec),
         "script": spec.script_relpath,
@@ -139,10 +151,18 @@ def template_variables(
     }
 
 
-def _use_spot(spec: JobSpec, plan: Plan | None) -> bool:
+def uses_spot(spec: JobSpec, plan: Plan | None) -> bool:
+    """The one place the market is decided: the plan's choice, else only an explicit --spot."""
     if plan is not None:
         return bool(plan.choice.spot)
     return spec.spot is SpotPolicy.SPOT
+
+
+def _config_asks_spot(config: dict[str, Any]) -> bool:
+    """Whether a rendered config asks for spot (top level or any ordered/any_of entry)."""
+    resources = config.get("resources") or {}
+    entries = [resources, *resources.get("ordered", []), *resources.get("any_of", [])]
+    return any(bool(entry.get("use_spot")) for entry in entries)
 
 
 def _resources(spec: JobSpec, use_spot: bool) -> dict[str, Any]:

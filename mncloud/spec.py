@@ -463,7 +463,7 @@ def _spec_from_options(
             preflight=bool(opts.get("preflight", True)),
         )
     except ValidationError as err:
-        raise SpecError(_first_error(err)) from None
+        raise SpecError(first_error(err)) from None
 
 
 def _default_name(script: Path) -> str:
@@ -473,10 +473,41 @@ def _default_name(script: Path) -> str:
     return stem[:63].rstrip("-")
 
 
-def _first_error(err: ValidationError) -> str:
+def first_error(err: ValidationError) -> str:
+    """The first validation error as one line naming the option."""
     first = err.errors()[0]
     where = ".".join(str(p) for p in first.get("loc", ()))
     message = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
     if message.startswith("--"):
         return message
     return f"--{where.replace('_', '-')}: {message}"
+
+
+#: Hours of work the planner assumes when the user gives none (`plan`, `render --plan`, `up`).
+DEFAULT_HOURS = 24.0
+
+
+class LaunchOptions(BaseModel):
+    """How to plan and run a JobSpec: everything `up` takes besides the job itself.
+
+    Stored in the run record beside the spec, so `rerun` launches with exactly the same
+    options (no round trip through CLI strings).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    hours: float = Field(DEFAULT_HOURS, gt=0)
+    """The user's estimate of the work, in hours at full speed (for the plan)."""
+    max_cost: float | None = Field(None, gt=0)
+    preemption_rate: float | None = Field(None, ge=0)
+    learn: bool = False
+    recovery_minutes: float | None = Field(None, ge=0)
+    ckpt_seconds: float | None = Field(None, ge=0)
+    template: Path | None = None
+    """A user's own Jinja2 task template."""
+    recovery_delay: float = Field(2.0, ge=0)
+    """Local: seconds to wait before relaunching nodes."""
+    retry_on_error: int = Field(0, ge=0)
+    """Local: relaunches after errors in the user's code."""
+    chaos_preempt_after: float | None = Field(None, ge=0)
+    """Local: preempt the last node once, this many seconds after the first step."""

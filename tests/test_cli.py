@@ -217,6 +217,12 @@ RENDER_OPTIONS = {
     "--json",
     "--plan",
     "--hours",
+    # `render --plan` plans exactly as `up` does, so it takes up's model options too.
+    "--max-cost",
+    "--preemption-rate",
+    "--learn",
+    "--recovery-minutes",
+    "--ckpt-seconds",
 }
 
 

@@ -19,13 +19,10 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from mncloud.backends.base import (
-    LaunchRequest,
-    RunState,
-    newest_checkpoint_step,
-    record_backend,
-    run_dir,
-)
+from mncloud.backends.base import LaunchRequest, RunState
+from mncloud.backends.registry import record_backend
+from mncloud.operate import newest_checkpoint_step
+from mncloud.layout import run_dir
 from mncloud.backends.skypilot import (
     AUTOSTOP_IDLE_MINUTES,
     META_FILE,

@@ -38,6 +38,7 @@ what `status` needs to report cost so far and the newest checkpoint.
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import os
 import re
@@ -50,7 +51,8 @@ from typing import TYPE_CHECKING, Any, TextIO
 import yaml
 from pydantic import BaseModel
 
-from mncloud.backends.base import LaunchRequest, RunState, RunStatus, run_dir
+from mncloud import layout
+from mncloud.backends.base import LaunchRequest, RunState, RunStatus
 from mncloud.errors import BackendError, MncloudError, RunNotFoundError
 
 if TYPE_CHECKING:
@@ -96,7 +98,7 @@ class RunMeta(BaseModel):
 
 
 def meta_path(run_name: str) -> Path:
-    return run_dir(run_name) / META_FILE
+    return layout.run_dir(run_name) / META_FILE
 
 
 def load_meta(run_name: str) -> RunMeta | None:
@@ -124,19 +126,12 @@ def build_task(request: LaunchRequest, environ: dict[str, str] | None = None) ->
             f"secret {', '.join(missing)} is not set in your environment; export it before "
             "`mncloud up` (its value is sent to SkyPilot as a secret, never written to files)"
         )
-    config = yaml.safe_load(request.task.yaml_text)
+    config = copy.deepcopy(request.task.config)  # SkyPilot pops keys from its argument
     overrides = [(name, environ[name]) for name in request.spec.secrets]
     try:
         return sky.Task.from_yaml_config(config, secrets_overrides=overrides or None)
     except Exception as err:  # SkyPilot raises ValueError and its own types
         raise BackendError(f"SkyPilot rejects the task: {_one_line(err)}") from None
-
-
-def task_uses_spot(config: dict[str, Any]) -> bool:
-    """Whether the rendered task asks for spot (top level or any ordered/any_of entry)."""
-    resources = config.get("resources") or {}
-    entries = [resources, *resources.get("ordered", []), *resources.get("any_of", [])]
-    return any(bool(entry.get("use_spot")) for entry in entries)
 
 
 # ------------------------------------------------------------------------------ errors
@@ -281,9 +276,7 @@ class SkyPilotBackend:
     # ---------------------------------------------------------------- launch
     def launch(self, request: LaunchRequest) -> RunStatus:
         """Launch the run (or dry-run it); return once SkyPilot accepted the job."""
-        spec = request.spec
-        config = yaml.safe_load(request.task.yaml_text)
-        spot = task_uses_spot(config)
+        spec, config, spot = request.spec, request.task.config, request.task.spot
         task = build_task(request)
         if request.dryrun:
             return self._dryrun(task, spec, request.plan, spot)
@@ -362,7 +355,7 @@ class SkyPilotBackend:
             instance_type=chosen.get("instance_type"),
             spot=spot,
             hourly_total=plan.choice.hourly_total if plan is not None else None,
-            ckpt_uri=spec.bucket.child(spec.name) if spec.bucket else None,
+            ckpt_uri=layout.ckpt_uri(spec.bucket, spec.name) if spec.bucket else None,
             detail=detail,
         )
 
@@ -538,7 +531,7 @@ def _meta_from_plan(
         nodes=spec.nodes,
         spot=spot,
         launched_at=time.time(),
-        ckpt_uri=spec.bucket.child(spec.name) if spec.bucket else None,
+        ckpt_uri=layout.ckpt_uri(spec.bucket, spec.name) if spec.bucket else None,
     )
     if plan is not None:
         choice = plan.choice

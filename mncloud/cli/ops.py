@@ -36,7 +36,8 @@ def status_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Show runs: state, where, nodes, restarts, newest checkpoint, cost so far, stragglers."""
-    from mncloud.backends.base import known_runs, run_status
+    from mncloud.backends.registry import known_runs
+    from mncloud.operate import run_status
 
     names = [name] if name else known_runs()
     statuses = [run_status(n) for n in names]
@@ -81,7 +82,7 @@ def logs_command(
     ] = False,
 ) -> None:
     """Print the run's output from all nodes, each line prefixed with node and rank."""
-    from mncloud.backends.base import backend_for_run
+    from mncloud.backends.registry import backend_for_run
 
     try:
         for line in backend_for_run(name).logs(name, node=node, follow=follow):
@@ -96,7 +97,7 @@ def down_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Stop the run and release its nodes (checkpoints stay in the bucket)."""
-    from mncloud.backends.base import backend_for_run
+    from mncloud.backends.registry import backend_for_run
 
     status = backend_for_run(name).down(name)
     if as_json:

@@ -7,11 +7,11 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.table import Table
 
-from mncloud.cli import render as opts
+from mncloud.cli import options as opts
 from mncloud.cli._common import console, handle_errors, print_json
 
 if TYPE_CHECKING:
-    from mncloud.plan import LearnedHazard, Plan
+    from mncloud.plan import Plan
 
 
 def register(app: typer.Typer) -> None:
@@ -21,17 +21,9 @@ def register(app: typer.Typer) -> None:
 
 @handle_errors
 def plan_command(
-    gpus: Annotated[
-        str,
-        typer.Option(
-            "--gpus", help="Accelerators per node: H100:8, A100-80GB:4, L4.", show_default=False
-        ),
-    ],
-    nodes: Annotated[int, typer.Option("--nodes", min=1, help="Number of nodes.")] = 1,
-    hours: Annotated[
-        float,
-        typer.Option("--hours", min=0.0, help="Hours of work the job needs without interruptions."),
-    ] = 1.0,
+    gpus: opts.Gpus = None,
+    nodes: opts.Nodes = None,
+    hours: opts.Hours = opts.DEFAULT_HOURS,
     spot: opts.Spot = None,
     cloud: opts.Cloud = None,
     region: opts.Region = None,
@@ -44,7 +36,7 @@ def plan_command(
     top: Annotated[
         int | None, typer.Option("--top", min=1, help="Show only the N cheapest.")
     ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
+    as_json: opts.Json = False,
     verbose: Annotated[
         bool,
         typer.Option("--verbose", "-v", help="Also show excluded clouds and the model inputs."),
@@ -55,13 +47,16 @@ def plan_command(
     from mncloud import catalog as catalog_mod
 
     catalog_mod.use_catalog_dir(catalog)  # before anything imports sky
+    from mncloud.launch import learned_hazards
     from mncloud.plan import PlanRequest, make_plan
     from mncloud.spec import Accelerator, SpotPolicy
 
+    if not gpus:
+        raise opts.SpecError("--gpus is required, e.g. --gpus H100:8")
     policy = {True: SpotPolicy.SPOT, False: SpotPolicy.ON_DEMAND, None: SpotPolicy.EITHER}[spot]
     request = PlanRequest.build(
         accelerator=Accelerator.parse(gpus),
-        nodes=nodes,
+        nodes=1 if nodes is None else nodes,
         spot=policy,
         clouds=list(cloud or []),
         regions=list(region or []),
@@ -86,14 +81,6 @@ def plan_command(
 
 
 NOTHING_LEARNED = "--learn: no spot node-hours in this machine's run records yet; priors used"
-
-
-def learned_hazards() -> list[LearnedHazard]:
-    """Spot hazards learned from this machine's run records, blended with the priors."""
-    from mncloud import runs
-    from mncloud.plan import learn_hazards
-
-    return learn_hazards(runs.observed_spot_hazard())
 
 
 def show_plan(plan: Plan, *, top: int | None = None, verbose: bool = False) -> None:

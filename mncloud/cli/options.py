@@ -1,0 +1,219 @@
+"""Every CLI option, declared once: one help text and one default for each.
+
+Commands take their parameters from here (`opts.Gpus`, `opts.Hours`, …), so `render`, `plan`,
+`up` and `rerun` cannot drift apart, and `spec_from_options` / `launch_options_from` turn a
+command's parameters into the core's models.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from mncloud.errors import SpecError
+from mncloud.spec import DEFAULT_HOURS as DEFAULT_HOURS  # re-exported: commands default to it
+
+if TYPE_CHECKING:
+    from mncloud.spec import JobSpec, LaunchOptions
+
+# Job options (render, up): everything a JobSpec is built from.
+Gpus = Annotated[
+    str | None,
+    typer.Option("--gpus", help="Accelerators per node: H100:8, A100-80GB:4, L4, cpu:2."),
+]
+Nodes = Annotated[int | None, typer.Option("--nodes", help="Number of nodes (default 1).")]
+Spot = Annotated[
+    bool | None,
+    typer.Option(
+        "--spot/--on-demand", help="Force spot or on-demand; default: either, the plan decides."
+    ),
+]
+Cloud = Annotated[
+    list[str] | None,
+    typer.Option("--cloud", help="Allowed cloud (repeatable): aws, gcp, lambda, … or local."),
+]
+Region = Annotated[list[str] | None, typer.Option("--region", help="Allowed region (repeatable).")]
+Bucket = Annotated[
+    str | None,
+    typer.Option("--bucket", help="Checkpoint bucket: s3://name[/prefix], gs://…, file:///dir."),
+]
+MountBucket = Annotated[
+    bool | None,
+    typer.Option("--mount-bucket", help="Also mount the bucket (MOUNT_CACHED) on every node."),
+]
+Env = Annotated[
+    list[str] | None, typer.Option("--env", help="Environment variable K=V (repeatable).")
+]
+Secret = Annotated[
+    list[str] | None,
+    typer.Option("--secret", help="Secret env var name, value read from your environment."),
+]
+Setup = Annotated[str | None, typer.Option("--setup", help="Shell command run once per node.")]
+Requirements = Annotated[
+    str | None, typer.Option("--requirements", help="pip requirements file inside the project.")
+]
+DiskSize = Annotated[int | None, typer.Option("--disk-size", help="Disk per node in GB.")]
+Image = Annotated[str | None, typer.Option("--image", help="VM or Docker image (image_id).")]
+Label = Annotated[list[str] | None, typer.Option("--label", help="Label K=V (repeatable).")]
+MaxHourly = Annotated[
+    float | None, typer.Option("--max-hourly", help="Budget: most USD per hour for the job.")
+]
+MaxRestarts = Annotated[
+    int | None,
+    typer.Option("--max-restarts", help="Restarts after errors in your code (default 3)."),
+]
+MasterPort = Annotated[
+    int | None, typer.Option("--master-port", help="Rendezvous port on the head node (29500).")
+]
+NcclDebug = Annotated[
+    str | None, typer.Option("--nccl-debug", help="NCCL_DEBUG level, e.g. INFO or WARN.")
+]
+NcclIfname = Annotated[
+    str | None,
+    typer.Option("--nccl-socket-ifname", help="NCCL_SOCKET_IFNAME; default: the default route's."),
+]
+Name = Annotated[str | None, typer.Option("--name", help="Run name (DNS-safe).")]
+RequirePath = Annotated[
+    list[str] | None,
+    typer.Option("--require-path", help="A path or bucket URL every node must see (repeatable)."),
+]
+Preflight = Annotated[
+    bool | None,
+    typer.Option("--preflight/--no-preflight", help="Check every node before torchrun (on)."),
+]
+# Launch options shared by `up` and `rerun`.
+Yes = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask before launching.")]
+Detach = Annotated[
+    bool, typer.Option("--detach", "-d", help="Return once launched; do not follow logs.")
+]
+Dryrun = Annotated[
+    bool, typer.Option("--dryrun", help="Plan, render and dry-run; provision nothing.")
+]
+StatusJson = Annotated[bool, typer.Option("--json", help="Print the final status as JSON.")]
+
+# Planning options shared by `plan` and `up`.
+MaxCost = Annotated[
+    float | None,
+    typer.Option("--max-cost", help="Budget: most USD the job may be expected to cost."),
+]
+PreemptionRate = Annotated[
+    float | None,
+    typer.Option(
+        "--preemption-rate",
+        help="Spot preemptions per node-hour for every cloud (default: per-cloud priors).",
+    ),
+]
+Learn = Annotated[
+    bool,
+    typer.Option(
+        "--learn",
+        help="Blend the spot preemptions seen in this machine's run records into the priors.",
+    ),
+]
+RecoveryMinutes = Annotated[
+    float | None,
+    typer.Option("--recovery-minutes", help="Minutes from a preemption to training again (10)."),
+]
+CkptSeconds = Annotated[
+    float | None,
+    typer.Option("--ckpt-seconds", help="Seconds training stalls to save a checkpoint (60)."),
+]
+Template = Annotated[
+    Path | None, typer.Option("--template", help="Render your own Jinja2 task template.")
+]
+Hours = Annotated[
+    float,
+    typer.Option(
+        "--hours", min=0.0, help="Hours of work the job needs without interruptions (for the plan)."
+    ),
+]
+Json = Annotated[bool, typer.Option("--json", help="Print JSON.")]
+Resume = Annotated[
+    bool,
+    typer.Option("--resume", help="The name has an earlier run: continue from its checkpoint."),
+]
+Replace = Annotated[
+    bool,
+    typer.Option("--replace", help="The name has an earlier run: start over (keeps checkpoints)."),
+]
+# Local backend only.
+RecoveryDelay = Annotated[
+    str, typer.Option("--recovery-delay", help="Local: wait before relaunching nodes.")
+]
+RetryOnError = Annotated[
+    int | None,
+    typer.Option("--retry-on-error", help="Local: retries after errors in your code (default 0)."),
+]
+ChaosPreemptAfter = Annotated[
+    str | None,
+    typer.Option(
+        "--chaos-preempt-after",
+        help="Local: preempt the last node once, this long after the first step (e.g. 10s).",
+    ),
+]
+
+
+def parse_duration(text: str | None, flag: str) -> float | None:
+    """`90`, `90s`, `5m`, `1h` → seconds; None stays None."""
+    if text is None:
+        return None
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", text)
+    if not match:
+        raise SpecError(f"{flag} {text!r}: write a duration like 30s, 5m or 1h")
+    value = float(match.group(1))
+    return value * {"": 1, "s": 1, "m": 60, "h": 3600}[match.group(2)]
+
+
+def launch_options_from(values: dict[str, Any]) -> LaunchOptions:
+    """The LaunchOptions from a command's parameters (its `locals()`); absent ones default."""
+    from pydantic import ValidationError
+
+    from mncloud.spec import LaunchOptions, first_error
+
+    fields = dict(values)
+    for name, flag in (
+        ("recovery_delay", "--recovery-delay"),
+        ("chaos_preempt_after", "--chaos-preempt-after"),
+    ):
+        if isinstance(fields.get(name), str):
+            fields[name] = parse_duration(fields[name], flag)
+    known = {k: v for k, v in fields.items() if k in LaunchOptions.model_fields and v is not None}
+    try:
+        return LaunchOptions(**known)
+    except ValidationError as err:
+        raise SpecError(first_error(err)) from None
+
+
+Script = Annotated[Path, typer.Argument(help="The training script.", show_default=False)]
+ScriptArgs = Annotated[
+    list[str] | None, typer.Argument(help="Arguments for the script, after --.", show_default=False)
+]
+Catalog = Annotated[
+    str | None,
+    typer.Option(
+        "--catalog",
+        envvar="MNCLOUD_CATALOG_DIR",
+        help="Offline SkyPilot catalog snapshot (a folder holding v8/<cloud>/vms.csv).",
+    ),
+]
+
+
+def spec_from_options(values: dict[str, Any]) -> JobSpec:
+    """Build the JobSpec from a command's parameters (its `locals()`), by `build_spec`'s names.
+
+    `render` and `up` share every job option; this keeps them from drifting apart.
+    """
+    from mncloud.spec import build_spec
+
+    names = [
+        p.name
+        for p in inspect.signature(build_spec).parameters.values()
+        if p.kind is inspect.Parameter.KEYWORD_ONLY
+    ]
+    return build_spec(
+        values["script"], values["script_args"], **{name: values[name] for name in names}
+    )

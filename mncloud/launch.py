@@ -1,0 +1,225 @@
+"""The spine of `mncloud up`: spec → plan → render → bucket → record → backend. Never prints.
+
+`up`, `render --plan`, `rerun` and the deadline controller all come through here, so a launch
+is the same whoever asks for it. What the CLI shows (the plan table, the question before money
+is spent, bucket notes) reaches it through two callbacks: `approve(plan)` and `notify(text)`.
+
+A run name is a handle on one run. Launching a name that already has a run is refused unless
+the caller says what to do with the earlier run (`Existing`):
+
+- RESUME: continue from its newest complete checkpoint (the checkpoint location is the same).
+- REPLACE: start over from step 0. Checkpoints are never deleted: a local run's checkpoint
+  folder is set aside (`checkpoints.replaced-<time>`); a bucket that still holds checkpoints
+  for the name is refused, since the new run would resume from them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+from typing import TYPE_CHECKING
+
+from mncloud import layout
+from mncloud.errors import MncloudError, SpecError
+from mncloud.spec import LaunchOptions
+
+if TYPE_CHECKING:
+    from mncloud.backends.base import Backend, RunStatus
+    from mncloud.plan import LearnedHazard, Plan, PlanRequest
+    from mncloud.render import RenderedTask
+    from mncloud.spec import JobSpec
+
+
+class LaunchCancelled(MncloudError):
+    """The user declined the plan; nothing was launched."""
+
+
+class Existing(str, Enum):
+    """What to do when the run name already has a run."""
+
+    REFUSE = "refuse"
+    RESUME = "resume"
+    REPLACE = "replace"
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A request made concrete: the spec as launched, its plan (None for local) and task."""
+
+    spec: JobSpec
+    plan: Plan | None
+    task: RenderedTask
+    backend: str
+
+
+@dataclass(frozen=True)
+class Launched:
+    """What a launch did: the prepared task, the run id of its record and the first status."""
+
+    prepared: Prepared
+    run_id: str | None
+    status: RunStatus
+
+
+def learned_hazards() -> list[LearnedHazard]:
+    """Spot hazards learned from this machine's run records, blended with the priors."""
+    from mncloud.plan import learn_hazards
+    from mncloud.records import observed_spot_hazard
+
+    return learn_hazards(observed_spot_hazard())
+
+
+def plan_request(spec: JobSpec, options: LaunchOptions) -> PlanRequest:
+    """The planner's request for a cloud job: the spec's hardware plus the model options."""
+    from mncloud.plan import PlanRequest
+
+    return PlanRequest.from_spec(
+        spec,
+        hours=options.hours,
+        max_cost=options.max_cost,
+        preemption_rate=options.preemption_rate,
+        learned=learned_hazards() if options.learn else None,
+        recovery_minutes=options.recovery_minutes,
+        ckpt_seconds=options.ckpt_seconds,
+    )
+
+
+def prepare(
+    spec: JobSpec,
+    options: LaunchOptions,
+    *,
+    run_id: str | None = None,
+    approve: Callable[[Plan], bool] | None = None,
+) -> Prepared:
+    """Plan (clouds only) and render; `approve` sees the plan before anything is rendered."""
+    from mncloud.render import render
+
+    plan = None
+    if spec.is_local:
+        backend = "local"
+    else:
+        if "local" in spec.clouds:
+            raise SpecError("--cloud local runs on this machine alone; do not mix it with clouds")
+        from mncloud.plan import make_plan
+
+        plan = make_plan(plan_request(spec, options))
+        backend = "skypilot"
+        if approve is not None and not approve(plan):
+            raise LaunchCancelled("not launched")
+    task = render(spec, plan=plan, template=options.template, run_id=run_id)
+    return Prepared(spec=spec, plan=plan, task=task, backend=backend)
+
+
+def launch(
+    spec: JobSpec,
+    options: LaunchOptions | None = None,
+    *,
+    dryrun: bool = False,
+    existing: Existing = Existing.REFUSE,
+    approve: Callable[[Plan], bool] | None = None,
+    notify: Callable[[str], None] = lambda _text: None,
+) -> Launched:
+    """Plan, render, prepare the bucket, write the run record and hand the task to a backend.
+
+    `approve(plan)` may decline (LaunchCancelled); `notify(text)` receives notes and warnings
+    (a bucket created, egress across regions). Raises MncloudError on bad input.
+    """
+    from mncloud.backends.base import LaunchRequest
+    from mncloud.backends.registry import get_backend, record_backend
+
+    options = options or LaunchOptions()
+    if spec.is_local:
+        spec = _with_free_port(spec)
+    if not dryrun:
+        _settle_existing(spec, existing)
+    run_id = None if dryrun else _new_run_id(spec.name)
+    prepared = prepare(spec, options, run_id=run_id, approve=approve)
+    if prepared.plan is not None and spec.bucket is not None and not dryrun:
+        from mncloud.storage import prepare_bucket
+
+        choice = prepared.plan.choice
+        _state, warning = prepare_bucket(spec.bucket, choice.cloud, choice.region, notify)
+        if warning:
+            notify(f"warning: {warning}")
+    if run_id is not None:
+        from mncloud.records import create_record
+
+        record_backend(spec.name, prepared.backend)
+        create_record(
+            spec,
+            prepared.task,
+            prepared.plan,
+            prepared.backend,
+            run_id=run_id,
+            launch_options=options.model_dump(mode="json"),
+        )
+    backend: Backend = get_backend(prepared.backend)
+    request = LaunchRequest(
+        spec=spec,
+        task=prepared.task,
+        plan=prepared.plan,
+        options=options,
+        run_id=run_id,
+        dryrun=dryrun,
+    )
+    return Launched(prepared=prepared, run_id=run_id, status=backend.launch(request))
+
+
+def _new_run_id(name: str) -> str:
+    from mncloud.records import new_run_id
+
+    return new_run_id(name)
+
+
+def _with_free_port(spec: JobSpec) -> JobSpec:
+    """Local runs side by side: the default rendezvous port becomes a free one."""
+    from mncloud.constants import DEFAULT_MASTER_PORT
+
+    if spec.master_port != DEFAULT_MASTER_PORT or "master_port" in spec.model_fields_set:
+        return spec
+    from mncloud.backends.local import free_port
+
+    return spec.model_copy(update={"master_port": free_port()})
+
+
+def _settle_existing(spec: JobSpec, existing: Existing) -> None:
+    """Refuse to launch over an earlier run of the same name unless told what to do with it."""
+    from mncloud.backends.registry import backend_for_run, known_runs
+
+    if spec.name not in known_runs():
+        return
+    status = backend_for_run(spec.name).status(spec.name)
+    if not status.state.is_final:
+        raise SpecError(
+            f"run {spec.name!r} is still {status.state.value}; stop it with "
+            f"`mncloud down {spec.name}` or pick another --name"
+        )
+    if existing is Existing.REFUSE:
+        raise SpecError(
+            f"a run named {spec.name!r} exists ({status.state.value}); pass --resume to continue "
+            "from its newest complete checkpoint, --replace to start over (checkpoints are "
+            "kept), or another --name"
+        )
+    if existing is Existing.REPLACE:
+        _set_checkpoints_aside(spec)
+
+
+def _set_checkpoints_aside(spec: JobSpec) -> None:
+    """Before a fresh start: move a local run's checkpoints aside; refuse over a bucket's."""
+    if spec.bucket is None:
+        folder = layout.local_ckpt_dir(spec.name)
+        if folder.is_dir() and any(folder.iterdir()):
+            folder.rename(layout.replaced_ckpt_dir(spec.name, time.strftime("%Y%m%d-%H%M%S")))
+        return
+    from mncloud.storage import CheckpointStore
+
+    uri = layout.ckpt_uri(spec.bucket, spec.name)
+    steps = CheckpointStore(uri).steps()
+    if steps:
+        raise SpecError(
+            f"--replace starts from step 0, but {uri} holds {len(steps)} checkpoint(s) the new "
+            f"run would resume from; mncloud never deletes them: remove them with `mncloud ckpt "
+            f"rm {uri} STEP`, or pick another --name"
+        )

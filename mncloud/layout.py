@@ -1,0 +1,103 @@
+"""Every path and URI mncloud builds: its home, a run's folder, run records, checkpoints.
+
+One owner for each location, so two modules can never disagree on where a thing lives:
+
+    $MNCLOUD_HOME (default ~/.mncloud)
+      runs/<name>/              one folder per run name (a relaunch of the name replaces it)
+      runs/<name>/checkpoints/  a local run's checkpoints without --bucket (kept on relaunch)
+      records/<run-id>/         run records, kept apart from runs/ on purpose
+      records/.locks/           lock files of the record store
+      reruns/<name>/            git worktrees `mncloud rerun` builds
+      sky-runtime/<digest>/     SkyPilot's runtime dir for an offline catalog snapshot
+    <bucket>/<name>                       MNCLOUD_CKPT_URI: the run's checkpoints
+    <bucket>/<name>/runs/<run-id>         the bucket copy of a run record
+    <bucket>/<name>/runs/<run-id>/steps   per-rank step-time telemetry
+
+Pure path arithmetic: no I/O, no imports beyond the standard library.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from mncloud.constants import HOME_ENV
+
+RUNS_DIR = "runs"
+RECORDS_DIR = "records"
+LOCKS_DIR = ".locks"
+RERUNS_DIR = "reruns"
+SKY_RUNTIME_DIR = "sky-runtime"
+STEPS_DIR = "steps"
+LOCAL_CKPT_DIR = "checkpoints"
+
+
+def home() -> Path:
+    """mncloud's own state folder: `$MNCLOUD_HOME` or `~/.mncloud`."""
+    return Path(os.environ.get(HOME_ENV) or Path.home() / ".mncloud").expanduser()
+
+
+def runs_root() -> Path:
+    """The folder holding one sub-folder per run name."""
+    return home() / RUNS_DIR
+
+
+def run_dir(run_name: str) -> Path:
+    """The folder of one run: backend choice, state, logs, events."""
+    return runs_root() / run_name
+
+
+def local_ckpt_dir(run_name: str) -> Path:
+    """Where a local run without `--bucket` keeps its checkpoints."""
+    return run_dir(run_name) / LOCAL_CKPT_DIR
+
+
+def replaced_ckpt_dir(run_name: str, stamp: str) -> Path:
+    """Where `up --replace` sets a local run's earlier checkpoints aside (never deleted)."""
+    return run_dir(run_name) / f"{LOCAL_CKPT_DIR}.replaced-{stamp}"
+
+
+def records_root() -> Path:
+    """The folder holding one sub-folder per run record."""
+    return home() / RECORDS_DIR
+
+
+def record_dir(run_id: str) -> Path:
+    """The local copy of one run record."""
+    return records_root() / run_id
+
+
+def record_locks_dir() -> Path:
+    """Lock files that serialise writers of the record store."""
+    return records_root() / LOCKS_DIR
+
+
+def rerun_dir(run_name: str) -> Path:
+    """The git worktree `mncloud rerun` rebuilds a run in."""
+    return home() / RERUNS_DIR / run_name
+
+
+def sky_runtime_dir(digest: str) -> Path:
+    """SkyPilot's runtime folder for one offline catalog snapshot."""
+    return home() / SKY_RUNTIME_DIR / digest
+
+
+def ckpt_uri(bucket: object, run_name: str) -> str:
+    """`<bucket>/<name>`: the run's checkpoint prefix (MNCLOUD_CKPT_URI); runs sharing a
+    bucket never collide. `bucket` is a BucketURL or its string."""
+    return join_uri(str(bucket), run_name)
+
+
+def record_uri(ckpt_uri: str, run_id: str) -> str:
+    """`<ckpt uri>/runs/<run-id>`: the bucket copy of a run record."""
+    return join_uri(ckpt_uri, RUNS_DIR, run_id)
+
+
+def steps_uri(ckpt_uri: str, run_id: str) -> str:
+    """`<ckpt uri>/runs/<run-id>/steps`: where ranks publish their step times."""
+    return join_uri(record_uri(ckpt_uri, run_id), STEPS_DIR)
+
+
+def join_uri(base: str, *parts: str) -> str:
+    """Join a URI and path parts with single slashes (`file:///x` keeps its three)."""
+    return "/".join([base.rstrip("/"), *(p.strip("/") for p in parts if p.strip("/"))])
