@@ -234,7 +234,7 @@ def test_script_arguments_reach_torchrun_verbatim(script: Path, tmp_path: Path) 
     config = render(build_spec(script, nasty, gpus="H100:8", nodes=2)).config
     argv = _run_section_under_bash(config, tmp_path / "run", {})
     assert argv[-len(nasty) :] == nasty
-    assert argv[-len(nasty) - 1] == "train.py"
+    assert argv[-len(nasty) - 2 :][:2] == ["--", "train.py"]
     assert "--nnodes=2" in argv and "--nproc_per_node=8" in argv and "--node_rank=1" in argv
     assert "--rdzv_endpoint=10.0.0.1:29500" in argv
     assert "--rdzv_id=sky-2026-11-21-task" in argv and "--rdzv_conf=is_host=0" in argv
@@ -248,3 +248,90 @@ def test_nccl_interface_given_or_kept(script: Path, tmp_path: Path) -> None:
     ).config
     assert "export NCCL_SOCKET_IFNAME=eth1" in config["run"]
     assert 'NCCL_DEBUG="${NCCL_DEBUG:-INFO}"' in config["run"]
+
+
+#: Script arguments that torchrun would take for its own options (or abbreviations of them).
+COLLIDING_ARGS = [
+    "--log",
+    "y",
+    "--max",
+    "3",
+    "--nnodes",
+    "3",
+    "--rdzv-id",
+    "x",
+    "-m",
+    "--standalone",
+]
+
+
+@pytest.mark.slow
+def test_colliding_arguments_reach_the_script_through_real_torchrun(
+    tmp_path: Path,
+) -> None:
+    """torchrun's own parser never sees the script's arguments: they arrive byte for byte."""
+    import shutil
+    import socket
+    import sys
+
+    torchrun = Path(sys.executable).parent / "torchrun"
+    if not torchrun.exists() and shutil.which("torchrun") is None:
+        pytest.skip("torchrun is not installed (pip install 'mncloud[train]')")
+    project = tmp_path / "proj"
+    project.mkdir()
+    (project / "pyproject.toml").write_text("[project]\nname='p'\n")
+    out = tmp_path / "argv.json"
+    train = project / "train.py"
+    train.write_text(
+        "import json, os, sys\n"
+        "if os.environ['RANK'] == '0':\n"
+        f"    json.dump(sys.argv[1:], open({str(out)!r}, 'w'))\n"
+    )
+    args = [*COLLIDING_ARGS, "it's", "$(id)"]
+    spec = build_spec(train, args, gpus="cpu:1", cloud=["local"], preflight=False)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {
+        **os.environ,
+        "PATH": f"{torchrun.parent}:{os.environ['PATH']}",
+        "SKYPILOT_NODE_IPS": "127.0.0.1",
+        "SKYPILOT_NODE_RANK": "0",
+        "SKYPILOT_NUM_NODES": "1",
+        "SKYPILOT_NUM_GPUS_PER_NODE": "0",
+        "SKYPILOT_TASK_ID": "sky-argv-test",
+        "TMPDIR": str(tmp_path),
+    }
+    run = render(spec).config["run"].replace("MASTER_PORT=29500", f"MASTER_PORT={port}")
+    proc = subprocess.run(
+        ["bash", "-c", run], env=env, cwd=project, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(out.read_text()) == args
+
+
+def test_plan_that_picks_spot_under_the_default_market_sets_the_watch(script: Path) -> None:
+    """Spot is decided once: when the plan picks it (no --spot given), the task is spot
+    everywhere — use_spot, job_recovery, the preemption watch and the backend's market."""
+    from mncloud.launch import prepare
+    from mncloud.spec import LaunchOptions, SpotPolicy
+
+    spec = build_spec(script, gpus="H100:8", nodes=4, bucket="s3://team-ckpt")
+    assert spec.spot is SpotPolicy.EITHER
+    prepared = prepare(spec, LaunchOptions(hours=24))
+    assert prepared.plan is not None and prepared.plan.choice.spot
+    config = prepared.task.config
+    assert prepared.task.spot is True
+    assert config["resources"]["use_spot"] is True
+    assert config["resources"]["job_recovery"]["strategy"] == "FAILOVER"
+    assert config["envs"][constants.PREEMPTION_WATCH_ENV] == "1"
+    on_demand = prepare(spec.model_copy(update={"spot": SpotPolicy.ON_DEMAND}), LaunchOptions())
+    assert on_demand.task.spot is False
+    assert constants.PREEMPTION_WATCH_ENV not in on_demand.task.config["envs"]
+
+
+def test_own_template_cannot_contradict_the_market(script: Path, tmp_path: Path) -> None:
+    template = tmp_path / "mine.yaml.j2"
+    template.write_text("name: {{ name }}\nresources:\n  use_spot: true\nrun: echo hi\n")
+    with pytest.raises(RenderError, match="use_spot against the plan"):
+        render(build_spec(script, gpus="H100:8", spot=False), template=template)
