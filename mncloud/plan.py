@@ -64,6 +64,7 @@ from mncloud.errors import CatalogError, SpecError
 from mncloud.spec import (
     DEFAULT_HOURS,
     LOCAL_CLOUD,
+    MAX_NODES,
     Accelerator,
     JobSpec,
     SpotPolicy,
@@ -252,7 +253,7 @@ class PlanRequest(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     accelerator: Accelerator
-    nodes: int = Field(1, ge=1)
+    nodes: int = Field(1, ge=1, le=MAX_NODES)
     spot: SpotPolicy = SpotPolicy.EITHER
     clouds: list[str] = Field(default_factory=list)
     """Allowed clouds (SkyPilot names); empty: `catalog.default_clouds()`."""

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import shlex
 from dataclasses import dataclass
 from importlib import resources as importlib_resources
@@ -208,26 +209,41 @@ def _resource_choices(spec: JobSpec, plan: Plan | None) -> tuple[list[dict[str, 
 
 
 def _cloud_regions(clouds: list[str], regions: list[str]) -> list[tuple[str, str]]:
-    """Pair each region with the clouds that have it (by SkyPilot's catalog)."""
+    """Pair each region with the clouds that have it (by SkyPilot's catalog).
+
+    A region no named cloud has is a RenderError that lists the valid names.
+    """
     if not regions:
         return [(cloud, "*") for cloud in clouds]
-    if len(clouds) == 1:
-        return [(clouds[0], region) for region in regions]
-    from sky.utils import registry
-
     pairs = []
     for region in regions:
-        owners = []
+        owners, valid = [], []
         for cloud in clouds:
-            try:
-                registry.CLOUD_REGISTRY.from_str(cloud).validate_region_zone(region, None)
+            known = _region_error(cloud, region)
+            if known is None:
                 owners.append(cloud)
-            except ValueError:
-                continue
+            else:
+                valid.append(f"{cloud}: {known}")
         if not owners:
-            raise RenderError(f"--region {region!r} belongs to none of --cloud {', '.join(clouds)}")
+            where = " or ".join(clouds)
+            raise RenderError(
+                f"--region {region!r} is not a {where} region; valid: {'; '.join(valid)}"
+            )
         pairs.extend((cloud, region) for cloud in owners)
     return pairs
+
+
+def _region_error(cloud: str, region: str) -> str | None:
+    """None when `cloud` has `region` in SkyPilot's catalog, else the cloud's region names."""
+    from sky.utils import registry
+
+    try:
+        registry.CLOUD_REGISTRY.from_str(cloud).validate_region_zone(region, None)
+    except ValueError as err:
+        # SkyPilot lists the regions ("…regions: 'a, b'") or the close ones ("…these: 'a'?").
+        names = re.search(r"(?:regions|these): '([^']*)'", str(err))
+        return names.group(1) if names else "see `sky show-gpus --all-regions`"
+    return None
 
 
 def _file_mounts(spec: JobSpec) -> dict[str, Any]:

@@ -146,6 +146,9 @@ def test_secret_values_never_rendered(script: Path, monkeypatch: pytest.MonkeyPa
         (["--gpus", "H100:8", "--bucket", "s3://Bad_Name"], "lowercase"),
         (["--gpus", "H100:8", "--env", "NOVALUE"], "KEY=VALUE"),
         (["--gpus", "H100:8", "--cloud", "nocloud"], "unknown"),
+        (["--gpus", "H100:8", "--cloud", "aws", "--region", "mars-1"], "us-east-1, us-east-2"),
+        (["--gpus", "H100:8", "--cloud", "gcp", "--region", "us-east-1"], "us-central1"),
+        (["--gpus", "H100:8", "--nodes", "99999999999999999999"], "from 1 to 1024"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(script: Path, flags: list[str], fragment: str) -> None:
