@@ -1,6 +1,6 @@
 """bench/preempt: steps lost per preemption with a notice (goal 0) and without (≤ one interval).
 
-    /work/venv/bin/python bench/preempt.py [--preemptions 3] [--notice 30s] [--protocol gcp]
+    .venv/bin/python bench/preempt.py [--preemptions 3] [--notice 30s] [--protocol gcp]
 
 Launches `examples/train_ddp.py` twice with `mncloud up --cloud local --nodes 2 --gpus cpu:2
 --detach` (600 steps, checkpoint every 50), one run after the other, and preempts each one
@@ -32,8 +32,9 @@ STEPS, INTERVAL = 600, 50
 def run(
     name: str, preemptions: int, notice: str | None, protocol: str, rng: random.Random
 ) -> dict[str, Any]:
-    from mncloud.backends.base import run_dir
-    from mncloud.backends.local import load_state, read_final, read_jsonl, recovery_figures
+    from mncloud.backends.local.figures import read_final, recovery_figures
+    from mncloud.backends.local.state import load_state, read_jsonl
+    from mncloud.layout import run_dir
 
     mncloud("up", str(EXAMPLE), "--cloud", "local", "--nodes", "2", "--gpus", "cpu:2",
             "--name", name, "--detach", "--yes", "--recovery-delay", "0s", "--max-restarts",

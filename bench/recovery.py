@@ -1,6 +1,6 @@
 """bench/recovery: what a preemption costs a local 2 × 2 run, against its cold start.
 
-    /work/venv/bin/python bench/recovery.py [--preemptions 3] [--recovery-delay 2s] [--json]
+    .venv/bin/python bench/recovery.py [--preemptions 3] [--recovery-delay 2s] [--json]
 
 Launches `examples/train_ddp.py` with `mncloud up --cloud local --nodes 2 --gpus cpu:2
 --detach` (1000 steps, checkpoint every 50) and preempts it (SIGKILL of a whole node, like a
@@ -42,14 +42,10 @@ def main() -> None:
     args = p.parse_args()
     fresh_home()
 
-    from mncloud.backends.base import run_dir
-    from mncloud.backends.local import (
-        load_state,
-        preempt_node,
-        read_final,
-        read_jsonl,
-        recovery_figures,
-    )
+    from mncloud.backends.local.chaos import preempt_node
+    from mncloud.backends.local.figures import read_final, recovery_figures
+    from mncloud.backends.local.state import load_state, read_jsonl
+    from mncloud.layout import run_dir
 
     def final_state(name: str):  # type: ignore[no-untyped-def]
         return wait(lambda: (s := load_state(run_dir(name))).state.is_final and s, 900, name)

@@ -16,23 +16,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 from typer.testing import CliRunner
 
 from mncloud import constants
-from mncloud.backends.base import RunState, run_dir
-from mncloud.backends.local import (
-    LocalState,
-    kill_tagged,
-    load_state,
-    pid_alive,
-    read_final,
-    read_jsonl,
-    recovery_figures,
-    tagged_pids,
-    tail_lines,
-)
+from mncloud.backends.base import RunState
+from mncloud.backends.local.backend import tail_lines
+from mncloud.backends.local.figures import read_final, recovery_figures
+from mncloud.backends.local.processes import kill_tagged, pid_alive, tagged_pids
+from mncloud.backends.local.state import LocalState, load_state, read_jsonl
 from mncloud.cli import app
+from mncloud.layout import run_dir
 
 pytestmark = pytest.mark.catalog
 runner = CliRunner()
@@ -84,6 +79,20 @@ def run_log(name: str) -> str:
     return (run_dir(name) / "run.log").read_text()
 
 
+def _tag(proc: psutil.Process) -> str:
+    try:
+        return proc.environ().get(constants.LOCAL_NODE_TAG_ENV, "")
+    except psutil.Error:
+        return ""
+
+
+def _is_running(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
 # --------------------------------------------------------------------------- fast
 
 
@@ -105,7 +114,7 @@ def test_kill_tagged_finds_processes_in_their_own_sessions(tmp_path: Path) -> No
 
 
 def test_recovery_figures_from_events_and_progress(tmp_path: Path) -> None:
-    from mncloud.backends.local import Event, save_state
+    from mncloud.backends.local.state import Event, save_state
 
     folder = tmp_path / "run"
     folder.mkdir()
@@ -141,6 +150,45 @@ def test_tail_lines_reads_and_stops(tmp_path: Path) -> None:
     assert list(tail_lines(path, follow=True, done=lambda: True)) == ["a", "b", "partial"]
 
 
+def test_summary_is_readable_at_80_columns() -> None:
+    """Every row of the demo summary fits 80 columns, or wraps inside its value column:
+    never under the label, never in the middle of a parenthesis."""
+    import io
+
+    from rich.console import Console
+
+    from mncloud.backends.local.figures import (
+        RecoveryFigures,
+        ReferenceResult,
+        RunProgress,
+    )
+    from mncloud.cli.follow import reference_table, status_line, summary_table
+
+    fig = RecoveryFigures(
+        attempts=4, restarts=3, preemptions=3, wall_s=12345.6, cold_start_s=123.4,
+        resume_s=[101.5, 102.5, 103.5], steps_lost=150, lost_per_recovery=[50, 49, 51],
+        final={"weights_sha256": "ab" * 32},
+    )  # fmt: skip
+    progress = RunProgress(
+        name="a-run-with-a-rather-long-name", state=RunState.SUCCEEDED, ended=True, attempt=4,
+        restarts=3, preemptions=3, step=100000, started_at=1.0, ended_at=12346.6,
+        detail="after 3 restarts, 3 preemptions", figures=fig,
+    )  # fmt: skip
+    ref = ReferenceResult(state=RunState.SUCCEEDED, weights_sha256="ab" * 32, wall_s=4321.0,
+                          detail="")  # fmt: skip
+    out = io.StringIO()
+    con = Console(file=out, width=80, color_system=None)
+    for item in (status_line(progress), summary_table(progress), reference_table("ab" * 32, ref)):
+        con.print(item)
+    lines = out.getvalue().splitlines()
+    assert lines and all(len(line) <= 80 for line in lines), lines
+    for line in lines:
+        assert line.count("(") == line.count(")"), line  # no parenthesis split over lines
+        assert not line.startswith(" "), line  # no row wrapped under its label
+    assert "SUCCEEDED succeeded" not in out.getvalue()
+    assert any(line.startswith("reference") and "same final weights" in line for line in lines)
+
+
 def test_chaos_needs_a_known_local_run() -> None:
     result = runner.invoke(app, ["chaos", "preempt", "nope"])
     assert result.exit_code == 2 and "no run named 'nope'" in result.output
@@ -162,7 +210,7 @@ def test_dryrun_checks_without_starting(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_preempted_twice_ends_with_the_uninterrupted_weights(s3_env: Any) -> None:
     """2 nodes × 2 processes: uninterrupted vs preempted twice (once during a save)."""
-    from mncloud.ckptstore import CheckpointStore
+    from mncloud.storage import CheckpointStore
 
     flags = ["--nodes", "2", "--gpus", "cpu:2", "--recovery-delay", "0.5s"]
     up("ref", EXAMPLE, *flags, script_args=TRAIN_ARGS)
@@ -193,6 +241,7 @@ def test_preempted_twice_ends_with_the_uninterrupted_weights(s3_env: Any) -> Non
     final = read_final(state.ckpt_uri)
     assert final is not None and final["weights_sha256"] == reference["weights_sha256"]
     assert (state.restarts, state.preemptions) == (2, 2)
+    assert state.detail == "after 2 restarts, 2 preemptions"  # not "SUCCEEDED succeeded ..."
     fig = recovery_figures(run_dir("chaos"))
     assert fig.attempts == 3
     saving = next(e for e in state.events if e.kind == "chaos-preempt").data["during_save_step"]
@@ -238,7 +287,7 @@ def test_user_errors_are_retried_only_when_asked(tmp_path: Path) -> None:
 def test_storage_outage_mid_run_is_survived() -> None:
     import re
 
-    from mncloud.ckptstore import CheckpointStore
+    from mncloud.storage import CheckpointStore
 
     args = ["--steps", "1000", "--ckpt-interval", "20", "--log-every", "500"]
     up("outage", EXAMPLE, "--nodes", "2", "--gpus", "cpu:1", script_args=args)
@@ -272,9 +321,13 @@ def test_down_leaves_no_process_behind(tmp_path: Path) -> None:
     pids = wait_until(lambda: len(p := tagged_pids(state.token)) >= 8 and p, 60, "8 processes")
     supervisor = state.supervisor_pid
     result = json.loads(cli("down", "sleepy", "--json").output)
+    # Right after `down` returns, no process of the run runs: not the supervisor, not one
+    # process carrying the run's tag (psutil over every process of the machine).
     assert result["state"] == "CANCELLED"
+    assert "process(es) of the run gone" in result["detail"], result["detail"]
     assert not pid_alive(supervisor)
     assert [p for p in pids if pid_alive(p)] == []
-    assert tagged_pids(state.token) == []
+    running = [p for p in psutil.process_iter() if p.pid != os.getpid() and _is_running(p)]
+    assert [p.pid for p in running if _tag(p).startswith(f"{state.token}/")] == []
     # Idempotent.
     assert json.loads(cli("down", "sleepy", "--json").output)["state"] == "CANCELLED"

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from mncloud import constants
-from mncloud.backends.metadata import MetadataServer
+from mncloud.backends.local.metadata import MetadataServer
 from mncloud.train.preempt import Notice, PreemptionWatcher, protocols_from_env
 
 REPO = Path(__file__).resolve().parents[1]
@@ -118,7 +118,7 @@ for step in range(1, 100000):
 
 def test_sigterm_saves_the_step_and_exits_115(tmp_path: Path) -> None:
     """A real SIGTERM: the step is saved and committed, the marker written, exit 115."""
-    from mncloud.ckptstore import CheckpointStore
+    from mncloud.storage import CheckpointStore
 
     marker = tmp_path / "marker"
     env = dict(
@@ -247,9 +247,10 @@ def test_notice_at_a_random_step_loses_no_step(s3_env: Any) -> None:
     step, exit 115, and the run resumes there with the uninterrupted run's final weights."""
     import random
 
-    from mncloud.backends.base import RunState, run_dir
-    from mncloud.backends.local import read_final, recovery_figures
-    from mncloud.ckptstore import CheckpointStore
+    from mncloud.backends.base import RunState
+    from mncloud.backends.local.figures import read_final, recovery_figures
+    from mncloud.layout import run_dir
+    from mncloud.storage import CheckpointStore
     from tests.test_local import (
         EXAMPLE,
         TRAIN_ARGS,

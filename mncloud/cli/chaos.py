@@ -20,7 +20,7 @@ from typing import Annotated
 import typer
 
 from mncloud.cli._common import console, handle_errors, print_json
-from mncloud.cli.up import parse_duration
+from mncloud.cli.options import parse_duration
 from mncloud.errors import BackendError
 
 app = typer.Typer(
@@ -31,7 +31,8 @@ NameArg = Annotated[str, typer.Argument(help="The name of a local run (mncloud u
 
 
 def _local_folder(name: str):  # type: ignore[no-untyped-def]
-    from mncloud.backends.base import backend_name_of, run_dir
+    from mncloud.backends.registry import backend_name_of
+    from mncloud.layout import run_dir
 
     if backend_name_of(name) != "local":
         raise BackendError(f"run {name!r} is not local; chaos works on --cloud local runs only")
@@ -73,7 +74,9 @@ def preempt_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print each preemption as JSON.")] = False,
 ) -> None:
     """SIGKILL a node's launcher, torchrun and workers, like a spot VM vanishing."""
-    from mncloud.backends.local import load_state, notify_node, preempt_node, wait_for_running
+    from mncloud.backends.local.chaos import notify_node, preempt_node
+    from mncloud.backends.local.lifecycle import wait_for_running
+    from mncloud.backends.local.state import load_state
 
     folder = _local_folder(name)
     state = load_state(folder)
@@ -122,7 +125,7 @@ def storage_outage_command(
     ] = 30.0,
 ) -> None:
     """Make the run's bucket unreachable for a while (file:// or a storage server on this host)."""
-    from mncloud.backends.local import storage_outage
+    from mncloud.backends.local.chaos import storage_outage
 
     folder = _local_folder(name)
     for message in storage_outage(folder, seconds):

@@ -1,0 +1,26 @@
+"""The local backend: the rendered SkyPilot task on N simulated nodes of this machine.
+
+`mncloud up train.py --cloud local --nodes 2 --gpus cpu:2` renders the task exactly as for a
+cloud; this package then executes *that* task: `setup` once per node, then `run` on every
+node with the variables SkyPilot sets, plus `MNCLOUD_CKPT_URI` (`--bucket`, else
+`file://<run folder>/checkpoints`). The nodes run real `torchrun` (gloo over loopback).
+
+    backend.py     LocalBackend (the `Backend` interface): launch, status, logs, down, progress
+    lifecycle.py   write a run folder, start its supervisor, stop it (no process survives)
+    supervisor.py  the process that runs the nodes and relaunches them (SkyPilot's recovery)
+    nodes.py       one node: SkyPilot's environment, its logs with node and rank prefixes
+    processes.py   psutil: a node's processes by their env tag, liveness, ports
+    chaos.py       preempt a node (with or without notice), take the bucket away
+    metadata.py    the clouds' metadata servers on 127.0.0.1 (preemption notices)
+    figures.py     live progress, recovery figures, the uninterrupted reference run
+    state.py       the run folder's files and their models (launch.json, state.json)
+    __main__.py    `python -m mncloud.backends.local supervise RUN_FOLDER`
+
+A new `up` with the name of a finished run keeps its local checkpoints (`--resume`
+continues from them); pass `--bucket` to keep checkpoints elsewhere.
+"""
+
+from mncloud.backends.local.backend import LocalBackend
+from mncloud.backends.local.processes import free_port
+
+__all__ = ["LocalBackend", "free_port"]

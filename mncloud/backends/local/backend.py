@@ -1,0 +1,198 @@
+"""`LocalBackend`: the `Backend` interface over a local run folder and its supervisor.
+
+`launch` turns the rendered task into launch.json and starts the supervisor; `status`,
+`logs` and `down` read and stop it; `progress` and `run_reference` are what the CLI shows
+while a local run goes and at its end (the CLI never reads the run folder itself).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from mncloud import constants, layout
+from mncloud.backends.base import LaunchRequest, RunState, RunStatus
+from mncloud.backends.local import figures, lifecycle
+from mncloud.backends.local.processes import port_is_free
+from mncloud.backends.local.state import (
+    REFERENCE_DIR,
+    RUN_LOG,
+    SUPERVISOR_LOG,
+    LocalLaunch,
+    load_state,
+    node_log,
+)
+from mncloud.errors import BackendError, RunNotFoundError
+from mncloud.spec import LaunchOptions
+
+
+def _options(request: LaunchRequest) -> LaunchOptions:
+    """The request's options, typed (a plain dict from an older caller is validated too)."""
+    opts: Any = request.options
+    if isinstance(opts, LaunchOptions):
+        return opts
+    known = {k: v for k, v in dict(opts or {}).items() if k in LaunchOptions.model_fields}
+    return LaunchOptions(**{k: v for k, v in known.items() if v is not None})
+
+
+def _check_can_launch(request: LaunchRequest) -> None:
+    """BackendError for what would stop the run at once: a live run of the same name,
+    no torchrun, a taken port, a missing secret."""
+    spec = request.spec
+    with contextlib.suppress(RunNotFoundError):
+        old = load_state(layout.run_dir(spec.name))
+        if not old.state.is_final and lifecycle.supervisor_alive(old):
+            raise BackendError(
+                f"run {spec.name!r} is still {old.state.value}; stop it with "
+                f"`mncloud down {spec.name}` or pick another --name"
+            )
+    here = shutil.which("torchrun", path=str(Path(sys.executable).parent))
+    if here is None and shutil.which("torchrun") is None:
+        raise BackendError("torchrun not found: pip install 'mncloud[train]' (torch)")
+    if not port_is_free(spec.master_port):
+        raise BackendError(
+            f"port {spec.master_port} on 127.0.0.1 is in use; pass --master-port with a "
+            "free port (another run may hold it)"
+        )
+    missing = [k for k in request.task.config.get("secrets") or {} if k not in os.environ]
+    if missing:
+        raise BackendError(f"--secret {missing[0]} is not set in your environment; export it")
+
+
+def launch_record(request: LaunchRequest) -> LocalLaunch:
+    """The launch.json of a request: the rendered task plus the local options."""
+    spec, config, opts = request.spec, request.task.config, _options(request)
+    envs = {str(k): str(v) for k, v in (config.get("envs") or {}).items()}
+    nodes, procs = int(config.get("num_nodes", spec.nodes)), spec.procs_per_node
+    local_ckpt = f"file://{layout.local_ckpt_dir(spec.name)}"
+    return LocalLaunch(
+        name=spec.name,
+        token=uuid.uuid4().hex[:12],
+        task_id=f"sky-{datetime.now():%Y-%m-%d-%H-%M-%S-%f}_{spec.name}_1",
+        run_id=getattr(request, "run_id", None),
+        workdir=str(config.get("workdir") or spec.workdir),
+        setup=config.get("setup"),
+        run=str(config["run"]),
+        envs=envs,
+        num_nodes=nodes,
+        procs_per_node=procs,
+        master_port=spec.master_port,
+        ckpt_uri=envs.get(constants.CKPT_URI_ENV) or local_ckpt,
+        max_restarts=spec.max_restarts,
+        retry_on_error=opts.retry_on_error,
+        recovery_delay=opts.recovery_delay,
+        chaos_preempt_after=opts.chaos_preempt_after,
+        cpu_threads=max(1, (os.cpu_count() or 1) // (nodes * procs)),
+        storage_endpoint=os.environ.get("AWS_ENDPOINT_URL")
+        or os.environ.get("STORAGE_EMULATOR_HOST"),
+    )
+
+
+class LocalBackend:
+    """Runs the rendered task on N local nodes under a supervisor process."""
+
+    name = "local"
+
+    def launch(self, request: LaunchRequest) -> RunStatus:
+        _check_can_launch(request)
+        launch = launch_record(request)
+        if request.dryrun:
+            nodes, procs = launch.num_nodes, launch.procs_per_node
+            return RunStatus(
+                name=launch.name, backend=self.name, state=RunState.PENDING, nodes=nodes,
+                cloud="local", instance_type=f"cpu:{procs}", hourly_total=0.0,
+                ckpt_uri=launch.ckpt_uri,
+                detail=f"dry run: would start {nodes} local node(s) × {procs} process(es)",
+            )  # fmt: skip
+        folder = layout.run_dir(launch.name)
+        lifecycle.prepare_run(folder, launch, request.task.yaml_text)
+        lifecycle.start_supervised(folder)
+        return self.status(launch.name)
+
+    def status(self, run_name: str) -> RunStatus:
+        folder = layout.run_dir(run_name)
+        state = load_state(folder)
+        if not state.state.is_final and not lifecycle.supervisor_alive(state):
+            # Re-read: the supervisor may have written its final state just before exiting.
+            state = load_state(folder)
+            if not state.state.is_final and state.supervisor_pid:
+                state.state = RunState.FAILED
+                state.detail = (
+                    f"the supervisor stopped unexpectedly (see {folder / SUPERVISOR_LOG}); "
+                    f"`mncloud down {run_name}` cleans up"
+                )
+        return RunStatus(
+            name=run_name, backend=self.name, state=state.state, nodes=state.num_nodes,
+            cloud="local", instance_type=f"cpu:{state.procs_per_node}", spot=None,
+            restarts=state.restarts, preemptions=state.preemptions,
+            started_at=state.started_at, ended_at=state.ended_at, hourly_total=0.0,
+            ckpt_uri=state.ckpt_uri, detail=state.detail,
+        )  # fmt: skip
+
+    def logs(self, run_name: str, node: int | None = None, follow: bool = False) -> Iterator[str]:
+        folder = layout.run_dir(run_name)
+        state = load_state(folder)
+        if node is not None and not 0 <= node < state.num_nodes:
+            raise BackendError(f"--node {node}: run {run_name} has nodes 0..{state.num_nodes - 1}")
+        path = folder / (RUN_LOG if node is None else node_log(node))
+        yield from tail_lines(path, follow=follow, done=lambda: lifecycle.run_ended(folder))
+
+    def down(self, run_name: str) -> RunStatus:
+        """Stop the run and wait (bounded) until none of its processes is left; the status's
+        detail says how that went."""
+        folder = layout.run_dir(run_name)
+        load_state(folder)  # RunNotFoundError for an unknown run
+        lifecycle.stop_folder(folder / REFERENCE_DIR)
+        report = lifecycle.stop_folder(folder)
+        status = self.status(run_name)
+        status.detail = f"{status.detail}; {report.describe()}" if status.detail else (
+            report.describe())  # fmt: skip
+        if report.left:
+            raise BackendError(f"mncloud down {run_name}: {report.describe()}")
+        return status
+
+    def progress(self, run_name: str, *, summary: bool = False) -> figures.RunProgress:
+        """Where the run is (step, attempt, restarts); with `summary`, its recovery figures."""
+        return figures.progress_of(layout.run_dir(run_name), run_name, summary=summary)
+
+    def run_reference(
+        self, run_name: str, on_progress: Callable[[figures.RunProgress], None]
+    ) -> figures.ReferenceResult:
+        """Run the same task once more without chaos and wait for it (see figures.py)."""
+        return figures.run_reference(run_name, on_progress)
+
+
+def tail_lines(
+    path: Path, *, follow: bool, done: Callable[[], bool], poll: float = 0.2
+) -> Iterator[str]:
+    """Lines of a growing file; with `follow`, until `done()` and the file stops growing."""
+    while follow and not path.exists() and not done():
+        time.sleep(poll)
+    if not path.exists():
+        return
+    with open(path, errors="replace") as f:
+        buffer = ""
+        while True:
+            chunk = f.readline()
+            if chunk:
+                buffer += chunk
+                if buffer.endswith("\n"):
+                    yield buffer.rstrip("\n")
+                    buffer = ""
+                continue
+            if not follow:
+                break
+            if done():
+                yield from (buffer + f.read()).splitlines()
+                return
+            time.sleep(poll)
+        if buffer:
+            yield buffer

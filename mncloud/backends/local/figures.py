@@ -1,0 +1,189 @@
+"""What a local run did, in numbers: its live progress, what its relaunches cost, and whether
+it ended with the weights of the same run without interruptions (the reference run).
+
+The figures come from the supervisor's events (state.json) and rank 0's progress lines
+(progress.jsonl, written by the script through `$MNCLOUD_PROGRESS_FILE`). The demo summary,
+the tests and the benchmarks in `bench/` read them here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from mncloud.backends.base import RunState
+from mncloud.backends.local.lifecycle import run_ended, start_reference, stop_folder
+from mncloud.backends.local.state import (
+    FINAL_FILE,
+    PROGRESS_FILE,
+    LocalState,
+    is_step,
+    last_step,
+    load_state,
+    read_jsonl,
+)
+
+POLL_S = 0.25
+
+
+class RecoveryFigures(BaseModel):
+    """What a run's relaunches cost, from its events and rank 0's progress lines."""
+
+    attempts: int
+    restarts: int
+    preemptions: int
+    wall_s: float | None
+    cold_start_s: float | None
+    """From the first launch of the nodes to the first finished training step."""
+    resume_s: list[float] = Field(default_factory=list)
+    """Per recovery: from the preemption to the first finished step after it."""
+    steps_lost: int = 0
+    """Steps trained before a failure and trained again after it."""
+    lost_per_recovery: list[int] = Field(default_factory=list)
+    resumed_from: list[int | None] = Field(default_factory=list)
+    steps_per_attempt: list[list[int]] = Field(default_factory=list)
+    final: dict[str, Any] | None = None
+    """The script's final.json, when it wrote one."""
+
+
+class RunProgress(BaseModel):
+    """A local run as the CLI shows it while it runs (status line) and after (summary)."""
+
+    name: str
+    state: RunState
+    ended: bool
+    """Final, or its supervisor is gone: nothing more will happen."""
+    attempt: int
+    restarts: int
+    preemptions: int
+    step: int | None
+    """The newest training step rank 0 reported."""
+    started_at: float | None
+    ended_at: float | None
+    detail: str
+    figures: RecoveryFigures | None = None
+    """Filled when asked for (`summary=True`): reads every progress line and the bucket."""
+
+    @property
+    def elapsed_s(self) -> float:
+        if self.started_at is None:
+            return 0.0
+        return (self.ended_at or time.time()) - self.started_at
+
+
+class ReferenceResult(BaseModel):
+    """The uninterrupted reference run of a run, finished or not."""
+
+    state: RunState
+    weights_sha256: str | None
+    wall_s: float | None
+    detail: str
+
+
+def progress_of(folder: Path, label: str | None = None, *, summary: bool = False) -> RunProgress:
+    """A run folder's progress; with `summary`, its recovery figures too."""
+    state = load_state(folder)
+    ended = run_ended(folder)
+    return RunProgress(
+        name=label or state.name, state=state.state, ended=ended, attempt=state.attempt,
+        restarts=state.restarts, preemptions=state.preemptions, step=last_step(folder),
+        started_at=state.started_at, ended_at=state.ended_at, detail=state.detail,
+        figures=recovery_figures(folder) if summary else None,
+    )  # fmt: skip
+
+
+def _attempt_steps(
+    state: LocalState, progress: list[dict[str, Any]]
+) -> tuple[list[list[int]], list[float | None], list[int | None]]:
+    """Per attempt: the steps trained, the time of the first, the step it resumed from."""
+    launches = [e.t for e in state.events if e.kind == "launch"]
+    bounds = [*launches, float("inf")]
+    steps: list[list[int]] = [[] for _ in launches]
+    first_t: list[float | None] = [None for _ in launches]
+    resumed: list[int | None] = [None for _ in launches]
+    for rec in progress:
+        k = next((i for i in range(len(launches)) if bounds[i] <= rec["t"] < bounds[i + 1]), None)
+        if k is None:
+            continue
+        if rec.get("event") == "start":
+            resumed[k] = int(rec.get("resumed_from") or 0)
+        elif is_step(rec):
+            steps[k].append(int(rec["step"]))
+            if first_t[k] is None:
+                first_t[k] = float(rec["t"])
+    return steps, first_t, resumed
+
+
+def recovery_figures(folder: Path) -> RecoveryFigures:
+    """Summarise a local run (live or finished) for the demo summary, tests and bench."""
+    state = load_state(folder)
+    launches = [e.t for e in state.events if e.kind == "launch"]
+    hits = [e.t for e in state.events if e.kind in ("chaos-preempt", "preempted", "error")]
+    steps, first_t, resumed = _attempt_steps(state, read_jsonl(folder / PROGRESS_FILE))
+    bounds = [*launches, float("inf")]
+    lost, resume_s = [], []
+    for k in range(1, len(launches)):
+        before = max(steps[k - 1], default=resumed[k - 1] or 0)
+        if resumed[k] is not None:
+            lost.append(max(0, before - resumed[k]))
+        hit = [t for t in hits if bounds[k - 1] <= t < bounds[k]]
+        if hit and first_t[k] is not None:
+            resume_s.append(round(first_t[k] - min(hit), 2))
+    cold = first_t[0] - launches[0] if launches and first_t[0] else None
+    final = None
+    with contextlib.suppress(Exception):
+        final = read_final(state.ckpt_uri)
+    return RecoveryFigures(
+        attempts=len(launches),
+        restarts=state.restarts,
+        preemptions=state.preemptions,
+        wall_s=(state.ended_at or time.time()) - state.started_at if state.started_at else None,
+        cold_start_s=round(cold, 2) if cold is not None else None,
+        resume_s=resume_s,
+        steps_lost=sum(lost),
+        lost_per_recovery=lost,
+        resumed_from=resumed,
+        steps_per_attempt=steps,
+        final=final,
+    )
+
+
+def read_final(ckpt_uri: str) -> dict[str, Any] | None:
+    """The script's final.json beside its checkpoints, or None."""
+    from mncloud.storage import ObjectNotFoundError, join_key, open_bucket
+
+    bucket, prefix = open_bucket(ckpt_uri, retry_seconds=5)
+    try:
+        return dict(json.loads(bucket.get_bytes(join_key(prefix, FINAL_FILE))))
+    except ObjectNotFoundError:
+        return None
+
+
+def run_reference(
+    run_name: str, on_progress: Callable[[RunProgress], None] = lambda _p: None
+) -> ReferenceResult:
+    """Run the task once more without chaos (`lifecycle.start_reference`) and wait for it,
+    calling `on_progress` as it goes; Ctrl-C stops it (and is raised again)."""
+    ref = start_reference(run_name)
+    try:
+        while not (progress := progress_of(ref, "reference")).ended:
+            on_progress(progress)
+            time.sleep(POLL_S)
+    except KeyboardInterrupt:
+        stop_folder(ref)
+        raise
+    state = load_state(ref)
+    final = read_final(state.ckpt_uri) if state.state is RunState.SUCCEEDED else None
+    wall = (state.ended_at or 0) - state.started_at if state.started_at else None
+    return ReferenceResult(
+        state=state.state,
+        weights_sha256=(final or {}).get("weights_sha256"),
+        wall_s=wall,
+        detail=state.detail,
+    )

@@ -1,0 +1,138 @@
+"""One simulated node: the environment SkyPilot would give it, and its logs.
+
+A node is `bash run.sh` (or `setup.sh`) in a session of its own with the variables SkyPilot
+sets (`SKYPILOT_NODE_IPS` = N × 127.0.0.1, `SKYPILOT_NODE_RANK`, ...), the checkpoint URI, its
+own TMPDIR, its metadata URL and its process tag. Rank prefixes come from torchrun itself
+(`--tee`, set through `PET_TEE` and `TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE`, so the rendered
+task stays untouched); the log writer adds the node: `[node N rank R]`, `[node N]` for
+torchrun's own lines, `[mncloud …]` for the supervisor's events.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import IO
+
+from mncloud import constants
+from mncloud.backends.local.processes import LOCALHOST, node_tag
+from mncloud.backends.local.state import (
+    PROGRESS_FILE,
+    RUN_LOG,
+    LocalLaunch,
+    node_dir,
+    node_log,
+)
+
+NOTICE_POLL_S = 0.5
+"""How often a local node polls its (simulated) metadata for a preemption notice."""
+_RANK_PREFIX = re.compile(r"^\[rank(\d+)\]:(.*)$", re.DOTALL)
+
+
+def node_env(
+    launch: LocalLaunch, folder: Path, node: int, *, metadata_url: str, setup: bool
+) -> dict[str, str]:
+    """The environment of `node`'s setup or run script (this process's plus SkyPilot's)."""
+    own = node_dir(folder, node)
+    for sub in ("tmp", "staging", "torchrun"):
+        (own / sub).mkdir(parents=True, exist_ok=True)
+    threads = str(launch.cpu_threads)
+    env = dict(os.environ)
+    env.update(launch.envs)
+    ips = "\n".join([LOCALHOST] * launch.num_nodes)
+    env.update({
+        constants.SKYPILOT_NODE_IPS: ips,
+        constants.SKYPILOT_NODE_RANK: str(node),
+        constants.SKYPILOT_NUM_NODES: str(launch.num_nodes),
+        constants.SKYPILOT_NUM_GPUS_PER_NODE: str(launch.procs_per_node),
+        constants.SKYPILOT_TASK_ID: launch.task_id,
+        constants.CKPT_URI_ENV: launch.ckpt_uri,
+        constants.CKPT_STAGING_ENV: str(own / "staging"),
+        constants.PROGRESS_FILE_ENV: str(folder / PROGRESS_FILE),
+        constants.CPU_THREADS_ENV: threads,
+        constants.CLOUD_ENV: "local",
+        constants.METADATA_URL_ENV: metadata_url,
+        constants.METADATA_PROTOCOL_ENV: "all",
+        constants.METADATA_POLL_ENV: str(NOTICE_POLL_S),
+        constants.LOCAL_NODE_TAG_ENV: node_tag(launch.token, node),
+        "OMP_NUM_THREADS": threads,
+        "MKL_NUM_THREADS": threads,
+        "TMPDIR": str(own / "tmp"),
+        "GLOO_SOCKET_IFNAME": "lo",
+        "PYTHONUNBUFFERED": "1",
+        "PATH": os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]),
+        # torchrun tees each worker's output with a rank prefix (the task stays untouched).
+        "PET_TEE": "3",
+        "PET_LOG_DIR": str(own / "torchrun"),
+        "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "[rank${rank}]:",
+    })  # fmt: skip
+    # Local nodes can be preempted with a notice at any time: watch (unless --env says no).
+    env.setdefault(constants.PREEMPTION_WATCH_ENV, "1")
+    if setup:
+        env["SKYPILOT_SETUP_NODE_IPS"] = ips
+        env["SKYPILOT_SETUP_NODE_RANK"] = str(node)
+    return env
+
+
+class RunLogs:
+    """run.log (every node) and node-N.log, line-buffered, written from several threads."""
+
+    def __init__(self, folder: Path, num_nodes: int) -> None:
+        self._lock = threading.Lock()
+        self._run_log = open(folder / RUN_LOG, "a", buffering=1)  # noqa: SIM115
+        self._node_logs = {
+            n: open(folder / node_log(n), "a", buffering=1)  # noqa: SIM115
+            for n in range(num_nodes)
+        }
+        self._pumps: list[threading.Thread] = []
+
+    def write(self, line: str, node: int | None = None) -> None:
+        with self._lock:
+            self._run_log.write(line + "\n")
+            if node is not None:
+                self._node_logs[node].write(line + "\n")
+
+    def follow(self, node: int, stream: IO[bytes], label: str) -> None:
+        """Copy a node's output into the logs, in a thread, each line with node and rank."""
+        pump = threading.Thread(target=self._pump, args=(node, stream, label), daemon=True)
+        pump.start()
+        self._pumps.append(pump)
+
+    def _pump(self, node: int, stream: IO[bytes], label: str) -> None:
+        for raw in iter(stream.readline, b""):
+            line = raw.decode(errors="replace").rstrip("\r\n")
+            match = _RANK_PREFIX.match(line)
+            if match:
+                self.write(f"[node {node} rank {match[1]}] {match[2]}", node)
+            else:
+                self.write(f"[node {node}{label}] {line}", node)
+        stream.close()
+
+    def drain(self, timeout: float = 5.0) -> None:
+        """Wait for the output of stopped nodes to be written."""
+        for pump in self._pumps:
+            pump.join(timeout=timeout)
+        self._pumps.clear()
+
+    def close(self) -> None:
+        for f in (self._run_log, *self._node_logs.values()):
+            f.close()
+
+
+def start_node(
+    launch: LocalLaunch, folder: Path, node: int, script: str, env: dict[str, str]
+) -> subprocess.Popen[bytes]:
+    """Start `bash <script>` for `node` in a session of its own, its output piped."""
+    return subprocess.Popen(
+        ["/bin/bash", str(folder / script)],
+        cwd=launch.workdir,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )

@@ -1,0 +1,174 @@
+"""The files of a local run folder and the pydantic models stored in them.
+
+`$MNCLOUD_HOME/runs/<name>/` holds `launch.json` (what to run, fixed at `up`), `state.json`
+(written only by the supervisor, atomically), `chaos.jsonl` (requests from `mncloud chaos`,
+appended), `progress.jsonl` (rank 0's steps, if the script writes them), `run.log`,
+`node-N.log`, `supervisor.log`, `task.yaml`, `setup.sh`, `run.sh` and `nodes/node-N/`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from mncloud.backends.base import RunState
+from mncloud.errors import RunNotFoundError
+from mncloud.storage import write_atomic
+
+LAUNCH_FILE = "launch.json"
+STATE_FILE = "state.json"
+CHAOS_FILE = "chaos.jsonl"
+RUN_LOG = "run.log"
+PROGRESS_FILE = "progress.jsonl"
+SUPERVISOR_LOG = "supervisor.log"
+FINAL_FILE = "final.json"
+TASK_FILE = "task.yaml"
+REFERENCE_DIR = "reference"
+"""A run's uninterrupted twin (`mncloud up` compares final weights with it)."""
+
+
+def node_log(node: int) -> str:
+    return f"node-{node}.log"
+
+
+def node_dir(folder: Path, node: int) -> Path:
+    """A node's own folder: its TMPDIR, checkpoint staging and torchrun logs."""
+    return folder / "nodes" / f"node-{node}"
+
+
+class LocalLaunch(BaseModel):
+    """What the supervisor runs (launch.json), fixed at `up`."""
+
+    name: str
+    token: str
+    """Unique per run; part of every node process's tag."""
+    task_id: str
+    """SKYPILOT_TASK_ID, the same for every attempt."""
+    run_id: str | None = None
+    """The run record's id, when `up` wrote one."""
+    workdir: str
+    setup: str | None = None
+    run: str
+    envs: dict[str, str] = Field(default_factory=dict)
+    num_nodes: int
+    procs_per_node: int
+    master_port: int
+    ckpt_uri: str
+    max_restarts: int = 3
+    retry_on_error: int = 0
+    recovery_delay: float = 2.0
+    chaos_preempt_after: float | None = None
+    cpu_threads: int = 1
+    storage_endpoint: str | None = None
+    """AWS_ENDPOINT_URL / STORAGE_EMULATOR_HOST at launch, for `chaos storage-outage`."""
+
+
+class NodeRecord(BaseModel):
+    """One node in state.json."""
+
+    node: int
+    launcher_pid: int | None = None
+    """The node's `bash run.sh` (its session id)."""
+    pids: list[int] = Field(default_factory=list)
+    """Every live process of the node (launcher, torchrun, workers), refreshed each second."""
+    started_at: float | None = None
+    exit_code: int | None = None
+    """Negative: killed by that signal."""
+    ended_at: float | None = None
+
+
+class Event(BaseModel):
+    """Something that happened to the run, with its time."""
+
+    t: float
+    kind: str
+    message: str
+    attempt: int = 0
+    node: int | None = None
+    data: dict[str, Any] = Field(default_factory=dict)
+
+
+class LocalState(BaseModel):
+    """state.json: the supervisor's view of the run (`status --json` exposes it)."""
+
+    name: str
+    token: str
+    state: RunState = RunState.PENDING
+    num_nodes: int
+    procs_per_node: int
+    master_port: int
+    ckpt_uri: str
+    task_id: str
+    attempt: int = 0
+    restarts: int = 0
+    preemptions: int = 0
+    errors_retried: int = 0
+    supervisor_pid: int | None = None
+    started_at: float | None = None
+    ended_at: float | None = None
+    detail: str = ""
+    nodes: list[NodeRecord] = Field(default_factory=list)
+    events: list[Event] = Field(default_factory=list)
+
+
+def load_launch(folder: Path) -> LocalLaunch:
+    return LocalLaunch.model_validate_json((folder / LAUNCH_FILE).read_text())
+
+
+def save_launch(folder: Path, launch: LocalLaunch) -> None:
+    write_atomic(folder / LAUNCH_FILE, launch.model_dump_json(indent=2))
+
+
+def load_state(folder: Path) -> LocalState:
+    """The run's state.json; RunNotFoundError when the folder holds no local run."""
+    path = folder / STATE_FILE
+    if not path.is_file():
+        raise RunNotFoundError(f"no local run in {folder}; start one with mncloud up --cloud local")
+    return LocalState.model_validate_json(path.read_text())
+
+
+def save_state(folder: Path, state: LocalState) -> None:
+    write_atomic(folder / STATE_FILE, state.model_dump_json(indent=2))
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Every complete JSON line of a file (a torn last line is ignored)."""
+    if not path.is_file():
+        return []
+    out = []
+    for line in path.read_text(errors="replace").splitlines():
+        with contextlib.suppress(ValueError):
+            out.append(json.loads(line))
+    return out
+
+
+def append_jsonl(path: Path, record: dict[str, Any]) -> None:
+    with open(path, "a") as f:  # one write of one line: appends do not interleave
+        f.write(json.dumps(record) + "\n")
+
+
+def is_step(record: dict[str, Any]) -> bool:
+    """A progress line that reports a finished training step (not a start/end event)."""
+    return "step" in record and "event" not in record
+
+
+def last_step(folder: Path) -> int | None:
+    """The newest step in the run's progress.jsonl, read from its tail only."""
+    path = folder / PROGRESS_FILE
+    if not path.is_file():
+        return None
+    with open(path, "rb") as f:
+        f.seek(max(0, path.stat().st_size - 4096))
+        tail = f.read().decode(errors="replace")
+    for line in reversed(tail.splitlines()):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and "step" in record:
+            return int(record["step"])
+    return None

@@ -1,0 +1,387 @@
+"""The supervisor: one process per local run that launches the nodes and relaunches them.
+
+It mirrors SkyPilot's managed-job recovery. A node that *vanishes* (its launcher killed by a
+signal, as `chaos preempt` does) or exits with `PREEMPTED_EXIT_CODE` is a preemption and is
+recovered; a node that exits non-zero on its own is an error in the user's code and is retried
+only with `--retry-on-error` (SkyPilot's `max_restarts_on_errors`). Every relaunch counts
+against `--max-restarts`. Example, 2 nodes, `--recovery-delay 2s`:
+
+    t=0     setup.sh on node 0, then node 1 (same folder, like a shared image)
+    t=1     attempt 1: run.sh on both nodes; torchrun rendezvous on 127.0.0.1:<free port>
+    t=20    `chaos preempt demo --node 1`: a line in chaos.jsonl, then SIGKILL to every process
+            of node 1 (launcher, torchrun, workers)
+    t=20.1  supervisor: node 1's launcher died of SIGKILL and chaos asked for it → preempted.
+            It SIGKILLs node 0 too (a cloud tears the whole cluster down), restarts = 1.
+    t=22    attempt 2: both nodes relaunched, same SKYPILOT_TASK_ID; the script's
+            CheckpointManager.load() resumes from the newest COMPLETE step
+    t=40    both nodes exit 0 → SUCCEEDED
+
+Preemption *with notice* goes through the run's metadata server (`metadata.py`; the timeline
+is in `chaos.py`): after a node exits 115, the others get `NOTICE_EXIT_GRACE_S` to do the same
+before the preemption is counted. Each relaunch resets the metadata (fresh VMs).
+
+`--chaos-preempt-after D` does what `chaos preempt` does to the last node, once, D after the
+first training step the script reports in `$MNCLOUD_PROGRESS_FILE` (or D + 60 s after the
+launch when it reports none), so the preemption lands mid-training however long start-up takes.
+On SIGTERM (`mncloud down`) it SIGKILLs every node process and records CANCELLED.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import signal
+import subprocess
+import threading
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from mncloud import constants
+from mncloud.backends.base import RunState
+from mncloud.backends.local import processes
+from mncloud.backends.local.chaos import preempt_node
+from mncloud.backends.local.metadata import MetadataServer
+from mncloud.backends.local.nodes import RunLogs, node_env, start_node
+from mncloud.backends.local.state import (
+    CHAOS_FILE,
+    PROGRESS_FILE,
+    Event,
+    NodeRecord,
+    is_step,
+    load_launch,
+    load_state,
+    read_jsonl,
+    save_state,
+)
+
+POLL_S = 0.1
+NOTICE_EXIT_GRACE_S = 10.0
+"""After a node exits for a preemption notice, how long the others get to do the same."""
+CHAOS_NO_PROGRESS_S = 60.0
+# Supervisor event kinds → run-record event kinds (records/); "launch" is mapped by attempt.
+_RECORD_KINDS = {"preempted": "preemption", "error": "failure", "succeeded": "finish",
+                 "failed": "failure", "cancelled": "finish"}  # fmt: skip
+
+
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+class RecordWriter:
+    """Run-record events, written by one thread from a queue: a bucket write can stall for
+    seconds during a storage outage, and supervision must never wait for it."""
+
+    def __init__(self, name: str, procs_per_node: int, log: RunLogs) -> None:
+        self.name, self.procs_per_node, self.log = name, procs_per_node, log
+        self._queue: queue.Queue[dict[str, Any] | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._write, name="mncloud-records", daemon=True)
+        self._thread.start()
+
+    def put(self, kind: str, message: str, node: int | None, at: float) -> None:
+        self._queue.put({"kind": kind, "node": node, "detail": message, "at": at})
+
+    def _write(self) -> None:
+        from mncloud.records import append_event
+
+        while (item := self._queue.get()) is not None:
+            try:
+                append_event(
+                    self.name, item["kind"], node=item["node"], cloud="local",
+                    instance_type=f"cpu:{self.procs_per_node}", spot=False,
+                    hourly_price=0.0, detail=item["detail"], at=item["at"],
+                )  # fmt: skip
+            except Exception as err:  # a record must never break supervision
+                self.log.write(f"[mncloud] run record event not written: {err}")
+
+    def flush(self, timeout: float = 60.0) -> None:
+        """Let the writer finish what is queued (bounded: a bucket may be down)."""
+        self._queue.put(None)
+        self._thread.join(timeout)
+
+
+class Supervisor:
+    """Runs the nodes of one run, relaunching them after a preemption (see module docstring)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.launch = load_launch(folder)
+        self.state = load_state(folder)
+        self.stop = threading.Event()
+        self.logs = RunLogs(folder, self.launch.num_nodes)
+        self._records = RecordWriter(self.launch.name, self.launch.procs_per_node, self.logs)
+        self._chaos_lines = 0
+        self._preempt_requests: list[dict[str, Any]] = []
+        self._procs: dict[int, subprocess.Popen[bytes]] = {}
+        self._first_step_t: float | None = None
+        # Every node's cloud metadata (AWS, GCP, Azure): "no notice" until `chaos preempt
+        # --notice` flips one; the node is killed at the notice's deadline if still running.
+        self._metadata = MetadataServer()
+        self._notice_kills: list[tuple[float, int, int]] = []  # (deadline, node, attempt)
+
+    # ------------------------------------------------------------------ plumbing
+    def _save(self) -> None:
+        save_state(self.folder, self.state)
+
+    def event(
+        self, kind: str, message: str, node: int | None = None, t: float | None = None, **data: Any
+    ) -> None:
+        now, attempt = t or time.time(), self.state.attempt
+        self.state.events.append(
+            Event(t=now, kind=kind, message=message, attempt=attempt, node=node, data=data)
+        )
+        self.state.detail = message
+        self._save()
+        self.logs.write(f"[mncloud {datetime.fromtimestamp(now):%H:%M:%S}] {message}")
+        self._record(kind, message, node, now, attempt)
+
+    def _record(self, kind: str, message: str, node: int | None, at: float, attempt: int) -> None:
+        """Queue the run-record (`records/`) event for a supervisor event, if it maps to one."""
+        mapped = _RECORD_KINDS.get(kind)
+        if kind == "launch":
+            prev = [e.kind for e in self.state.events[:-1] if e.kind in ("preempted", "error")]
+            mapped = "launch" if attempt == 1 else (
+                "recovery" if prev and prev[-1] == "preempted" else "restart")  # fmt: skip
+        if mapped:
+            self._records.put(mapped, message, node, at)
+
+    def _start(self, node: int, script: str, label: str) -> subprocess.Popen[bytes]:
+        env = node_env(self.launch, self.folder, node, metadata_url=self._metadata.url(node),
+                       setup=script == "setup.sh")  # fmt: skip
+        proc = start_node(self.launch, self.folder, node, script, env)
+        assert proc.stdout is not None
+        self.logs.follow(node, proc.stdout, label)
+        return proc
+
+    def _kill_all(self) -> None:
+        processes.kill_tagged(self.launch.token)
+        for proc in self._procs.values():
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=10)
+        self.logs.drain()
+        processes.reap_orphans(set())
+
+    def _ingest_chaos(self) -> None:
+        lines = read_jsonl(self.folder / CHAOS_FILE)
+        for record in lines[self._chaos_lines :]:
+            if record.get("action") == "preempt":
+                self._preempt_requests.append(record)
+            if record.get("action") == "notice":
+                node, deadline = int(record["node"]), float(record["deadline"])
+                self._metadata.announce(node, str(record["protocol"]), deadline)
+                self._notice_kills.append((deadline, node, self.state.attempt))
+            data = {k: v for k, v in record.items() if k not in ("t", "message", "node")}
+            self.event(f"chaos-{record.get('action')}", str(record.get("message", "")),
+                       node=record.get("node"), t=record.get("t"), **data)  # fmt: skip
+        self._chaos_lines = len(lines)
+
+    # ------------------------------------------------------------------ phases
+    def main(self) -> int:
+        """Run setup, then attempts until success, failure or `down`; return an exit code."""
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: self.stop.set())
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        processes.become_subreaper()
+        st = self.state
+        st.supervisor_pid = os.getpid()
+        self._metadata.start()
+        st.started_at = time.time()
+        st.state = RunState.STARTING
+        st.nodes = [NodeRecord(node=n) for n in range(self.launch.num_nodes)]
+        self._save()
+        try:
+            final = self._run()
+        except Exception as err:  # anything unexpected: stop the nodes, say why
+            final = RunState.FAILED
+            self.event("failed", f"supervisor error: {type(err).__name__}: {err}")
+        finally:
+            self._kill_all()
+            self._metadata.stop()
+        self._finish(final)
+        self._records.flush()
+        self.logs.close()
+        return 0 if final is RunState.SUCCEEDED else 1
+
+    def _finish(self, final: RunState) -> None:
+        """Record the end: the event says what happened; the detail does not repeat the state
+        (`status` shows "SUCCEEDED after 1 restart, 1 preemption")."""
+        st = self.state
+        st.state, st.ended_at = final, time.time()
+        for record in st.nodes:
+            record.pids = []
+        tail = f"{plural(st.restarts, 'restart')}, {plural(st.preemptions, 'preemption')}"
+        if final is RunState.FAILED:
+            detail = st.detail if st.detail.startswith(("failed", "supervisor")) else "failed"
+            self.event("failed", detail)
+            return
+        if final is RunState.SUCCEEDED:
+            self.event("succeeded", f"succeeded after {tail}")
+            st.detail = f"after {tail}"
+        else:
+            self.event(final.value.lower(), f"stopped by mncloud down after {tail}")
+        self._save()
+
+    def _run(self) -> RunState:
+        if self.launch.setup and not self._setup():
+            return RunState.CANCELLED if self.stop.is_set() else RunState.FAILED
+        la, st = self.launch, self.state
+        while True:
+            outcome, message = self._attempt()
+            if outcome == "succeeded":
+                return RunState.SUCCEEDED
+            if outcome == "stopped":
+                return RunState.CANCELLED
+            if st.restarts >= la.max_restarts:
+                st.detail = f"failed: {message}; --max-restarts {la.max_restarts} reached"
+                return RunState.FAILED
+            if outcome == "preempted":
+                st.preemptions += 1
+            elif st.errors_retried >= la.retry_on_error:
+                st.detail = (
+                    f"failed: {message} (an error in your code; not retried: "
+                    f"--retry-on-error {la.retry_on_error})"
+                )
+                return RunState.FAILED
+            else:
+                st.errors_retried += 1
+            st.restarts += 1
+            st.state = RunState.RECOVERING
+            self.event(
+                "recovering",
+                f"relaunching all nodes in {la.recovery_delay:g}s "
+                f"(restart {st.restarts}/{la.max_restarts})",
+            )
+            if self.stop.wait(la.recovery_delay):
+                return RunState.CANCELLED
+
+    def _setup(self) -> bool:
+        """setup.sh on each node in turn; False when one fails or `down` stops it."""
+        for node in range(self.launch.num_nodes):
+            self.event("setup", f"setup on node {node}", node=node)
+            proc = self._procs[node] = self._start(node, "setup.sh", " setup")
+            while proc.poll() is None:
+                if self.stop.wait(POLL_S):
+                    return False
+            self._kill_all()
+            if proc.returncode != 0:
+                what = processes.describe_exit(proc.returncode)
+                self.state.detail = f"failed: setup on node {node} {what}"
+                return False
+        return True
+
+    def _launch_nodes(self) -> float:
+        """Start run.sh on every node for a new attempt; return its start time."""
+        la, st = self.launch, self.state
+        st.attempt += 1
+        started = time.time()
+        self._metadata.clear()  # a relaunch gets fresh VMs
+        self._procs = {}
+        for node in range(la.num_nodes):
+            proc = self._procs[node] = self._start(node, "run.sh", "")
+            st.nodes[node] = NodeRecord(
+                node=node, launcher_pid=proc.pid, pids=[proc.pid], started_at=time.time()
+            )
+        st.state = RunState.RUNNING
+        self.event("launch", f"attempt {st.attempt}: {la.num_nodes} node(s) × "
+                   f"{la.procs_per_node} process(es) started", pids=[p.pid for p in
+                   self._procs.values()])  # fmt: skip
+        return started
+
+    def _attempt(self) -> tuple[str, str]:
+        """One launch of all nodes; returns (succeeded|preempted|error|stopped, message)."""
+        started = self._launch_nodes()
+        codes = self._watch(started)
+        if codes is None:
+            return "stopped", "stopped"
+        self._ingest_chaos()  # a request written just before the kill we noticed
+        for n, code in codes.items():
+            if code is not None:
+                self.state.nodes[n].exit_code, self.state.nodes[n].ended_at = code, time.time()
+        failed = {n: c for n, c in codes.items() if c not in (None, 0)}
+        if not failed:
+            self._kill_all()
+            return "succeeded", "all nodes exited 0"
+        requested = {int(r["node"]) for r in self._preempt_requests if r["t"] >= started}
+        vanished = {n for n, c in failed.items() if c < 0 or c == constants.PREEMPTED_EXIT_CODE}
+        preempted = bool(vanished or requested)
+        first = min(vanished or requested or set(failed))
+        code = failed.get(first, codes.get(first))
+        what = processes.describe_exit(code) if code is not None else "was preempted"
+        message = f"node {first} {what}" + (" (preempted)" if preempted else "")
+        self._kill_all()  # first: no commit may land after we look at the bucket
+        latest = self._latest_checkpoint()
+        where = f"step {latest}" if latest is not None else "none"
+        self.event("preempted" if preempted else "error",
+                   f"{message}; newest complete checkpoint: {where}", node=first,
+                   exit_codes={str(k): v for k, v in codes.items()},
+                   latest_checkpoint=latest)  # fmt: skip
+        return ("preempted" if preempted else "error"), message
+
+    def _watch(self, started: float) -> dict[int, int | None] | None:
+        """Poll the nodes until all exit 0 or one fails; their exit codes (None: `down`)."""
+        chaos_pending = self.launch.chaos_preempt_after is not None and self.state.attempt == 1
+        last_scan = 0.0
+        stopping_until: float | None = None  # nodes stopping for a notice: let the rest follow
+        while True:
+            if self.stop.wait(POLL_S):
+                return None
+            self._ingest_chaos()
+            now = time.time()
+            if chaos_pending and self._chaos_due(started, now):
+                chaos_pending = False
+                preempt_node(self.folder, self.launch.num_nodes - 1, by="--chaos-preempt-after")
+            self._kill_at_deadlines(now)
+            codes = {n: p.poll() for n, p in self._procs.items()}
+            failed = [c for c in codes.values() if c not in (None, 0)]
+            if failed and all(c == constants.PREEMPTED_EXIT_CODE for c in failed):
+                stopping_until = stopping_until or now + NOTICE_EXIT_GRACE_S
+                if now < stopping_until and None in codes.values():
+                    continue
+            if failed or all(c == 0 for c in codes.values()):
+                return codes
+            if now - last_scan >= 1.0:
+                last_scan = now
+                self._refresh_pids()
+                processes.reap_orphans({p.pid for p in self._procs.values()})
+
+    def _kill_at_deadlines(self, now: float) -> None:
+        """A node told it would be preempted and still running at the deadline is killed."""
+        for deadline, node, attempt in list(self._notice_kills):
+            if deadline > now:
+                continue
+            self._notice_kills.remove((deadline, node, attempt))
+            if attempt == self.state.attempt and self._procs[node].poll() is None:
+                preempt_node(self.folder, node, by="the notice's deadline")
+
+    def _latest_checkpoint(self) -> int | None:
+        """The newest COMPLETE step in the bucket (None if none or unreachable)."""
+        from mncloud.storage import CheckpointStore
+
+        with contextlib.suppress(Exception):
+            good, _ = CheckpointStore(self.launch.ckpt_uri, retry_seconds=2).candidates()
+            return good[0] if good else None
+        return None
+
+    def _chaos_due(self, started: float, now: float) -> bool:
+        """`--chaos-preempt-after D`: D after the first step the script reports, else after
+        launch (when no step is reported within D + CHAOS_NO_PROGRESS_S)."""
+        delay = self.launch.chaos_preempt_after or 0.0
+        if self._first_step_t is None:
+            for record in read_jsonl(self.folder / PROGRESS_FILE):
+                if is_step(record) and record["t"] >= started:
+                    self._first_step_t = float(record["t"])
+                    break
+        if self._first_step_t is not None:
+            return now >= self._first_step_t + delay
+        return now >= started + delay + CHAOS_NO_PROGRESS_S
+
+    def _refresh_pids(self) -> None:
+        changed = False
+        for record in self.state.nodes:
+            pids = processes.tagged_pids(self.launch.token, record.node)
+            if pids != record.pids:
+                record.pids, changed = pids, True
+        if changed:
+            self._save()
