@@ -8,13 +8,14 @@ runtime folder (`SKY_RUNTIME_DIR`) where SkyPilot finds them and never re-downlo
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import hashlib
 import math
 import os
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -67,14 +68,51 @@ def use_catalog_dir(catalog_dir: str | Path | None = None) -> Path | None:
     return versioned
 
 
+@contextlib.contextmanager
+def quiet_sky() -> Iterator[None]:
+    """Keep SkyPilot's own output (catalog download spinners, its logger) off the terminal.
+
+    Offline, a catalog fetch prints rich markup and a failure line before raising; only
+    mncloud's one-line error may reach the user. SkyPilot's handlers hold the process's
+    original streams, so the file descriptors themselves point at /dev/null meanwhile.
+    """
+    from sky import sky_logging
+
+    with sky_logging.silent(), _descriptors_to_devnull(1, 2):
+        yield
+
+
+@contextlib.contextmanager
+def _descriptors_to_devnull(*fds: int) -> Iterator[None]:
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    saved: list[tuple[int, int]] = []
+    with open(os.devnull, "w") as devnull:
+        try:
+            for fd in fds:
+                with contextlib.suppress(OSError):
+                    saved.append((fd, os.dup(fd)))
+                    os.dup2(devnull.fileno(), fd)
+            yield
+        finally:
+            for stream in (sys.stdout, sys.stderr):
+                with contextlib.suppress(Exception):
+                    stream.flush()
+            for fd, copy in saved:
+                os.dup2(copy, fd)
+                os.close(copy)
+
+
 def accelerator_names() -> list[str]:
     """Every accelerator name SkyPilot's catalog knows (`common/accelerators.csv`)."""
     use_catalog_dir()
     from sky.catalog import common as catalog_common
 
     try:
-        frame = catalog_common.read_catalog("common/accelerators.csv")
-        return [str(name) for name in frame["AcceleratorName"]]
+        with quiet_sky():  # the frame is lazy: reading a column may download it
+            frame = catalog_common.read_catalog("common/accelerators.csv")
+            return [str(name) for name in frame["AcceleratorName"]]
     except Exception as err:  # SkyPilot raises requests/OSError types when offline
         raise CatalogError(
             f"cannot read SkyPilot's accelerator list ({err.__class__.__name__}); go online once, "
@@ -255,6 +293,13 @@ def _list_accelerator(
         "case_sensitive": False,
     }
     excluded: list[Exclusion] = []
+    with quiet_sky():
+        return _list_rows(sky_catalog, clouds, kwargs, excluded)
+
+
+def _list_rows(
+    sky_catalog: Any, clouds: list[str], kwargs: dict[str, Any], excluded: list[Exclusion]
+) -> tuple[dict[str, list[Any]], list[Exclusion]]:
     try:
         listed = sky_catalog.list_accelerators(clouds=clouds, **kwargs)
         rows = [info for infos in listed.values() for info in infos]

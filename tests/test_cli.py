@@ -177,6 +177,31 @@ def test_console_script_exit_code_and_stderr(script: Path) -> None:
     assert proc.stdout == ""
 
 
+def test_offline_catalog_failure_prints_only_our_line(tmp_path: Path) -> None:
+    """SkyPilot's download spinner and failure line never reach the user: one line, exit 2."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "MNCLOUD_CATALOG_DIR"}
+    env |= {
+        "SKY_RUNTIME_DIR": str(tmp_path / "sky"),  # an empty runtime: no catalog on disk
+        "MNCLOUD_HOME": str(tmp_path / "home"),
+        "HTTPS_PROXY": "http://127.0.0.1:9",  # the download fails fast, online or not
+        "HTTP_PROXY": "http://127.0.0.1:9",
+        "NO_PROXY": "",
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "mncloud", "plan", "--gpus", "H100:8", "--nodes", "4"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stdout == ""
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "catalog" in lines[0]
+
+
 def test_help_imports_neither_torch_nor_skypilot() -> None:
     code = (
         "import sys\nfrom mncloud.cli import main\n"
