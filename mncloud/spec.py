@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from mncloud import constants
 from mncloud.errors import SpecError
+from mncloud.storage.url import BucketURL
 
 #: Clouds a request may name: SkyPilot's registry names plus our own local backend.
 LOCAL_CLOUD = "local"
@@ -73,61 +74,6 @@ class Accelerator(BaseModel):
         from mncloud import catalog
 
         return cls(name=catalog.canonical_accelerator(name), count=count)
-
-
-class BucketURL(BaseModel):
-    """Where checkpoints and run records live: `s3://name[/prefix]`, `gs://…` or `file:///dir`."""
-
-    model_config = ConfigDict(frozen=True)
-
-    scheme: str
-    """`s3`, `gs` or `file`."""
-    name: str
-    """Bucket name; for `file` the absolute directory."""
-    prefix: str = ""
-    """Key prefix inside the bucket, without leading or trailing slashes."""
-
-    def __str__(self) -> str:
-        if self.scheme == "file":
-            return f"file://{self.name}"
-        return f"{self.scheme}://{self.name}" + (f"/{self.prefix}" if self.prefix else "")
-
-    def child(self, *parts: str) -> str:
-        """The URL of a folder below this one."""
-        return "/".join([str(self).rstrip("/"), *(p.strip("/") for p in parts)])
-
-    @classmethod
-    def parse(cls, text: str) -> BucketURL:
-        """Validate the URL; bucket names follow each cloud's rules (SkyPilot's own checks)."""
-        scheme, sep, rest = text.partition("://")
-        if not sep or scheme not in ("s3", "gs", "file"):
-            raise SpecError(
-                f"--bucket {text!r}: use s3://bucket[/prefix], gs://bucket[/prefix] "
-                "or file:///absolute/dir"
-            )
-        if scheme == "file":
-            path = Path(rest).expanduser()
-            if not path.is_absolute():
-                raise SpecError(f"--bucket {text!r}: a file:// URL needs an absolute path")
-            return cls(scheme="file", name=str(path.resolve()))
-        name, _, prefix = rest.partition("/")
-        _check_bucket_name(scheme, name, text)
-        prefix = prefix.strip("/")
-        if any(part in ("", ".", "..") for part in prefix.split("/")) and prefix:
-            raise SpecError(f"--bucket {text!r}: the prefix has an empty, '.' or '..' part")
-        return cls(scheme=scheme, name=name, prefix=prefix)
-
-
-def _check_bucket_name(scheme: str, name: str, text: str) -> None:
-    from sky.data import storage as sky_storage
-    from sky.exceptions import StorageNameError
-
-    store = sky_storage.S3Store if scheme == "s3" else sky_storage.GcsStore
-    try:
-        store.validate_name(name)
-    except StorageNameError as err:
-        reason = str(err).removeprefix("Invalid store name: ")
-        raise SpecError(f"--bucket {text!r}: {reason}") from None
 
 
 class JobSpec(BaseModel):

@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from mncloud.buckets import (
+from mncloud.errors import StorageError
+from mncloud.storage.prepare import (
     BucketState,
     creation_region,
     egress_warning,
     inspect_bucket,
     prepare_bucket,
 )
-from mncloud.errors import StorageError
 from tests.servers import GCSServer, S3Server
 
 

@@ -22,9 +22,9 @@ np = pytest.importorskip("numpy")
 
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
-from mncloud.ckptstore import COMPLETE, MANIFEST, CheckpointStore, Manifest  # noqa: E402
 from mncloud.errors import CheckpointError  # noqa: E402
 from mncloud.storage import set_simulated_outage  # noqa: E402
+from mncloud.storage.checkpoints import COMPLETE, MANIFEST, CheckpointStore, Manifest  # noqa: E402
 from mncloud.train import CheckpointManager, ResumableSampler, seed_everything  # noqa: E402
 
 from .servers import free_port  # noqa: E402

@@ -6,12 +6,22 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 from typer.testing import CliRunner
 
-from mncloud.ckptstore import COMPLETE, CheckpointStore, FileEntry, Manifest, sha256_file
+from mncloud.backends import registry
+from mncloud.backends.base import RunState, RunStatus
 from mncloud.cli.ckpt import app
+from mncloud.errors import CheckpointError
+from mncloud.storage.checkpoints import (
+    COMPLETE,
+    CheckpointStore,
+    FileEntry,
+    Manifest,
+    sha256_file,
+)
 
 runner = CliRunner()
 
@@ -89,6 +99,81 @@ def test_pull(filled: str, tmp_path: Path) -> None:
 
 
 def test_ckpt_cli_does_not_import_torch() -> None:
-    code = "import sys, mncloud.cli.ckpt, mncloud.ckptstore; print('torch' in sys.modules)"
+    code = "import sys, mncloud.cli.ckpt, mncloud.storage; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+class _RunBackend:
+    """A registered backend whose runs keep their checkpoints where `CKPT` says."""
+
+    name = "ckpt-test"
+    CKPT: ClassVar[dict[str, str | None]] = {}
+
+    def status(self, run_name: str) -> RunStatus:
+        return RunStatus(
+            name=run_name, backend=self.name, state=RunState.RUNNING, nodes=1,
+            ckpt_uri=self.CKPT[run_name],
+        )  # fmt: skip
+
+
+@pytest.fixture
+def run_backend(monkeypatch: pytest.MonkeyPatch) -> type[_RunBackend]:
+    monkeypatch.setitem(registry._REGISTRY, _RunBackend.name, f"{__name__}:_RunBackend")
+    monkeypatch.setattr(_RunBackend, "CKPT", {})
+    return _RunBackend
+
+
+def test_a_run_name_means_its_checkpoints(filled: str, run_backend: type[_RunBackend]) -> None:
+    """`ckpt ls demo` reads the run's recorded checkpoint location (#17)."""
+    registry.record_backend("demo", run_backend.name)
+    run_backend.CKPT["demo"] = filled
+    res = runner.invoke(app, ["ls", "demo", "--json"])
+    assert res.exit_code == 0, res.output
+    assert [r["step"] for r in json.loads(res.stdout)] == [10, 20, 30]
+    assert "step 20: ok" in runner.invoke(app, ["verify", "demo", "20"]).stdout
+    registry.record_backend("bare", run_backend.name)
+    run_backend.CKPT["bare"] = None
+    res = runner.invoke(app, ["ls", "bare"])
+    assert res.exit_code == 2 and "without a bucket" in res.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["ls", "{x}"], ["verify", "{x}"], ["rm", "{x}", "1", "--yes"], ["pull", "{x}", "1", "out"]],
+)
+def test_a_missing_location_is_one_line_and_exit_2(tmp_path: Path, args: list[str]) -> None:
+    for where in (str(tmp_path / "nonexistent"), f"file://{tmp_path}/nope", "no-such-run"):
+        res = runner.invoke(app, [a.format(x=where) for a in args])
+        assert res.exit_code == 2, (where, res.output)
+        assert res.stderr.startswith("error: ") and res.stderr.count("\n") == 1, res.stderr
+        assert res.stdout == ""
+
+
+def test_a_directory_is_a_location(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake_step(CheckpointStore(f"file://{tmp_path / 'ckpt'}"), 5, tmp_path)
+    res = runner.invoke(app, ["ls", str(tmp_path / "ckpt"), "--json"])
+    assert res.exit_code == 0 and [r["step"] for r in json.loads(res.stdout)] == [5]
+    (tmp_path / "empty").mkdir()
+    monkeypatch.chdir(tmp_path)
+    res = runner.invoke(app, ["ls", "empty"])  # no run of that name: the directory
+    assert res.exit_code == 0 and "no checkpoints at" in res.stdout and "empty" in res.stdout
+
+
+def test_a_malformed_manifest_names_the_field() -> None:
+    good = Manifest(step=3, world_size=1, files={"a": FileEntry(1, "0" * 64)})
+    assert Manifest.from_bytes(good.to_bytes()) == good
+    raw = json.loads(good.to_bytes())
+    assert sorted(raw) == [
+        "extra", "files", "format", "mncloud_version", "step", "torch_version", "wall_time",
+        "world_size",
+    ]  # fmt: skip
+    for change, field in (
+        ({"world_size": "two"}, "world_size"),
+        ({"files": {"a": {"size": 1}}}, "files.a.sha256"),
+        ({"surprise": 1}, "surprise"),
+    ):
+        with pytest.raises(CheckpointError, match=rf"manifest.json is not valid: {field}: "):
+            Manifest.from_bytes(json.dumps({**raw, **change}).encode())
+    with pytest.raises(CheckpointError, match="not valid"):
+        Manifest.from_bytes(b"{")

@@ -287,7 +287,7 @@ def _job_records(name: str) -> list[Any]:
 
 
 def _write_complete_step(uri: str, step: int, tmp_path: Path) -> None:
-    from mncloud.ckptstore import CheckpointStore, Manifest
+    from mncloud.storage import CheckpointStore, Manifest
 
     store = CheckpointStore(uri)
     shard = tmp_path / f"shard-{step}.bin"

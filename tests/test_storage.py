@@ -3,32 +3,61 @@
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from mncloud.errors import StorageError
+from mncloud.errors import SpecError, StorageError
 from mncloud.storage import (
     Bucket,
+    BucketURL,
+    LocalBucket,
     ObjectNotFoundError,
     delete_prefix,
     join_key,
     open_bucket,
     set_simulated_outage,
-    split_uri,
 )
 
 
-def test_split_uri() -> None:
-    assert split_uri("s3://b/run/1/") == ("s3", "b", "run/1")
-    assert split_uri("gs://b") == ("gs", "b", "")
-    assert split_uri("file:///tmp/x") == ("file", "/tmp/x", "")
-    for bad in ("ftp://b/x", "s3://", "s3:///x", ""):
-        with pytest.raises(StorageError):
-            split_uri(bad)
+def test_one_parser_for_spec_and_storage(tmp_path: Path) -> None:
+    """open_bucket reads a URL exactly as the spec does; a bad one is a SpecError and a
+    StorageError alike (the CLI prints either as one line)."""
+    for text, parts in (
+        ("s3://b-1/run/1/", ("s3", "b-1", "run/1")),
+        ("gs://b_1", ("gs", "b_1", "")),
+        (f"file://{tmp_path}", ("file", str(tmp_path), "")),
+    ):
+        url = BucketURL.parse(text, check_name=False)
+        assert (url.scheme, url.name, url.prefix) == parts
+        bucket, prefix = open_bucket(text)
+        assert (bucket.url, prefix) == (url.root, url.prefix)
+    for bad in ("ftp://b/x", "s3://", "s3:///x", "", "b/x", "file://rel/dir", "s3://b/a/../c"):
+        with pytest.raises(SpecError) as err:
+            open_bucket(bad)
+        assert isinstance(err.value, StorageError)
     assert join_key("a/", "", "/b", "c") == "a/b/c"
+
+
+def test_open_bucket_does_not_import_skypilot(tmp_path: Path) -> None:
+    """Every training rank opens its bucket: the cloud's name rules (SkyPilot, seconds to
+    import) are checked where the run is specified, not here."""
+    code = (
+        "import sys; from mncloud.storage import open_bucket; "
+        "open_bucket('s3://Upper_Case/x'); open_bucket('gs://b'); print('sky' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_local_bucket_of_a_directory(tmp_path: Path) -> None:
+    bucket, prefix = open_bucket(BucketURL.directory(tmp_path / "d"))
+    assert isinstance(bucket, LocalBucket) and prefix == ""
+    assert bucket.list() == []  # a missing directory is an empty bucket
 
 
 def test_bucket_operations(bucket_uri: str, tmp_path: Path) -> None:

@@ -8,20 +8,60 @@ from typing import Annotated
 
 import typer
 
-from mncloud.ckptstore import CheckpointStore
 from mncloud.cli._common import console, handle_errors, print_json
-from mncloud.errors import CheckpointError
+from mncloud.errors import CheckpointError, RunNotFoundError
+from mncloud.storage.checkpoints import CheckpointStore
+from mncloud.storage.url import BucketURL
 
 app = typer.Typer(no_args_is_help=True, help="List, verify, pull and remove checkpoints.")
 
 UriArg = Annotated[
-    str, typer.Argument(help="Checkpoint URL: s3://BUCKET/PREFIX, gs://… or file://…")
+    str,
+    typer.Argument(
+        metavar="RUN|URL|DIR",
+        help="A run's name, a checkpoint URL (s3://BUCKET/PREFIX, gs://…, file://…) or a "
+        "local directory.",
+    ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
 
-def _store(uri: str) -> CheckpointStore:
-    return CheckpointStore(uri)
+def _store(where: str) -> CheckpointStore:
+    return CheckpointStore(checkpoint_location(where))
+
+
+def checkpoint_location(where: str) -> str:
+    """The checkpoint URL that RUN|URL|DIR names: a URL as given, a directory as `file://`,
+    a run's name as the run's recorded checkpoint URL. CheckpointError when it names nothing
+    that exists (a missing directory, an unknown run that is no directory either)."""
+    if "://" in where:
+        url = BucketURL.parse(where, check_name=False)
+    elif "/" in where or where.startswith((".", "~")):
+        url = BucketURL.directory(where)
+    else:
+        try:
+            return _run_location(where)
+        except RunNotFoundError as err:
+            if not Path(where).is_dir():
+                raise CheckpointError(
+                    f"{err}, and there is no directory {where!r}; give a run name, a URL "
+                    "(s3://…, gs://…, file://…) or a directory"
+                ) from None
+            url = BucketURL.directory(where)
+    if url.scheme == "file" and not Path(url.name).is_dir():
+        raise CheckpointError(f"no checkpoints at {where}: {url.name} does not exist")
+    return str(url)
+
+
+def _run_location(name: str) -> str:
+    from mncloud.backends.registry import backend_for_run
+
+    uri = backend_for_run(name).status(name).ckpt_uri
+    if uri is None:
+        raise CheckpointError(
+            f"run {name!r} keeps no checkpoints (it was launched without a bucket)"
+        )
+    return uri
 
 
 def _human(n: float) -> str:
@@ -47,7 +87,8 @@ def _age(mtime: float) -> str:
 @handle_errors
 def ls(uri: UriArg, json_out: JsonOpt = False) -> None:
     """List checkpoint steps: complete?, size, age."""
-    steps = _store(uri).steps()
+    store = _store(uri)
+    steps = store.steps()
     if json_out:
         print_json(
             [
@@ -63,7 +104,7 @@ def ls(uri: UriArg, json_out: JsonOpt = False) -> None:
         )
         return
     if not steps:
-        console.print(f"no checkpoints at {uri}")
+        console.print(f"no checkpoints at {store.uri}")
         return
     from rich.table import Table
 
@@ -100,7 +141,7 @@ def verify(
     if json_out:
         print_json([{"step": v.step, "ok": v.ok, "reason": v.reason} for v in verdicts])
     elif not verdicts:
-        console.print(f"no checkpoints at {uri}")
+        console.print(f"no checkpoints at {store.uri}")
     else:
         for v in verdicts:
             mark = "[green]ok[/]" if v.ok else f"[red]bad[/]: {v.reason}"
@@ -126,7 +167,7 @@ def rm(
     store = _store(uri)
     steps = {s.step: s for s in store.steps()}
     if step not in steps:
-        raise CheckpointError(f"no step {step} at {uri}")
+        raise CheckpointError(f"no step {step} at {store.uri}")
     newest = max((s for s, info in steps.items() if info.complete), default=None)
     note = (
         " (the newest complete step: a resume would fall back to an older one)"
@@ -134,7 +175,7 @@ def rm(
         else ""
     )
     if not yes and not typer.confirm(
-        f"Delete step {step} ({_human(steps[step].size)}) at {uri}{note}?", default=False
+        f"Delete step {step} ({_human(steps[step].size)}) at {store.uri}{note}?", default=False
     ):
         raise typer.Exit(code=1)
     n = store.delete_step(step)
@@ -153,7 +194,7 @@ def pull(
     if step == "latest":
         latest, _ = store.latest()
         if latest is None:
-            raise CheckpointError(f"no verified checkpoint at {uri}")
+            raise CheckpointError(f"no verified checkpoint at {store.uri}")
         number = latest
     else:
         try:

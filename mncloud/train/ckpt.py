@@ -77,7 +77,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from mncloud.ckptstore import CheckpointStore, FileEntry, Manifest
+from mncloud.storage.checkpoints import CheckpointStore, FileEntry, Manifest
 from mncloud.constants import (
     CKPT_STAGING_ENV,
     CKPT_URI_ENV,

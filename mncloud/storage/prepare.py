@@ -1,4 +1,4 @@
-"""Checkpoint buckets before a launch: does the bucket exist, where is it, create it if missing.
+"""Bucket preparation before a launch: does the bucket exist, where is it, create it if missing.
 
 `mncloud up` calls `prepare_bucket` once the plan is confirmed and before anything is
 provisioned, so a training run never starts writing checkpoints into a bucket that is not
@@ -28,14 +28,13 @@ from pathlib import Path
 from typing import Any
 
 from mncloud.errors import StorageError
-from mncloud.spec import BucketURL
+from mncloud.storage import gcs, s3
+from mncloud.storage.url import BucketURL
 
 #: The cloud that hosts each bucket scheme (SkyPilot's registry names).
 SCHEME_CLOUD = {"s3": "aws", "gs": "gcp"}
 #: GCS multi-region locations and the region-name prefixes they contain.
 _GCS_MULTI_REGIONS = {"us": ("us-",), "eu": ("europe-",), "asia": ("asia-",)}
-_S3_DEFAULT_REGION = "us-east-1"
-_S3_DENIED = ("403", "AccessDenied", "Forbidden", "InvalidAccessKeyId", "SignatureDoesNotMatch")
 
 
 @dataclass(frozen=True)
@@ -54,18 +53,14 @@ class BucketState:
 
 
 def _bucket_url(url: BucketURL | str) -> BucketURL:
-    return BucketURL.parse(url) if isinstance(url, str) else url
-
-
-def _root(url: BucketURL) -> str:
-    return f"file://{url.name}" if url.scheme == "file" else f"{url.scheme}://{url.name}"
+    return BucketURL.parse(url, check_name=False) if isinstance(url, str) else url
 
 
 def inspect_bucket(url: BucketURL | str) -> BucketState:
     """Whether the bucket exists and, if so, its region. Raises StorageError if unreachable."""
     url = _bucket_url(url)
     if url.scheme == "file":
-        return BucketState(_root(url), exists=Path(url.name).is_dir())
+        return BucketState(url.root, exists=Path(url.name).is_dir())
     if url.scheme == "s3":
         return _s3_inspect(url)
     return _gcs_inspect(url)
@@ -76,9 +71,9 @@ def create_bucket(url: BucketURL | str, region: str | None) -> BucketState:
     url = _bucket_url(url)
     if url.scheme == "file":
         Path(url.name).mkdir(parents=True, exist_ok=True)
-        return BucketState(_root(url), exists=True, created=True)
+        return BucketState(url.root, exists=True, created=True)
     if url.scheme == "s3":
-        return _s3_create(url, region or _s3_default_region())
+        return _s3_create(url, region or s3.default_region())
     return _gcs_create(url, region)
 
 
@@ -89,7 +84,7 @@ def creation_region(url: BucketURL | str, cloud: str | None, region: str | None)
         return None
     if cloud is not None and SCHEME_CLOUD[url.scheme] == cloud.lower() and region:
         return region.lower()
-    return _s3_default_region() if url.scheme == "s3" else "us"
+    return s3.default_region() if url.scheme == "s3" else "us"
 
 
 def egress_warning(state: BucketState, cloud: str | None, region: str | None) -> str | None:
@@ -140,60 +135,34 @@ def prepare_bucket(
 # --------------------------------------------------------------------------------------- S3
 
 
-def _s3_default_region() -> str:
-    return (
-        os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or _S3_DEFAULT_REGION
-    )
-
-
 def _s3_client() -> Any:
-    import boto3
-    from botocore.config import Config
-
-    endpoint = os.environ.get("AWS_ENDPOINT_URL") or None
-    config = Config(
-        retries={"mode": "standard", "max_attempts": 2},
-        connect_timeout=5,
-        read_timeout=20,
-        s3={"addressing_style": "path"} if endpoint else {},
-    )
-    return boto3.session.Session().client(
-        "s3", endpoint_url=endpoint, region_name=_s3_default_region(), config=config
-    )
+    return s3.make_client(read_timeout=20)
 
 
 def _s3_error(url: BucketURL, err: Exception, action: str) -> StorageError:
     from botocore.exceptions import ClientError, NoCredentialsError, PartialCredentialsError
 
-    root = _root(url)
     if isinstance(err, (NoCredentialsError, PartialCredentialsError)):
         return StorageError(
-            f"cannot {action} {root}: no AWS credentials found; run `aws configure` or set "
-            "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY (then `sky check aws`)"
+            f"cannot {action} {url.root}: {s3.NO_CREDENTIALS} (then `sky check aws`)"
         )
     if isinstance(err, ClientError):
-        error = err.response.get("Error", {})
-        code = str(error.get("Code", ""))
-        if code in (
-            "403",
-            "AccessDenied",
-            "Forbidden",
-            "InvalidAccessKeyId",
-            "SignatureDoesNotMatch",
-        ):
+        code = s3.error_code(err)
+        if code in s3.DENIED_CODES:
             return StorageError(
-                f"cannot {action} {root}: access denied ({code}); the bucket may belong to "
+                f"cannot {action} {url.root}: access denied ({code}); the bucket may belong to "
                 "another account, or your credentials lack s3 permissions"
             )
         if code == "BucketAlreadyExists":
             return StorageError(
-                f"cannot create {root}: the name is taken by another account; choose another "
+                f"cannot create {url.root}: the name is taken by another account; choose another "
                 "--bucket name"
             )
-        return StorageError(f"cannot {action} {root}: {code} {error.get('Message', '')}".strip())
+        message = err.response.get("Error", {}).get("Message", "")
+        return StorageError(f"cannot {action} {url.root}: {code} {message}".strip())
     where = os.environ.get("AWS_ENDPOINT_URL") or "S3"
     return StorageError(
-        f"cannot {action} {root}: {where} unreachable ({type(err).__name__}); check the network"
+        f"cannot {action} {url.root}: {where} unreachable ({type(err).__name__}); check the network"
     )
 
 
@@ -204,9 +173,9 @@ def _s3_inspect(url: BucketURL) -> BucketState:
     try:
         client.head_bucket(Bucket=url.name)
     except ClientError as err:
-        code = str(err.response.get("Error", {}).get("Code", ""))
+        code = s3.error_code(err)
         if code in ("404", "NoSuchBucket", "NotFound"):
-            return BucketState(_root(url), exists=False, cloud="aws")
+            return BucketState(url.root, exists=False, cloud="aws")
         raise _s3_error(url, err, "reach") from None
     except BotoCoreError as err:
         raise _s3_error(url, err, "reach") from None
@@ -218,7 +187,7 @@ def _s3_inspect(url: BucketURL) -> BucketState:
     else:
         # S3's legacy answers: no constraint means us-east-1, "EU" means eu-west-1.
         region = {None: "us-east-1", "": "us-east-1", "EU": "eu-west-1"}.get(location, location)
-    return BucketState(_root(url), exists=True, cloud="aws", region=region and region.lower())
+    return BucketState(url.root, exists=True, cloud="aws", region=region and region.lower())
 
 
 def _s3_create(url: BucketURL, region: str) -> BucketState:
@@ -230,73 +199,53 @@ def _s3_create(url: BucketURL, region: str) -> BucketState:
     try:
         _s3_client().create_bucket(**kwargs)
     except ClientError as err:
-        code = str(err.response.get("Error", {}).get("Code", ""))
+        code = s3.error_code(err)
         if code != "BucketAlreadyOwnedByYou":
             raise _s3_error(url, err, "create") from None
     except BotoCoreError as err:
         raise _s3_error(url, err, "create") from None
-    return BucketState(_root(url), exists=True, cloud="aws", region=region.lower(), created=True)
+    return BucketState(url.root, exists=True, cloud="aws", region=region.lower(), created=True)
 
 
 # -------------------------------------------------------------------------------------- GCS
 
 
-def _gcs_client() -> Any:
-    from google.cloud import storage
-
-    if os.environ.get("STORAGE_EMULATOR_HOST"):
-        from google.auth.credentials import AnonymousCredentials
-
-        return storage.Client(
-            project=os.environ.get("GOOGLE_CLOUD_PROJECT", "mncloud-emulator"),
-            credentials=AnonymousCredentials(),
-        )
-    try:
-        return storage.Client()
-    except Exception as err:  # google.auth raises DefaultCredentialsError and OSError types
-        raise StorageError(
-            f"no Google credentials ({type(err).__name__}); run `gcloud auth application-default "
-            "login` or set GOOGLE_APPLICATION_CREDENTIALS (then `sky check gcp`)"
-        ) from None
-
-
 def _gcs_error(url: BucketURL, err: Exception, action: str) -> StorageError:
     from google.api_core import exceptions as gexc
 
-    root = _root(url)
     if isinstance(err, (gexc.Forbidden, gexc.Unauthorized)):
         return StorageError(
-            f"cannot {action} {root}: access denied; the bucket may belong to another project, "
+            f"cannot {action} {url.root}: access denied; the bucket may belong to another project, "
             "or your credentials lack storage permissions"
         )
     if isinstance(err, gexc.Conflict):
         return StorageError(
-            f"cannot create {root}: the name is taken; choose another --bucket name"
+            f"cannot create {url.root}: the name is taken; choose another --bucket name"
         )
     if isinstance(err, gexc.GoogleAPICallError):
-        return StorageError(f"cannot {action} {root}: {err.code} {err.message}")
+        return StorageError(f"cannot {action} {url.root}: {err.code} {err.message}")
     return StorageError(
-        f"cannot {action} {root}: GCS unreachable ({type(err).__name__}); check the network"
+        f"cannot {action} {url.root}: GCS unreachable ({type(err).__name__}); check the network"
     )
 
 
 def _gcs_inspect(url: BucketURL) -> BucketState:
-    client = _gcs_client()
+    client = gcs.make_client()
     try:
-        bucket = client.lookup_bucket(url.name, timeout=20)
+        bucket = client.lookup_bucket(url.name, timeout=20, retry=gcs.short_retry())
     except Exception as err:  # google.api_core and requests exception types
         raise _gcs_error(url, err, "reach") from None
     if bucket is None:
-        return BucketState(_root(url), exists=False, cloud="gcp")
+        return BucketState(url.root, exists=False, cloud="gcp")
     location = (bucket.location or "").lower() or None
-    return BucketState(_root(url), exists=True, cloud="gcp", region=location)
+    return BucketState(url.root, exists=True, cloud="gcp", region=location)
 
 
 def _gcs_create(url: BucketURL, region: str | None) -> BucketState:
-    client = _gcs_client()
+    client = gcs.make_client()
     try:
         bucket = client.create_bucket(url.name, location=region, timeout=20)
     except Exception as err:  # google.api_core and requests exception types
         raise _gcs_error(url, err, "create") from None
     location = (bucket.location or region or "").lower() or None
-    return BucketState(_root(url), exists=True, cloud="gcp", region=location, created=True)
+    return BucketState(url.root, exists=True, cloud="gcp", region=location, created=True)

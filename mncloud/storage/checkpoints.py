@@ -25,12 +25,17 @@ import tempfile
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 from mncloud import __version__
 from mncloud.errors import CheckpointError, StorageError
-from mncloud.storage import Bucket, ObjectInfo, ObjectNotFoundError, join_key, open_bucket
+from mncloud.storage.buckets import Bucket, ObjectInfo, ObjectNotFoundError, open_bucket
+from mncloud.storage.url import join_key
 
 log = logging.getLogger(__name__)
 
@@ -54,30 +59,31 @@ def sha256_file(path: str | os.PathLike[str], chunk: int = 4 * 1024 * 1024) -> s
     return h.hexdigest()
 
 
-@dataclass(frozen=True)
+@pydantic_dataclass(frozen=True, config=ConfigDict(extra="forbid"))
 class FileEntry:
     """One file of a step, as the manifest records it."""
 
-    size: int
+    size: Annotated[int, Field(ge=0)]
     sha256: str
 
 
-@dataclass
-class Manifest:
+class Manifest(BaseModel):
     """What a complete step holds; written after all ranks' uploads succeeded."""
 
-    step: int
+    model_config = ConfigDict(extra="forbid")
+
+    step: int = Field(ge=0)
     """The training step the checkpoint was taken after."""
-    world_size: int
+    world_size: int = Field(ge=1)
     """How many ranks wrote it."""
     files: dict[str, FileEntry]
     """Path inside the step folder → size and sha256."""
-    wall_time: float = field(default_factory=time.time)
+    wall_time: float = Field(default_factory=time.time)
     """Seconds since the epoch when the step was committed."""
     mncloud_version: str = __version__
     torch_version: str = ""
     format: int = FORMAT_VERSION
-    extra: dict[str, object] = field(default_factory=dict)
+    extra: dict[str, object] = Field(default_factory=dict)
     """Free-form facts (e.g. save durations)."""
 
     @property
@@ -86,31 +92,18 @@ class Manifest:
         return sum(f.size for f in self.files.values())
 
     def to_bytes(self) -> bytes:
-        """The JSON encoding stored as manifest.json."""
-        data = asdict(self)
-        data["files"] = {k: asdict(v) for k, v in sorted(self.files.items())}
-        return json.dumps(data, indent=1, sort_keys=True).encode()
+        """The JSON encoding stored as manifest.json (keys sorted, files by name)."""
+        return json.dumps(self.model_dump(mode="json"), indent=1, sort_keys=True).encode()
 
     @classmethod
     def from_bytes(cls, raw: bytes) -> Manifest:
-        """Parse manifest.json; CheckpointError if it is not one."""
+        """Parse manifest.json; CheckpointError naming the first bad field if it is not one."""
         try:
-            data = json.loads(raw)
-            files = {
-                k: FileEntry(int(v["size"]), str(v["sha256"])) for k, v in data["files"].items()
-            }
-            return cls(
-                step=int(data["step"]),
-                world_size=int(data["world_size"]),
-                files=files,
-                wall_time=float(data.get("wall_time", 0.0)),
-                mncloud_version=str(data.get("mncloud_version", "")),
-                torch_version=str(data.get("torch_version", "")),
-                format=int(data.get("format", FORMAT_VERSION)),
-                extra=dict(data.get("extra", {})),
-            )
-        except (ValueError, KeyError, TypeError, AttributeError) as err:
-            raise CheckpointError(f"manifest is not valid: {type(err).__name__}: {err}") from None
+            return cls.model_validate_json(raw)
+        except ValidationError as err:
+            first = err.errors()[0]
+            where = ".".join(str(part) for part in first["loc"]) or "the file"
+            raise CheckpointError(f"{MANIFEST} is not valid: {where}: {first['msg']}") from None
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,47 @@
+"""Object storage for checkpoints and run records: one `Bucket` interface over S3, GCS and a
+local directory, bucket preparation before a launch, and the checkpoint layout.
+
+    url.py          BucketURL: THE parser of s3://, gs:// and file:// URLs
+    buckets.py      the Bucket protocol, open_bucket, LocalBucket, atomic writes
+    s3.py, gcs.py   the S3 and GCS buckets (their SDKs imported on first use)
+    retry.py        retrying transient failures (tenacity) within a time budget
+    prepare.py      before `up`: does the bucket exist, where, create it, egress warning
+    checkpoints.py  step folders, manifest, COMPLETE, verification, retention, pull
+
+Importing the package is light: no SDK, no SkyPilot, no torch.
+"""
+
+from __future__ import annotations
+
+from mncloud.storage.buckets import (
+    Bucket,
+    LocalBucket,
+    ObjectInfo,
+    ObjectNotFoundError,
+    atomic_path,
+    delete_prefix,
+    open_bucket,
+    set_simulated_outage,
+    write_atomic,
+)
+from mncloud.storage.checkpoints import CheckpointStore, Manifest
+from mncloud.storage.prepare import prepare_bucket
+from mncloud.storage.url import BucketURL, BucketURLError, join_key
+
+__all__ = [
+    "Bucket",
+    "BucketURL",
+    "BucketURLError",
+    "CheckpointStore",
+    "LocalBucket",
+    "Manifest",
+    "ObjectInfo",
+    "ObjectNotFoundError",
+    "atomic_path",
+    "delete_prefix",
+    "join_key",
+    "open_bucket",
+    "prepare_bucket",
+    "set_simulated_outage",
+    "write_atomic",
+]

@@ -1,0 +1,257 @@
+"""The `Bucket` interface, `open_bucket`, and the local-directory bucket.
+
+`open_bucket("s3://team-ckpt/run-1")` returns the bucket and the key prefix inside it. Keys are
+plain `str` with `/` separators, so the same code serves `s3://` (`s3.py`), `gs://` (`gcs.py`)
+and `file://` (`LocalBucket`, here). Every operation retries transient failures for up to
+`retry_seconds` (see `retry.py`), then raises `StorageError`; a missing key raises
+`ObjectNotFoundError`. Credentials are never logged: messages carry only bucket, key and the
+server's error code.
+
+A local directory bucket writes to a temporary file first and renames it into place, so a
+reader never sees half a file. Its outage can be simulated, where `chmod` does not stop root:
+while `<root>/.mncloud-outage` exists, every operation fails as if the server were down
+(`set_simulated_outage`). For S3, the test fixtures stop and restart the server itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol, TypeVar, runtime_checkable
+
+from mncloud.constants import STORAGE_OUTAGE_MARKER
+from mncloud.errors import StorageError
+from mncloud.storage.retry import (
+    DEFAULT_RETRY_SECONDS,
+    TransientStorageError,
+    call_with_retry,
+    retry_seconds_from_env,
+    short_error,
+)
+from mncloud.storage.url import BucketURL, BucketURLError
+
+T = TypeVar("T")
+
+
+class ObjectNotFoundError(StorageError):
+    """The key does not exist in the bucket."""
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    """One object in a listing."""
+
+    key: str
+    """Full key inside the bucket."""
+    size: int
+    """Size in bytes."""
+    mtime: float
+    """Last modification, seconds since the epoch."""
+
+
+@runtime_checkable
+class Bucket(Protocol):
+    """The operations mncloud needs from object storage. Keys are `/`-separated strings."""
+
+    url: str
+    """The bucket's URL without a prefix, e.g. `s3://team-ckpt`."""
+
+    def put_file(self, key: str, path: str | os.PathLike[str]) -> None: ...
+    def get_file(self, key: str, path: str | os.PathLike[str]) -> None: ...
+    def put_bytes(self, key: str, data: bytes) -> None: ...
+    def get_bytes(self, key: str) -> bytes: ...
+    def list(self, prefix: str = "") -> list[ObjectInfo]: ...
+    def delete(self, key: str) -> None: ...
+    def exists(self, key: str) -> bool: ...
+    def size(self, key: str) -> int: ...
+
+
+def open_bucket(uri: str | BucketURL, *, retry_seconds: float | None = None) -> tuple[Bucket, str]:
+    """Open the bucket a URL names; return it and the key prefix inside it (no slashes at ends).
+
+    The URL's syntax is checked here; the cloud's naming rules were checked when the run was
+    specified (see `url.py`).
+    """
+    url = uri if isinstance(uri, BucketURL) else BucketURL.parse(uri, check_name=False)
+    budget = retry_seconds_from_env() if retry_seconds is None else retry_seconds
+    if url.scheme == "s3":
+        from mncloud.storage.s3 import S3Bucket
+
+        return S3Bucket(url.name, retry_seconds=budget), url.prefix
+    if url.scheme == "gs":
+        from mncloud.storage.gcs import GCSBucket
+
+        return GCSBucket(url.name, retry_seconds=budget), url.prefix
+    return LocalBucket(url.name, retry_seconds=budget), url.prefix
+
+
+def delete_prefix(bucket: Bucket, prefix: str) -> int:
+    """Delete every object under `prefix/`; return how many were deleted."""
+    objs = bucket.list(prefix.rstrip("/") + "/")
+    for obj in objs:
+        bucket.delete(obj.key)
+    return len(objs)
+
+
+def set_simulated_outage(uri: str, down: bool) -> None:
+    """Start or end a simulated outage of a `file://` bucket (see the module docstring)."""
+    url = BucketURL.parse(uri, check_name=False)
+    if url.scheme != "file":
+        raise BucketURLError(f"a simulated outage works only for file:// buckets, not {uri!r}")
+    marker = Path(url.name) / STORAGE_OUTAGE_MARKER
+    if down:
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.touch()
+    else:
+        marker.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """A temporary file beside `path`, renamed onto it when the block succeeds.
+
+    A reader never sees half a file; on failure the temporary file is removed.
+    """
+    dest = Path(path)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".part", dir=dest.parent)
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        yield tmp
+        os.replace(tmp, dest)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_atomic(path: str | os.PathLike[str], data: bytes | str) -> None:
+    """Write a whole file so that readers see the old or the new content, never a mix."""
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data.encode() if isinstance(data, str) else data)
+
+
+class LocalBucket:
+    """A directory that behaves like a bucket; writes are atomic (temporary file + rename)."""
+
+    def __init__(
+        self, root: str | os.PathLike[str], *, retry_seconds: float = DEFAULT_RETRY_SECONDS
+    ) -> None:
+        self.root = Path(root)
+        self.url = f"file://{self.root}"
+        self.retry_seconds = retry_seconds
+
+    def _path(self, key: str) -> Path:
+        parts = [p for p in key.split("/") if p]
+        if not parts or any(p in (".", "..") for p in parts):
+            raise StorageError(f"invalid key {key!r}")
+        return self.root.joinpath(*parts)
+
+    @staticmethod
+    def _classify(err: BaseException) -> str | None:
+        if isinstance(err, (IsADirectoryError, NotADirectoryError)):
+            return short_error(err)
+        if isinstance(err, OSError) and err.errno in (errno.EROFS, errno.ENAMETOOLONG):
+            return short_error(err)
+        return None  # EACCES, EIO, ENOSPC, a vanished mount: may pass
+
+    def _call(self, what: str, op: Callable[[], T], key: str | None) -> T:
+        def guarded() -> T:
+            if (self.root / STORAGE_OUTAGE_MARKER).exists():
+                raise TransientStorageError(f"{self.url} is unavailable (simulated outage)")
+            try:
+                return op()
+            except FileNotFoundError as err:
+                if key is not None:
+                    raise ObjectNotFoundError(f"{self.url}/{key} does not exist") from err
+                raise
+
+        return call_with_retry(
+            guarded,
+            what=f"{what} {self.url}/{key or ''}",
+            classify=self._classify,
+            budget=self.retry_seconds,
+        )
+
+    def _copy_in(self, key: str, write: Callable[[Path], None]) -> None:
+        with atomic_path(self._path(key)) as tmp:
+            write(tmp)
+
+    def put_file(self, key: str, path: str | os.PathLike[str]) -> None:
+        """Copy a file in."""
+        src = Path(path)
+        if not src.is_file():
+            raise StorageError(f"upload to {self.url}/{key}: no such file {src}")
+        self._call("upload to", lambda: self._copy_in(key, lambda t: shutil.copyfile(src, t)), None)
+
+    def get_file(self, key: str, path: str | os.PathLike[str]) -> None:
+        """Copy a file out (atomically)."""
+
+        def op() -> None:
+            src = self._path(key)
+            with atomic_path(path) as tmp:
+                shutil.copyfile(src, tmp)
+
+        self._call("download of", op, key)
+
+    def put_bytes(self, key: str, data: bytes) -> None:
+        """Write a small object."""
+        self._call("write of", lambda: self._copy_in(key, lambda t: t.write_bytes(data)), None)
+
+    def get_bytes(self, key: str) -> bytes:
+        """Read a whole object."""
+        return self._call("read of", lambda: self._path(key).read_bytes(), key)
+
+    def list(self, prefix: str = "") -> list[ObjectInfo]:
+        """Every object whose key starts with `prefix`, sorted by key (temporary files hidden)."""
+        return self._call("listing of", lambda: self._walk(prefix), None)
+
+    def _walk(self, prefix: str) -> list[ObjectInfo]:
+        # Walk only the deepest directory the prefix names in full.
+        base = self.root.joinpath(*[p for p in prefix.split("/")[:-1] if p])
+        if not base.is_dir():
+            return []
+        out = []
+        for dirpath, _dirs, files in os.walk(base):
+            for f in files:
+                if f.endswith(".part") or f == STORAGE_OUTAGE_MARKER:
+                    continue
+                full = Path(dirpath) / f
+                key = full.relative_to(self.root).as_posix()
+                if not key.startswith(prefix):
+                    continue
+                try:
+                    st = full.stat()
+                except FileNotFoundError:
+                    continue
+                out.append(ObjectInfo(key, st.st_size, st.st_mtime))
+        return sorted(out, key=lambda o: o.key)
+
+    def delete(self, key: str) -> None:
+        """Delete one object (and directories left empty); a missing key is not an error."""
+
+        def op() -> None:
+            path = self._path(key)
+            path.unlink(missing_ok=True)
+            parent = path.parent
+            while parent != self.root and parent.is_relative_to(self.root):
+                try:
+                    parent.rmdir()
+                except OSError:
+                    break
+                parent = parent.parent
+
+        self._call("delete of", op, None)
+
+    def exists(self, key: str) -> bool:
+        """Whether the object exists."""
+        return self._call("stat of", lambda: self._path(key).is_file(), None)
+
+    def size(self, key: str) -> int:
+        """The object's size in bytes; ObjectNotFoundError if missing."""
+        return self._call("stat of", lambda: self._path(key).stat().st_size, key)

@@ -1,0 +1,214 @@
+"""S3 (and S3-compatible servers) through boto3: the `Bucket` operations and the client.
+
+Multipart uploads with tuned concurrency; `AWS_ENDPOINT_URL` (or `endpoint_url=`) points the
+client at any S3-compatible server; the default credential chain only. botocore retries once
+inside a call (a blip in one part of a multipart upload); longer outages are `retry.py`'s.
+boto3 is imported on first use, so importing this module stays fast.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from mncloud.storage.buckets import ObjectInfo, ObjectNotFoundError, atomic_path
+from mncloud.storage.retry import (
+    DEFAULT_RETRY_SECONDS,
+    call_with_retry,
+    error_chain,
+    isolate_sdk_random,
+)
+
+T = TypeVar("T")
+
+MiB = 1024 * 1024
+DEFAULT_REGION = "us-east-1"
+#: Attempts botocore makes inside one call (the first plus one quick retry).
+SDK_ATTEMPTS = 2
+
+TRANSIENT_CODES = frozenset({
+    "InternalError", "ServiceUnavailable", "SlowDown", "RequestTimeout", "Throttling",
+    "ThrottlingException", "RequestTimeTooSkewed", "OperationAborted", "500", "502", "503", "504",
+})  # fmt: skip
+DENIED_CODES = frozenset({
+    "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403", "Forbidden",
+    "ExpiredToken", "InvalidToken", "AllAccessDisabled",
+})  # fmt: skip
+NOT_FOUND_CODES = frozenset({"NoSuchKey", "404", "NotFound"})
+NO_CREDENTIALS = (
+    "no AWS credentials found; run `aws configure` or set AWS_ACCESS_KEY_ID/"
+    "AWS_SECRET_ACCESS_KEY (default chain: environment, ~/.aws, instance role)"
+)
+
+
+def default_region() -> str:
+    """`AWS_REGION`, `AWS_DEFAULT_REGION`, else us-east-1."""
+    return os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or DEFAULT_REGION
+
+
+def error_code(err: Any) -> str:
+    """The S3 error code of a botocore ClientError (`NoSuchBucket`, `403`, …)."""
+    return str(err.response.get("Error", {}).get("Code", ""))
+
+
+def make_client(
+    endpoint_url: str | None = None, *, read_timeout: float = 60, pool: int = 10
+) -> Any:
+    """A boto3 S3 client: short SDK retries, path-style addressing for a custom endpoint."""
+    import boto3
+    from botocore.config import Config
+
+    isolate_sdk_random("s3")
+    endpoint_url = endpoint_url or os.environ.get("AWS_ENDPOINT_URL") or None
+    config = Config(
+        retries={"mode": "standard", "total_max_attempts": SDK_ATTEMPTS},
+        max_pool_connections=pool,
+        connect_timeout=5,
+        read_timeout=read_timeout,
+        s3={"addressing_style": "path"} if endpoint_url else {},
+    )
+    session = boto3.session.Session()
+    region = session.region_name or default_region()
+    return session.client("s3", endpoint_url=endpoint_url, region_name=region, config=config)
+
+
+class S3Bucket:
+    """An S3 (or S3-compatible) bucket through boto3."""
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        endpoint_url: str | None = None,
+        retry_seconds: float = DEFAULT_RETRY_SECONDS,
+        max_concurrency: int = 8,
+        chunk_size: int = 16 * MiB,
+    ) -> None:
+        self.name = name
+        self.url = f"s3://{name}"
+        self.retry_seconds = retry_seconds
+        self.endpoint_url = endpoint_url or os.environ.get("AWS_ENDPOINT_URL") or None
+        self.max_concurrency = max_concurrency
+        self.chunk_size = chunk_size
+        self._client: Any = None
+        self._transfer: Any = None
+
+    @property
+    def client(self) -> Any:
+        """The boto3 S3 client (created on first use; thread-safe)."""
+        if self._client is None:
+            from boto3.s3.transfer import TransferConfig
+
+            self._client = make_client(self.endpoint_url, pool=max(10, 2 * self.max_concurrency))
+            self._transfer = TransferConfig(
+                multipart_threshold=self.chunk_size,
+                multipart_chunksize=self.chunk_size,
+                max_concurrency=self.max_concurrency,
+                use_threads=True,
+            )
+        return self._client
+
+    def _classify(self, err: BaseException) -> str | None:
+        from botocore.exceptions import ClientError, NoCredentialsError, PartialCredentialsError
+
+        for e in error_chain(err):
+            if isinstance(e, (NoCredentialsError, PartialCredentialsError)):
+                return NO_CREDENTIALS
+            if isinstance(e, ClientError):
+                code = error_code(e)
+                status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0
+                if code in TRANSIENT_CODES or status >= 500 or status == 429:
+                    return None
+                if code == "NoSuchBucket":
+                    where = f" at {self.endpoint_url}" if self.endpoint_url else ""
+                    return f"bucket {self.url} does not exist{where}"
+                if code in DENIED_CODES:
+                    return f"access denied to {self.url} ({code}); check the credentials"
+                return f"{code or status}: {e.response.get('Error', {}).get('Message', '')}"
+        return None  # connection errors, timeouts and the like: transient
+
+    def _call(self, what: str, op: Callable[[], T], key: str | None = None) -> T:
+        from botocore.exceptions import ClientError
+
+        def guarded() -> T:
+            try:
+                return op()
+            except ClientError as err:
+                if key is not None and error_code(err) in NOT_FOUND_CODES:
+                    raise ObjectNotFoundError(f"{self.url}/{key} does not exist") from err
+                raise
+
+        return call_with_retry(
+            guarded,
+            what=f"{what} {self.url}/{key or ''}",
+            classify=self._classify,
+            budget=self.retry_seconds,
+        )
+
+    def put_file(self, key: str, path: str | os.PathLike[str]) -> None:
+        """Upload a file (multipart above `chunk_size`, `max_concurrency` parts in flight)."""
+        client = self.client
+        self._call(
+            "upload to",
+            lambda: client.upload_file(str(path), self.name, key, Config=self._transfer),
+            key,
+        )
+
+    def get_file(self, key: str, path: str | os.PathLike[str]) -> None:
+        """Download to `path` (atomically: a temporary file renamed into place)."""
+        client = self.client
+
+        def op() -> None:
+            with atomic_path(path) as tmp:
+                client.download_file(self.name, key, str(tmp), Config=self._transfer)
+
+        self._call("download of", op, key)
+
+    def put_bytes(self, key: str, data: bytes) -> None:
+        """Write a small object in one request."""
+        client = self.client
+        self._call("write of", lambda: client.put_object(Bucket=self.name, Key=key, Body=data), key)
+
+    def get_bytes(self, key: str) -> bytes:
+        """Read a whole object."""
+        client = self.client
+        return self._call(
+            "read of", lambda: client.get_object(Bucket=self.name, Key=key)["Body"].read(), key
+        )
+
+    def list(self, prefix: str = "") -> list[ObjectInfo]:
+        """Every object whose key starts with `prefix`, sorted by key."""
+        client = self.client
+
+        def op() -> list[ObjectInfo]:
+            pages = client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.name, Prefix=prefix
+            )
+            out = [
+                ObjectInfo(o["Key"], int(o["Size"]), o["LastModified"].timestamp())
+                for page in pages
+                for o in page.get("Contents", [])
+            ]
+            return sorted(out, key=lambda o: o.key)
+
+        return self._call("listing of", op, None)
+
+    def delete(self, key: str) -> None:
+        """Delete one object; a missing key is not an error."""
+        client = self.client
+        self._call("delete of", lambda: client.delete_object(Bucket=self.name, Key=key), None)
+
+    def exists(self, key: str) -> bool:
+        """Whether the object exists."""
+        try:
+            self.size(key)
+        except ObjectNotFoundError:
+            return False
+        return True
+
+    def size(self, key: str) -> int:
+        """The object's size in bytes; ObjectNotFoundError if missing."""
+        client = self.client
+        head = self._call("stat of", lambda: client.head_object(Bucket=self.name, Key=key), key)
+        return int(head["ContentLength"])
