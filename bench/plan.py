@@ -6,7 +6,7 @@ the ratio of the medians and of CPU time (user + system) are printed beside it. 
 SkyPilot reads the catalog snapshot named by `MNCLOUD_CATALOG_DIR` (default: ../shared/catalogs
 beside the repository). Goal: ≤ 1.5×.
 
-    /work/venv/bin/python bench/plan.py [--runs 5]
+    .venv/bin/python bench/plan.py [--runs 5]
 """
 
 from __future__ import annotations

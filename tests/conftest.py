@@ -50,3 +50,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.get_closest_marker("catalog"):
             item.add_marker(needs_catalog)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Say how many commands the CLI help walk covered (tests/test_help.py), when it ran."""
+    import sys
+
+    walk = sys.modules.get("tests.test_help")
+    if walk is not None:
+        names = ", ".join(walk.IDS)
+        terminalreporter.write_line(f"help walk: {len(walk.IDS)} commands ({names})")

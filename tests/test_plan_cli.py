@@ -174,6 +174,7 @@ def test_learn_feeds_observed_preemptions_into_the_plan(tmp_path: Path) -> None:
     assert "46% weight → 0.245/node-h" in out
 
 
+@pytest.mark.catalog
 def test_up_learn_reaches_the_plan_request(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from typing import get_type_hints
 

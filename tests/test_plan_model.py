@@ -166,6 +166,7 @@ def test_learn_hazards_weights_and_skips_local() -> None:
     assert runpod.hazard == pytest.approx(0.1 * 50 / 200)
 
 
+@pytest.mark.catalog  # checks accelerator names against the catalog
 def test_request_hazard_precedence() -> None:
     learned = plan.learn_hazards({"aws": (0.5, 20, 40.0)})
     gpus = plan.Accelerator.parse("H100:8")

@@ -1,13 +1,20 @@
 """The `mncloud` command. Each command group lives in its own module; this one wires them.
 
-Core modules raise `MncloudError`; `main` turns one into a single line on stderr and exit 2.
+Every way out goes through `_Group.main`, so the console script and `CliRunner` behave alike: an
+`MncloudError` from the core or a bad option value (click's usage errors) is one line on stderr,
+`error: …`, and exit code 2 — no usage panel, no traceback.
+
+Help is plain text (`rich_markup_mode=None`): help strings are never parsed as markup, so
+`s3://name[/prefix]`, `cpu:2` or `$` print as written with every Typer and rich version.
 """
 
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import typer
+from typer.core import TyperGroup
 
 from mncloud import __version__
 from mncloud.cli import chaos as chaos_cli
@@ -19,11 +26,59 @@ from mncloud.cli import runs as runs_cli
 from mncloud.cli import up as up_cli
 from mncloud.errors import MncloudError
 
+
+def _click_class(name: str) -> type[Exception]:
+    """click's exception class `name`, whether Typer uses click or its own copy of it (≥0.23)."""
+    return next(k for k in typer.BadParameter.__mro__ if k.__name__ == name)
+
+
+_ClickException = _click_class("ClickException")
+_UsageError = _click_class("UsageError")
+
+
+def _one_line(err: Exception) -> str:
+    """A click error as one line: its message, then where to read the usage."""
+    message = " ".join(err.format_message().split())  # type: ignore[attr-defined]
+    ctx = getattr(err, "ctx", None)
+    if isinstance(err, _UsageError) and ctx is not None:
+        message += f" (see '{ctx.command_path} --help')"
+    return message
+
+
+class _Group(TyperGroup):
+    """The root group: turns errors into one line on stderr and an exit code."""
+
+    def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
+        if not standalone_mode:
+            return super().main(*args, standalone_mode=False, **kwargs)
+        try:
+            code = super().main(*args, standalone_mode=False, **kwargs)
+        except MncloudError as err:  # raised outside a command's own handler
+            code = _fail(str(err))
+        except _UsageError as err:
+            if type(err).__name__ == "NoArgsIsHelpError":  # bare `mncloud` or `mncloud ckpt`
+                typer.echo(err.ctx.get_help())  # type: ignore[attr-defined]
+                code = 0
+            else:
+                code = _fail(_one_line(err))
+        except _ClickException as err:
+            code = _fail(_one_line(err), getattr(err, "exit_code", 1))
+        except typer.Abort:  # click's Abort: Typer's own name for it either way
+            code = _fail("aborted", 1)
+        sys.exit(code if isinstance(code, int) else 0)
+
+
+def _fail(message: str, code: int = 2) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return code
+
+
 app = typer.Typer(
     name="mncloud",
+    cls=_Group,
     help="Train on many GPUs on the cheapest cloud; survive spot preemptions.",
     no_args_is_help=True,
-    add_completion=False,
+    rich_markup_mode=None,
     pretty_exceptions_enable=False,
 )
 
@@ -53,9 +108,5 @@ app.add_typer(chaos_cli.app, name="chaos", help="Preempt nodes or cut storage (l
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Console-script entry point: run the app, turning MncloudError into exit code 2."""
-    try:
-        app(args=argv, prog_name="mncloud", standalone_mode=True)
-    except MncloudError as err:  # raised outside a command's own handler
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
+    """Console-script entry point (`mncloud`): exits with the command's code."""
+    app(args=argv, prog_name="mncloud")

@@ -1,0 +1,133 @@
+"""Every command's help and every command's answer to a bad option, as users run them.
+
+The commands are found by walking the Typer app, so a new command is covered without editing this
+file; the walk's size is printed in pytest's summary. Each case goes through `mncloud.cli.main`,
+the console script's entry point, and a few through the installed `mncloud` script itself.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer.main
+
+from mncloud.cli import app, main
+
+WIDTH = 80
+
+
+def _walk(command: Any, path: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], Any]]:
+    found = [(path, command)]
+    for name, sub in sorted(getattr(command, "commands", {}).items()):
+        if not sub.hidden:
+            found += _walk(sub, (*path, name))
+    return found
+
+
+COMMANDS = _walk(typer.main.get_command(app))
+IDS = [" ".join(path) or "mncloud" for path, _ in COMMANDS]
+
+
+def _run(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    try:
+        main(args)
+    except SystemExit as exit_:
+        code = exit_.code if isinstance(exit_.code, int) else 1
+    else:
+        code = 0
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture(autouse=True)
+def _eighty_columns(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", str(WIDTH))
+    monkeypatch.setenv("LINES", "24")
+
+
+def test_the_walk_finds_the_commands() -> None:
+    assert {"render", "plan", "up", "ckpt", "ckpt ls", "chaos"} <= set(IDS)
+
+
+@pytest.mark.parametrize("path", [p for p, _ in COMMANDS], ids=IDS)
+def test_help_at_80_columns(path: tuple[str, ...], capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = _run([*path, "--help"], capsys)
+    assert code == 0, err
+    assert "Traceback" not in out + err and not err
+    assert out.startswith("Usage: mncloud")
+    wide = [line for line in out.splitlines() if len(line) > WIDTH]
+    assert not wide, f"{len(wide)} lines wider than {WIDTH}: {wide[0]!r}"
+
+
+def _checked(param: Any) -> bool:
+    """Whether the option's value is a number or a choice (click's type, or Typer ≥0.23's)."""
+    click_type = getattr(getattr(param, "type", None), "name", "")
+    if click_type in ("integer", "float", "choice") or "range" in click_type:
+        return True
+    annotation = getattr(getattr(param, "type_descriptor", None), "annotation", None)
+    return annotation in (int, float) or (
+        isinstance(annotation, type) and issubclass(annotation, Enum)
+    )
+
+
+def _bad_option(command: Any) -> tuple[list[str], str]:
+    """An option given a value it cannot take (or, where none takes a checked value, no option)."""
+    for param in command.params:
+        if param.param_type_name != "option" or param.is_flag or param.count:
+            continue
+        if _checked(param):
+            name = max(param.opts, key=len)
+            return [name, "not-a-value"], name
+    return ["--no-such-option"], "--no-such-option"
+
+
+@pytest.mark.parametrize("path,command", COMMANDS, ids=IDS)
+def test_a_bad_option_is_one_line_and_exit_2(
+    path: tuple[str, ...], command: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad, name = _bad_option(command)
+    code, out, err = _run([*path, *bad], capsys)
+    assert code == 2, (out, err)
+    assert not out
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    assert name in lines[0]
+    assert "Traceback" not in err and "╭" not in err
+
+
+def test_no_arguments_prints_the_help(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = _run([], capsys)
+    assert code == 0 and out.startswith("Usage: mncloud") and not err
+
+
+def test_shell_completion_is_offered(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _run(["--help"], capsys)
+    assert code == 0 and "--install-completion" in out and "--show-completion" in out
+
+
+def _script() -> str:
+    found = Path(sys.executable).parent / "mncloud"
+    return str(found) if found.exists() else shutil.which("mncloud") or pytest.skip("no script")
+
+
+@pytest.mark.parametrize(
+    "args,code",
+    [(["up", "--help"], 0), (["render", "--help"], 0), (["plan", "--nodes", "0"], 2)],
+    ids=["up --help", "render --help", "plan --nodes 0"],
+)
+def test_the_console_script(args: list[str], code: int) -> None:
+    env = {**os.environ, "COLUMNS": str(WIDTH)}
+    done = subprocess.run([_script(), *args], capture_output=True, text=True, env=env)
+    assert done.returncode == code, done.stderr
+    assert "Traceback" not in done.stderr
+    if code == 2:
+        assert done.stderr.count("\n") == 1 and done.stderr.startswith("error: ")
+    else:
+        assert "s3://name[/prefix]" in " ".join(done.stdout.split())
