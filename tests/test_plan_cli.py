@@ -13,7 +13,7 @@ import typer
 from rich.console import Console
 from typer.testing import CliRunner
 
-from mncloud import runs
+from mncloud import records as runs
 from mncloud.cli import plan as plan_cli
 from mncloud.constants import CATALOG_DIR_ENV as CATALOG_ENV
 from mncloud.spec import build_spec

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from mncloud import runs
+from mncloud import constants, layout, records
 from mncloud.errors import RunNotFoundError
-from mncloud.runs import Event, Redactor, RunRecord
-from mncloud.spec import JobSpec, build_spec
+from mncloud.records import Event, Redactor, RunRecord, store, telemetry
+from mncloud.spec import JobSpec, LaunchOptions, build_spec
 from mncloud.storage import open_bucket
 
 # Planted secrets: each must appear in no file written under MNCLOUD_HOME or the bucket.
@@ -83,7 +83,7 @@ def assert_no_planted(*roots: Path) -> None:
 
 def test_record_has_every_field(repo: Path, mncloud_home: Path) -> None:
     spec = make_spec(repo, label=["team=nlp"], image="docker:pytorch/pytorch:latest")
-    record = runs.create_record(spec, "name: exp\n", None, "local", now=1_700_000_000)
+    record = records.create_record(spec, "name: exp\n", None, "local", now=1_700_000_000)
     assert record.run_id.startswith("exp-20231114T221320-")
     path = mncloud_home / "records" / record.run_id / "run.json"
     data = json.loads(path.read_text())
@@ -103,9 +103,9 @@ def test_record_has_every_field(repo: Path, mncloud_home: Path) -> None:
 
     assert g["diff_sha256"] == hashlib.sha256(diff).hexdigest()
     assert g["diff_redacted"] is False
-    assert runs.find_record(record.run_id).run_id == record.run_id
-    assert runs.find_record("exp").run_id == record.run_id
-    assert runs.find_record(record.run_id[:-2]).run_id == record.run_id
+    assert records.find_record(record.run_id).run_id == record.run_id
+    assert records.find_record("exp").run_id == record.run_id
+    assert records.find_record(record.run_id[:-2]).run_id == record.run_id
 
 
 def test_record_outside_git_and_clean_tree(tmp_path: Path) -> None:
@@ -113,36 +113,36 @@ def test_record_outside_git_and_clean_tree(tmp_path: Path) -> None:
     plain.mkdir()
     (plain / "train.py").write_text("pass\n")
     spec = build_spec(plain / "train.py", gpus="cpu:1", cloud=["local"], name="plain")
-    assert runs.create_record(spec, "x: 1\n").git is None
+    assert records.create_record(spec, "x: 1\n").git is None
 
 
 def test_records_of_one_name_accumulate(repo: Path) -> None:
     spec = make_spec(repo)
-    first = runs.create_record(spec, "a: 1\n", now=1_700_000_000)
+    first = records.create_record(spec, "a: 1\n", now=1_700_000_000)
     git(repo, "commit", "-qam", "v2")
-    second = runs.create_record(spec, "a: 2\n", now=1_700_000_100)
-    ids = [r.run_id for r in runs.list_records()]
+    second = records.create_record(spec, "a: 2\n", now=1_700_000_100)
+    ids = [r.run_id for r in records.list_records()]
     assert ids == [first.run_id, second.run_id]
-    assert runs.load_diff(first).startswith(b"diff --git")
-    assert runs.load_diff(second) == b""  # clean tracked tree now
+    assert records.load_diff(first).startswith(b"diff --git")
+    assert records.load_diff(second) == b""  # clean tracked tree now
     with pytest.raises(RunNotFoundError, match="no run record"):
-        runs.find_record("nope")
+        records.find_record("nope")
 
 
 def test_record_in_bucket_and_bucket_failure_never_breaks(
     repo: Path, bucket_uri: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     spec = make_spec(repo, bucket=bucket_uri)
-    record = runs.create_record(spec, "a: 1\n")
+    record = records.create_record(spec, "a: 1\n")
     assert record.bucket_uri == f"{bucket_uri}/exp/runs/{record.run_id}"
     bucket, prefix = open_bucket(record.bucket_uri)
     stored = RunRecord.model_validate_json(bucket.get_bytes(f"{prefix}/run.json"))
     assert stored.run_id == record.run_id
     assert b"+print('v2')" in bucket.get_bytes(f"{prefix}/diff.patch")
-    runs.append_event("exp", "launch", hourly_price=1.0, spot=True, cloud="local")
+    records.append_event("exp", "launch", hourly_price=1.0, spot=True, cloud="local")
     stored = RunRecord.model_validate_json(bucket.get_bytes(f"{prefix}/run.json"))
     assert [e.kind for e in stored.events] == ["launch"]
-    found = runs.list_bucket_records(bucket_uri)
+    found = records.list_bucket_records(bucket_uri)
     assert [r.run_id for r in found] == [record.run_id]
 
 
@@ -151,9 +151,9 @@ def test_broken_bucket_only_warns(
 ) -> None:
     (tmp_path / "down").write_text("a file where the bucket's folder should be")
     spec = make_spec(repo, bucket=f"file://{tmp_path / 'down'}")
-    monkeypatch.setattr(runs, "BUCKET_RETRY_SECONDS", 0.2)
-    record = runs.create_record(spec, "a: 1\n")
-    assert runs.load_current("exp").run_id == record.run_id
+    monkeypatch.setattr(store, "BUCKET_RETRY_SECONDS", 0.2)
+    record = records.create_record(spec, "a: 1\n")
+    assert records.load_current("exp").run_id == record.run_id
     assert "run record not written" in caplog.text
 
 
@@ -183,10 +183,10 @@ def test_planted_secrets_absent_from_every_file(
 
     task = render(spec)
     assert TOKEN_VALUE in task.yaml_text  # --env is rendered by design; the record is not
-    record = runs.create_record(spec, task)
-    runs.append_event("leaky", "failure", detail=f"crashed with MY_SECRET={SECRET_VALUE}")
+    record = records.create_record(spec, task)
+    records.append_event("leaky", "failure", detail=f"crashed with MY_SECRET={SECRET_VALUE}")
     assert record.git is not None
-    assert runs.load_current("leaky").git.diff_redacted  # type: ignore[union-attr]
+    assert records.load_current("leaky").git.diff_redacted  # type: ignore[union-attr]
     assert_no_planted(mncloud_home, bucket)
     data = (mncloud_home / "records" / record.run_id / "run.json").read_text()
     assert "visible-value" in data and "<redacted>" in data
@@ -246,7 +246,7 @@ def test_cost_segments_split_by_preemption_and_market() -> None:
         Event(kind="restart", time=3.3 * H, cloud="aws", spot=False, hourly_price=100.0),
         plan={"choice": {"expected_cost": 500.0, "hourly_total": 40.0}},
     )
-    summary = runs.cost_summary(record, now=4.3 * H)
+    summary = records.cost_summary(record, now=4.3 * H)
     segs = summary.segments
     assert [(s.opened_by, s.ended_by, s.open) for s in segs] == [
         ("launch", "preemption", False),
@@ -263,19 +263,21 @@ def test_cost_segments_split_by_preemption_and_market() -> None:
 
 def test_unpriced_segment_and_finish() -> None:
     record = ledger(Event(kind="launch", time=0), Event(kind="finish", time=H))
-    summary = runs.cost_summary(record, now=10 * H)
+    summary = records.cost_summary(record, now=10 * H)
     assert summary.total == 0 and summary.unpriced_hours == pytest.approx(1.0)
     assert record.finished
 
 
 def test_append_event_inherits_placement(repo: Path) -> None:
-    runs.create_record(make_spec(repo), "a: 1\n")
-    runs.append_event("exp", "launch", cloud="aws", region="us-east-1", spot=True, hourly_price=8)
-    runs.append_event("exp", "preemption", node=1)
-    rec = runs.append_event("exp", "recovery")
+    records.create_record(make_spec(repo), "a: 1\n")
+    records.append_event(
+        "exp", "launch", cloud="aws", region="us-east-1", spot=True, hourly_price=8
+    )
+    records.append_event("exp", "preemption", node=1)
+    rec = records.append_event("exp", "recovery")
     assert rec is not None
     assert rec.events[-1].cloud == "aws" and rec.events[-1].hourly_price == 8
-    assert runs.append_event("never-launched", "launch") is None
+    assert records.append_event("never-launched", "launch") is None
 
 
 def test_observed_spot_hazard() -> None:
@@ -288,7 +290,7 @@ def test_observed_spot_hazard() -> None:
         Event(kind="finish", time=7 * H),
         nodes=2,
     )
-    hazard = runs.observed_spot_hazard([record])
+    hazard = records.observed_spot_hazard([record])
     assert hazard == {"aws": (pytest.approx(1 / 10), 1, pytest.approx(10.0))}
 
 
@@ -296,29 +298,84 @@ def test_observed_spot_hazard() -> None:
 
 
 def test_straggler_ranks() -> None:
-    assert runs.straggler_ranks({0: 1.0, 1: 1.1, 2: 1.0, 3: 1.6}) == [3]
-    assert runs.straggler_ranks({0: 1.0, 1: 1.49}) == []  # median 1.245: 1.49 < 1.87
-    assert runs.straggler_ranks({0: 1.0}) == []
-    assert runs.straggler_ranks({0: 1.0, 1: 1.0, 2: 3.0}) == [2]
+    assert records.straggler_ranks({0: 1.0, 1: 1.1, 2: 1.0, 3: 1.6}) == [3]
+    assert records.straggler_ranks({0: 1.0, 1: 1.49}) == []  # median 1.245: 1.49 < 1.87
+    assert records.straggler_ranks({0: 1.0}) == []
+    assert records.straggler_ranks({0: 1.0, 1: 1.0, 2: 3.0}) == [2]
+
+
+#: A window that counts: it timed enough steps (the first windows include warm-up).
+FULL = telemetry.MIN_SAMPLES
+
+
+def publish_windows(
+    env: dict[str, str], by_rank: dict[int, list[float | tuple[float, int]]]
+) -> None:
+    """Each rank publishes its windows in order, as StepTimer does every 30 s: a bare
+    number is a full window; (seconds, steps) a window that timed that many steps."""
+    for rank, windows in by_rank.items():
+        for window in windows:
+            secs, samples = window if isinstance(window, tuple) else (window, FULL)
+            assert telemetry.publish_step_time(
+                secs, 100, samples=samples, rank=rank, environ=env, min_interval=0
+            )
+
+
+def run_env(record: RunRecord, ckpt_uri: str | None = None) -> dict[str, str]:
+    """The variables render sets on every node: where to publish, which run."""
+    uri = ckpt_uri or record.ckpt_uri
+    assert uri is not None
+    return {constants.CKPT_URI_ENV: uri, constants.RUN_ID_ENV: record.run_id}
 
 
 def test_published_step_times(repo: Path, tmp_path: Path) -> None:
     uri = f"file://{tmp_path / 'b'}"
-    record = runs.create_record(make_spec(repo, bucket=uri), "a: 1\n")
-    env = {"MNCLOUD_CKPT_URI": f"{uri}/exp", runs.RUN_ID_ENV: record.run_id}
-    for rank, secs in enumerate([1.0, 1.0, 2.0]):
-        assert runs.publish_step_time(secs, 100, rank=rank, environ=env)
-    assert not runs.publish_step_time(5.0, 101, rank=0, environ=env)  # rate-limited
-    assert not runs.publish_step_time(5.0, 101, rank=9, environ={})  # not in a run
-    times = runs.step_times(record)
+    record = records.create_record(make_spec(repo, bucket=uri), "a: 1\n")
+    env = run_env(record)
+    assert env[constants.CKPT_URI_ENV] == f"{uri}/exp"
+    assert records.publish_step_time(1.0, 100, samples=FULL, rank=0, environ=env)
+    assert not records.publish_step_time(5.0, 101, rank=0, environ=env)  # rate-limited
+    assert not records.publish_step_time(5.0, 101, rank=9, environ={})  # not in a run
+    assert records.step_times(record) == {}  # one window is not sustained yet
+    publish_windows(env, {0: [1.0, 1.0], 1: [1.0, 1.0, 1.0], 2: [2.0, 2.0, 2.0]})
+    times = records.step_times(record)
     assert times == {0: 1.0, 1: 1.0, 2: 2.0}
-    assert runs.straggler_ranks(times) == [2]
+    assert records.straggler_ranks(times) == [2]
+
+
+def test_stragglers_need_a_sustained_slowdown(repo: Path, bucket_uri: str) -> None:
+    """Issue #17 item 14: a healthy 2×2 demo was flagged `straggler rank 3 (2.6× median)`
+    off one warm-up window. Only a slowdown over enough well-sampled windows is flagged."""
+    record = records.create_record(make_spec(repo, bucket=bucket_uri), "a: 1\n")
+    env = run_env(record)
+    assert env[constants.CKPT_URI_ENV] == f"{bucket_uri}/exp"
+    steps_uri = layout.steps_uri(env[constants.CKPT_URI_ENV], record.run_id)
+
+    # First publications: rank 3's 3 steps include its warm-up, 2.6× the median.
+    publish_windows(env, {0: [(0.2, 3)], 1: [(0.2, 3)], 2: [(0.2, 3)], 3: [(0.52, 3)]})
+    newest = {r: s.seconds_per_step for r, s in telemetry.read_steps(steps_uri).items()}
+    assert records.straggler_ranks(newest) == [3]  # what the old rule flagged
+    assert records.step_times(record) == {}
+    # Full windows; rank 3 slow once more, then calm: never slow throughout.
+    publish_windows(env, {r: [0.2, 0.2, 0.2] for r in range(3)} | {3: [0.52, 0.2, 0.21]})
+    times = records.step_times(record)
+    assert times == {0: 0.2, 1: 0.2, 2: 0.2, 3: 0.2}
+    assert records.straggler_ranks(times) == []
+    # A real straggler: 1.8× or more over the last windows, each well sampled.
+    publish_windows(env, {r: [0.2, 0.2, 0.2] for r in range(3)} | {3: [0.36, 0.4, 0.37]})
+    times = records.step_times(record)
+    assert records.straggler_ranks(times) == [3]
+    assert records.straggler_note(times, [3]) == "straggler rank 3 (1.8× median)"
+    # The same slowdown timed over too few steps in its newest window: not (yet) flagged.
+    publish_windows(env, {3: [(0.5, FULL - 1)]})
+    assert 3 not in records.step_times(record)
+    assert records.straggler_ranks(records.step_times(record)) == []
 
 
 def _local_run(name: str, ckpt_uri: str) -> None:
     """A running local run as its backend sees it (no processes: status only reads state)."""
-    from mncloud.backends.base import record_backend
-    from mncloud.backends.local import LocalState, save_state
+    from mncloud.backends.local.state import LocalState, save_state
+    from mncloud.backends.registry import record_backend
 
     folder = record_backend(name, "local")
     state = LocalState(
@@ -333,19 +390,19 @@ def test_status_flags_the_straggling_rank(
 ) -> None:
     from rich.console import Console
 
-    from mncloud.backends.base import run_status
     from mncloud.cli import ops
+    from mncloud.operate import run_status
 
     monkeypatch.setattr(ops, "console", Console(width=250))
-    monkeypatch.setattr(runs, "_last_publish", {})  # other tests published ranks 0-2
     uri = f"file://{tmp_path / 'b'}"
-    record = runs.create_record(make_spec(repo, bucket=uri), "a: 1\n")
+    record = records.create_record(make_spec(repo, bucket=uri), "a: 1\n")
     _local_run("exp", f"{uri}/exp")
-    monkeypatch.setenv("MNCLOUD_CKPT_URI", f"{uri}/exp")  # as render sets them on every node
-    monkeypatch.setenv(runs.RUN_ID_ENV, record.run_id)
+    for key, value in run_env(record).items():  # as render sets them on every node
+        monkeypatch.setenv(key, value)
     for rank, secs in enumerate([1.0, 1.05, 0.95, 1.8]):  # median 1.025: rank 3 is 1.76×
         monkeypatch.setenv("RANK", str(rank))
-        assert runs.publish_step_time(secs, 200)
+        for _ in range(telemetry.SUSTAINED_WINDOWS):
+            assert records.publish_step_time(secs, 200, samples=FULL, min_interval=0)
     assert (tmp_path / "b" / "exp" / "runs" / record.run_id / "steps" / "rank-3.json").is_file()
 
     status = run_status("exp")
@@ -360,27 +417,23 @@ def test_status_flags_the_straggling_rank(
     code, out, _ = cli("status")
     assert code == 0 and "straggler rank 3 (1.8× median)" in out
 
-    # A run without a record, and one whose ranks are even: nothing flagged.
+    # A run without a record, and one whose ranks are even again: nothing flagged.
     _local_run("norec", f"file://{tmp_path / 'c'}")
     assert run_status("norec").stragglers == []
-    assert runs.publish_step_time(1.1, 400, rank=3, min_interval=0)
+    assert records.publish_step_time(1.1, 400, samples=FULL, rank=3, min_interval=0)
     calm = run_status("exp")
     assert (calm.stragglers, calm.detail) == ([], "")
 
 
-def test_status_reads_step_times_of_a_run_without_bucket(
-    repo: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_status_reads_step_times_of_a_run_without_bucket(repo: Path) -> None:
     """A local run without --bucket publishes under its checkpoint folder, not a bucket."""
-    from mncloud.backends.base import run_dir, run_status
+    from mncloud.operate import run_status
 
-    record = runs.create_record(make_spec(repo), "a: 1\n")
-    assert record.bucket_uri is None
-    ckpt_uri = f"file://{run_dir('exp') / 'checkpoints'}"
+    record = records.create_record(make_spec(repo), "a: 1\n")
+    assert record.bucket_uri is None and record.ckpt_uri is None
+    ckpt_uri = f"file://{layout.local_ckpt_dir('exp')}"
     _local_run("exp", ckpt_uri)
-    env = {"MNCLOUD_CKPT_URI": ckpt_uri, runs.RUN_ID_ENV: record.run_id}
-    for rank, secs in enumerate([2.0, 2.0, 7.0]):
-        assert runs.publish_step_time(secs, 10, rank=rank, environ=env, min_interval=0)
+    publish_windows(run_env(record, ckpt_uri), {0: [2.0] * 3, 1: [2.0] * 3, 2: [7.0] * 3})
     status = run_status("exp")
     assert status.stragglers == [2]
     assert "straggler rank 2 (3.5× median)" in status.detail
@@ -388,10 +441,10 @@ def test_status_reads_step_times_of_a_run_without_bucket(
 
 def test_straggler_note() -> None:
     times = {0: 1.0, 1: 1.0, 2: 1.0, 3: 2.0, 4: 1.6}
-    assert runs.straggler_note(times, runs.straggler_ranks(times)) == (
+    assert records.straggler_note(times, records.straggler_ranks(times)) == (
         "stragglers rank 3 (2.0× median), rank 4 (1.6× median)"
     )
-    assert runs.straggler_note({0: 1.0}, []) == ""
+    assert records.straggler_note({0: 1.0}, []) == ""
 
 
 # --------------------------------------------------------------------------- CLI
@@ -405,12 +458,12 @@ def cli(*args: str) -> tuple[int, str, str]:
 
 
 def test_cli_ls_show_cost(repo: Path) -> None:
-    record = runs.create_record(make_spec(repo), "a: 1\n")
-    runs.append_event("exp", "launch", cloud="aws", spot=True, hourly_price=3.6, at=1000.0)
-    runs.append_event("exp", "preemption", node=1, at=1000.0 + H)
-    runs.append_event("exp", "recovery", at=1000.0 + 2 * H)
-    runs.append_event("exp", "checkpoint", step=300, at=1000.0 + 2.5 * H)
-    runs.append_event("exp", "finish", at=1000.0 + 3 * H)
+    record = records.create_record(make_spec(repo), "a: 1\n")
+    records.append_event("exp", "launch", cloud="aws", spot=True, hourly_price=3.6, at=1000.0)
+    records.append_event("exp", "preemption", node=1, at=1000.0 + H)
+    records.append_event("exp", "recovery", at=1000.0 + 2 * H)
+    records.append_event("exp", "checkpoint", step=300, at=1000.0 + 2.5 * H)
+    records.append_event("exp", "finish", at=1000.0 + 3 * H)
     code, out, _ = cli("runs", "ls", "--json")
     assert code == 0
     (row,) = json.loads(out)
@@ -444,38 +497,34 @@ def test_rerun_rebuilds_commit_diff_and_untracked(
 ) -> None:
     monkeypatch.chdir(repo)
     spec = make_spec(repo, env=["MODE=fast"], label=["team=nlp"])
-    record = runs.create_record(spec, "a: 1\n")
+    record = records.create_record(spec, "a: 1\n")
     # The checkout moves on: new commit, the diff committed, more edits.
     git(repo, "commit", "-qam", "v2")
     (repo / "train.py").write_text("print('v3')\n")
-    setup = runs.prepare_rerun(record, tmp_path / "wt")
+    setup = records.prepare_rerun(record, tmp_path / "wt")
     assert (setup.worktree / "train.py").read_text() == "print('v2')\n"
     assert (setup.worktree / "notes.txt").read_text() == "untracked\n"
     assert not (setup.worktree / "ignored").exists()
     assert git(setup.worktree, "rev-parse", "HEAD") == record.git.commit  # type: ignore[union-attr]
     assert (repo / "train.py").read_text() == "print('v3')\n"  # the checkout is untouched
-    opts = setup.options
-    rebuilt = build_spec(
-        opts.pop("script"),
-        opts.pop("script_args"),
-        **{k: v for k, v in opts.items() if k not in ("hours", "max_cost")},
-        name="exp",
-    )
+    assert setup.workdir == setup.worktree  # the recorded workdir is the repository root
+    assert setup.spec.workdir == setup.workdir
+    assert setup.spec.script == setup.workdir / "train.py"
     original = spec.model_dump(exclude={"script", "workdir"})
-    assert rebuilt.model_dump(exclude={"script", "workdir"}) == original
-    assert rebuilt.workdir == setup.workdir
+    assert setup.spec.model_dump(exclude={"script", "workdir"}) == original
+    assert setup.launch_options == LaunchOptions()  # recorded without options: the defaults
 
 
 def test_rerun_refusals(repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(repo)
-    record = runs.create_record(make_spec(repo), "a: 1\n")
+    record = records.create_record(make_spec(repo), "a: 1\n")
     (repo / "notes.txt").write_text("changed\n")
-    with pytest.raises(runs.RecordError, match=r"untracked file notes\.txt is changed"):
-        runs.prepare_rerun(record, tmp_path / "wt1")
-    setup = runs.prepare_rerun(record, tmp_path / "wt1", skip_untracked=True)
+    with pytest.raises(records.RecordError, match=r"untracked file notes\.txt is changed"):
+        records.prepare_rerun(record, tmp_path / "wt1")
+    setup = records.prepare_rerun(record, tmp_path / "wt1", skip_untracked=True)
     assert setup.skipped_untracked == ["notes.txt"]
-    with pytest.raises(runs.RecordError, match="already exists"):
-        runs.prepare_rerun(record, tmp_path / "wt1", skip_untracked=True)
+    with pytest.raises(records.RecordError, match="already exists"):
+        records.prepare_rerun(record, tmp_path / "wt1", skip_untracked=True)
     # A commit the repository does not have (another clone).
     other = tmp_path / "other"
     other.mkdir()
@@ -483,71 +532,135 @@ def test_rerun_refusals(repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPa
     (other / "x").write_text("x")
     git(other, "add", ".")
     git(other, "commit", "-qm", "x")
-    with pytest.raises(runs.RecordError, match=r"is not in .*git fetch origin"):
-        runs.prepare_rerun(record, tmp_path / "wt2", repo=other)
+    with pytest.raises(records.RecordError, match=r"is not in .*git fetch origin"):
+        records.prepare_rerun(record, tmp_path / "wt2", repo=other)
     # A redacted diff and redacted --env values.
     bad = record.model_copy(deep=True)
     bad.git.diff_redacted = True  # type: ignore[union-attr]
-    with pytest.raises(runs.RecordError, match="cannot be re-applied exactly"):
-        runs.prepare_rerun(bad, tmp_path / "wt3")
+    with pytest.raises(records.RecordError, match="cannot be re-applied exactly"):
+        records.prepare_rerun(bad, tmp_path / "wt3")
     bad = record.model_copy(deep=True)
     bad.spec["envs"] = {"HF_TOKEN": "<redacted>"}
-    with pytest.raises(runs.RecordError, match="pass it again: --env HF_TOKEN=VALUE"):
-        runs.prepare_rerun(bad, tmp_path / "wt4", skip_untracked=True)
-    ok = runs.prepare_rerun(
+    with pytest.raises(records.RecordError, match="pass it again: --env HF_TOKEN=VALUE"):
+        records.prepare_rerun(bad, tmp_path / "wt4", skip_untracked=True)
+    ok = records.prepare_rerun(
         bad, tmp_path / "wt4", skip_untracked=True, env_overrides={"HF_TOKEN": "x"}
     )
-    assert "HF_TOKEN=x" in ok.options["env"]
+    assert ok.spec.envs["HF_TOKEN"] == "x"
     # Outside git: nothing to rebuild from.
     plain = tmp_path / "plain"
     plain.mkdir()
     (plain / "train.py").write_text("pass\n")
-    rec = runs.create_record(
+    rec = records.create_record(
         build_spec(plain / "train.py", gpus="cpu:1", cloud=["local"], name="plain"), "x: 1\n"
     )
     code, _, err = cli("rerun", rec.run_id)
     assert code == 2 and "not launched from a git repository" in err
 
 
-def test_rerun_cli_launches_through_up(
-    repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mncloud_home: Path
+def test_rerun_cli_launches_the_recorded_spec_and_options(
+    repo: Path, monkeypatch: pytest.MonkeyPatch, mncloud_home: Path
 ) -> None:
     monkeypatch.chdir(repo)
-    record = runs.create_record(make_spec(repo), "a: 1\n")
+    options = LaunchOptions(hours=3, retry_on_error=2, recovery_delay=0.5)
+    record = records.create_record(make_spec(repo), "a: 1\n", launch_options=options)
     seen: dict[str, object] = {}
     import mncloud.cli.up as up_mod
 
-    monkeypatch.setattr(up_mod, "up_command", lambda **kw: seen.update(kw))
+    def fake_launch(spec: JobSpec, launch_options: LaunchOptions, **kw: object) -> None:
+        seen.update(kw, spec=spec, options=launch_options)
+
+    monkeypatch.setattr(up_mod, "launch_and_follow", fake_launch)
     code, out, err = cli("rerun", record.run_id, "--name", "exp-again", "--yes", "--detach")
     assert code == 0, err
     assert "rebuilt " + record.run_id in out
-    assert seen["name"] == "exp-again" and seen["yes"] and seen["detach"]
-    assert seen["script"] == mncloud_home / "reruns" / "exp-again" / "train.py"
-    assert seen["gpus"] == "cpu:2" and seen["nodes"] == 2 and seen["cloud"] == ["local"]
+    assert seen["yes"] and seen["detach"] and not seen["dryrun"]
+    spec = seen["spec"]
+    assert isinstance(spec, JobSpec) and spec.name == "exp-again"
+    assert spec.script == mncloud_home / "reruns" / "exp-again" / "train.py"
+    assert (str(spec.accelerator), spec.nodes, spec.clouds) == ("cpu:2", 2, ["local"])
+    assert seen["options"] == options
+
+
+def test_rerun_keeps_every_option(
+    repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, s3_env: object
+) -> None:
+    """Issue #12: a run launched with every `up` option set reruns with the same JobSpec and
+    LaunchOptions, field by field (paths moved into the rebuilt tree)."""
+    monkeypatch.chdir(repo)
+    monkeypatch.setenv("MY_SECRET", SECRET_VALUE)
+    (repo / "requirements.txt").write_text("numpy\n")
+    (repo / "task.yaml.j2").write_text("name: {{ name }}\n")
+    git(repo, "add", "requirements.txt", "task.yaml.j2")
+    git(repo, "commit", "-qm", "requirements and template")
+    bucket = f"s3://{s3_env.make_bucket()}/team"  # type: ignore[attr-defined]
+    spec = build_spec(
+        repo / "train.py",
+        ["--lr", "0.1", "--log", "x"],
+        gpus="cpu:4",
+        nodes=3,
+        spot=True,
+        cloud=["aws", "gcp"],
+        region=["us-east-1", "us-central1"],
+        bucket=bucket,
+        mount_bucket=True,
+        env=["MODE=fast", "SEED=7"],
+        secret=["MY_SECRET"],
+        setup="echo setup",
+        requirements="requirements.txt",
+        disk_size=123,
+        image="docker:pytorch/pytorch:latest",
+        label=["team=nlp"],
+        max_hourly=42.5,
+        max_restarts=9,
+        master_port=31234,
+        nccl_debug="INFO",
+        nccl_socket_ifname="eth1",
+        require_path=["/data/shard-0", f"{bucket}/data"],
+        preflight=False,
+        name="every",
+    )
+    options = LaunchOptions(
+        hours=5.5, max_cost=100.0, preemption_rate=0.2, learn=True, recovery_minutes=7.0,
+        ckpt_seconds=45.0, template=repo / "task.yaml.j2", recovery_delay=0.5,
+        retry_on_error=2, chaos_preempt_after=12.0,
+    )  # fmt: skip
+    # Every field differs from its default, so a new option cannot be forgotten here.
+    defaults = {"script", "workdir", "name", "accelerator"}  # required fields
+    for field, info in JobSpec.model_fields.items():
+        if field not in defaults:
+            assert getattr(spec, field) != info.get_default(call_default_factory=True), field
+    for field, info in LaunchOptions.model_fields.items():
+        assert getattr(options, field) != info.get_default(call_default_factory=True), field
+
+    created = records.create_record(spec, "a: 1\n", None, "skypilot", launch_options=options)
+    record = records.find_record(created.run_id)  # as stored on disk, not the object in hand
+    git(repo, "commit", "-qam", "the checkout moves on")
+    setup = records.prepare_rerun(record, tmp_path / "wt")
+
+    rebuilt, wt = setup.spec, setup.worktree
+    for field in JobSpec.model_fields:
+        if field == "workdir":
+            assert rebuilt.workdir == setup.workdir == wt
+        elif field == "script":
+            assert rebuilt.script == wt / "train.py"
+            assert rebuilt.script.read_text() == "print('v2')\n"  # the recorded diff
+        else:
+            assert getattr(rebuilt, field) == getattr(spec, field), field
+    assert (rebuilt.workdir / rebuilt.requirements).read_text() == "numpy\n"  # type: ignore[operator]
+    for field in LaunchOptions.model_fields:
+        if field == "template":
+            assert setup.launch_options.template == wt / "task.yaml.j2"
+        else:
+            assert getattr(setup.launch_options, field) == getattr(options, field), field
+    assert SECRET_VALUE not in json.dumps(record.model_dump(mode="json"))
 
 
 # --------------------------------------------------------------------------- local backend e2e
 
 
-def _integrated() -> str | None:
-    """Why the e2e test cannot run yet (the calls into runs.py are in other modules), or None."""
-    import inspect
-
-    import mncloud.backends.local as local
-    import mncloud.cli.up as up
-
-    if "create_record" not in inspect.getsource(up):
-        return "mncloud up does not write run records yet (runs.create_record integration)"
-    if "append_event" not in inspect.getsource(local):
-        return "the local backend does not append run events yet (runs.append_event integration)"
-    return None
-
-
 @pytest.mark.slow
 def test_local_run_records_preemption_segments(repo: Path, tmp_path: Path) -> None:
-    reason = _integrated()
-    if reason:
-        pytest.skip(reason)
     import time
 
     # One progress line: --chaos-preempt-after counts from the first step a script reports.
@@ -572,14 +685,16 @@ def test_local_run_records_preemption_segments(repo: Path, tmp_path: Path) -> No
     assert code == 0, err
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
-        record = runs.load_current("e2e")
+        record = records.load_current("e2e")
         if record.finished:
             break
         time.sleep(0.5)
     kinds = [e.kind for e in record.events]
     assert kinds[0] == "launch" and "preemption" in kinds and kinds[-1] == "finish", kinds
-    summary = runs.cost_summary(record)
+    summary = records.cost_summary(record)
     assert len(summary.segments) >= 2
     assert summary.segments[0].ended_by == "preemption"
     assert any(e.node == 1 for e in record.events if e.kind == "preemption")
-    assert_no_planted(bucket, runs.records_root())
+    stored = LaunchOptions.model_validate(record.launch_options)  # what `rerun` launches with
+    assert (stored.chaos_preempt_after, stored.recovery_delay) == (2.0, 0.0)
+    assert_no_planted(bucket, layout.records_root())

@@ -10,7 +10,8 @@ import pytest
 
 pytest.importorskip("torch", reason="mncloud.train needs torch (pip install mncloud[train])")
 
-from mncloud import runs
+from mncloud import constants
+from mncloud.records import telemetry
 from mncloud.train import steptime
 from mncloud.train.steptime import StepTimer
 
@@ -24,9 +25,15 @@ class Clock:
 
 
 def timer(clock: Clock, sent: list[tuple[float, int]], **kw: object) -> StepTimer:
-    return StepTimer(
-        clock=clock, publish=lambda mean, step: sent.append((mean, step)), background=False, **kw
-    )  # type: ignore[arg-type]
+    """A timer that records (mean, step) of each publication; samples go to `timer.samples`."""
+
+    def publish(mean: float, step: int, samples: int) -> None:
+        sent.append((mean, step))
+        t.samples.append(samples)
+
+    t = StepTimer(clock=clock, publish=publish, background=False, **kw)  # type: ignore[arg-type]
+    t.samples = []  # type: ignore[attr-defined]
+    return t
 
 
 def test_the_docstring_sequence() -> None:
@@ -51,6 +58,7 @@ def test_moving_mean_over_the_window_and_rate_limited_publication() -> None:
         clock.now = float(step)
         t.report(step)
     assert sent == [(1.0, 3)]  # published once 3 steps were timed
+    assert t.samples == [3]  # type: ignore[attr-defined]
     for step in range(4, 8):  # then 3 s per step: the window forgets the fast ones
         clock.now += 3.0
         t.report(step)
@@ -59,12 +67,13 @@ def test_moving_mean_over_the_window_and_rate_limited_publication() -> None:
     clock.now += 20.0  # 35 s after the first publication; this step took 20 s
     t.report(8)
     assert sent[-1] == (pytest.approx((3 * 3 + 20) / 4), 8)
+    assert t.samples[-1] == 4  # the window's steps  # type: ignore[attr-defined]
 
 
 def test_publish_failures_never_reach_training() -> None:
     clock = Clock()
 
-    def broken(mean: float, step: int) -> None:
+    def broken(mean: float, step: int, samples: int) -> None:
         raise OSError("bucket down")
 
     t = StepTimer(clock=clock, publish=broken, background=False, min_steps=1)
@@ -76,11 +85,13 @@ def test_publish_failures_never_reach_training() -> None:
 def test_background_publication_reaches_the_bucket(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The default publisher: `runs.publish_step_time` on a daemon thread, into a file:// bucket."""
-    monkeypatch.setattr(runs, "_last_publish", {})
+    """The default publisher: `telemetry.publish_step_time` on a daemon thread, into a file://
+    bucket, with the number of steps its mean spans."""
+    monkeypatch.setattr(telemetry, "_last_publish", {})
+    monkeypatch.setattr(telemetry, "_windows", {})
     uri = f"file://{tmp_path}/exp"
     monkeypatch.setenv("MNCLOUD_CKPT_URI", uri)
-    monkeypatch.setenv(runs.RUN_ID_ENV, "exp-20250101T000000-abcdef")
+    monkeypatch.setenv(constants.RUN_ID_ENV, "exp-20250101T000000-abcdef")
     monkeypatch.setenv("RANK", "5")
     clock = Clock()
     t = StepTimer(clock=clock, min_steps=2)
@@ -92,6 +103,7 @@ def test_background_publication_reaches_the_bucket(
     path = tmp_path / "exp" / "runs" / "exp-20250101T000000-abcdef" / "steps" / "rank-5.json"
     data = json.loads(path.read_text())
     assert (data["rank"], data["step"], data["seconds_per_step"]) == (5, 2, 0.5)
+    assert (data["samples"], data["windows"]) == (2, [[0.5, 2]])
 
 
 def test_module_report_never_raises(monkeypatch: pytest.MonkeyPatch) -> None:

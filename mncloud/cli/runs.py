@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import datetime as dt
 import secrets
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.table import Table
 
-from mncloud.cli import render as opts
+from mncloud import layout
+from mncloud.cli import options as opts
 from mncloud.cli._common import console, handle_errors, print_json
 
 app = typer.Typer(no_args_is_help=True, help="Run records: lineage, events and cost.")
@@ -45,12 +46,12 @@ def _money(value: float | None) -> str:
 @handle_errors
 def ls_command(bucket: BucketOpt = None, as_json: JsonOpt = False) -> None:
     """List run records on this machine (and in --bucket)."""
-    from mncloud import runs
+    from mncloud.records import cost_summary, list_bucket_records, list_records
 
-    records = runs.list_records()
+    records = list_records()
     if bucket:
         known = {r.run_id for r in records}
-        records += [r for r in runs.list_bucket_records(bucket) if r.run_id not in known]
+        records += [r for r in list_bucket_records(bucket) if r.run_id not in known]
         records.sort(key=lambda r: r.created_at)
     if as_json:
         print_json(
@@ -64,7 +65,7 @@ def ls_command(bucket: BucketOpt = None, as_json: JsonOpt = False) -> None:
                     "commit": r.git.commit if r.git else None,
                     "dirty": r.git.dirty if r.git else None,
                     "last_event": r.events[-1].kind if r.events else None,
-                    "cost": runs.cost_summary(r).total,
+                    "cost": cost_summary(r).total,
                 }
                 for r in records
             ]
@@ -87,7 +88,7 @@ def ls_command(bucket: BucketOpt = None, as_json: JsonOpt = False) -> None:
             r.backend,
             commit,
             r.events[-1].kind if r.events else "-",
-            _money(runs.cost_summary(r).total),
+            _money(cost_summary(r).total),
         )
     console.print(table)
 
@@ -96,14 +97,14 @@ def ls_command(bucket: BucketOpt = None, as_json: JsonOpt = False) -> None:
 @handle_errors
 def show_command(ref: RefArg, bucket: BucketOpt = None, as_json: JsonOpt = False) -> None:
     """Show one run's lineage, events and step-time stragglers."""
-    from mncloud import runs
+    from mncloud import records
 
-    record = runs.find_record(ref, bucket)
-    times = runs.step_times(record) if record.bucket_uri else dict(record.step_times)
+    record = records.find_record(ref, bucket)
+    times = records.step_times(record) if record.bucket_uri else dict(record.step_times)
     if as_json:
         data = record.model_dump(mode="json")
         data["step_times"] = times
-        data["stragglers"] = runs.straggler_ranks(times)
+        data["stragglers"] = records.straggler_ranks(times)
         print_json(data)
         return
     spec = record.spec
@@ -124,7 +125,7 @@ def show_command(ref: RefArg, bucket: BucketOpt = None, as_json: JsonOpt = False
         head.add_row("code", "not a git repository")
     head.add_row("image", record.image or "-")
     head.add_row("labels", ", ".join(f"{k}={v}" for k, v in record.labels.items()) or "-")
-    head.add_row("record", record.bucket_uri or str(runs.record_dir(record.run_id)))
+    head.add_row("record", record.bucket_uri or str(layout.record_dir(record.run_id)))
     head.add_row("packages", str(len(record.packages)))
     console.print(head)
     events = Table(title="events")
@@ -145,21 +146,21 @@ def show_command(ref: RefArg, bucket: BucketOpt = None, as_json: JsonOpt = False
         )
     console.print(events)
     if times:
-        slow = runs.straggler_ranks(times)
+        slow = records.straggler_ranks(times)
         line = ", ".join(f"{r}: {t:.3f}s" for r, t in sorted(times.items()))
         console.print(f"step times by rank: {line}")
         if slow:
-            console.print(f"[yellow]stragglers (≥ {runs.STRAGGLER_FACTOR}× median): {slow}[/]")
+            console.print(f"[yellow]stragglers (≥ {records.STRAGGLER_FACTOR}× median): {slow}[/]")
 
 
 @app.command("cost")
 @handle_errors
 def cost_command(ref: RefArg, bucket: BucketOpt = None, as_json: JsonOpt = False) -> None:
     """Cost so far by segment (each launch until its end), spot vs on-demand, vs the plan."""
-    from mncloud import runs
+    from mncloud import records
 
-    record = runs.find_record(ref, bucket)
-    summary = runs.cost_summary(record)
+    record = records.find_record(ref, bucket)
+    summary = records.cost_summary(record)
     if as_json:
         print_json(summary.model_dump(mode="json"))
         return
@@ -216,17 +217,18 @@ def rerun_command(
     dryrun: opts.Dryrun = False,
     as_json: opts.StatusJson = False,
 ) -> None:
-    """Launch a recorded run again: same spec, same commit, same uncommitted diff."""
-    from mncloud import runs
-    from mncloud.catalog import mncloud_home
-    from mncloud.cli.up import up_command
+    """Launch a recorded run again: same spec, same options, same commit, same diff."""
+    from mncloud import records
+    from mncloud.cli.up import launch_and_follow
+    from mncloud.launch import Existing
     from mncloud.spec import parse_key_values
 
-    record = runs.find_record(ref, bucket)
+    record = records.find_record(ref, bucket)
     new_name = name or _rerun_name(record.name)
-    setup = runs.prepare_rerun(
+    setup = records.prepare_rerun(
         record,
-        mncloud_home() / "reruns" / new_name,
+        layout.rerun_dir(new_name),
+        name=new_name,
         env_overrides=parse_key_values(env or [], "--env"),
         skip_untracked=skip_untracked,
     )
@@ -239,10 +241,10 @@ def rerun_command(
         )
         if setup.skipped_untracked:
             console.print(f"[yellow]skipped untracked: {', '.join(setup.skipped_untracked)}[/]")
-    options: dict[str, Any] = dict(setup.options)
-    up_command(
-        **options,
-        name=new_name,
+    launch_and_follow(
+        setup.spec,
+        setup.launch_options,
+        existing=Existing.REFUSE,
         yes=yes,
         detach=detach,
         dryrun=dryrun,

@@ -2,7 +2,8 @@
 
 Call it once per training step on every rank (`CheckpointManager.maybe_save` already does).
 It keeps the mean seconds per step over the last `WINDOW` steps and, at most every
-`PUBLISH_INTERVAL_S`, hands it to `runs.publish_step_time`, which writes
+`PUBLISH_INTERVAL_S`, hands it with the number of steps it spans to
+`mncloud.records.telemetry.publish_step_time`, which writes
 `<bucket>/<name>/runs/<run-id>/steps/rank-<r>.json`; `status` compares the ranks. No
 collectives, no torch: ranks never wait on each other, and the write runs on a daemon thread so
 a slow bucket never stalls training. Outside a run (no `MNCLOUD_RUN_ID`) nothing is written.
@@ -36,14 +37,15 @@ MIN_STEPS = 3
 #: Seconds between publications (one small object per rank in the bucket).
 PUBLISH_INTERVAL_S = 30.0
 
-Publish = Callable[[float, int], object]
+#: `publish(mean seconds per step, step, steps the mean spans)`.
+Publish = Callable[[float, int, int], object]
 
 
-def _publish(seconds_per_step: float, step: int) -> bool:
-    from mncloud import runs
+def _publish(seconds_per_step: float, step: int, samples: int) -> bool:
+    from mncloud.records import telemetry
 
-    # The timer rate-limits already; runs' own limit would race with its thread's start time.
-    return runs.publish_step_time(seconds_per_step, step, min_interval=0.0)
+    # The timer rate-limits already; telemetry's own limit would race with its thread's start.
+    return telemetry.publish_step_time(seconds_per_step, step, samples=samples, min_interval=0.0)
 
 
 class StepTimer:
@@ -94,11 +96,14 @@ class StepTimer:
             self._next_publish = now + self.interval
             if self.background:
                 self._thread = threading.Thread(
-                    target=self._send, args=(mean, step), name="mncloud-steptime", daemon=True
+                    target=self._send,
+                    args=(mean, step, self._steps),
+                    name="mncloud-steptime",
+                    daemon=True,
                 )
                 self._thread.start()
             else:
-                self._send(mean, step)
+                self._send(mean, step, self._steps)
         return mean
 
     def wait(self, timeout: float | None = None) -> None:
@@ -109,9 +114,9 @@ class StepTimer:
     def _publishing(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    def _send(self, mean: float, step: int) -> None:
+    def _send(self, mean: float, step: int, samples: int) -> None:
         try:
-            self.publish(mean, step)
+            self.publish(mean, step, samples)
         except Exception as err:  # a report must never break training
             log.debug("step time not published: %s", err)
 

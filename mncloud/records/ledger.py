@@ -1,0 +1,152 @@
+"""The cost ledger: billed segments read off a run's events, and spot hazards learned from them.
+
+A backend appends events (`store.append_event`); segments of billed time are read off them
+(`cost_segments`). An example sequence for a 2-node spot job:
+
+    launch      t=0     aws p5.48xlarge spot $40/h   ─┐ segment 1: 2.0 h × $40 = $80
+    checkpoint  t=1.5h  step 3000                      │
+    preemption  t=2h    node 1                        ─┘
+    recovery    t=2.2h  gcp a3-highgpu-8g spot $45/h ─┐ segment 2: open, priced until now
+    finish      t=5h                                  ─┘           (or its end): 2.8 h × $45
+
+`launch`, `recovery` (relaunch after a preemption) and `restart` (relaunch after an error) open
+a segment at the event's `hourly_price` (the whole job's $/h); `preemption`, `failure` and
+`finish` close it; a new opening event also closes an open one. The gap between a preemption and
+the recovery is not billed: a managed job tears the cluster down and provisions a new one, and
+the provisioning time is what SkyPilot bills least predictably — a backend that knows better
+sends its `recovery` event when provisioning starts.
+
+`observed_spot_hazard` turns the ledgers of this machine's records into preemptions per
+node-hour by cloud, for the planner's `--learn`.
+"""
+
+from __future__ import annotations
+
+import time
+
+from pydantic import BaseModel
+
+from mncloud.records.model import CLOSES_SEGMENT, OPENS_SEGMENT, Event, RunRecord
+from mncloud.records.store import list_records
+
+
+class Segment(BaseModel):
+    """A stretch of billed time: from a launch/recovery/restart to its end."""
+
+    index: int
+    start: float
+    end: float
+    open: bool
+    """Still running: `end` is now."""
+    ended_by: str | None
+    opened_by: str
+    cloud: str | None
+    region: str | None
+    instance_type: str | None
+    spot: bool | None
+    hourly_price: float | None
+    hours: float
+    cost: float | None
+    """None when the price is unknown."""
+
+
+class CostSummary(BaseModel):
+    """A run's cost so far by segment and market, against the plan's estimate."""
+
+    run_id: str
+    segments: list[Segment]
+    total: float
+    spot: float
+    on_demand: float
+    unpriced_hours: float
+    """Hours in segments without a known price (not in the totals)."""
+    preemptions: int
+    restarts: int
+    estimate: float | None
+    """The plan's expected cost of the whole job."""
+    estimate_hourly: float | None
+
+
+def cost_segments(record: RunRecord, now: float | None = None) -> list[Segment]:
+    """The run's billed segments (see the module docstring), the open one priced until now."""
+    now = time.time() if now is None else now
+    segments: list[Segment] = []
+    opened: Event | None = None
+
+    def close(end: float, by: str | None, is_open: bool) -> None:
+        assert opened is not None
+        hours = max(0.0, end - opened.time) / 3600.0
+        price = opened.hourly_price
+        segments.append(
+            Segment(
+                index=len(segments) + 1,
+                start=opened.time,
+                end=end,
+                open=is_open,
+                ended_by=by,
+                opened_by=opened.kind,
+                cloud=opened.cloud,
+                region=opened.region,
+                instance_type=opened.instance_type,
+                spot=opened.spot,
+                hourly_price=price,
+                hours=hours,
+                cost=None if price is None else price * hours,
+            )
+        )
+
+    for event in sorted(record.events, key=lambda e: e.time):
+        if event.kind in OPENS_SEGMENT:
+            if opened is not None:
+                close(event.time, event.kind, False)
+            opened = event
+        elif event.kind in CLOSES_SEGMENT and opened is not None:
+            close(event.time, event.kind, False)
+            opened = None
+    if opened is not None:
+        close(max(now, opened.time), None, True)
+    return segments
+
+
+def cost_summary(record: RunRecord, now: float | None = None) -> CostSummary:
+    """Cost so far, split by segment and by spot vs on-demand, against the plan's estimate."""
+    segments = cost_segments(record, now)
+    spot = sum(s.cost or 0.0 for s in segments if s.spot)
+    on_demand = sum(s.cost or 0.0 for s in segments if not s.spot)
+    choice = (record.plan or {}).get("choice") or {}
+    return CostSummary(
+        run_id=record.run_id,
+        segments=segments,
+        total=spot + on_demand,
+        spot=spot,
+        on_demand=on_demand,
+        unpriced_hours=sum(s.hours for s in segments if s.cost is None),
+        preemptions=sum(e.kind == "preemption" for e in record.events),
+        restarts=sum(e.kind in ("recovery", "restart") for e in record.events),
+        estimate=record.estimate,
+        estimate_hourly=choice.get("hourly_total"),
+    )
+
+
+def observed_spot_hazard(
+    records: list[RunRecord] | None = None, min_node_hours: float = 1.0
+) -> dict[str, tuple[float, int, float]]:
+    """Observed spot preemptions per node-hour by cloud: `cloud → (hazard, count, node_hours)`.
+
+    Feeds the planner's `--learn`: a preemption counts against the spot segment it ended. Clouds
+    with fewer than `min_node_hours` of spot time are left out (too little to learn from).
+    """
+    records = list_records() if records is None else records
+    totals: dict[str, list[float]] = {}
+    for record in records:
+        for seg in cost_segments(record):
+            if not seg.spot or not seg.cloud:
+                continue
+            entry = totals.setdefault(seg.cloud, [0.0, 0.0])
+            entry[0] += seg.ended_by == "preemption"
+            entry[1] += seg.hours * record.nodes
+    return {
+        cloud: (count / hours, int(count), hours)
+        for cloud, (count, hours) in totals.items()
+        if hours >= min_node_hours
+    }

@@ -1,0 +1,301 @@
+"""The record store: one run record on this machine and in the bucket, and its events.
+
+At `up` a record is created for the run and written twice: on this machine
+(`layout.record_dir(run_id)/run.json`) and in the bucket beside the checkpoints
+(`layout.record_uri(...)/run.json`), each with the uncommitted diff as `diff.patch` beside it.
+The bucket copy outlives the laptop; the local copy outlives a lost bucket. A bucket failure
+never breaks a run: it is logged and the local copy still holds everything. Local records live
+outside the run folder on purpose: a backend replaces that folder when a name is launched
+again, and the record of the earlier run must survive it. Run ids are
+`<name>-<UTC time>-<6 hex>`, so a name's newest record is its current one.
+
+Writers of one run's record (the CLI, a backend's supervisor thread, several processes) take
+a file lock (`filelock`) under `layout.record_locks_dir()` around read-modify-write. Secrets
+never reach a record: every string is scrubbed (`redact.py`) when it is written.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import getpass
+import json
+import logging
+import os
+import platform
+import re
+import secrets as _secrets
+import socket
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from filelock import FileLock
+
+from mncloud import layout
+from mncloud.errors import MncloudError, RunNotFoundError
+from mncloud.records.lineage import capture_git, installed_packages
+from mncloud.records.model import OPENS_SEGMENT, Event, EventKind, RecordError, RunRecord
+from mncloud.records.redact import spec_redactor
+from mncloud.storage import write_atomic
+
+if TYPE_CHECKING:
+    from mncloud.render import RenderedTask
+    from mncloud.spec import JobSpec, LaunchOptions
+
+log = logging.getLogger(__name__)
+
+RECORD_FILE = "run.json"
+DIFF_FILE = "diff.patch"
+#: Record writes to the bucket give up after this long (the local copy is always written).
+BUCKET_RETRY_SECONDS = 5.0
+#: Placement fields a segment-opening event inherits from the previous opening event.
+_PLACEMENT = ("cloud", "region", "instance_type", "spot", "hourly_price")
+
+
+def _id_of_name(name: str) -> re.Pattern[str]:
+    return re.compile(rf"^{re.escape(name)}-\d{{8}}T\d{{6}}-[0-9a-f]{{6}}$")
+
+
+def new_run_id(name: str, now: float | None = None) -> str:
+    """`<name>-<UTC yyyymmddThhmmss>-<6 hex>`: sortable, unique, readable."""
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(time.time() if now is None else now))
+    return f"{name}-{stamp}-{_secrets.token_hex(3)}"
+
+
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except Exception:  # no passwd entry in some containers
+        return os.environ.get("USER", "unknown")
+
+
+def create_record(
+    spec: JobSpec,
+    task: RenderedTask | str,
+    plan: Any = None,
+    backend: str = "local",
+    *,
+    run_id: str | None = None,
+    launch_options: LaunchOptions | Mapping[str, Any] | None = None,
+    now: float | None = None,
+    save: bool = True,
+) -> RunRecord:
+    """Build the run's record at `up` and (with `save`) write it locally and to the bucket.
+
+    `task` is the RenderedTask (or its YAML text); `plan` a `mncloud.plan.Plan`, its JSON, or
+    None; `launch_options` the LaunchOptions (or their JSON) `rerun` will launch with again.
+    Pass `run_id` when the task was rendered with it (see `constants.RUN_ID_ENV`).
+    """
+    now = time.time() if now is None else now
+    git, diff = capture_git(spec.workdir, spec_redactor(spec))
+    plan_data: dict[str, Any] | None = None
+    if plan is not None:
+        plan_data = plan.to_json(top=10) if hasattr(plan, "to_json") else dict(plan)
+    options: dict[str, Any] = {}
+    if launch_options is not None:
+        options = (
+            dict(launch_options)
+            if isinstance(launch_options, Mapping)
+            else launch_options.model_dump(mode="json")
+        )
+    run_id = run_id or new_run_id(spec.name, now)
+    record = RunRecord(
+        run_id=run_id,
+        name=spec.name,
+        user=_user(),
+        host=socket.gethostname(),
+        created_at=now,
+        python=platform.python_version(),
+        backend=backend,
+        nodes=spec.nodes,
+        git=git,
+        spec=spec.model_dump(mode="json"),
+        launch_options=options,
+        task_yaml=task if isinstance(task, str) else task.yaml_text,
+        plan=plan_data,
+        packages=installed_packages(),
+        image=spec.image,
+        labels=dict(spec.labels),
+        bucket_uri=(
+            layout.record_uri(layout.ckpt_uri(spec.bucket, spec.name), run_id)
+            if spec.bucket
+            else None
+        ),
+    )
+    if save:
+        save_record(record, diff=diff)
+    return record
+
+
+def _serialize(record: RunRecord) -> bytes:
+    data = spec_redactor(record.spec).scrub_obj(record.model_dump(mode="json"))
+    return (json.dumps(data, indent=2) + "\n").encode()
+
+
+@contextlib.contextmanager
+def _locked(name: str) -> Iterator[None]:
+    """An exclusive lock on run `name`'s record (several processes may append events)."""
+    folder = layout.record_locks_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    with FileLock(folder / f"{name}.lock"):
+        yield
+
+
+def save_record(record: RunRecord, *, diff: bytes | None = None) -> None:
+    """Write the record (and `diff`) locally, atomically, then to the bucket (best effort)."""
+    folder = layout.record_dir(record.run_id)
+    payload = _serialize(record)
+    write_atomic(folder / RECORD_FILE, payload)
+    if diff:
+        write_atomic(folder / DIFF_FILE, diff)
+    if record.bucket_uri:
+        _push(record.bucket_uri, payload, diff)
+
+
+def _push(uri: str, payload: bytes, diff: bytes | None) -> None:
+    from mncloud.storage import join_key, open_bucket
+
+    try:
+        bucket, prefix = open_bucket(uri, retry_seconds=BUCKET_RETRY_SECONDS)
+        bucket.put_bytes(join_key(prefix, RECORD_FILE), payload)
+        if diff:
+            bucket.put_bytes(join_key(prefix, DIFF_FILE), diff)
+    except Exception as err:  # the record must never break a run
+        log.warning("run record not written to %s: %s", uri, err)
+
+
+def _load_file(path: Path) -> RunRecord:
+    try:
+        return RunRecord.model_validate_json(path.read_bytes())
+    except (OSError, ValueError) as err:
+        raise RecordError(f"run record {path} is unreadable ({type(err).__name__})") from None
+
+
+def list_records(name: str | None = None) -> list[RunRecord]:
+    """Every record on this machine (of run `name` only, if given), oldest first."""
+    root = layout.records_root()
+    if not root.is_dir():
+        return []
+    records = []
+    for path in root.glob(f"*/{RECORD_FILE}"):
+        if name is not None and not _id_of_name(name).match(path.parent.name):
+            continue
+        with contextlib.suppress(RecordError):
+            records.append(_load_file(path))
+    return sorted(records, key=lambda r: (r.created_at, r.run_id))
+
+
+def list_bucket_records(uri: str) -> list[RunRecord]:
+    """Every record stored under a bucket URL (e.g. `s3://team-ckpt`), oldest first."""
+    from mncloud.storage import open_bucket
+
+    bucket, prefix = open_bucket(uri)
+    records = []
+    for obj in bucket.list(prefix):
+        parts = obj.key.split("/")
+        if len(parts) >= 3 and parts[-1] == RECORD_FILE and parts[-3] == layout.RUNS_DIR:
+            with contextlib.suppress(Exception):
+                records.append(RunRecord.model_validate_json(bucket.get_bytes(obj.key)))
+    return sorted(records, key=lambda r: r.created_at)
+
+
+def find_record(ref: str, bucket: str | None = None) -> RunRecord:
+    """The record a user means by `ref`: a run id, a unique id prefix, or a run name (newest).
+
+    Looks on this machine, then under `bucket` when given.
+    """
+    records = list_records()
+    if bucket:
+        known = {r.run_id for r in records}
+        records += [r for r in list_bucket_records(bucket) if r.run_id not in known]
+    exact = [r for r in records if r.run_id == ref]
+    if exact:
+        return exact[-1]
+    by_name = [r for r in records if r.name == ref]
+    if by_name:
+        return max(by_name, key=lambda r: r.created_at)
+    prefixed = [r for r in records if r.run_id.startswith(ref)]
+    if len(prefixed) == 1:
+        return prefixed[0]
+    if len(prefixed) > 1:
+        ids = ", ".join(r.run_id for r in prefixed[:5])
+        raise RecordError(f"run {ref!r} is ambiguous: {ids}; give more of the id")
+    hint = "mncloud runs ls" + (" --bucket URL" if not bucket else "")
+    raise RunNotFoundError(f"no run record {ref!r}; see `{hint}`")
+
+
+def load_diff(record: RunRecord) -> bytes:
+    """The stored `git diff HEAD` of a record (b"" for a clean tree)."""
+    if record.git is None or record.git.diff_sha256 is None:
+        return b""
+    path = layout.record_dir(record.run_id) / DIFF_FILE
+    if path.is_file():
+        return path.read_bytes()
+    if record.bucket_uri:
+        from mncloud.storage import join_key, open_bucket
+
+        with contextlib.suppress(Exception):
+            bucket, prefix = open_bucket(record.bucket_uri, retry_seconds=BUCKET_RETRY_SECONDS)
+            return bucket.get_bytes(join_key(prefix, DIFF_FILE))
+    raise RecordError(f"the diff of run {record.run_id} is missing locally and in the bucket")
+
+
+def load_current(name: str) -> RunRecord:
+    """The newest record of run `name` on this machine (the run `up` launched last)."""
+    found = list_records(name)
+    if not found:
+        raise RunNotFoundError(f"run {name!r} has no record on this machine")
+    return found[-1]
+
+
+def append_event(
+    name: str,
+    kind: EventKind,
+    *,
+    node: int | None = None,
+    cloud: str | None = None,
+    region: str | None = None,
+    instance_type: str | None = None,
+    spot: bool | None = None,
+    hourly_price: float | None = None,
+    step: int | None = None,
+    detail: str = "",
+    at: float | None = None,
+) -> RunRecord | None:
+    """Append one event to run `name`'s current record and write it out.
+
+    For a segment-opening event, missing placement fields are taken from the previous opening
+    event. Returns the updated record, or None (with a log line) when the run has no record:
+    recording must never break a run.
+    """
+    placement = {
+        "cloud": cloud,
+        "region": region,
+        "instance_type": instance_type,
+        "spot": spot,
+        "hourly_price": hourly_price,
+    }
+    try:
+        with _locked(name):
+            record = load_current(name)
+            previous = next((e for e in reversed(record.events) if e.kind in OPENS_SEGMENT), None)
+            if kind in OPENS_SEGMENT and previous is not None:
+                for key in _PLACEMENT:
+                    if placement[key] is None:
+                        placement[key] = getattr(previous, key)
+            record.events.append(
+                Event(
+                    kind=kind,
+                    time=time.time() if at is None else at,
+                    node=node,
+                    step=step,
+                    detail=detail,
+                    **placement,
+                )
+            )
+            save_record(record)
+            return record
+    except MncloudError as err:
+        log.warning("event %s not recorded for run %s: %s", kind, name, err)
+        return None
