@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import secrets
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
@@ -12,6 +12,9 @@ from rich.table import Table
 from mncloud import layout
 from mncloud.cli import options as opts
 from mncloud.cli._common import console, handle_errors, print_json
+
+if TYPE_CHECKING:
+    from mncloud.records.model import RunRecord
 
 app = typer.Typer(no_args_is_help=True, help="Run records: lineage, events and cost.")
 
@@ -107,6 +110,18 @@ def show_command(ref: RefArg, bucket: BucketOpt = None, as_json: JsonOpt = False
         data["stragglers"] = records.straggler_ranks(times)
         print_json(data)
         return
+    console.print(_head_table(record))
+    console.print(_events_table(record))
+    if times:
+        slow = records.straggler_ranks(times)
+        line = ", ".join(f"{r}: {t:.3f}s" for r, t in sorted(times.items()))
+        console.print(f"sustained step times by rank: {line}")
+        if slow:
+            console.print(f"[yellow]stragglers (≥ {records.STRAGGLER_FACTOR}× median): {slow}[/]")
+
+
+def _head_table(record: RunRecord) -> Table:
+    """Who launched what from which code, and where the record lives."""
     spec = record.spec
     head = Table.grid(padding=(0, 2))
     head.add_column(style="bold")
@@ -127,7 +142,11 @@ def show_command(ref: RefArg, bucket: BucketOpt = None, as_json: JsonOpt = False
     head.add_row("labels", ", ".join(f"{k}={v}" for k, v in record.labels.items()) or "-")
     head.add_row("record", record.bucket_uri or str(layout.record_dir(record.run_id)))
     head.add_row("packages", str(len(record.packages)))
-    console.print(head)
+    return head
+
+
+def _events_table(record: RunRecord) -> Table:
+    """Every event of the run: where it ran, at what price."""
     events = Table(title="events")
     for col in ("time", "event", "node", "where", "market", "$/h", "detail"):
         events.add_column(col)
@@ -144,13 +163,7 @@ def show_command(ref: RefArg, bucket: BucketOpt = None, as_json: JsonOpt = False
             _money(e.hourly_price),
             detail,
         )
-    console.print(events)
-    if times:
-        slow = records.straggler_ranks(times)
-        line = ", ".join(f"{r}: {t:.3f}s" for r, t in sorted(times.items()))
-        console.print(f"step times by rank: {line}")
-        if slow:
-            console.print(f"[yellow]stragglers (≥ {records.STRAGGLER_FACTOR}× median): {slow}[/]")
+    return events
 
 
 @app.command("cost")
