@@ -5,13 +5,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Annotated
 
 import typer
+from rich import box
 from rich.table import Table
 
 from mncloud.cli import options as opts
 from mncloud.cli._common import console, handle_errors, print_json
 
 if TYPE_CHECKING:
-    from mncloud.plan import Plan
+    from mncloud.plan import Candidate, Plan
 
 
 def register(app: typer.Typer) -> None:
@@ -84,32 +85,29 @@ NOTHING_LEARNED = "--learn: no spot node-hours in this machine's run records yet
 
 
 def show_plan(plan: Plan, *, top: int | None = None, verbose: bool = False) -> None:
-    """Print the ranked candidates as a table, then one line on why the choice won."""
+    """Print the ranked offers as a table that fits 80 columns, then why the choice won.
+
+    Each row stacks where (cloud, region) over what (instance type, market); offers that differ
+    only in region, at the same price, share one row ("lambda us-east-1 +16 regions").
+    """
     request = plan.request
     rows = plan.candidates[:top] if top else plan.candidates
-    title = (
-        f"{request.nodes} × {request.accelerator} for {request.hours:g} h of work — "
-        "cheapest expected cost first"
-    )
-    table = Table(title=title, title_justify="left")
-    for header in ("cloud", "region", "instance type", "spot"):
-        table.add_column(header)
-    for header in ("$/h node", "$/h job", "exp. hours", "exp. cost", "exp. preempt.", "ckpt every"):
-        table.add_column(header, justify="right")
-    for c in rows:
-        style = "bold green" if c == plan.choice else None
+    title = f"{request.nodes} × {request.accelerator}, {request.hours:g} h of work: cheapest first"
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("offer", no_wrap=True)
+    for header in ("$/h\nnode\njob", "exp.\nhours", "exp.\ncost", "exp.\npreempt.", "ckpt\nevery"):
+        table.add_column(header, justify="right", no_wrap=True)
+    for group in _same_offer_groups(rows):
+        c = group[0]
+        where = f"{c.cloud} {c.region}" + (f" +{len(group) - 1} regions" if len(group) > 1 else "")
         table.add_row(
-            c.cloud,
-            c.region,
-            c.instance_type,
-            "yes" if c.spot else "no",
-            f"{c.hourly_per_node:,.2f}",
-            f"{c.hourly_total:,.2f}",
+            f"{where}\n{c.instance_type} {c.market}",
+            f"{c.hourly_per_node:,.2f}\n{c.hourly_total:,.2f}",
             f"{c.expected_hours:,.2f}",
             f"${c.expected_cost:,.2f}",
             f"{c.expected_preemptions:.2f}",
             _duration(c.checkpoint_interval_s),
-            style=style,
+            style="bold green" if plan.choice in group else None,
         )
     console.print(table)
     if top and len(plan.candidates) > top:
@@ -117,6 +115,22 @@ def show_plan(plan: Plan, *, top: int | None = None, verbose: bool = False) -> N
     console.print(plan.explanation, highlight=False)
     if verbose:
         _show_details(plan)
+
+
+def _same_offer_groups(rows: list[Candidate]) -> list[list[Candidate]]:
+    """Consecutive offers that differ only in region, at the same price, grouped together."""
+    groups: list[list[Candidate]] = []
+    for c in rows:
+        last = groups[-1][0] if groups else None
+        same = last is not None and (
+            (last.cloud, last.instance_type, last.spot, last.hourly_per_node, last.expected_cost)
+            == (c.cloud, c.instance_type, c.spot, c.hourly_per_node, c.expected_cost)
+        )
+        if same:
+            groups[-1].append(c)
+        else:
+            groups.append([c])
+    return groups
 
 
 def _show_details(plan: Plan) -> None:
