@@ -76,6 +76,11 @@ class Accelerator(BaseModel):
         return cls(name=catalog.canonical_accelerator(name), count=count)
 
 
+#: The most nodes one run may ask for: beyond any single offer (the largest clusters SkyPilot
+#: documents are hundreds of nodes) and a guard against a typo that would cost a fortune.
+MAX_NODES = 1024
+
+
 class JobSpec(BaseModel):
     """One validated training request; the input of plan, render and every backend."""
 
@@ -90,7 +95,7 @@ class JobSpec(BaseModel):
     name: str
     """Run name: DNS-safe, also the SkyPilot cluster / managed-job name."""
     accelerator: Accelerator
-    nodes: int = Field(1, ge=1)
+    nodes: int = Field(1, ge=1, le=MAX_NODES)
     spot: SpotPolicy = SpotPolicy.EITHER
     clouds: list[str] = Field(default_factory=list)
     """Allowed clouds (lower case); empty means any enabled cloud."""
@@ -293,6 +298,7 @@ def build_spec(
     require_path: list[str] | None = None,
     preflight: bool | None = None,
     name: str | None = None,
+    allow_secret_env: bool | None = None,
 ) -> JobSpec:
     """Build a JobSpec from CLI-style options over the project's `mncloud.yaml` defaults.
 
@@ -329,6 +335,7 @@ def build_spec(
         "require_path": require_path or None,
         "preflight": preflight,
         "name": name,
+        "allow_secret_env": allow_secret_env,
     }
     merged = load_project_config(workdir)
     merged.update({k: v for k, v in flags.items() if v is not None})
@@ -356,8 +363,8 @@ def _spec_from_options(
         raise SpecError("--gpus is required, e.g. --gpus H100:8 (or cpu:2 for local CPU nodes)")
     accelerator = Accelerator.parse(str(opts["gpus"]))
     nodes = opts.get("nodes", 1)
-    if not isinstance(nodes, int) or isinstance(nodes, bool) or nodes < 1:
-        raise SpecError(f"--nodes {nodes!r}: give a whole number of nodes, 1 or more")
+    if not isinstance(nodes, int) or isinstance(nodes, bool) or not 1 <= nodes <= MAX_NODES:
+        raise SpecError(f"--nodes {nodes!r}: give a whole number of nodes from 1 to {MAX_NODES}")
     spot_opt = opts.get("spot")
     policies = {True: SpotPolicy.SPOT, False: SpotPolicy.ON_DEMAND, None: SpotPolicy.EITHER}
     spot = policies.get(spot_opt) if isinstance(spot_opt, bool | None) else None
@@ -393,7 +400,7 @@ def _spec_from_options(
             regions=_as_list(opts.get("region")),
             bucket=bucket,
             mount_bucket=bool(opts.get("mount_bucket")),
-            envs=_as_mapping(opts.get("env"), "--env"),
+            envs=_checked_envs(opts),
             secrets=_as_list(opts.get("secret")),
             setup=opts.get("setup"),
             requirements=requirements,
@@ -410,6 +417,24 @@ def _spec_from_options(
         )
     except ValidationError as err:
         raise SpecError(first_error(err)) from None
+
+
+def _checked_envs(opts: dict[str, Any]) -> dict[str, str]:
+    """`--env` values; one that looks like a credential is refused unless the user insists:
+    it would be written into the task YAML SkyPilot stores (use `--secret NAME`)."""
+    envs = _as_mapping(opts.get("env"), "--env")
+    if opts.get("allow_secret_env"):
+        return envs
+    from mncloud.records.redact import looks_like_credential
+
+    for key, value in envs.items():
+        if looks_like_credential(key, value):
+            raise SpecError(
+                f"--env {key}=…: the value looks like a credential and would be written into the "
+                f"task YAML; pass it with --secret {key} (read from your environment at launch), "
+                "or add --allow-secret-env if it is not secret"
+            )
+    return envs
 
 
 def _default_name(script: Path) -> str:

@@ -149,6 +149,9 @@ def test_secret_values_never_rendered(script: Path, monkeypatch: pytest.MonkeyPa
         (["--gpus", "H100:8", "--cloud", "aws", "--region", "mars-1"], "us-east-1, us-east-2"),
         (["--gpus", "H100:8", "--cloud", "gcp", "--region", "us-east-1"], "us-central1"),
         (["--gpus", "H100:8", "--nodes", "99999999999999999999"], "from 1 to 1024"),
+        (["--gpus", "H100:8", "--env", "AWS_SECRET_ACCESS_KEY=abcd"], "--secret AWS_SECRET"),
+        (["--gpus", "H100:8", "--env", "HF_TOKEN=hf_x"], "--secret HF_TOKEN"),
+        (["--gpus", "H100:8", "--env", "X=AKIA" + "ABCDEFGHIJKLMNOP"], "looks like a credential"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(script: Path, flags: list[str], fragment: str) -> None:
@@ -157,6 +160,15 @@ def test_bad_input_is_one_line_and_exit_2(script: Path, flags: list[str], fragme
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and fragment in lines[0]
     assert "Traceback" not in result.output
+
+
+def test_secret_looking_env_only_when_the_user_insists(script: Path) -> None:
+    base = ["render", "train.py", "--gpus", "H100:8", "--env", "HF_TOKEN=hf_x"]
+    result = runner.invoke(app, [*base, "--allow-secret-env"])
+    assert result.exit_code == 0, result.output
+    assert yaml.safe_load(result.stdout)["envs"]["HF_TOKEN"] == "hf_x"
+    plain = runner.invoke(app, ["render", "train.py", "--gpus", "H100:8", "--env", "LR=3e-4"])
+    assert plain.exit_code == 0, plain.output
 
 
 def test_missing_script_is_one_line(script: Path) -> None:
@@ -214,6 +226,7 @@ def test_help_imports_neither_torch_nor_skypilot() -> None:
 
 
 RENDER_OPTIONS = {
+    "--allow-secret-env",
     "--gpus",
     "--nodes",
     "--spot",

@@ -48,6 +48,10 @@ MountBucket = Annotated[
 Env = Annotated[
     list[str] | None, typer.Option("--env", help="Environment variable K=V (repeatable).")
 ]
+AllowSecretEnv = Annotated[
+    bool | None,
+    typer.Option("--allow-secret-env", help="Accept an --env value that looks like a credential."),
+]
 Secret = Annotated[
     list[str] | None,
     typer.Option("--secret", help="Secret env var name, value read from your environment."),

@@ -29,6 +29,7 @@ def render_command(
     mount_bucket: opts.MountBucket = None,
     env: opts.Env = None,
     secret: opts.Secret = None,
+    allow_secret_env: opts.AllowSecretEnv = None,
     setup: opts.Setup = None,
     requirements: opts.Requirements = None,
     disk_size: opts.DiskSize = None,

@@ -54,6 +54,15 @@ _PATTERNS: list[tuple[re.Pattern[str], str]] = [
 ]
 
 
+def looks_like_credential(name: str, value: str) -> bool:
+    """Whether `NAME=value` would be scrubbed from a record: a sensitive name with a value,
+    or a credential-shaped value (the same rules `Redactor` applies)."""
+    if value and _SENSITIVE_NAME.search(name):
+        return True
+    text = f"{name}={value}"
+    return Redactor().scrub(text) != text
+
+
 class Redactor:
     """Scrubs known secret values and credential-shaped text out of strings."""
 
