@@ -338,6 +338,12 @@ def test_status_command_shows_the_newest_checkpoint(
     (row,) = json.loads(result.stdout)
     assert row["ckpt_step"] == 200 and row["state"] == "RUNNING"
     assert row["cost_so_far"] is not None
+    table = CliRunner().invoke(app, ["status", "llm"], env={"COLUMNS": "80"})
+    assert table.exit_code == 0, table.output
+    header = next(line for line in table.stdout.splitlines() if "state" in line)
+    assert "started" in header and "ran" in header and "age" not in header
+    assert " ago " in table.stdout and "200" in table.stdout
+    assert max(len(line) for line in table.stdout.splitlines()) <= 80
 
 
 def test_cluster_status_while_provisioning(script: Path, fake_sky: FakeSky) -> None:

@@ -19,7 +19,7 @@ def register(app: typer.Typer) -> None:
     app.command("down")(down_command)
 
 
-def _age(seconds: float | None) -> str:
+def _duration(seconds: float | None) -> str:
     if seconds is None:
         return "-"
     seconds = max(0.0, seconds)
@@ -48,21 +48,24 @@ def status_command(
         console.print("No runs yet. Start one: mncloud up train.py --cloud local --gpus cpu:2")
         return
     table = Table(title="mncloud runs", title_justify="left")
-    for column in ("name", "state", "where", "restarts", "ckpt", "age", "cost"):
+    # "started": how long ago the run began; "ran": how long it has run (to its end, if over).
+    for column in ("name", "state", "where", "restarts", "ckpt", "started", "ran", "cost"):
         table.add_column(column, no_wrap=column != "where")
     now = time.time()
     for s in statuses:
         where = "/".join(p for p in (s.cloud, s.region, s.instance_type) if p) or s.backend
         where = f"{s.nodes}× {where}" + (" spot" if s.spot else "")
         cost = f"${s.cost_so_far:,.2f}" if s.cost_so_far is not None else "-"
-        started = None if s.started_at is None else (s.ended_at or now) - s.started_at
+        ran = None if s.started_at is None else (s.ended_at or now) - s.started_at
+        ago = None if s.started_at is None else now - s.started_at
         table.add_row(
             s.name,
             s.state.value,
             where,
             f"{s.restarts} ({s.preemptions} preempted)",
             "-" if s.ckpt_step is None else str(s.ckpt_step),
-            _age(started),
+            "-" if ago is None else f"{_duration(ago)} ago",
+            _duration(ran),
             cost,
         )
     console.print(table)
