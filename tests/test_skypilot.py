@@ -260,6 +260,30 @@ def test_cli_up_dryrun(
     assert "dry run passed" in result.output
 
 
+def test_cli_up_dryrun_without_credentials_shows_what_it_can(script: Path, tmp_path: Path) -> None:
+    """No cloud set up (a fresh SkyPilot state): the plan and the task are still checked and
+    shown, and the user learns what SkyPilot's own dry run needs. Exit 0, nothing launched."""
+    import os
+    import subprocess
+    import sys
+
+    env = os.environ | {"SKY_RUNTIME_DIR": str(tmp_path / "fresh-sky"), "COLUMNS": "80"}
+    args = ["up", "train.py", "--gpus", "H100:8", "--nodes", "2", "--dryrun", "--name", "llm"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "mncloud", *args],
+        cwd=script.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "wins at" in proc.stdout  # the plan
+    assert "num_nodes: 2" in proc.stdout and "torchrun" in proc.stdout  # the task
+    assert "plan and task are valid" in proc.stdout and "sky check" in proc.stdout
+    assert not (Path(env["MNCLOUD_HOME"]) / "runs" / "llm").exists()
+
+
 # ------------------------------------------------------------------------------- status
 
 

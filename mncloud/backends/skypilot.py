@@ -196,13 +196,12 @@ def translate_error(err: BaseException, action: str) -> MncloudError:
 
 
 @contextlib.contextmanager
-def sky_errors(action: str) -> Iterator[None]:
-    """Turn whatever SkyPilot raises inside the block into one BackendError line."""
+def sky_errors(action: str, keep: tuple[type[BaseException], ...] = ()) -> Iterator[None]:
+    """Turn whatever SkyPilot raises inside the block into one BackendError line; the
+    exception types in `keep` pass through for the caller to handle."""
     try:
         yield
-    except KeyboardInterrupt:
-        raise
-    except MncloudError:
+    except (KeyboardInterrupt, MncloudError, *keep):
         raise
     except Exception as err:
         raise translate_error(err, action) from None
@@ -322,18 +321,25 @@ class SkyPilotBackend:
         return int(job_ids[0]) if job_ids else None
 
     def _dryrun(self, task: sky.Task, spec: JobSpec, plan: Plan | None, spot: bool) -> RunStatus:
+        from sky import exceptions as sx
         from sky import execution, sky_logging
 
-        with sky_errors(f"dry-run {spec.name}"), sky_logging.silent():
-            execution.launch(
-                task,
-                cluster_name=spec.name,
-                dryrun=True,
-                idle_minutes_to_autostop=None if spot else self.idle_minutes,
-                down=not spot,
-                stream_logs=False,
-                _quiet_optimizer=True,
-            )
+        try:
+            with (
+                sky_errors(f"dry-run {spec.name}", keep=(sx.NoCloudAccessError,)),
+                sky_logging.silent(),
+            ):
+                execution.launch(
+                    task,
+                    cluster_name=spec.name,
+                    dryrun=True,
+                    idle_minutes_to_autostop=None if spot else self.idle_minutes,
+                    down=not spot,
+                    stream_logs=False,
+                    _quiet_optimizer=True,
+                )
+        except sx.NoCloudAccessError:
+            return self._dryrun_without_credentials(spec, plan, spot)
         chosen = _dryrun_choice(spec.name)
         what = "a managed spot job" if spot else "an on-demand cluster"
         where = "/".join(v for v in (chosen.get("cloud"), chosen.get("region")) if v)
@@ -353,6 +359,37 @@ class SkyPilotBackend:
             cloud=chosen.get("cloud"),
             region=chosen.get("region"),
             instance_type=chosen.get("instance_type"),
+            spot=spot,
+            hourly_total=plan.choice.hourly_total if plan is not None else None,
+            ckpt_uri=layout.ckpt_uri(spec.bucket, spec.name) if spec.bucket else None,
+            detail=detail,
+        )
+
+    def _dryrun_without_credentials(
+        self, spec: JobSpec, plan: Plan | None, spot: bool
+    ) -> RunStatus:
+        """What a dry run can check with no cloud credentials: the plan (from the catalog)
+        and the task (SkyPilot's schema and parser); SkyPilot's optimizer needs `sky check`."""
+        choice = plan.choice if plan is not None else None
+        where = f"{choice.instance_type} in {choice.cloud}/{choice.region}" if choice else "?"
+        clouds = (
+            " or ".join(dict.fromkeys(c.cloud for c in [plan.choice, *plan.fallbacks]))
+            if plan
+            else ""
+        )
+        detail = (
+            f"dry run: plan and task are valid ({spec.nodes}× {where}, "
+            f"{'spot' if spot else 'on-demand'}); SkyPilot's own dry run needs credentials for "
+            f"{clouds or 'a cloud'}: set them up and run `sky check`; nothing was provisioned"
+        )
+        return RunStatus(
+            name=spec.name,
+            backend=self.name,
+            state=RunState.PENDING,
+            nodes=spec.nodes,
+            cloud=plan.choice.cloud if plan else None,
+            region=plan.choice.region if plan else None,
+            instance_type=plan.choice.instance_type if plan else None,
             spot=spot,
             hourly_total=plan.choice.hourly_total if plan is not None else None,
             ckpt_uri=layout.ckpt_uri(spec.bucket, spec.name) if spec.bucket else None,

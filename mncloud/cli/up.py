@@ -115,6 +115,8 @@ def launch_and_follow(
     except LaunchCancelled:
         raise typer.Exit(code=1) from None
     status = launched.status
+    if dryrun and not as_json:  # what would be launched, as `mncloud render --plan` prints it
+        typer.echo(launched.prepared.task.yaml_text, nl=False)
     if not detach and not as_json and not dryrun:
         status = _follow(launched.prepared.backend, spec.name)
     if as_json:
