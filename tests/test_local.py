@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -266,6 +267,22 @@ def test_preempted_twice_ends_with_the_uninterrupted_weights(s3_env: Any) -> Non
 
 
 @pytest.mark.slow
+def test_rank_0_runs_on_node_0(tmp_path: Path) -> None:
+    """Global ranks follow node order (node 0: ranks 0-1, node 1: ranks 2-3), so rank 0's
+    log lines, rank-0-only writes and the preflight's head are all on node 0."""
+    template = (REPO / "mncloud" / "templates" / "run.sh.j2").read_text()
+    if "--rdzv_backend=c10d" in template:
+        pytest.skip("the run template uses c10d: it orders nodes by address and launcher pid")
+    (tmp_path / "pyproject.toml").write_text("[project]\nname='ranks'\n")
+    script = tmp_path / "ranks.py"
+    script.write_text("import os\nprint('node', os.environ['SKYPILOT_NODE_RANK'], flush=True)\n")
+    up("ranks", script, "--nodes", "2", "--gpus", "cpu:2")
+    assert wait_final("ranks").state is RunState.SUCCEEDED, run_log("ranks")
+    pairs = set(re.findall(r"\[node (\d) rank (\d)\] node (\d)", run_log("ranks")))
+    assert pairs == {("0", "0", "0"), ("0", "1", "0"), ("1", "2", "1"), ("1", "3", "1")}
+
+
+@pytest.mark.slow
 def test_user_errors_are_retried_only_when_asked(tmp_path: Path) -> None:
     (tmp_path / "pyproject.toml").write_text("[project]\nname='crash'\n")
     script = tmp_path / "crash.py"
@@ -285,8 +302,6 @@ def test_user_errors_are_retried_only_when_asked(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_storage_outage_mid_run_is_survived() -> None:
-    import re
-
     from mncloud.storage import CheckpointStore
 
     args = ["--steps", "1000", "--ckpt-interval", "20", "--log-every", "500"]
@@ -331,3 +346,33 @@ def test_down_leaves_no_process_behind(tmp_path: Path) -> None:
     assert [p.pid for p in running if _tag(p).startswith(f"{state.token}/")] == []
     # Idempotent.
     assert json.loads(cli("down", "sleepy", "--json").output)["state"] == "CANCELLED"
+
+
+def _start_event(name: str) -> dict[str, Any]:
+    records = read_jsonl(run_dir(name) / "progress.jsonl")
+    return next(r for r in records if r.get("event") == "start")
+
+
+@pytest.mark.slow
+def test_same_name_is_refused_unless_resume_or_replace() -> None:
+    """A second `up` of a name never silently replaces the first run or its checkpoints."""
+    flags = ["--nodes", "1", "--gpus", "cpu:1"]
+    args = ["--steps", "40", "--ckpt-interval", "10", "--log-every", "40"]
+    up("again", EXAMPLE, *flags, script_args=args)
+    assert wait_final("again").state is RunState.SUCCEEDED, run_log("again")
+    base = ["up", str(EXAMPLE), "--cloud", "local", "--name", "again", "--detach", "--yes"]
+    refused = runner.invoke(app, [*base, *flags, "--", *args])
+    assert refused.exit_code == 2
+    lines = refused.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--resume" in lines[0] and "--replace" in lines[0]
+
+    longer = ["--steps", "60", "--ckpt-interval", "10", "--log-every", "60"]
+    up("again", EXAMPLE, *flags, "--resume", script_args=longer)
+    assert wait_final("again").state is RunState.SUCCEEDED, run_log("again")
+    assert _start_event("again")["resumed_from"] == 40  # the first run's newest checkpoint
+
+    up("again", EXAMPLE, *flags, "--replace", script_args=args)
+    assert wait_final("again").state is RunState.SUCCEEDED, run_log("again")
+    assert _start_event("again")["resumed_from"] == 0  # a fresh start
+    aside = list(run_dir("again").glob("checkpoints.replaced-*"))
+    assert len(aside) == 1 and any(aside[0].iterdir())  # the old checkpoints kept, set aside
