@@ -471,6 +471,16 @@ def test_cli_ls_show_cost(repo: Path) -> None:
     assert row["cost"] == pytest.approx(7.2)
     code, out, _ = cli("runs", "ls")
     assert code == 0 and record.run_id in out
+    from mncloud.cli import _common
+
+    wide = _common.console.width
+    _common.console.width = 80  # a default terminal, or a pipe
+    try:
+        code, out, _ = cli("runs", "ls")
+    finally:
+        _common.console.width = wide
+    assert code == 0 and max(len(line) for line in out.splitlines()) <= 80
+    assert record.run_id in out and "$7.20" in out and "…" not in out
     code, out, _ = cli("runs", "show", record.run_id, "--json")
     assert code == 0
     shown = json.loads(out)

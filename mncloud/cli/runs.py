@@ -7,6 +7,7 @@ import secrets
 from typing import TYPE_CHECKING, Annotated
 
 import typer
+from rich import box
 from rich.table import Table
 
 from mncloud import layout
@@ -77,18 +78,17 @@ def ls_command(bucket: BucketOpt = None, as_json: JsonOpt = False) -> None:
     if not records:
         console.print("No run records yet; `mncloud up` writes one for every run.")
         return
-    table = Table(title="run records")
-    for col in ("run id", "user", "created", "backend", "commit", "last event", "cost"):
-        table.add_column(col, justify="right" if col == "cost" else "left", no_wrap=col == "run id")
+    # Stacked cells keep every field whole at 80 columns: id over user@backend, date over time.
+    table = Table(title="run records", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in ("run id / by", "created", "commit", "last event", "cost"):
+        table.add_column(col, justify="right" if col == "cost" else "left", no_wrap=True)
     for r in records:
         commit = "-"
         if r.git and r.git.commit:
-            commit = r.git.commit[:10] + ("+dirty" if r.git.dirty else "")
+            commit = r.git.commit[:10] + ("\n+dirty" if r.git.dirty else "")
         table.add_row(
-            r.run_id,
-            r.user,
-            _when(r.created_at),
-            r.backend,
+            f"{r.run_id}\n{r.user}@{r.backend}",
+            _when(r.created_at).replace(" ", "\n"),
             commit,
             r.events[-1].kind if r.events else "-",
             _money(cost_summary(r).total),
