@@ -47,7 +47,7 @@ METADATA_POLL_ENV = "MNCLOUD_METADATA_POLL_SECONDS"
 # timeout before its SIGKILL, and GCP's notice).
 SIGNAL_NOTICE_ENV = "MNCLOUD_SIGNAL_NOTICE_SECONDS"
 
-# Storage and checkpoints (mncloud/storage.py, mncloud/ckptstore.py, mncloud/train/ckpt.py).
+# Storage and checkpoints (mncloud/storage/, mncloud/train/ckpt.py).
 # How long a bucket operation retries transient failures before it gives up (seconds).
 STORAGE_RETRY_SECONDS_ENV = "MNCLOUD_STORAGE_RETRY_SECONDS"
 # While this file exists at the root of a file:// bucket, the bucket acts as if it were down.
@@ -55,7 +55,7 @@ STORAGE_OUTAGE_MARKER = ".mncloud-outage"
 # Local directory where ranks stage checkpoint files before the upload (default: a temp dir).
 CKPT_STAGING_ENV = "MNCLOUD_CKPT_STAGING"
 
-# Local backend (mncloud/backends/local.py).
+# Local backend (mncloud/backends/local/).
 # Every process of a local node carries this variable (`<run token>/<node>`), so the supervisor,
 # `mncloud chaos` and `mncloud down` find a node's processes, wherever they were reparented.
 LOCAL_NODE_TAG_ENV = "MNCLOUD_LOCAL_NODE"
@@ -63,5 +63,5 @@ LOCAL_NODE_TAG_ENV = "MNCLOUD_LOCAL_NODE"
 # local backend sets it and derives steps lost and time-to-resume from it.
 PROGRESS_FILE_ENV = "MNCLOUD_PROGRESS_FILE"
 
-# The run id (lineage record) every node gets; see mncloud/runs.py.
+# The run id (lineage record) every node gets; see mncloud/records/.
 RUN_ID_ENV = "MNCLOUD_RUN_ID"
