@@ -1,8 +1,14 @@
 #!/usr/bin/env bash
-# Set up mncloud for development on a fresh machine: a virtual environment in .venv with the
-# CPU build of torch, mncloud itself (editable) and its [dev] extra. Safe to run again.
+# Set up mncloud for development on a fresh machine: a virtual environment in .venv holding torch
+# (CPU or CUDA build, chosen explicitly: see scripts/_torch.sh), mncloud itself (editable) and its
+# [dev] extra, every package at the exact version in requirements/lock.txt (the versions CI tested).
+# Safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/_torch.sh
+
+LOCK=requirements/lock.txt
+LOCK_PYTHON=3.11 # the lock is compiled for CPython 3.11 on Linux x86_64 (the project's machines)
 
 # SkyPilot's dry run needs rsync. Install it where we can; otherwise say so (tests that need it
 # are skipped with the reason).
@@ -16,7 +22,15 @@ fi
 
 PYTHON="${PYTHON:-python3}"
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
-# The pinned CPU wheel first: an unpinned torch in a fresh venv pulls a multi-GB CUDA build.
-.venv/bin/python -m pip install --quiet --disable-pip-version-check "torch==${TORCH_VERSION:-2.13.0}"
-.venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
-echo "mncloud installed in .venv ($(.venv/bin/mncloud --version))"
+constraints=(-c "$LOCK")
+have=$(.venv/bin/python -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+if [ "$have" != "$LOCK_PYTHON" ]; then
+  echo "note: $LOCK is for Python $LOCK_PYTHON, this is $have: installing the newest versions" \
+    "pyproject.toml allows instead of the tested ones" >&2
+  constraints=()
+fi
+
+install_torch .venv/bin/python "$(sed -n 's/^torch==//p' "$LOCK")"
+.venv/bin/python -m pip install --quiet --disable-pip-version-check "${constraints[@]}" -e '.[dev]'
+echo "mncloud installed in .venv ($(.venv/bin/mncloud --version)); to use it in this shell:"
+echo "  source .venv/bin/activate"

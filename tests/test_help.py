@@ -131,3 +131,11 @@ def test_the_console_script(args: list[str], code: int) -> None:
         assert done.stderr.count("\n") == 1 and done.stderr.startswith("error: ")
     else:
         assert "s3://name[/prefix]" in " ".join(done.stdout.split())
+
+
+def test_the_console_script_completes_a_command() -> None:
+    env = {**os.environ, "_MNCLOUD_COMPLETE": "complete_bash", "COMP_WORDS": "mncloud ck"}
+    done = subprocess.run(
+        [_script()], capture_output=True, text=True, env={**env, "COMP_CWORD": "1"}
+    )
+    assert done.returncode == 0 and done.stdout.split() == ["ckpt"], done.stderr
