@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -30,7 +32,7 @@ app = typer.Typer(
 NameArg = Annotated[str, typer.Argument(help="The name of a local run (mncloud up --cloud local).")]
 
 
-def _local_folder(name: str):  # type: ignore[no-untyped-def]
+def _local_folder(name: str) -> Path:
     from mncloud.backends.registry import backend_name_of
     from mncloud.layout import run_dir
 
@@ -75,7 +77,6 @@ def preempt_command(
 ) -> None:
     """SIGKILL a node's launcher, torchrun and workers, like a spot VM vanishing."""
     from mncloud.backends.local.chaos import notify_node, preempt_node
-    from mncloud.backends.local.lifecycle import wait_for_running
     from mncloud.backends.local.state import load_state
 
     folder = _local_folder(name)
@@ -87,19 +88,8 @@ def preempt_command(
     count = times or (1 if interval is None else 1_000_000)
     records = []
     try:
-        for i in range(count):
-            if interval is not None:
-                deadline = time.monotonic() + interval
-                while time.monotonic() < deadline:
-                    if load_state(folder).state.is_final:
-                        break
-                    time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
-            state = wait_for_running(folder)
-            if state.state.is_final:
-                if i == 0:
-                    raise BackendError(f"run {name} is {state.state.value}; nothing to preempt")
-                break
-            target = node if node is not None else random.randrange(state.num_nodes)
+        for num_nodes in _rounds(folder, name, count, interval):
+            target = node if node is not None else random.randrange(num_nodes)
             if notice_s is not None:
                 record = notify_node(
                     folder, target, notice_s, protocol=cloud_protocol, during_save=during_save
@@ -114,6 +104,25 @@ def preempt_command(
         raise typer.Exit(code=130) from None
     if as_json:
         print_json(records)
+
+
+def _rounds(folder: Path, name: str, count: int, interval: float | None) -> Iterator[int]:
+    """Up to `count` times, `interval` apart, once the run is RUNNING: yield its node count.
+    Stops when the run ends (BackendError if it ended before the first round)."""
+    from mncloud.backends.local.lifecycle import wait_for_running
+    from mncloud.backends.local.state import load_state
+
+    for i in range(count):
+        if interval is not None:
+            deadline = time.monotonic() + interval
+            while time.monotonic() < deadline and not load_state(folder).state.is_final:
+                time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+        state = wait_for_running(folder)
+        if state.state.is_final:
+            if i == 0:
+                raise BackendError(f"run {name} is {state.state.value}; nothing to preempt")
+            return
+        yield state.num_nodes
 
 
 @app.command("storage-outage")

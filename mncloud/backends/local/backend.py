@@ -16,7 +16,6 @@ import uuid
 from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 from mncloud import constants, layout
 from mncloud.backends.base import LaunchRequest, RunState, RunStatus
@@ -31,16 +30,6 @@ from mncloud.backends.local.state import (
     node_log,
 )
 from mncloud.errors import BackendError, RunNotFoundError
-from mncloud.spec import LaunchOptions
-
-
-def _options(request: LaunchRequest) -> LaunchOptions:
-    """The request's options, typed (a plain dict from an older caller is validated too)."""
-    opts: Any = request.options
-    if isinstance(opts, LaunchOptions):
-        return opts
-    known = {k: v for k, v in dict(opts or {}).items() if k in LaunchOptions.model_fields}
-    return LaunchOptions(**{k: v for k, v in known.items() if v is not None})
 
 
 def _check_can_launch(request: LaunchRequest) -> None:
@@ -69,7 +58,7 @@ def _check_can_launch(request: LaunchRequest) -> None:
 
 def launch_record(request: LaunchRequest) -> LocalLaunch:
     """The launch.json of a request: the rendered task plus the local options."""
-    spec, config, opts = request.spec, request.task.config, _options(request)
+    spec, config, opts = request.spec, request.task.config, request.options
     envs = {str(k): str(v) for k, v in (config.get("envs") or {}).items()}
     nodes, procs = int(config.get("num_nodes", spec.nodes)), spec.procs_per_node
     local_ckpt = f"file://{layout.local_ckpt_dir(spec.name)}"
@@ -77,7 +66,7 @@ def launch_record(request: LaunchRequest) -> LocalLaunch:
         name=spec.name,
         token=uuid.uuid4().hex[:12],
         task_id=f"sky-{datetime.now():%Y-%m-%d-%H-%M-%S-%f}_{spec.name}_1",
-        run_id=getattr(request, "run_id", None),
+        run_id=request.run_id,
         workdir=str(config.get("workdir") or spec.workdir),
         setup=config.get("setup"),
         run=str(config["run"]),
