@@ -22,6 +22,7 @@ from mncloud.cli import ckpt as ckpt_cli
 from mncloud.cli import ops as ops_cli
 from mncloud.cli import plan as plan_cli
 from mncloud.cli import render as render_cli
+from mncloud.cli import replay as replay_cli
 from mncloud.cli import runs as runs_cli
 from mncloud.cli import up as up_cli
 from mncloud.errors import MncloudError
@@ -103,6 +104,7 @@ plan_cli.register(app)
 up_cli.register(app)
 ops_cli.register(app)
 runs_cli.register(app)
+replay_cli.register(app)
 app.add_typer(ckpt_cli.app, name="ckpt", help="List, verify, pull and remove checkpoints.")
 app.add_typer(chaos_cli.app, name="chaos", help="Preempt nodes or cut storage (local runs).")
 

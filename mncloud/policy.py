@@ -1,0 +1,317 @@
+"""Run-time market decision for a job with a deadline: SPOT, ON_DEMAND or NONE (wait).
+
+The one place this decision is made. Pure: no I/O, no clock; a policy sees only the past and
+the present (`Observation`) and the job's constants (`Job`), and answers a `Mode`. Replay
+(`mncloud.replay`) feeds it a real spot trace; the live controller feeds it the run's progress.
+
+Time is counted in *ticks* of `Job.gap_seconds` (a trace's `gap_seconds`, or the controller's
+decision interval). `ticks_ceil`/`ticks_floor` turn whole seconds into ticks without floating
+point error: 12 h of 300 s ticks is 144, not 145.
+
+Policies live in a registry by name (`POLICIES`, `make_policy`), SkyPilot recovery-strategy
+style; each class documents its design decision with an example sequence of events.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import Enum
+
+from mncloud.errors import SpecError
+
+
+class Mode(str, Enum):
+    """What the job's cluster is in one tick."""
+
+    SPOT = "spot"
+    ON_DEMAND = "on-demand"
+    NONE = "none"
+
+
+def seconds(value: float) -> int:
+    """A duration as whole seconds (`30h` → 108000), rounding away float noise."""
+    return round(value)
+
+
+def ticks_ceil(duration_s: float, gap_s: int) -> int:
+    """Ticks needed to cover a duration: ceil(duration / gap), in integer arithmetic."""
+    return -(-seconds(duration_s) // gap_s)
+
+
+def ticks_floor(duration_s: float, gap_s: int) -> int:
+    """Whole ticks that fit in a duration: floor(duration / gap), in integer arithmetic."""
+    return seconds(duration_s) // gap_s
+
+
+@dataclass(frozen=True)
+class Job:
+    """A job's constants, in ticks: what every decision of one run shares."""
+
+    nodes: int
+    gap_seconds: int
+    work_ticks: int  #: ticks of work the job needs: ceil(hours / gap)
+    deadline_ticks: int  #: the work must be done within floor(deadline / gap) ticks
+    overhead_ticks: int  #: billed ticks without progress on every launch: ceil(overhead / gap)
+    spot_price: float  #: $ per node-hour
+    on_demand_price: float  #: $ per node-hour
+
+    @classmethod
+    def build(
+        cls,
+        *,
+        nodes: int,
+        hours: float,
+        deadline_s: float,
+        overhead_s: float,
+        gap_s: int,
+        spot_price: float,
+        on_demand_price: float,
+    ) -> Job:
+        """A Job from hours and seconds; raises SpecError when the deadline cannot be met."""
+        if nodes < 1 or gap_s < 1 or hours <= 0 or overhead_s < 0:
+            raise SpecError("nodes, hours and the trace's gap_seconds must be positive")
+        if spot_price < 0 or on_demand_price <= 0:
+            raise SpecError("prices must be positive")
+        if deadline_s <= 0:
+            raise SpecError(f"deadline {deadline_s / 3600:g} h: it must be positive")
+        job = cls(
+            nodes=nodes,
+            gap_seconds=gap_s,
+            work_ticks=ticks_ceil(hours * 3600, gap_s),
+            deadline_ticks=ticks_floor(deadline_s, gap_s),
+            overhead_ticks=ticks_ceil(overhead_s, gap_s),
+            spot_price=spot_price,
+            on_demand_price=on_demand_price,
+        )
+        if job.deadline_ticks < job.min_ticks:
+            raise SpecError(
+                f"deadline {deadline_s / 3600:g} h is too short: {hours:g} h of work plus one "
+                f"restart ({overhead_s / 60:g} min) on on-demand needs "
+                f"{job.hours(job.min_ticks):g} h; the earliest feasible deadline is "
+                f"{job.hours(job.min_ticks):g} h"
+            )
+        return job
+
+    @property
+    def min_ticks(self) -> int:
+        """Ticks to finish on on-demand from the start: one launch, then all the work."""
+        return self.overhead_ticks + self.work_ticks
+
+    def hours(self, ticks: int) -> float:
+        """Ticks as hours."""
+        return ticks * self.gap_seconds / 3600
+
+    def tick_cost(self, mode: Mode) -> float:
+        """$ for one tick of the whole cluster in a mode."""
+        price = {Mode.SPOT: self.spot_price, Mode.ON_DEMAND: self.on_demand_price}.get(mode, 0.0)
+        return self.nodes * price * self.gap_seconds / 3600
+
+    def on_demand_cost(self) -> float:
+        """$ to run the whole job on on-demand: one launch, then the work."""
+        return self.min_ticks * self.tick_cost(Mode.ON_DEMAND)
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What a decision may see: the past and the present, never the future."""
+
+    tick: int  #: ticks since the start (this decision is for tick `tick`)
+    work_done: int  #: ticks of work done so far
+    mode: Mode  #: the cluster's mode now (NONE after a preemption)
+    overhead_left: int  #: launch overhead ticks still to pay in `mode` before progress
+    spot_now: bool  #: spot capacity for all N nodes is there this tick
+    history: Sequence[bool]  #: spot capacity at ticks 0..tick (the last entry is `spot_now`)
+
+
+@dataclass(frozen=True)
+class Slack:
+    """The deadline arithmetic of one decision, in ticks."""
+
+    time_left: int  #: ticks until the deadline, this one included
+    work_left: int
+    slack: int  #: time_left - work_left: ticks the job may still spend without progress
+
+    @classmethod
+    def of(cls, job: Job, obs: Observation) -> Slack:
+        time_left = job.deadline_ticks - obs.tick
+        work_left = job.work_ticks - obs.work_done
+        return cls(time_left, work_left, time_left - work_left)
+
+
+def safe(job: Job, obs: Observation, mode: Mode) -> bool:
+    """Whether choosing `mode` now still leaves a way to finish on on-demand in time.
+
+    The safety net every policy obeys: after this tick there must remain time for one more
+    launch (its overhead) and all the work left, should spot vanish at the next tick. Running
+    on-demand productively is always safe once the job got there safely.
+    """
+    s = Slack.of(job, obs)
+    if mode is Mode.ON_DEMAND:
+        return True
+    progress = int(mode is Mode.SPOT and obs.mode is Mode.SPOT and obs.overhead_left == 0)
+    return s.time_left - 1 >= job.overhead_ticks + s.work_left - progress
+
+
+class Policy:
+    """Base: `decide` answers the mode for this tick. A fresh instance serves one run."""
+
+    name = ""
+
+    def __init__(self, job: Job) -> None:
+        self.job = job
+
+    def decide(self, obs: Observation) -> Mode:
+        """The mode for this tick; SPOT only when `obs.spot_now`."""
+        raise NotImplementedError
+
+    def _fallback(self, obs: Observation) -> Mode:
+        """ON_DEMAND when the safety net demands it, else None (the policy decides)."""
+        if obs.mode is Mode.ON_DEMAND and not safe(self.job, obs, Mode.NONE):
+            return Mode.ON_DEMAND
+        if not safe(self.job, obs, Mode.SPOT if obs.spot_now else Mode.NONE):
+            return Mode.ON_DEMAND
+        return Mode.NONE
+
+
+POLICIES: dict[str, type[Policy]] = {}
+DEFAULT_POLICY = "adaptive"
+
+
+def register(cls: type[Policy]) -> type[Policy]:
+    """Class decorator: add a policy to the registry under its `name`."""
+    POLICIES[cls.name] = cls
+    return cls
+
+
+def make_policy(name: str, job: Job) -> Policy:
+    """A fresh policy by registry name; SpecError naming the choices if unknown."""
+    try:
+        return POLICIES[name](job)
+    except KeyError:
+        raise SpecError(f"unknown policy {name!r}; choose one of {', '.join(POLICIES)}") from None
+
+
+def _spot_entry_ok(job: Job, obs: Observation) -> bool:
+    """Whether a spot launch can pay its overhead and still leave one on-demand launch."""
+    return Slack.of(job, obs).slack >= 2 * job.overhead_ticks + 1
+
+
+@register
+class OnDemandPolicy(Policy):
+    """On-demand from start to end: the baseline every saving is measured against.
+
+    Events: launch on-demand (overhead), work, done. Never waits, never preempted, costs
+    `Job.on_demand_cost()` exactly.
+    """
+
+    name = "on-demand"
+
+    def decide(self, obs: Observation) -> Mode:
+        return Mode.ON_DEMAND
+
+
+@register
+class GreedyPolicy(Policy):
+    """Spot whenever there, else wait; on-demand only when the safety net fires, then for good.
+
+    Events: spot (work) → preempted → wait 3 h → spot again → preempted → wait … until the
+    slack left equals one restart: launch on-demand and finish there, even if spot returns an
+    hour later. Cheap while spot is plentiful; when it is scarce it burns the whole slack early
+    and ends with a long on-demand tail the optimum would have spread into the gaps.
+    """
+
+    name = "greedy"
+
+    def decide(self, obs: Observation) -> Mode:
+        if obs.mode is Mode.ON_DEMAND:
+            return Mode.ON_DEMAND
+        if obs.spot_now and obs.mode is Mode.SPOT and safe(self.job, obs, Mode.SPOT):
+            return Mode.SPOT
+        if obs.spot_now and _spot_entry_ok(self.job, obs):
+            return Mode.SPOT
+        return Mode.NONE if safe(self.job, obs, Mode.NONE) else Mode.ON_DEMAND
+
+
+@register
+class UniformProgressPolicy(Policy):
+    """Uniform Progress (Can't Be Late, NSDI 2024): keep up with the straight line to the deadline.
+
+    Events: spot when there; when spot is gone, wait while the work done is ahead of
+    `work × elapsed / (deadline − restart)`, run on-demand while behind; leave on-demand for
+    spot only once ahead of the line by two restarts (hysteresis, so it does not thrash).
+    Spends on-demand early, in the gaps, and so keeps slack to use spot near the deadline.
+    """
+
+    name = "uniform-progress"
+
+    def decide(self, obs: Observation) -> Mode:
+        job = self.job
+        horizon = max(1, job.deadline_ticks - job.overhead_ticks)
+        ahead = obs.work_done - job.work_ticks * (obs.tick + 1) / horizon
+        if obs.spot_now:
+            if obs.mode is Mode.SPOT and safe(job, obs, Mode.SPOT):
+                return Mode.SPOT
+            if _spot_entry_ok(job, obs) and (
+                obs.mode is not Mode.ON_DEMAND or ahead >= 2 * job.overhead_ticks
+            ):
+                return Mode.SPOT
+        if obs.mode is Mode.ON_DEMAND and ahead < job.overhead_ticks:
+            return Mode.ON_DEMAND
+        if ahead < 0 or not safe(job, obs, Mode.NONE):
+            return Mode.ON_DEMAND
+        return Mode.NONE
+
+
+@register
+class AdaptivePolicy(Policy):
+    """Ours: greedy while slack is ample, on-demand in the gaps once it runs low, back to spot
+    when spot has lasted long enough to be worth two restarts.
+
+    Events (10 h of work, 15 h deadline, 10 min restarts): spot 2 h → preempted → wait (slack
+    5 h, ample) → spot 1 h → preempted → wait 2 h → slack down to the reserve (2 h): launch
+    on-demand *now*, not at the last minute as greedy does → spot returns; leave on-demand only
+    once spot has stayed up 30 min (spot intervals on the traces have a decreasing hazard: one
+    that lasted 30 min has ~2–4 h left on average, while half of all intervals die within
+    20–30 min) → spot 3 h → preempted → on-demand again, the reserve still holding enough slack
+    for the next round trip, while the safety net guarantees the deadline.
+
+    Why: greedy spends its whole slack waiting early and then must finish on on-demand however
+    much spot comes back; the offline optimum spreads its on-demand hours into the gaps instead
+    and keeps using spot until the end. Keeping a reserve of slack (2 h, at most half the
+    initial slack) buys that flexibility; the 30-minute patience keeps short spot blips from
+    costing two restarts each. Tuned with bench/deadline.py against the optimum.
+    """
+
+    name = "adaptive"
+    reserve_hours = 2.0  #: slack kept back for leaving on-demand when spot returns
+    patience_minutes = 30.0  #: spot must have been up this long to leave on-demand for it
+
+    def __init__(self, job: Job) -> None:
+        super().__init__(job)
+        initial_slack = job.deadline_ticks - job.work_ticks
+        self._reserve = max(
+            2 * job.overhead_ticks + 1,
+            min(ticks_ceil(self.reserve_hours * 3600, job.gap_seconds), initial_slack // 2),
+        )
+        self._patience = ticks_ceil(self.patience_minutes * 60, job.gap_seconds)
+        self._seen = 0
+        self._spot_run = 0  #: consecutive ticks up to now with spot capacity
+
+    def decide(self, obs: Observation) -> Mode:
+        job = self.job
+        for up in obs.history[self._seen :]:
+            self._spot_run = self._spot_run + 1 if up else 0
+        self._seen = len(obs.history)
+        s = Slack.of(job, obs)
+        if obs.spot_now:
+            if obs.mode is Mode.SPOT and safe(job, obs, Mode.SPOT):
+                return Mode.SPOT
+            if obs.mode is Mode.NONE and _spot_entry_ok(job, obs):
+                return Mode.SPOT
+            lasting = self._spot_run >= self._patience
+            if obs.mode is Mode.ON_DEMAND and lasting and _spot_entry_ok(job, obs):
+                return Mode.SPOT
+        if not safe(job, obs, Mode.NONE):
+            return Mode.ON_DEMAND
+        return Mode.NONE if s.slack > self._reserve else Mode.ON_DEMAND
