@@ -1,5 +1,9 @@
 """SkyPilot's price catalog, read through SkyPilot's own catalog code. No prices of our own.
 
+What `offers` asks SkyPilot (its rows, feature checks and region order) is asked once per
+catalog file version and kept in the offers index (`catalog_index`, under `$MNCLOUD_HOME`), so a
+plan imports SkyPilot only when that index is stale; `MNCLOUD_SKY_CACHE=0` asks SkyPilot always.
+
 Offline use: `MNCLOUD_CATALOG_DIR` (or `--catalog DIR`) names a snapshot laid out as SkyPilot's
 `v8/<cloud>/vms.csv` tree. SkyPilot computes its catalog paths when `sky` is first imported,
 so `use_catalog_dir` must run before that; it links the snapshot's files into a SkyPilot
@@ -105,14 +109,17 @@ def _descriptors_to_devnull(*fds: int) -> Iterator[None]:
 
 
 def accelerator_names() -> list[str]:
-    """Every accelerator name SkyPilot's catalog knows (`common/accelerators.csv`)."""
+    """Every accelerator name SkyPilot's catalog knows (`common/accelerators.csv`).
+
+    From the offers index (`catalog_index`) unless it is stale or `MNCLOUD_SKY_CACHE=0`.
+    """
     use_catalog_dir()
-    from sky.catalog import common as catalog_common
+    from mncloud import catalog_index, skycache
 
     try:
-        with quiet_sky():  # the frame is lazy: reading a column may download it
-            frame = catalog_common.read_catalog("common/accelerators.csv")
-            return [str(name) for name in frame["AcceleratorName"]]
+        if skycache.enabled():
+            return catalog_index.accelerator_names()
+        return catalog_index._read_accelerator_names()
     except Exception as err:  # SkyPilot raises requests/OSError types when offline
         raise CatalogError(
             f"cannot read SkyPilot's accelerator list ({err.__class__.__name__}); go online once, "
@@ -219,7 +226,8 @@ def offers(
     """
     use_catalog_dir()
     searched = [c.lower() for c in clouds] or default_clouds()
-    found, excluded = _list_accelerator(accelerator, searched)
+    source = _source(searched)
+    found, excluded = source.rows(accelerator, searched)
     wanted_regions = {r.lower() for r in regions}
     markets = [False, True] if use_spot is None else [use_spot]
     result: list[Offer] = []
@@ -233,7 +241,7 @@ def offers(
         if not rows:
             continue
         for spot in markets:
-            reason = _unsupported_reason(cloud, rows[0].instance_type, spot, nodes)
+            reason = source.unsupported(cloud, rows[0].instance_type, spot, nodes)
             if reason:
                 if Exclusion(cloud=cloud, reason=reason) not in excluded:
                     excluded.append(Exclusion(cloud=cloud, reason=reason))
@@ -252,7 +260,7 @@ def offers(
                     )
                 )
                 continue
-            ranks = _region_ranks(cloud, {info.instance_type for info, _ in priced}, spot)
+            ranks = source.ranks(cloud, {info.instance_type for info, _ in priced}, spot)
             result.extend(
                 Offer(
                     cloud=cloud,
@@ -270,10 +278,65 @@ def offers(
         everywhere = found
         if clouds:  # say what the other clouds offer too
             extra = [c for c in default_clouds() if c not in searched]
-            everywhere = {**_list_accelerator(accelerator, extra)[0], **found} if extra else found
+            if extra:
+                everywhere = {**_source(extra).rows(accelerator, extra)[0], **found}
         message = _no_offer_message(accelerator, count, searched, regions, found, excluded)
         raise CatalogError(message + _availability_note(accelerator, searched, everywhere))
     return OfferSearch(offers=result, excluded=excluded, clouds=searched)
+
+
+class _LiveSource:
+    """Answers straight from SkyPilot (imports it)."""
+
+    def rows(
+        self, accelerator: str, clouds: list[str]
+    ) -> tuple[dict[str, list[Any]], list[Exclusion]]:
+        return _list_accelerator(accelerator, clouds)
+
+    def unsupported(self, cloud: str, instance_type: str, spot: bool, nodes: int) -> str | None:
+        return _unsupported_reason(cloud, instance_type, spot, nodes)
+
+    def ranks(self, cloud: str, instance_types: set[str], spot: bool) -> dict[tuple[str, str], int]:
+        return _region_ranks(cloud, instance_types, spot)
+
+
+class _IndexSource:
+    """The same answers from the offers index (`catalog_index`): no SkyPilot import."""
+
+    def __init__(self, sections: dict[str, Any]) -> None:
+        self.sections = sections
+
+    def rows(
+        self, accelerator: str, clouds: list[str]
+    ) -> tuple[dict[str, list[Any]], list[Exclusion]]:
+        from mncloud import catalog_index
+
+        by_cloud: dict[str, list[Any]] = {}
+        for cloud in clouds:
+            for row in catalog_index.rows_for(self.sections[cloud], accelerator):
+                by_cloud.setdefault(row.cloud, []).append(row)
+        return by_cloud, []
+
+    def unsupported(self, cloud: str, instance_type: str, spot: bool, nodes: int) -> str | None:
+        from mncloud import catalog_index
+
+        return catalog_index.unsupported(self.sections[cloud], instance_type, spot, nodes)
+
+    def ranks(self, cloud: str, instance_types: set[str], spot: bool) -> dict[tuple[str, str], int]:
+        from mncloud import catalog_index
+
+        return catalog_index.ranks(self.sections[cloud], instance_types, spot)
+
+
+def _source(clouds: list[str]) -> _LiveSource | _IndexSource:
+    """The offers index if every cloud in `clouds` has a fresh (or rebuilt) entry; else SkyPilot."""
+    from mncloud import catalog_index, skycache
+
+    if skycache.enabled():
+        sections = catalog_index.sections(clouds)
+        if sections is not None:
+            return _IndexSource(sections)
+    return _LiveSource()
 
 
 def _market(spot: bool) -> str:

@@ -9,6 +9,7 @@ One owner for each location, so two modules can never disagree on where a thing 
       records/.locks/           lock files of the record store
       reruns/<name>/            git worktrees `mncloud rerun` builds
       sky-runtime/<digest>/     SkyPilot's runtime dir for an offline catalog snapshot
+      sky-cache/                what plan and render read from SkyPilot, cached (skycache.py)
     <bucket>/<name>                       MNCLOUD_CKPT_URI: the run's checkpoints
     <bucket>/<name>/runs/<run-id>         the bucket copy of a run record
     <bucket>/<name>/runs/<run-id>/steps   per-rank step-time telemetry
@@ -28,6 +29,7 @@ RECORDS_DIR = "records"
 LOCKS_DIR = ".locks"
 RERUNS_DIR = "reruns"
 SKY_RUNTIME_DIR = "sky-runtime"
+SKY_CACHE_DIR = "sky-cache"
 STEPS_DIR = "steps"
 LOCAL_CKPT_DIR = "checkpoints"
 
@@ -80,6 +82,11 @@ def rerun_dir(run_name: str) -> Path:
 def sky_runtime_dir(digest: str) -> Path:
     """SkyPilot's runtime folder for one offline catalog snapshot."""
     return home() / SKY_RUNTIME_DIR / digest
+
+
+def sky_cache_dir() -> Path:
+    """Answers read from SkyPilot once (offers index, task schema), kept between commands."""
+    return home() / SKY_CACHE_DIR
 
 
 def ckpt_uri(bucket: object, run_name: str) -> str:

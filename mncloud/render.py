@@ -234,7 +234,15 @@ def _cloud_regions(clouds: list[str], regions: list[str]) -> list[tuple[str, str
 
 
 def _region_error(cloud: str, region: str) -> str | None:
-    """None when `cloud` has `region` in SkyPilot's catalog, else the cloud's region names."""
+    """None when `cloud` has `region` in SkyPilot's catalog, else the cloud's region names.
+
+    A region the offers index (`catalog_index`) lists is answered without SkyPilot; any other
+    is asked of SkyPilot, whose message lists the names.
+    """
+    from mncloud import catalog_index, skycache
+
+    if skycache.enabled() and catalog_index.region_known(cloud, region):
+        return None
     from sky.utils import registry
 
     try:
@@ -255,7 +263,16 @@ def _file_mounts(spec: JobSpec) -> dict[str, Any]:
 
 
 def validate_task_config(config: dict[str, Any]) -> None:
-    """Check a task config with SkyPilot's schema and parser; raise RenderError on failure."""
+    """Check a task config with SkyPilot's schema and parser; raise RenderError on failure.
+
+    A task `taskcheck.surely_valid` vouches for (the shapes mncloud renders, checked against
+    SkyPilot's cached schema and catalog) skips the SkyPilot import; any other gets SkyPilot's
+    own verdict and message.
+    """
+    from mncloud import taskcheck
+
+    if taskcheck.surely_valid(config):
+        return
     from sky import Task
     from sky.utils import common_utils, schemas
 

@@ -9,9 +9,9 @@ so a URL means the same everywhere. The rules:
   follows the cloud's own rules, checked by SkyPilot's validators (`check_name=True`);
 - `file`: an absolute directory (`~` expands), resolved; it has no prefix.
 
-SkyPilot takes about two seconds to import, so the name check imports it only when it runs,
-and `open_bucket` (which every training rank calls) skips it: the names it sees were checked
-when the run was specified.
+SkyPilot's name rules are restated in `mncloud.storage.names` (SkyPilot takes seconds to
+import; a test compares the two), and `open_bucket` (which every training rank calls) skips the
+check: the names it sees were checked when the run was specified.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ class BucketURL(BaseModel):
     @classmethod
     def parse(cls, text: str, *, check_name: bool = True) -> BucketURL:
         """Validate a URL. `check_name`: also apply the cloud's bucket-name rules (SkyPilot's
-        own checks, which import SkyPilot). BucketURLError names what is wrong."""
+        own rules). BucketURLError names what is wrong."""
         scheme, sep, rest = text.strip().partition("://")
         scheme = scheme.lower()
         if not sep or scheme not in SCHEMES:
@@ -89,16 +89,13 @@ class BucketURL(BaseModel):
 
 
 def check_bucket_name(scheme: str, name: str, text: str) -> None:
-    """The cloud's bucket-name rules, by SkyPilot's validators (imported here: it is slow)."""
-    from sky.data import storage as sky_storage
-    from sky.exceptions import StorageNameError
+    """The cloud's bucket-name rules, as SkyPilot's validators state them (restated in
+    `mncloud.storage.names`, so no SkyPilot import; a test compares the two)."""
+    from mncloud.storage.names import name_error
 
-    store = sky_storage.S3Store if scheme == "s3" else sky_storage.GcsStore
-    try:
-        store.validate_name(name)
-    except StorageNameError as err:
-        reason = str(err).removeprefix("Invalid store name: ")
-        raise BucketURLError(f"bucket URL {text!r}: {reason}") from None
+    reason = name_error(scheme, name)
+    if reason is not None:
+        raise BucketURLError(f"bucket URL {text!r}: {reason}")
 
 
 def join_key(*parts: str) -> str:

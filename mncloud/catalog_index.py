@@ -1,0 +1,195 @@
+"""The offers index: what `catalog.offers` asks SkyPilot, asked once per catalog file version.
+
+One entry per cloud (`skycache`), built with SkyPilot's own code and nothing of ours:
+
+- `rows`: every GPU row of `sky.catalog.list_accelerators(gpus_only=True, all_regions=True)`
+  for the cloud, in SkyPilot's order (cloud, instance type, accelerator, count, prices, region);
+- `unsupported`: for every instance type in `rows`, SkyPilot's feature-check verdict
+  (`catalog._unsupported_reason`) on one node and on several, on-demand and spot;
+- `ranks`: SkyPilot's region order for every instance type and market
+  (`get_region_zones_for_instance_type`);
+- `regions`: the regions of the cloud's `vms.csv` that `validate_region_zone` accepts.
+
+The key is SkyPilot's version, the catalog folder and the size and mtime of every CSV in the
+cloud's folder and in `common/`. Building imports SkyPilot; reading does not.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any, NamedTuple
+
+from mncloud import skycache
+
+#: The (nodes > 1, spot) order of an instance type's `unsupported` verdicts.
+VERDICTS = [(False, False), (False, True), (True, False), (True, True)]
+
+
+class Row(NamedTuple):
+    """One catalog row, with the fields of SkyPilot's `InstanceTypeInfo` that mncloud reads."""
+
+    cloud: str
+    instance_type: str
+    accelerator_name: str
+    accelerator_count: float
+    price: float
+    spot_price: float
+    region: str
+
+
+Section = dict[str, Any]
+
+
+def sections(clouds: list[str]) -> dict[str, Section] | None:
+    """The index entries for `clouds`, built where stale; None if one cannot be built (a cloud
+    SkyPilot has no catalog for, or cannot read): the caller then asks SkyPilot directly."""
+    found: dict[str, Section] = {}
+    for cloud in clouds:
+        section = _section(cloud)
+        if section is None:
+            return None
+        found[cloud] = section
+    return found
+
+
+def rows_for(section: Section, accelerator: str) -> list[Row]:
+    """The section's rows for an accelerator name (case-insensitive, as mncloud asks SkyPilot)."""
+    wanted = accelerator.lower()
+    return [Row(*row) for row in section["rows"] if str(row[2]).lower() == wanted]
+
+
+def unsupported(section: Section, instance_type: str, spot: bool, nodes: int) -> str | None:
+    """SkyPilot's stored feature-check verdict (None: supported)."""
+    return section["unsupported"][instance_type][VERDICTS.index((nodes > 1, spot))]
+
+
+def ranks(section: Section, instance_types: set[str], spot: bool) -> dict[tuple[str, str], int]:
+    """SkyPilot's region order for each instance type, as `catalog._region_ranks` returns it."""
+    result: dict[tuple[str, str], int] = {}
+    for instance_type in instance_types:
+        for rank, region in enumerate(section["ranks"][instance_type][int(spot)]):
+            result[(instance_type, region)] = rank
+    return result
+
+
+def _entry_name(kind: str) -> str:
+    digest = hashlib.sha256(str(skycache.catalog_root()).encode()).hexdigest()[:12]
+    return f"{kind}-{digest}.json"
+
+
+def _section(cloud: str) -> Section | None:
+    if not cloud.replace("-", "").replace("_", "").isalnum():
+        return None
+    try:
+        return skycache.cached(
+            _entry_name(f"offers-{cloud}"),
+            lambda: [str(skycache.catalog_root()), skycache.files_key(cloud, "common")],
+            lambda: _build_section(cloud),
+        )
+    except _Unbuildable:
+        return None
+
+
+class _Unbuildable(Exception):
+    """SkyPilot could not answer for this cloud: not cached, the caller asks it directly."""
+
+
+def _build_section(cloud: str) -> Section:
+    """Ask SkyPilot everything `offers` may ask about `cloud` (imports SkyPilot)."""
+    from sky import catalog as sky_catalog
+
+    from mncloud import catalog
+
+    try:
+        with catalog.quiet_sky():
+            listed = sky_catalog.list_accelerators(
+                clouds=[cloud], gpus_only=True, all_regions=True, case_sensitive=False
+            )
+            rows = [
+                [
+                    str(info.cloud).lower(),
+                    str(info.instance_type),
+                    str(info.accelerator_name),
+                    info.accelerator_count,
+                    float(info.price),
+                    float(info.spot_price),
+                    str(info.region),
+                ]
+                for infos in listed.values()
+                for info in infos
+            ]
+            instance_types = sorted({row[1] for row in rows})
+            verdicts = {
+                it: [
+                    catalog._unsupported_reason(cloud, it, spot, 2 if multi else 1)
+                    for multi, spot in VERDICTS
+                ]
+                for it in instance_types
+            }
+            region_order = {
+                it: [
+                    [r.name for r in sky_catalog.get_region_zones_for_instance_type(it, s, cloud)]
+                    for s in (False, True)
+                ]
+                for it in instance_types
+            }
+            regions = _valid_regions(cloud)
+    except Exception as err:  # unknown cloud, unreadable catalog: SkyPilot answers directly
+        raise _Unbuildable(str(err)) from err
+    return {"rows": rows, "unsupported": verdicts, "ranks": region_order, "regions": regions}
+
+
+def _valid_regions(cloud: str) -> list[str]:
+    """Regions named in the cloud's `vms.csv` that SkyPilot's `validate_region_zone` accepts."""
+    from sky.catalog import common as catalog_common
+    from sky.utils import registry
+
+    cloud_obj = registry.CLOUD_REGISTRY.from_str(cloud)
+    frame = catalog_common.read_catalog(f"{cloud}/vms.csv")
+    valid = []
+    for region in sorted({str(r) for r in frame["Region"].dropna().unique()}):
+        try:
+            cloud_obj.validate_region_zone(region, None)
+        except ValueError:
+            continue
+        valid.append(region)
+    return valid
+
+
+def accelerator_names() -> list[str]:
+    """SkyPilot's accelerator names (`common/accelerators.csv`), cached like the offers."""
+    return skycache.cached(
+        _entry_name("accelerators"),
+        lambda: [str(skycache.catalog_root()), skycache.files_key("common")],
+        _read_accelerator_names,
+    )
+
+
+def _read_accelerator_names() -> list[str]:
+    from sky.catalog import common as catalog_common
+
+    from mncloud import catalog
+
+    with catalog.quiet_sky():  # the frame is lazy: reading a column may download it
+        frame = catalog_common.read_catalog("common/accelerators.csv")
+        return [str(name) for name in frame["AcceleratorName"]]
+
+
+def region_known(cloud: str, region: str) -> bool | None:
+    """True when SkyPilot accepts `region` for `cloud` (by the index); None when the index
+    cannot tell (a region it does not list, or a cloud it has no entry for)."""
+    section = _section(cloud)
+    if section is None or region not in section["regions"]:
+        return None
+    return True
+
+
+def cloud_names() -> list[str]:
+    """Every cloud name in SkyPilot's registry (`CLOUD_REGISTRY`), cached per SkyPilot version."""
+    return skycache.cached("clouds.json", lambda: None, _read_cloud_names)
+
+
+def _read_cloud_names() -> list[str]:
+    from sky.utils import registry
+
+    return sorted(registry.CLOUD_REGISTRY.keys())
