@@ -29,7 +29,7 @@ from mncloud.errors import MncloudError
 
 
 def _click_class(name: str) -> type[Exception]:
-    """click's exception class `name`, whether Typer uses click or its own copy of it (≥0.23)."""
+    """click's exception class `name`, whether Typer uses click or (newer Typer) its own copy."""
     return next(k for k in typer.BadParameter.__mro__ if k.__name__ == name)
 
 
