@@ -242,7 +242,7 @@ def test_preempted_twice_ends_with_the_uninterrupted_weights(s3_env: Any) -> Non
     final = read_final(state.ckpt_uri)
     assert final is not None and final["weights_sha256"] == reference["weights_sha256"]
     assert (state.restarts, state.preemptions) == (2, 2)
-    assert state.detail == "after 2 restarts, 2 preemptions"  # not "SUCCEEDED succeeded ..."
+    assert state.detail == "succeeded after 2 restarts, 2 preemptions"
     fig = recovery_figures(run_dir("chaos"))
     assert fig.attempts == 3
     saving = next(e for e in state.events if e.kind == "chaos-preempt").data["during_save_step"]

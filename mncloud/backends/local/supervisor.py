@@ -74,8 +74,11 @@ class RecordWriter:
     """Run-record events, written by one thread from a queue: a bucket write can stall for
     seconds during a storage outage, and supervision must never wait for it."""
 
-    def __init__(self, name: str, procs_per_node: int, log: RunLogs) -> None:
+    def __init__(
+        self, name: str, procs_per_node: int, log: RunLogs, spot: bool = False, price: float = 0.0
+    ) -> None:
         self.name, self.procs_per_node, self.log = name, procs_per_node, log
+        self.spot, self.price = spot, price
         self._queue: queue.Queue[dict[str, Any] | None] = queue.Queue()
         self._thread = threading.Thread(target=self._write, name="mncloud-records", daemon=True)
         self._thread.start()
@@ -90,8 +93,8 @@ class RecordWriter:
             try:
                 append_event(
                     self.name, item["kind"], node=item["node"], cloud="local",
-                    instance_type=f"cpu:{self.procs_per_node}", spot=False,
-                    hourly_price=0.0, detail=item["detail"], at=item["at"],
+                    instance_type=f"cpu:{self.procs_per_node}", spot=self.spot,
+                    hourly_price=self.price, detail=item["detail"], at=item["at"],
                 )  # fmt: skip
             except Exception as err:  # a record must never break supervision
                 self.log.write(f"[mncloud] run record event not written: {err}")
@@ -111,7 +114,8 @@ class Supervisor:
         self.state = load_state(folder)
         self.stop = threading.Event()
         self.logs = RunLogs(folder, self.launch.num_nodes)
-        self._records = RecordWriter(self.launch.name, self.launch.procs_per_node, self.logs)
+        self._records = RecordWriter(self.launch.name, self.launch.procs_per_node, self.logs,
+                                     self.launch.spot, self.launch.hourly_price)  # fmt: skip
         self._chaos_lines = 0
         self._preempt_requests: list[dict[str, Any]] = []
         self._procs: dict[int, subprocess.Popen[bytes]] = {}
@@ -205,8 +209,8 @@ class Supervisor:
         return 0 if final is RunState.SUCCEEDED else 1
 
     def _finish(self, final: RunState) -> None:
-        """Record the end: the event says what happened; the detail does not repeat the state
-        (`status` shows "SUCCEEDED after 1 restart, 1 preemption")."""
+        """Record the end. The detail is a sentence of its own ("succeeded after 1 restart,
+        1 preemption"): `up` prints it alone, without the state word it would repeat."""
         st = self.state
         st.state, st.ended_at = final, time.time()
         for record in st.nodes:
@@ -215,13 +219,10 @@ class Supervisor:
         if final is RunState.FAILED:
             detail = st.detail if st.detail.startswith(("failed", "supervisor")) else "failed"
             self.event("failed", detail)
-            return
-        if final is RunState.SUCCEEDED:
+        elif final is RunState.SUCCEEDED:
             self.event("succeeded", f"succeeded after {tail}")
-            st.detail = f"after {tail}"
         else:
             self.event(final.value.lower(), f"stopped by mncloud down after {tail}")
-        self._save()
 
     def _run(self) -> RunState:
         if self.launch.setup and not self._setup():
