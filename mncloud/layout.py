@@ -5,6 +5,7 @@ One owner for each location, so two modules can never disagree on where a thing 
     $MNCLOUD_HOME (default ~/.mncloud)
       runs/<name>/              one folder per run name (a relaunch of the name replaces it)
       runs/<name>/checkpoints/  a local run's checkpoints without --bucket (kept on relaunch)
+      runs/<name>/control/      the deadline controller's state and log (kept on relaunch)
       records/<run-id>/         run records, kept apart from runs/ on purpose
       records/.locks/           lock files of the record store
       reruns/<name>/            git worktrees `mncloud rerun` builds
@@ -13,6 +14,7 @@ One owner for each location, so two modules can never disagree on where a thing 
     <bucket>/<name>                       MNCLOUD_CKPT_URI: the run's checkpoints
     <bucket>/<name>/runs/<run-id>         the bucket copy of a run record
     <bucket>/<name>/runs/<run-id>/steps   per-rank step-time telemetry
+    <bucket>/<name>/control/state.json    the deadline controller's state (cloud runs)
 
 Pure path arithmetic: no I/O, no imports beyond the standard library.
 """
@@ -32,6 +34,9 @@ SKY_RUNTIME_DIR = "sky-runtime"
 SKY_CACHE_DIR = "sky-cache"
 STEPS_DIR = "steps"
 LOCAL_CKPT_DIR = "checkpoints"
+CONTROL_DIR = "control"
+CONTROL_STATE = "state.json"
+CONTROL_LOG = "controller.log"
 
 
 def home() -> Path:
@@ -57,6 +62,21 @@ def local_ckpt_dir(run_name: str) -> Path:
 def replaced_ckpt_dir(run_name: str, stamp: str) -> Path:
     """Where `up --replace` sets a local run's earlier checkpoints aside (never deleted)."""
     return run_dir(run_name) / f"{LOCAL_CKPT_DIR}.replaced-{stamp}"
+
+
+def control_dir(run_name: str) -> Path:
+    """The deadline controller's folder in a run folder (a relaunch of the name keeps it)."""
+    return run_dir(run_name) / CONTROL_DIR
+
+
+def control_state_file(run_name: str) -> Path:
+    """The deadline controller's state: mode, progress, slack, cost (`mncloud status`)."""
+    return control_dir(run_name) / CONTROL_STATE
+
+
+def control_log(run_name: str) -> Path:
+    """What a detached deadline controller prints."""
+    return control_dir(run_name) / CONTROL_LOG
 
 
 def records_root() -> Path:
@@ -103,6 +123,12 @@ def record_uri(ckpt_uri: str, run_id: str) -> str:
 def steps_uri(ckpt_uri: str, run_id: str) -> str:
     """`<ckpt uri>/runs/<run-id>/steps`: where ranks publish their step times."""
     return join_uri(record_uri(ckpt_uri, run_id), STEPS_DIR)
+
+
+def control_state_uri(ckpt_uri: str) -> str:
+    """`<ckpt uri>/control/state.json`: the deadline controller's state beside the checkpoints
+    (a cloud run's controller runs away from this machine; `status` reads it there)."""
+    return join_uri(ckpt_uri, CONTROL_DIR, CONTROL_STATE)
 
 
 def join_uri(base: str, *parts: str) -> str:

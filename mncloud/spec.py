@@ -482,3 +482,6 @@ class LaunchOptions(BaseModel):
     """Local: relaunches after errors in the user's code."""
     chaos_preempt_after: float | None = Field(None, ge=0)
     """Local: preempt the last node once, this many seconds after the first step."""
+    hourly_price: float | None = Field(None, ge=0)
+    """Local: USD per hour for the whole run in its ledger (a deadline rehearsal's prices);
+    a cloud run's price comes from the plan."""

@@ -40,6 +40,33 @@ class RunState(str, Enum):
         return self in (RunState.SUCCEEDED, RunState.FAILED, RunState.CANCELLED)
 
 
+class DeadlineStatus(BaseModel):
+    """A deadline run as its controller last saw it (`mncloud.control`); hours are run time."""
+
+    mode: str
+    """spot, on-demand, waiting, finished, stopped or failed."""
+    work_hours: float
+    """Work done: the newest complete checkpoint's step × the measured step time."""
+    total_hours: float
+    """The work the job needs (`--hours`)."""
+    slack_hours: float
+    """Time left to the deadline minus the work left: what may still go without progress."""
+    hours_left: float
+    """Time left to the deadline."""
+    cost: float
+    spot_cost: float
+    on_demand_cost: float
+    all_on_demand_cost: float
+    """What the work done so far would have cost all on-demand (one launch included)."""
+    budget: float | None = None
+    switches: int = 0
+    preemptions: int = 0
+    controller: str = ""
+    """Where the controller runs (a pid here, or a SkyPilot job)."""
+    reason: str = ""
+    """The newest decision's reason."""
+
+
 class RunStatus(BaseModel):
     """What `mncloud status` shows for one run."""
 
@@ -67,6 +94,8 @@ class RunStatus(BaseModel):
     """Mean seconds per step by global rank, as the ranks last published them (`runs`)."""
     stragglers: list[int] = Field(default_factory=list)
     """Ranks at least `runs.STRAGGLER_FACTOR` × slower than the median (filled by `run_status`)."""
+    deadline: DeadlineStatus | None = None
+    """A `--deadline` run's controller view (filled by `run_status`), else None."""
 
     @computed_field  # type: ignore[prop-decorator]
     @property

@@ -19,6 +19,7 @@ from typer.core import TyperGroup
 from mncloud import __version__
 from mncloud.cli import chaos as chaos_cli
 from mncloud.cli import ckpt as ckpt_cli
+from mncloud.cli import control as control_cli
 from mncloud.cli import ops as ops_cli
 from mncloud.cli import plan as plan_cli
 from mncloud.cli import render as render_cli
@@ -104,6 +105,7 @@ plan_cli.register(app)
 up_cli.register(app)
 ops_cli.register(app)
 runs_cli.register(app)
+control_cli.register(app)
 replay_cli.register(app)
 app.add_typer(ckpt_cli.app, name="ckpt", help="List, verify, pull and remove checkpoints.")
 app.add_typer(chaos_cli.app, name="chaos", help="Preempt nodes or cut storage (local runs).")

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import time
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
 from rich.text import Text
 
 from mncloud.cli._common import console, handle_errors, print_json
+
+if TYPE_CHECKING:
+    from mncloud.backends.base import RunStatus
+    from mncloud.storage import ObjectInfo
 
 
 def register(app: typer.Typer) -> None:
@@ -36,13 +40,18 @@ def status_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Show runs: state, where, nodes, restarts, newest checkpoint, cost so far, stragglers."""
-    from mncloud.backends.registry import known_runs
-    from mncloud.operate import run_status
+    from mncloud.operate import known_run_names, run_status
 
-    names = [name] if name else known_runs()
+    names = [name] if name else known_run_names()
     statuses = [run_status(n) for n in names]
+    folders = {s.name: _ckpt_dir_files(s) for s in statuses}
     if as_json:
-        print_json([s.model_dump(mode="json") for s in statuses])
+        print_json(
+            [
+                {**s.model_dump(mode="json"), "ckpt_dir_files": [vars(f) for f in folders[s.name]]}
+                for s in statuses
+            ]
+        )
         return
     if not statuses:
         console.print("No runs yet. Start one: mncloud up train.py --cloud local --gpus cpu:2")
@@ -69,11 +78,62 @@ def status_command(
             cost,
         )
     console.print(table)
+    _deadline_table(statuses)
     # The free-text detail goes below the table, one line a run, where it has the full width.
     for s in statuses:
         if s.detail:
             style = "yellow" if s.stragglers else "dim"
             console.print(Text(f"{s.name}: ", style="bold") + Text(s.detail, style=style))
+    for s in statuses:
+        if folders[s.name]:
+            from mncloud.cli.ckpt import describe_files
+
+            line = f"--ckpt-dir holds {describe_files(folders[s.name])}"
+            console.print(Text(f"{s.name}: ", style="bold") + Text(line, style="dim"))
+
+
+def _deadline_table(statuses: list[RunStatus]) -> None:
+    """Deadline runs: mode, work done of the total, slack, cost against all on-demand."""
+    rows = [s for s in statuses if s.deadline is not None]
+    if not rows:
+        return
+    table = Table(title="deadline runs (hours of run time)", title_justify="left")
+    for column in ("name", "mode", "work h", "slack h", "left h", "cost", "all on-demand"):
+        table.add_column(column, no_wrap=True)
+    for s in rows:
+        d = s.deadline
+        assert d is not None
+        budget = f" of ${d.budget:,.2f}" if d.budget is not None else ""
+        table.add_row(
+            s.name,
+            d.mode,
+            f"{d.work_hours:.2f}/{d.total_hours:g}",
+            f"{d.slack_hours:.2f}",
+            f"{d.hours_left:.2f}",
+            f"${d.cost:,.2f}{budget}",
+            f"${d.all_on_demand_cost:,.2f}",
+        )
+    console.print(table)
+    for s in rows:
+        d = s.deadline
+        assert d is not None
+        split = f"spot ${d.spot_cost:,.2f} + on-demand ${d.on_demand_cost:,.2f}"
+        line = f"{split}; {d.switches} switch(es), {d.preemptions} preemption(s); {d.controller}"
+        console.print(Text(f"{s.name}: ", style="bold") + Text(line, style="dim"))
+
+
+def _ckpt_dir_files(status: RunStatus) -> list[ObjectInfo]:
+    """What the run's `--ckpt-dir` folder holds in its bucket ([] without one, or unreadable)."""
+    from mncloud import records
+    from mncloud.cli.ckpt import ckpt_dir_files
+    from mncloud.errors import MncloudError
+
+    try:
+        if status.ckpt_uri and records.load_current(status.name).spec.get("ckpt_dir"):
+            return ckpt_dir_files(status.ckpt_uri)
+    except MncloudError:
+        pass
+    return []
 
 
 @handle_errors
@@ -99,10 +159,17 @@ def down_command(
     name: Annotated[str, typer.Argument(help="The run name.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
-    """Stop the run and release its nodes (checkpoints stay in the bucket)."""
-    from mncloud.backends.registry import backend_for_run
+    """Stop the run and release its nodes (checkpoints stay in the bucket); a deadline run's
+    controller stops first."""
+    from mncloud.backends.registry import backend_for_run, known_runs
+    from mncloud.control.state import controlled_runs
+    from mncloud.operate import run_status
 
-    status = backend_for_run(name).down(name)
+    if name in controlled_runs():
+        from mncloud.control.start import stop
+
+        stop(name)
+    status = backend_for_run(name).down(name) if name in known_runs() else run_status(name)
     if as_json:
         print_json(status.model_dump(mode="json"))
     else:

@@ -221,3 +221,68 @@ def spec_from_options(values: dict[str, Any]) -> JobSpec:
     return build_spec(
         values["script"], values["script_args"], **{name: values[name] for name in names}
     )
+
+
+# Deadline runs (`up --deadline`; the controller is `mncloud control`).
+Deadline = Annotated[
+    str | None,
+    typer.Option(
+        "--deadline",
+        help="Finish within this long of the start (e.g. 30h); a controller switches the run "
+        "between spot and on-demand to meet it at the least cost. Needs --hours.",
+    ),
+]
+Budget = Annotated[
+    float | None,
+    typer.Option(
+        "--budget",
+        help="With --deadline: a hard cap in USD; the run stops cleanly (checkpoint kept) "
+        "before it would cross it.",
+    ),
+]
+SpotTrace = Annotated[
+    Path | None,
+    typer.Option(
+        "--spot-trace",
+        help="Local rehearsal: spot capacity follows this trace "
+        '({"metadata": {"gap_seconds": N}, "data": [nodes per tick]}).',
+    ),
+]
+TimeScale = Annotated[
+    float | None,
+    typer.Option(
+        "--time-scale",
+        help="Local rehearsal: run time passes this many times faster than wall time "
+        "(trace, deadline, --hours).",
+    ),
+]
+SpotPrice = Annotated[
+    float | None,
+    typer.Option(
+        "--spot-price",
+        help="With --deadline: USD per node-hour on spot (local: 0.918; clouds: the plan's).",
+    ),
+]
+OnDemandPrice = Annotated[
+    float | None,
+    typer.Option(
+        "--on-demand-price",
+        help="With --deadline: USD per node-hour on-demand (local: 3.06; clouds: the plan's).",
+    ),
+]
+# `plan --deadline` (the estimate of what `up --deadline` would cost) and its hazards.
+PlanBudget = Annotated[
+    float | None,
+    typer.Option(
+        "--budget",
+        help="With --deadline: most USD the run may be expected to cost; warns above it.",
+    ),
+]
+HazardsFrom = Annotated[
+    list[Path] | None,
+    typer.Option(
+        "--hazards-from",
+        help="Spot trace JSON to measure preemption hazards from (repeatable); its metadata "
+        "`cloud`/`region` or its path says where it applies.",
+    ),
+]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -23,6 +23,7 @@ def register(app: typer.Typer) -> None:
 
 @handle_errors
 def up_command(
+    ctx: typer.Context,
     script: opts.Script,
     script_args: opts.ScriptArgs = None,
     gpus: opts.Gpus = None,
@@ -64,9 +65,18 @@ def up_command(
     recovery_delay: opts.RecoveryDelay = "2s",
     retry_on_error: opts.RetryOnError = None,
     chaos_preempt_after: opts.ChaosPreemptAfter = None,
+    deadline: opts.Deadline = None,
+    budget: opts.Budget = None,
+    spot_trace: opts.SpotTrace = None,
+    time_scale: opts.TimeScale = None,
+    spot_price: opts.SpotPrice = None,
+    on_demand_price: opts.OnDemandPrice = None,
     as_json: opts.StatusJson = False,
 ) -> None:
-    """Plan, render and launch SCRIPT on the cheapest fitting cloud (or --cloud local)."""
+    """Plan, render and launch SCRIPT on the cheapest fitting cloud (or --cloud local).
+
+    With --deadline, a controller steers the run between spot and on-demand to finish in time.
+    """
     from mncloud import catalog as catalog_mod
 
     catalog_mod.use_catalog_dir(catalog)
@@ -75,6 +85,9 @@ def up_command(
     if resume and replace:
         raise opts.SpecError("--resume and --replace exclude each other; pick one")
     existing = Existing.RESUME if resume else Existing.REPLACE if replace else Existing.REFUSE
+    if deadline is not None or _deadline_only(locals()):
+        _up_deadline(locals(), existing)
+        return
     launch_and_follow(
         opts.spec_from_options(locals()),
         opts.launch_options_from(locals()),
@@ -83,6 +96,31 @@ def up_command(
         detach=detach,
         dryrun=dryrun,
         as_json=as_json,
+    )
+
+
+_DEADLINE_ONLY = ("budget", "spot_trace", "time_scale", "spot_price", "on_demand_price")
+
+
+def _deadline_only(values: dict[str, Any]) -> bool:
+    return any(values.get(name) is not None for name in _DEADLINE_ONLY)
+
+
+def _up_deadline(values: dict[str, Any], existing: Existing) -> None:
+    """`up --deadline`: start the deadline controller (`mncloud.cli.control`)."""
+    from mncloud.cli.control import start_deadline_run
+
+    if values["deadline"] is None:
+        raise opts.SpecError("--budget, --spot-trace, --time-scale and the prices need --deadline")
+    source = values["ctx"].get_parameter_source("hours")
+    start_deadline_run(
+        opts.spec_from_options(values),
+        opts.launch_options_from(values),
+        values,
+        hours_given=source is not None and source.name != "DEFAULT",
+        existing=existing.value,
+        dryrun=values["dryrun"],
+        as_json=values["as_json"],
     )
 
 

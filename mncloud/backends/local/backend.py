@@ -82,6 +82,8 @@ def launch_record(request: LaunchRequest) -> LocalLaunch:
         cpu_threads=max(1, (os.cpu_count() or 1) // (nodes * procs)),
         storage_endpoint=os.environ.get("AWS_ENDPOINT_URL")
         or os.environ.get("STORAGE_EMULATOR_HOST"),
+        spot=request.task.spot,
+        hourly_price=opts.hourly_price or 0.0,
     )
 
 

@@ -37,9 +37,10 @@ from mncloud.errors import BackendError, RunNotFoundError
 
 STOP_GRACE_S = 10.0
 """How long `down` lets the run's processes exit before it SIGKILLs them."""
-_KEEP = ("backend.json", layout.LOCAL_CKPT_DIR)
-"""What a fresh launch leaves in the run folder: the backend choice and local checkpoints
-(`up --resume` continues from them; `up --replace` sets them aside first)."""
+_KEEP = ("backend.json", layout.LOCAL_CKPT_DIR, layout.CONTROL_DIR)
+"""What a fresh launch leaves in the run folder: the backend choice, local checkpoints
+(`up --resume` continues from them; `up --replace` sets them aside first) and the deadline
+controller's folder (it relaunches the run as it switches markets)."""
 # Supervisor children kept referenced so Python reaps them (no zombie, no ResourceWarning).
 _CHILDREN: list[subprocess.Popen[bytes]] = []
 

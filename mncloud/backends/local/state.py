@@ -65,6 +65,10 @@ class LocalLaunch(BaseModel):
     cpu_threads: int = 1
     storage_endpoint: str | None = None
     """AWS_ENDPOINT_URL / STORAGE_EMULATOR_HOST at launch, for `chaos storage-outage`."""
+    spot: bool = False
+    """The task's market (a deadline rehearsal launches "spot" and "on-demand" local nodes)."""
+    hourly_price: float = 0.0
+    """USD per hour for the whole run in the run record's ledger (`--spot-price` etc.)."""
 
 
 class NodeRecord(BaseModel):

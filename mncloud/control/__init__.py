@@ -1,0 +1,48 @@
+"""The deadline controller: a loop over `launch.py`, `policy.py` and a backend's status.
+
+`mncloud up … --deadline 30h --hours 20 [--budget 900]` does not launch the run itself: it
+checks the request, writes the controller's state and starts `mncloud control NAME`, which
+decides every tick (the policy's `Job.gap_seconds` of run time) whether the run should be on
+spot, on on-demand, or wait, and makes the run obey: on a switch it stops the current launch
+(`down`) and launches the same spec in the other market through `launch.launch(...,
+existing=Existing.RESUME)`, so training resumes from the newest complete checkpoint.
+
+    state.py    ControlConfig (the job's constants), ControlState (mode, history, records,
+                progress, slack, cost), saved in the run folder and beside the checkpoints
+    markets.py  where spot capacity is learned: a time-compressed trace (local rehearsal) or
+                the managed job's state (SkyPilot); the injectable clock
+    loop.py     Controller: measure, decide, switch, stop at the budget
+    start.py    `up --deadline`: bad input refused, the controller started (a local process,
+                or a CPU managed job on SkyPilot)
+
+Every launch writes its own run record; each switch is a `launch` event there with its
+reason, spot flag and price, so the ledgers of the launches split spot and on-demand.
+"""
+
+from mncloud.control.loop import Controller
+from mncloud.control.markets import Clock, ManagedJobMarket, SystemClock, TraceMarket
+from mncloud.control.start import deadline_state, start
+from mncloud.control.state import (
+    ControlConfig,
+    ControlState,
+    controlled_runs,
+    load_state,
+    load_uri,
+    save_state,
+)
+
+__all__ = [
+    "Clock",
+    "ControlConfig",
+    "ControlState",
+    "Controller",
+    "ManagedJobMarket",
+    "SystemClock",
+    "TraceMarket",
+    "controlled_runs",
+    "deadline_state",
+    "load_state",
+    "load_uri",
+    "save_state",
+    "start",
+]

@@ -1,0 +1,368 @@
+"""The decision loop: each tick, measure progress, learn spot capacity, ask the policy, obey.
+
+One tick is `ControlConfig.gap_s` of run time. An example, 2 nodes, work 1 h, deadline 1.6 h,
+restart overhead 10 min, a trace whose spot capacity goes at 0.5 h and never comes back:
+
+    tick 0   spot there → policy SPOT → `launch` spot (run record 1, event `launch`, spot $/h)
+    tick 6   trace below 2 nodes → node 1 SIGKILLed, `down` (record 1: `preemption`); policy
+             sees mode NONE and waits while the slack covers one restart and the work left
+    tick 9   slack = one restart → policy ON_DEMAND → `launch` on-demand with
+             Existing.RESUME: the same spec, the other market, from the newest complete
+             checkpoint (run record 2, event `launch` with the reason, on-demand $/h)
+    tick 17  the backend says SUCCEEDED → finished; the ledger of records 1 and 2 splits
+             spot and on-demand
+
+Progress is the newest complete checkpoint step × the measured seconds per step (the ranks'
+telemetry of the newest launch that has one), in run time. Until the run has measured a step
+time, the replay model's count of productive ticks stands in. `--hours` stays the work total;
+while the run has not finished, progress is held one tick short of it, so a low estimate never
+makes the policy stop a run that still trains.
+
+`--budget` is checked before each tick: when the cost so far plus one more tick in the chosen
+market would cross it, the run is stopped (`down`; checkpoints are never deleted) and the state
+says so. Each decision is saved (`state.py`); SIGTERM (`mncloud down`) stops the run and the loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from mncloud import layout
+from mncloud.backends.base import RunState
+from mncloud.control.markets import Clock, Market, SystemClock
+from mncloud.control.state import ControlState, Decision, save_state
+from mncloud.errors import MncloudError
+from mncloud.policy import Mode, Observation, Slack, make_policy
+
+if TYPE_CHECKING:
+    from mncloud.backends.base import Backend, RunStatus
+    from mncloud.launch import Launched
+    from mncloud.spec import JobSpec
+
+log = logging.getLogger(__name__)
+
+#: A spot launch's supervisor waits this long before relaunching by itself: never, in effect
+#: (the controller decides when spot runs again).
+SPOT_RECOVERY_HOLD_S = 86400.0
+#: Wall seconds between looks at the backend inside a tick (finish, failure), at most.
+MAX_POLL_S = 30.0
+
+
+class Controller:
+    """Steers one deadline run (see the module docstring); `run` loops until it ends."""
+
+    def __init__(
+        self,
+        state: ControlState,
+        market: Market,
+        *,
+        clock: Clock | None = None,
+        backend: Backend | None = None,
+        launcher: Callable[..., Launched] | None = None,
+    ) -> None:
+        from mncloud.backends.registry import get_backend
+        from mncloud.launch import launch
+
+        self.state, self.market = state, market
+        self.clock = clock or SystemClock()
+        self.backend = backend or get_backend(state.config.backend)
+        self.launcher = launcher or launch
+        self.job = state.config.job()
+        self.policy = make_policy(state.config.policy, self.job)
+        self.stop_reason: str | None = None
+
+    # ------------------------------------------------------------------ loop
+    def run(self) -> ControlState:
+        """Decide every tick until the run finishes, fails, is stopped or hits the budget."""
+        st = self.state
+        if st.started_at is None:
+            st.started_at = self.clock.time()
+        while not st.final:
+            try:
+                if self.stop_reason is not None:
+                    self._stop(self.stop_reason)
+                else:
+                    self.step()
+            except MncloudError as err:  # a launch refused, a backend gone: say so, stop
+                st.phase, st.market, st.mode = "failed", Mode.NONE, Mode.NONE
+                st.detail = f"controller stopped: {err}"
+                log.error("%s", st.detail)
+            save_state(st)
+            if not st.final:
+                self.clock.sleep(self._pause())
+        return st
+
+    def request_stop(self, reason: str = "stopped by mncloud down") -> None:
+        """Stop at the next look (a signal handler calls this)."""
+        self.stop_reason = reason
+
+    def tick_at(self, now: float) -> int:
+        cfg, start = self.state.config, self.state.started_at or now
+        return int((now - start) * cfg.time_scale // cfg.gap_s)
+
+    def _pause(self) -> float:
+        cfg, now = self.state.config, self.clock.time()
+        tick_wall = cfg.gap_s / cfg.time_scale
+        next_tick = (self.state.started_at or now) + (self.tick_at(now) + 1) * tick_wall
+        return max(0.01, min(next_tick - now, MAX_POLL_S, max(0.2, tick_wall / 5)))
+
+    def step(self) -> None:
+        """One look: the end of the run if it came; a decision if a new tick began."""
+        st, now = self.state, self.clock.time()
+        status = self._live_status()
+        if self._ended(status):
+            return
+        tick = self.tick_at(now)
+        if tick <= st.last_tick:
+            return
+        while len(st.history) <= tick:
+            st.history.append(self.market.spot_at(st, len(st.history), status, now))
+        spot_now = st.history[tick]
+        if not spot_now:
+            st.spot_missing_since = st.spot_missing_since or now
+        elif st.market is Mode.SPOT:
+            st.spot_missing_since = None
+        if st.mode is Mode.SPOT and not spot_now:
+            self._preempted(tick)
+        elif st.mode is Mode.NONE and st.market is Mode.SPOT and spot_now:
+            st.mode, st.entered_tick = Mode.SPOT, tick  # the queued spot job got its VMs
+        self._decide(tick, spot_now, now)
+
+    def _decide(self, tick: int, spot_now: bool, now: float) -> None:
+        st, job = self.state, self.job
+        work = self._work_ticks()
+        overhead_left = max(0, job.overhead_ticks - (tick - st.entered_tick))
+        if st.mode is Mode.NONE:
+            overhead_left = 0
+        obs = Observation(tick, work, st.mode, overhead_left, spot_now, list(st.history))
+        slack = Slack.of(job, obs)
+        if tick >= job.deadline_ticks:
+            choice, reason = Mode.ON_DEMAND, "past the deadline: finishing on on-demand"
+        else:
+            choice = self.policy.decide(obs)
+            reason = _reason(choice, obs, slack, job.gap_seconds)
+        st.work_hours, st.hours_left = work * job.gap_seconds / 3600, slack.time_left * job.hours(1)
+        st.slack_hours = slack.slack * job.hours(1)
+        self._refresh_costs()
+        budget = st.config.budget
+        spent = st.cost + st.spent_before
+        if budget is not None and spent + job.tick_cost(choice) > budget:
+            self._stop(
+                f"budget ${budget:,.2f}: ${spent:,.2f} spent and the next "
+                f"{job.hours(1) * 60:g} min {choice.value} would cross it"
+            )
+            return
+        self._apply(choice, tick, reason)
+        if st.mode is not Mode.NONE and overhead_left == 0:
+            st.model_work_ticks += 1
+        st.last_tick = tick
+        log.info("tick %d: %s (%s); work %.2f h, slack %.2f h", tick, choice.value, reason,
+                 st.work_hours, st.slack_hours)  # fmt: skip
+        st.note(
+            Decision(time=now, tick=tick, spot_now=spot_now, chose=choice,
+                     work_hours=st.work_hours, slack_hours=st.slack_hours, reason=reason)
+        )  # fmt: skip
+
+    # --------------------------------------------------------------- actions
+    def _apply(self, choice: Mode, tick: int, reason: str) -> None:
+        st = self.state
+        if choice is st.mode:
+            return
+        if choice is Mode.NONE:
+            if st.market is not Mode.NONE and not (st.market is Mode.SPOT and st.mode is Mode.NONE):
+                self._take_down(f"waiting: {reason}")
+            st.mode, st.phase = Mode.NONE, "waiting"
+            return
+        if choice is Mode.SPOT and st.market is Mode.SPOT:
+            st.mode, st.entered_tick, st.phase = Mode.SPOT, tick, "spot"
+            return
+        if st.market is not Mode.NONE:
+            self._take_down(f"switching to {choice.value}: {reason}")
+        self._launch(choice, tick, reason)
+
+    def _launch(self, mode: Mode, tick: int, reason: str) -> None:
+        from mncloud.launch import Existing
+        from mncloud.spec import JobSpec, LaunchOptions, SpotPolicy
+
+        st, cfg = self.state, self.state.config
+        spec = JobSpec.model_validate(st.spec)
+        spec = spec.model_copy(
+            update={"spot": SpotPolicy.SPOT if mode is Mode.SPOT else SpotPolicy.ON_DEMAND}
+        )
+        update: dict[str, Any] = {}
+        if cfg.backend == "local":
+            spec = _free_port(spec)
+            # The ledger bills wall time; a rehearsal's $/h is per hour of run time.
+            update["hourly_price"] = cfg.price(mode) * cfg.time_scale
+            if mode is Mode.SPOT:
+                update["recovery_delay"] = SPOT_RECOVERY_HOLD_S
+        options = LaunchOptions.model_validate(st.options).model_copy(update=update)
+        existing = Existing(st.existing) if not st.run_ids else Existing.RESUME
+        launched = self.launcher(
+            spec, options, existing=existing, approve=lambda _plan: True, notify=log.info
+        )
+        plan = launched.prepared.plan
+        choice = plan.choice if plan is not None else None
+        hourly = choice.hourly_total if choice is not None else cfg.price(mode) * cfg.time_scale
+        if launched.run_id:
+            st.run_ids.append(launched.run_id)
+        st.ckpt_uri = launched.status.ckpt_uri or st.ckpt_uri
+        switched = st.last_launch is not None and st.last_launch is not mode
+        st.switches += switched
+        self._event(
+            "launch",
+            f"deadline controller: {'switch to ' if switched else ''}{mode.value}: {reason}",
+            spot=mode is Mode.SPOT,
+            hourly_price=hourly,
+            cloud=choice.cloud if choice else launched.status.cloud,
+            region=choice.region if choice else launched.status.region,
+            instance_type=choice.instance_type if choice else launched.status.instance_type,
+        )
+        st.market = st.mode = st.last_launch = mode
+        st.entered_tick, st.entered_at = tick, self.clock.time()
+        st.phase = mode.value
+
+    def _take_down(self, why: str) -> None:
+        """Stop the live launch (checkpoints stay); a cloud launch gets its closing event."""
+        st = self.state
+        self.backend.down(st.name)
+        if st.config.backend != "local":  # the local supervisor records its own end
+            self._event("finish", f"deadline controller: {why}")
+        st.market = Mode.NONE
+
+    def _preempted(self, tick: int) -> None:
+        st = self.state
+        st.preemptions += 1
+        self.market.lose_spot(st.name, self.backend)
+        if st.config.backend != "local":
+            self._event("preemption", "deadline controller: spot capacity for the nodes is gone")
+        if not self.market.keeps_spot_request:
+            st.market = Mode.NONE
+        st.mode, st.phase = Mode.NONE, "waiting"
+
+    def _stop(self, why: str) -> None:
+        st = self.state
+        if st.market is not Mode.NONE:
+            self._take_down(why)
+        step = self._checkpoint_step()
+        kept = f"; newest complete checkpoint step {step} kept" if step is not None else ""
+        st.phase, st.mode, st.detail = "stopped", Mode.NONE, f"{why}{kept}"
+        self._refresh_costs()
+
+    def _event(self, kind: Any, detail: str, **placement: Any) -> None:
+        from mncloud.records import append_event
+
+        append_event(self.state.name, kind, detail=detail, at=self.clock.time(), **placement)
+
+    # -------------------------------------------------------------- watching
+    def _live_status(self) -> RunStatus | None:
+        if self.state.market is Mode.NONE:
+            return None
+        try:
+            return self.backend.status(self.state.name)
+        except MncloudError as err:
+            log.warning("status of %s unknown this tick: %s", self.state.name, err)
+            return None
+
+    def _ended(self, status: RunStatus | None) -> bool:
+        """Whether the live launch ended on its own (finished, failed, stopped outside)."""
+        st = self.state
+        if status is None or not status.state.is_final:
+            return False
+        if status.state is RunState.SUCCEEDED:
+            st.phase, st.market, st.mode = "finished", Mode.NONE, Mode.NONE
+            self._refresh_costs()
+            end = (self.clock.time() - (st.started_at or 0)) * st.config.time_scale / 3600
+            met = "met" if end * 3600 <= st.config.deadline_s else "MISSED"
+            st.work_hours = st.config.hours
+            st.detail = (
+                f"finished at {end:.2f} h, deadline {st.config.deadline_s / 3600:g} h {met}; "
+                f"cost ${st.cost:,.2f} (spot ${st.spot_cost:,.2f}, on-demand "
+                f"${st.on_demand_cost:,.2f})"
+            )
+            if st.config.backend != "local":
+                self._event("finish", f"deadline controller: {st.detail}")
+            return True
+        st.phase = "failed" if status.state is RunState.FAILED else "stopped"
+        st.market = st.mode = Mode.NONE
+        st.detail = f"the run ended {status.state.value}: {status.detail}"
+        self._refresh_costs()
+        return True
+
+    def _checkpoint_step(self) -> int | None:
+        from mncloud.operate import newest_checkpoint_step
+
+        st = self.state
+        if not st.ckpt_uri:
+            return None
+        try:
+            step = newest_checkpoint_step(st.ckpt_uri)
+        except MncloudError:  # unreadable this tick (an old step being purged): the last known
+            return st.ckpt_step
+        st.ckpt_step = step if step is not None else st.ckpt_step
+        return st.ckpt_step
+
+    def _work_ticks(self) -> int:
+        """Ticks of work done: measured when the run has a step time, else the model's count."""
+        st, job = self.state, self.job
+        rate = self._seconds_per_step()
+        if rate is None:
+            work = st.model_work_ticks
+        else:
+            step = self._checkpoint_step() or 0
+            work = int(step * rate * st.config.time_scale // job.gap_seconds)
+        return max(0, min(work, job.work_ticks - 1))
+
+    def _seconds_per_step(self) -> float | None:
+        """The median of the ranks' newest step times, from the newest launch that has them."""
+        from mncloud.records.telemetry import read_steps
+
+        st = self.state
+        if not st.ckpt_uri:
+            return None
+        for run_id in reversed(st.run_ids[-3:]):
+            try:
+                ranks = read_steps(layout.steps_uri(st.ckpt_uri, run_id))
+            except Exception:  # the bucket may be unreachable for a tick
+                continue
+            times = [r.seconds_per_step for r in ranks.values() if r.seconds_per_step > 0]
+            if times:
+                return statistics.median(times)
+        return None
+
+    def _refresh_costs(self) -> None:
+        """Spot and on-demand cost so far: the ledgers of every launch's run record."""
+        from mncloud.records import cost_summary, find_record
+
+        spot = on_demand = 0.0
+        for run_id in self.state.run_ids:
+            try:
+                summary = cost_summary(find_record(run_id), now=self.clock.time())
+            except MncloudError:
+                continue
+            spot, on_demand = spot + summary.spot, on_demand + summary.on_demand
+        self.state.spot_cost, self.state.on_demand_cost = spot, on_demand
+
+
+def _free_port(spec: JobSpec) -> JobSpec:
+    """A local relaunch on the default rendezvous port gets a free one (runs side by side)."""
+    from mncloud.backends.local import free_port
+    from mncloud.constants import DEFAULT_MASTER_PORT
+
+    if spec.master_port != DEFAULT_MASTER_PORT:
+        return spec
+    return spec.model_copy(update={"master_port": free_port()})
+
+
+def _reason(choice: Mode, obs: Observation, slack: Slack, gap_s: int) -> str:
+    """Why the policy's answer, in words a user reads in `status` and the run record."""
+    hours = slack.slack * gap_s / 3600
+    spot = "spot capacity is there" if obs.spot_now else "no spot capacity"
+    if choice is Mode.ON_DEMAND:
+        return f"{spot}; slack {hours:.2f} h must cover one restart and the work left"
+    if choice is Mode.SPOT:
+        return f"{spot}; slack {hours:.2f} h allows spot"
+    return f"{spot}; waiting while the slack ({hours:.2f} h) allows it"

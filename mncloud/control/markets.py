@@ -1,0 +1,116 @@
+"""Where the controller learns whether spot capacity for all N nodes is there, per backend.
+
+- **Local rehearsal** (`TraceMarket`): a spot trace, time-compressed. Tick `i` of the run offers
+  `data[i]` spot nodes (the last value holds past the trace's end). When it drops below N under
+  a running spot launch, the controller takes the launch away as a cloud would: SIGKILL to the
+  last node's processes (the supervisor records a preemption), then `down`, so nothing relaunches
+  until the policy says so. A spot launch cannot start while the trace offers fewer than N.
+- **SkyPilot** (`ManagedJobMarket`): a cloud shows no spot capacity without asking for it, so
+  the managed job is the probe. RUNNING: capacity is there. RECOVERING (preempted, SkyPilot
+  looking for new VMs), or PENDING/STARTING for longer than `capacity_wait_s`: it is not. The
+  pending job stays queued while the policy waits (a standing spot request, free until it
+  runs). With no spot job live (on-demand, or nothing), spot counts as missing until
+  `probe_after_s` after it was last seen missing; then the policy may try it again, and the
+  safety net (`policy.safe`) keeps a failed try from costing the deadline.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Protocol
+
+from mncloud.backends.base import RunState
+from mncloud.policy import Mode
+
+if TYPE_CHECKING:
+    from mncloud.backends.base import Backend, RunStatus
+    from mncloud.control.state import ControlState
+    from mncloud.replay import Trace
+
+#: Seconds to wait for the local supervisor to record a trace's preemption before `down`.
+PREEMPTION_RECORD_S = 15.0
+
+
+class Clock(Protocol):
+    """Wall time and waiting, injectable so tests never wait on real time."""
+
+    def time(self) -> float: ...
+
+    def sleep(self, seconds: float) -> None: ...
+
+
+class SystemClock:
+    """The real clock."""
+
+    def time(self) -> float:
+        return time.time()
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(max(0.0, seconds))
+
+
+class Market(Protocol):
+    """A backend's spot capacity, and how a running spot launch loses it."""
+
+    keeps_spot_request: bool
+    """Whether a spot launch that lost capacity stays queued (SkyPilot) or is gone (local)."""
+
+    def spot_at(self, state: ControlState, tick: int, status: RunStatus | None, now: float) -> bool:
+        """Whether spot capacity for all nodes is there at `tick`."""
+        ...
+
+    def lose_spot(self, name: str, backend: Backend) -> None:
+        """Spot capacity went away under a running spot launch."""
+        ...
+
+
+class TraceMarket:
+    """Local "spot" nodes whose capacity follows a trace (see the module docstring)."""
+
+    keeps_spot_request = False
+
+    def __init__(self, trace: Trace, nodes: int) -> None:
+        self.available = [bool(v) for v in trace.available(nodes)]
+        self.nodes = nodes
+
+    def spot_at(self, state: ControlState, tick: int, status: RunStatus | None, now: float) -> bool:
+        return self.available[min(tick, len(self.available) - 1)]
+
+    def lose_spot(self, name: str, backend: Backend) -> None:
+        from mncloud import layout
+        from mncloud.backends.local.chaos import preempt_node
+        from mncloud.backends.local.lifecycle import wait_for
+
+        before = backend.status(name)
+        if not before.state.is_final:
+            preempt_node(
+                layout.run_dir(name), before.nodes - 1, by="spot trace (capacity below the nodes)"
+            )
+
+            def recorded() -> bool:
+                now = backend.status(name)
+                return now.preemptions > before.preemptions or now.state.is_final
+
+            wait_for(recorded, PREEMPTION_RECORD_S, interval=0.1)
+        backend.down(name)
+
+
+class ManagedJobMarket:
+    """SkyPilot: capacity read off the managed job's state (see the module docstring)."""
+
+    keeps_spot_request = True
+
+    def spot_at(self, state: ControlState, tick: int, status: RunStatus | None, now: float) -> bool:
+        cfg = state.config
+        if state.market is Mode.SPOT and status is not None and not status.state.is_final:
+            if status.state is RunState.RUNNING:
+                return True
+            if status.state is RunState.RECOVERING:
+                return False
+            waited = (now - (state.entered_at or now)) * cfg.time_scale
+            return waited < cfg.capacity_wait_s
+        missing = state.spot_missing_since
+        return missing is None or (now - missing) * cfg.time_scale >= cfg.probe_after_s
+
+    def lose_spot(self, name: str, backend: Backend) -> None:
+        """Nothing to stop: SkyPilot keeps looking for spot VMs for the job."""

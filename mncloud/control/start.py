@@ -1,0 +1,286 @@
+"""`up --deadline`: check the request, write the controller's state, start the controller.
+
+Everything a user can get wrong is checked here, before anything runs (one line, exit 2):
+`--spot-trace` or `--time-scale` off the local backend, a time scale ≤ 0, a missing or
+malformed trace, a deadline the work cannot meet, a cloud run without a bucket (its
+controller keeps its state there), a budget below what the run name has already cost.
+
+Where the controller runs:
+- **local**: a detached process on this machine (`python -m mncloud control NAME`, its own
+  session, output in `layout.control_log`), like the local supervisor.
+- **SkyPilot**: a small CPU on-demand *managed job* (`templates/control.yaml.j2`, launched
+  with SkyPilot's SDK as `<name>-control`), so it survives the laptop closing and SkyPilot's
+  jobs controller restarts it if its VM fails. It reads its state from the bucket
+  (`layout.control_state_uri`), launches the training job through the same API server (which
+  must therefore be reachable from the cloud: a remote one, `sky api login`), and writes its
+  state back there, where `mncloud status` on the laptop reads it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from mncloud import layout
+from mncloud.control.state import ControlConfig, ControlState, save_state
+from mncloud.errors import SpecError
+from mncloud.policy import DEFAULT_POLICY
+
+if TYPE_CHECKING:
+    from mncloud.spec import JobSpec, LaunchOptions
+
+#: Clouds: one decision every 5 minutes of run time.
+DECISION_INTERVAL_S = 300
+#: A launch's time to training again when `--recovery-minutes` is not given.
+DEFAULT_OVERHEAD_MIN = 10.0
+#: Local rehearsal prices, USD per node-hour, when none are given: rehearsal units with the
+#: ~3.3× spot discount of the AWS traces in ../shared/traces (p3.2xlarge: $0.918 vs $3.06).
+LOCAL_SPOT_PRICE = 0.918
+LOCAL_ON_DEMAND_PRICE = 3.06
+CONTROL_TEMPLATE = "control.yaml.j2"
+
+
+def deadline_state(
+    spec: JobSpec,
+    options: LaunchOptions,
+    *,
+    deadline_s: float,
+    hours_given: bool,
+    budget: float | None = None,
+    spot_trace: Path | None = None,
+    time_scale: float | None = None,
+    spot_price: float | None = None,
+    on_demand_price: float | None = None,
+    existing: str = "refuse",
+    policy: str = DEFAULT_POLICY,
+) -> ControlState:
+    """The controller's first state for `up --deadline`; SpecError on bad input."""
+    if not hours_given:
+        raise SpecError("--deadline needs --hours: the work the job needs at full speed")
+    if time_scale is not None and time_scale <= 0:
+        raise SpecError(f"--time-scale {time_scale:g}: it must be greater than 0")
+    if not spec.is_local and (spot_trace is not None or time_scale is not None):
+        flag = "--spot-trace" if spot_trace is not None else "--time-scale"
+        raise SpecError(
+            f"{flag} is for --cloud local (a rehearsal); a cloud's spot capacity comes from "
+            "SkyPilot's managed job"
+        )
+    if not spec.is_local and spec.bucket is None:
+        raise SpecError(
+            "--deadline on a cloud needs --bucket: the controller keeps its state there"
+        )
+    gap, trace = DECISION_INTERVAL_S, None
+    if spot_trace is not None:
+        from mncloud.replay import load_trace
+
+        gap, trace = load_trace(spot_trace).gap, str(Path(spot_trace).resolve())
+    spot_price, on_demand_price = _prices(spec, options, spot_price, on_demand_price)
+    minutes = options.recovery_minutes
+    ckpt = layout.ckpt_uri(spec.bucket, spec.name) if spec.bucket else None
+    config = ControlConfig(
+        backend="local" if spec.is_local else "skypilot",
+        nodes=spec.nodes,
+        hours=options.hours,
+        deadline_s=deadline_s,
+        budget=budget,
+        spot_price=spot_price,
+        on_demand_price=on_demand_price,
+        gap_s=gap,
+        overhead_s=(DEFAULT_OVERHEAD_MIN if minutes is None else minutes) * 60,
+        time_scale=time_scale or 1.0,
+        trace=trace,
+        policy=policy,
+        state_uri=layout.control_state_uri(ckpt) if ckpt and not spec.is_local else None,
+    )
+    config.job()  # SpecError when the deadline cannot be met
+    state = ControlState(
+        name=spec.name,
+        config=config,
+        spec=spec.model_dump(mode="json"),
+        options=options.model_dump(mode="json"),
+        existing=existing,
+    )
+    if existing == "resume":
+        state.spent_before = spent_so_far(spec.name)
+        if budget is not None and budget < state.spent_before:
+            raise SpecError(
+                f"--budget ${budget:,.2f} is below what {spec.name} has already cost "
+                f"(${state.spent_before:,.2f}); raise it or drop --budget"
+            )
+    return state
+
+
+def spent_so_far(name: str) -> float:
+    """What every run record of the name has cost so far."""
+    from mncloud.records import cost_summary, list_records
+
+    return sum(cost_summary(record).total for record in list_records(name))
+
+
+def _prices(
+    spec: JobSpec, options: LaunchOptions, spot: float | None, on_demand: float | None
+) -> tuple[float, float]:
+    """USD per node-hour in each market: as given, else local rehearsal units or the plan's."""
+    if spec.is_local:
+        return (
+            LOCAL_SPOT_PRICE if spot is None else spot,
+            LOCAL_ON_DEMAND_PRICE if on_demand is None else on_demand,
+        )
+    from mncloud.launch import plan_request
+    from mncloud.plan import make_plan
+    from mncloud.spec import SpotPolicy
+
+    def cheapest(market: SpotPolicy) -> float:
+        plan = make_plan(plan_request(spec.model_copy(update={"spot": market}), options))
+        return float(plan.choice.hourly_per_node)
+
+    return (
+        cheapest(SpotPolicy.SPOT) if spot is None else spot,
+        cheapest(SpotPolicy.ON_DEMAND) if on_demand is None else on_demand,
+    )
+
+
+def start(state: ControlState) -> ControlState:
+    """Save the state and start the controller where it runs (see the module docstring)."""
+    from mncloud.backends.registry import known_runs
+
+    name = state.name
+    if state.existing == "refuse" and name in known_runs():
+        raise SpecError(
+            f"a run named {name!r} exists; pass --resume to continue from its newest complete "
+            "checkpoint, --replace to start over (checkpoints are kept), or another --name"
+        )
+    if state.config.backend == "local":
+        save_state(state)
+        state.pid = _spawn_local(name)
+        state.controller = f"this machine, pid {state.pid}"
+    else:
+        state.controller = f"SkyPilot managed job {_launch_sky(state)} ({name}-control)"
+    save_state(state)
+    return state
+
+
+def _spawn_local(name: str) -> int:
+    log_path = layout.control_log(name)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "mncloud", "control", name],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # outlives `up` and its terminal
+        )
+    return proc.pid
+
+
+def render_control_task(state: ControlState, api_server: str) -> str:
+    """The controller's own SkyPilot task (YAML text) from `templates/control.yaml.j2`."""
+    import json
+    import shlex
+
+    import jinja2
+
+    from mncloud import __version__
+    from mncloud.render import template_dir
+
+    spec = state.spec
+    source = Path(__file__).resolve().parents[2]
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(template_dir())),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+    )
+    env.filters["q"] = lambda v: shlex.quote(str(v))
+    env.filters["yaml"] = json.dumps  # JSON is YAML: every value safely quoted
+    values: dict[str, Any] = {
+        "name": state.name,
+        "workdir": spec["workdir"],
+        "state_uri": state.config.state_uri,
+        "api_server": api_server,
+        "version": __version__,
+        "source": str(source) if (source / "pyproject.toml").is_file() else None,
+    }
+    return env.get_template(CONTROL_TEMPLATE).render(**values)
+
+
+def _launch_sky(state: ControlState) -> int | None:
+    """Launch the controller as a CPU managed job; return its job id."""
+    import sky
+    import yaml
+
+    from mncloud.backends.skypilot import sky_errors
+
+    save_state(state)  # to the bucket too: the controller starts from there
+    api_server = _api_server()
+    task = sky.Task.from_yaml_config(yaml.safe_load(render_control_task(state, api_server)))
+    with sky_errors(f"launch the deadline controller of {state.name}"):
+        job_ids, _handle = sky.stream_and_get(
+            sky.jobs.launch(task, name=f"{state.name}-control"), output_stream=sys.stderr
+        )
+    return int(job_ids[0]) if job_ids else None
+
+
+def _api_server() -> str:
+    """The SkyPilot API server the controller will use; it must be reachable from the cloud."""
+    from sky.server import common
+
+    url = os.environ.get("SKYPILOT_API_SERVER_ENDPOINT") or common.get_server_url()
+    if any(host in url for host in ("127.0.0.1", "localhost", "[::1]", "0.0.0.0")):
+        raise SpecError(
+            f"--deadline on a cloud runs its controller as a SkyPilot job, which must reach "
+            f"your SkyPilot API server; {url} is on this machine only: deploy one and "
+            "`sky api login -e URL`"
+        )
+    return url
+
+
+#: How long `mncloud down` waits for a local controller to stop its run and exit.
+STOP_WAIT_S = 60.0
+
+
+def stop(name: str) -> str:
+    """Stop a run's deadline controller (`mncloud down`); return what was done.
+
+    Local: SIGTERM, and the controller takes the run down and exits. SkyPilot: the
+    controller's managed job is cancelled (`down` then takes the training job down).
+    """
+    from mncloud.control.state import load_state
+
+    state = load_state(name, fresh=False)
+    if state.final:
+        return f"controller already {state.phase}"
+    if state.config.backend != "local":
+        import sky
+
+        from mncloud.backends.skypilot import sky_errors
+
+        with sky_errors(f"cancel the deadline controller of {name}"):
+            sky.get(sky.jobs.cancel(name=f"{name}-control"))
+        _mark_stopped(name, "stopped by mncloud down")
+        return f"controller job {name}-control cancelled"
+    import psutil
+
+    try:
+        proc = psutil.Process(state.pid or -1)
+        proc.terminate()
+        proc.wait(STOP_WAIT_S)
+    except psutil.NoSuchProcess:
+        pass
+    except psutil.TimeoutExpired:
+        proc.kill()
+    _mark_stopped(name, "stopped by mncloud down")
+    return "controller stopped"
+
+
+def _mark_stopped(name: str, why: str) -> None:
+    from mncloud.control.state import load_state
+    from mncloud.policy import Mode
+
+    state = load_state(name, fresh=False)
+    if not state.final:
+        state.phase, state.market, state.mode, state.detail = "stopped", Mode.NONE, Mode.NONE, why
+        save_state(state)

@@ -1,0 +1,240 @@
+"""The deadline controller's configuration and state, and where they are kept.
+
+`ControlConfig` is fixed at `up --deadline` (the job's constants for the policy); `ControlState`
+is what the controller rewrites after every decision: the market it runs in, the spot capacity
+it has seen (the policy's history), the run records of every launch, progress, slack and cost.
+It lives in the run folder (`layout.control_state_file`) and, for a run with a bucket, beside
+the checkpoints too (`layout.control_state_uri`): a cloud run's controller runs as a SkyPilot
+job, and `mncloud status` on the laptop reads its state there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from mncloud import layout
+from mncloud.backends.base import DeadlineStatus
+from mncloud.errors import MncloudError, RunNotFoundError
+from mncloud.policy import DEFAULT_POLICY, Job, Mode
+
+log = logging.getLogger(__name__)
+
+#: Decisions kept in the state (the newest; the run record keeps every switch).
+KEEP_DECISIONS = 50
+
+
+class ControlConfig(BaseModel):
+    """A deadline run's constants. Durations are *run time*: wall time × `time_scale`."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    backend: str
+    nodes: int = Field(ge=1)
+    hours: float = Field(gt=0)
+    """The user's estimate of the work at full speed (`--hours`)."""
+    deadline_s: float = Field(gt=0)
+    """From the start of the run (`--deadline`)."""
+    budget: float | None = Field(None, gt=0)
+    """A hard cap in USD (`--budget`)."""
+    spot_price: float = Field(ge=0)
+    """USD per node-hour."""
+    on_demand_price: float = Field(gt=0)
+    """USD per node-hour."""
+    gap_s: int = Field(gt=0)
+    """One decision tick: the trace's gap (local) or `DECISION_INTERVAL_S` (clouds)."""
+    overhead_s: float = Field(ge=0)
+    """A launch's cost in time: from launch to training again (`--recovery-minutes`)."""
+    time_scale: float = Field(1.0, gt=0)
+    """Local rehearsal: run time passes this many times faster than wall time."""
+    trace: str | None = None
+    """Local rehearsal: the spot trace whose capacity local "spot" nodes follow."""
+    policy: str = DEFAULT_POLICY
+    capacity_wait_s: float = Field(900.0, ge=0)
+    """Clouds: a spot job still pending after this long means no spot capacity."""
+    probe_after_s: float = Field(3600.0, ge=0)
+    """Clouds: spot is tried again this long after it was last seen missing."""
+    state_uri: str | None = None
+    """Where the state is mirrored beside the checkpoints (runs with a bucket)."""
+
+    def job(self) -> Job:
+        """The policy's view of the job (SpecError when the deadline cannot be met)."""
+        return Job.build(
+            nodes=self.nodes,
+            hours=self.hours,
+            deadline_s=self.deadline_s,
+            overhead_s=self.overhead_s,
+            gap_s=self.gap_s,
+            spot_price=self.spot_price,
+            on_demand_price=self.on_demand_price,
+        )
+
+    def price(self, mode: Mode) -> float:
+        """USD per hour of the whole run in a market."""
+        per_node = {Mode.SPOT: self.spot_price, Mode.ON_DEMAND: self.on_demand_price}
+        return self.nodes * per_node.get(mode, 0.0)
+
+
+class Decision(BaseModel):
+    """One decision, as `status` and the log show it."""
+
+    time: float
+    tick: int
+    spot_now: bool
+    chose: Mode
+    work_hours: float
+    slack_hours: float
+    reason: str = ""
+
+
+class ControlState(BaseModel):
+    """What the controller knows; rewritten after every decision."""
+
+    name: str
+    config: ControlConfig
+    spec: dict[str, Any]
+    """The JobSpec as JSON; the controller flips only its market."""
+    options: dict[str, Any]
+    """The LaunchOptions as JSON."""
+    existing: str = "refuse"
+    """What the first launch does with an earlier run of the name (`launch.Existing`)."""
+    started_at: float | None = None
+    """Wall time of the first decision (tick 0)."""
+    phase: str = "starting"
+    """starting, spot, on-demand, waiting, finished, stopped or failed."""
+    market: Mode = Mode.NONE
+    """The market of the live launch (NONE: nothing runs or is queued)."""
+    mode: Mode = Mode.NONE
+    """The cluster's mode as the policy sees it: NONE also while a spot job waits for VMs."""
+    entered_tick: int = 0
+    """The tick the current mode began (its launch overhead counts from there)."""
+    entered_at: float | None = None
+    """Wall time of the live launch."""
+    last_tick: int = -1
+    """The newest tick decided."""
+    last_launch: Mode | None = None
+    """The market of the launch before (a launch in the other one is a switch)."""
+    ckpt_uri: str | None = None
+    """Where the run's checkpoints are (the backend says, at the first launch)."""
+    ckpt_step: int | None = None
+    """The newest complete checkpoint step seen."""
+    history: list[bool] = Field(default_factory=list)
+    """Spot capacity for all nodes at each tick so far (the policy's `history`)."""
+    run_ids: list[str] = Field(default_factory=list)
+    """The run record of every launch, oldest first (the ledger sums them)."""
+    model_work_ticks: int = 0
+    """Productive ticks by the replay model: progress until the run measures its own."""
+    work_hours: float = 0.0
+    slack_hours: float = 0.0
+    hours_left: float = 0.0
+    spent_before: float = 0.0
+    """USD the run name had already cost when this controller started (`--resume`)."""
+    spot_cost: float = 0.0
+    on_demand_cost: float = 0.0
+    switches: int = 0
+    preemptions: int = 0
+    spot_missing_since: float | None = None
+    """Clouds: wall time spot was last seen missing (it is probed again later)."""
+    decisions: list[Decision] = Field(default_factory=list)
+    detail: str = ""
+    controller: str = ""
+    pid: int | None = None
+    stop_requested: bool = False
+    updated_at: float = 0.0
+
+    @property
+    def final(self) -> bool:
+        return self.phase in ("finished", "stopped", "failed")
+
+    @property
+    def cost(self) -> float:
+        return self.spot_cost + self.on_demand_cost
+
+    def note(self, decision: Decision) -> None:
+        self.decisions = [*self.decisions, decision][-KEEP_DECISIONS:]
+
+    def deadline_status(self) -> DeadlineStatus:
+        """The part of `mncloud status` this state answers."""
+        cfg = self.config
+        overhead_h = cfg.overhead_s / 3600
+        all_od = cfg.price(Mode.ON_DEMAND) * (self.work_hours + overhead_h)
+        return DeadlineStatus(
+            mode=self.phase,
+            work_hours=round(self.work_hours, 4),
+            total_hours=cfg.hours,
+            slack_hours=round(self.slack_hours, 4),
+            hours_left=round(self.hours_left, 4),
+            cost=round(self.cost, 4),
+            spot_cost=round(self.spot_cost, 4),
+            on_demand_cost=round(self.on_demand_cost, 4),
+            all_on_demand_cost=round(all_od, 4),
+            budget=cfg.budget,
+            switches=self.switches,
+            preemptions=self.preemptions,
+            controller=self.controller,
+            reason=self.decisions[-1].reason if self.decisions else self.detail,
+        )
+
+
+def save_state(state: ControlState) -> None:
+    """Write the state to the run folder, atomically, then beside the checkpoints (best effort)."""
+    from mncloud.storage import write_atomic
+
+    state.updated_at = time.time()
+    payload = state.model_dump_json(indent=2).encode()
+    write_atomic(layout.control_state_file(state.name), payload)
+    if state.config.state_uri:
+        _push(state.config.state_uri, payload)
+
+
+def _push(uri: str, payload: bytes) -> None:
+    from mncloud.storage import open_bucket
+
+    try:
+        bucket, key = open_bucket(uri, retry_seconds=5.0)
+        bucket.put_bytes(key, payload)
+    except Exception as err:  # the mirror must never stop the controller
+        log.warning("controller state not written to %s: %s", uri, err)
+
+
+def load_state(name: str, *, fresh: bool = True) -> ControlState:
+    """A run's controller state; with `fresh`, the bucket copy when it is newer.
+
+    RunNotFoundError when the run has no controller (it was not launched with `--deadline`).
+    """
+    path = layout.control_state_file(name)
+    if not path.is_file():
+        raise RunNotFoundError(f"run {name!r} has no deadline controller")
+    try:
+        state = ControlState.model_validate_json(path.read_bytes())
+    except (OSError, ValueError) as err:
+        raise MncloudError(
+            f"controller state {path} is unreadable ({type(err).__name__})"
+        ) from None
+    if fresh and state.config.state_uri:
+        remote = load_uri(state.config.state_uri)
+        if remote is not None and remote.updated_at > state.updated_at:
+            return remote
+    return state
+
+
+def load_uri(uri: str) -> ControlState | None:
+    """The state stored at a bucket URI, or None when it is missing or unreadable."""
+    from mncloud.storage import open_bucket
+
+    with contextlib.suppress(Exception):
+        bucket, key = open_bucket(uri, retry_seconds=5.0)
+        return ControlState.model_validate_json(bucket.get_bytes(key))
+    return None
+
+
+def controlled_runs() -> list[str]:
+    """Names of the runs on this machine that have a deadline controller."""
+    root = layout.runs_root()
+    if not root.is_dir():
+        return []
+    return sorted(p.name for p in root.iterdir() if layout.control_state_file(p.name).is_file())
