@@ -228,25 +228,6 @@ def test_file_outage_then_recovery(tmp_path: Path, caplog) -> None:
     assert CheckpointStore(uri).latest()[0] == 3
 
 
-def test_close_saves_a_final_step_skipped_for_a_slow_upload(tmp_path: Path, caplog) -> None:
-    """An interval save skipped because the previous upload still ran is not lost at the end."""
-    uri = f"file://{tmp_path / 'b'}"
-    state = {"model": _model(), "step": 0}
-    ckpt = CheckpointManager(uri, interval_steps=2, retry_seconds=30)
-    set_simulated_outage(uri, True)  # the step-2 upload keeps retrying
-    try:
-        assert ckpt.maybe_save(2, state)
-        with caplog.at_level(logging.WARNING):
-            assert not ckpt.maybe_save(4, state)  # step 2 still uploading: skipped
-        assert "skipping this save" in caplog.text
-    finally:
-        set_simulated_outage(uri, False)
-    ckpt.close()
-    store = CheckpointStore(uri)
-    assert store.latest()[0] == 4
-    assert [(s.step, s.complete) for s in store.steps()] == [(2, True), (4, True)]
-
-
 DDP_SCRIPT = textwrap.dedent(
     """
     import logging, os, random, signal, sys
@@ -308,6 +289,7 @@ def test_torchrun_two_ranks_resume_exactly(s3_env, tmp_path: Path) -> None:
 
     straight = run(f"s3://{bucket}/straight", 20, 0, tmp_path / "a.pt")
     assert straight.returncode == 0, straight.stderr[-3000:]
+    assert "find_unused_parameters" not in straight.stderr  # wrap_ddp's exact mode is quiet
     killed = run(f"s3://{bucket}/resumed", 20, 10, tmp_path / "unused.pt")
     assert killed.returncode != 0  # SIGKILLed after its checkpoint
     store = CheckpointStore(f"s3://{bucket}/resumed")

@@ -29,9 +29,17 @@ runs on the training process group from another thread. Example sequence (2 rank
 
 If an upload fails (bucket down for longer than the storage retry budget), the ranks learn it
 at the agreement, the step stays uncommitted, the failure is logged, and the next interval
-saves again; training never stops for storage. If a save is still uploading when the next
-interval comes, that interval is skipped (logged) rather than stalling training; `save(...,
-wait=True)` waits instead.
+saves again; training never stops for storage.
+
+No interval is skipped (see `mncloud/train/staging.py`): if a save is still uploading when the
+next interval comes, the new snapshot is staged into a second slot of CPU buffers and written
+as soon as that upload ends (commits stay in step order, on their own thread). Only a third
+interval that finds both slots busy blocks, until the older save is committed; `stats` counts
+the waits and the seconds blocked, and each block is logged. So a preemption loses at most one
+interval plus the uploads in flight: one interval plus one upload when uploads are shorter than
+an interval, and never three intervals' worth of steps. The buffers are allocated at `load`
+(and, for an optimizer's state, in the background after the first step), so the first save
+stalls no longer than later ones.
 
 Preemption notices (`watch_preemption`, on for spot runs; see `mncloud/train/preempt.py`): the
 step-boundary all-reduce also carries "has any rank a notice?" (one int beside the upload flag,
@@ -59,8 +67,9 @@ import tempfile
 import threading
 import time
 import warnings
+from collections import deque
 from collections.abc import Callable, MutableMapping
-from concurrent.futures import Future
+from concurrent.futures import CancelledError, Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from datetime import timedelta
@@ -77,7 +86,6 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from mncloud.storage.checkpoints import CheckpointStore, FileEntry, Manifest
 from mncloud.constants import (
     CKPT_STAGING_ENV,
     CKPT_URI_ENV,
@@ -85,7 +93,9 @@ from mncloud.constants import (
     PREEMPTION_WATCH_ENV,
 )
 from mncloud.errors import CheckpointError, MncloudError, StorageError
+from mncloud.storage.checkpoints import CheckpointStore, FileEntry, Manifest
 from mncloud.train.preempt import Notice, Preempted, PreemptionWatcher
+from mncloud.train.staging import SaveStats, StagingSlots, count_tensors
 from mncloud.train.steptime import report
 
 log = logging.getLogger(__name__)
@@ -130,6 +140,8 @@ class _Pending:
     step: int
     future: Future[dict[str, FileEntry]]
     started: float
+    slot: int
+    """The staging slot its snapshot occupies until the future is done."""
 
 
 class _Worker:
@@ -168,7 +180,10 @@ class CheckpointManager:
     `verify_sha256` makes `load` hash every downloaded file (sizes are always checked).
     `async_upload=False` makes every save block until committed (for comparison or tests).
     `staging_dir` holds the local copy before upload (default `$MNCLOUD_CKPT_STAGING` or a
-    temporary directory). `retry_seconds` is the storage retry budget per operation.
+    temporary directory). `staging_slots` (≥ 1) CPU copies of the state may exist at once: one
+    uploading, the others waiting (2: an interval that comes during an upload never blocks
+    unless the one before it still waits too). `retry_seconds` is the storage retry budget per
+    operation.
     `collective_timeout_s` bounds the checkpoint's own gloo collectives.
 
     `watch_preemption` (default: `$MNCLOUD_PREEMPTION_WATCH`, set for spot runs) starts a
@@ -188,6 +203,7 @@ class CheckpointManager:
         async_upload: bool = True,
         staging_dir: str | os.PathLike[str] | None = None,
         upload_workers: int = 4,
+        staging_slots: int = 2,
         retry_seconds: float | None = None,
         collective_timeout_s: float = 600.0,
         watch_preemption: bool | None = None,
@@ -202,6 +218,9 @@ class CheckpointManager:
             raise CheckpointError(f"interval_steps must be ≥ 1, not {interval_steps}")
         if keep < 2:
             raise CheckpointError("keep must be ≥ 2: the newest step may still be uploading")
+        if staging_slots < 1:
+            raise CheckpointError(f"staging_slots must be ≥ 1, not {staging_slots}")
+        self.staging_slots = staging_slots
         self.uri = uri
         self.interval_steps = interval_steps
         self.keep = keep
@@ -239,15 +258,17 @@ class CheckpointManager:
         self.staging_dir.mkdir(parents=True, exist_ok=True)
 
         self._worker = _Worker("mncloud-ckpt")
+        self._commit_worker = _Worker("mncloud-ckpt-commit")  # never queued behind an upload
         self._emergency_worker: _Worker | None = None
         self.watcher: PreemptionWatcher | None = None
         """Watches for a preemption notice (None unless `watch_preemption`)."""
         if watch_preemption:
             self.watcher = PreemptionWatcher.from_env().start()
-        self._stager: Any = None
-        self._pending: _Pending | None = None
-        self._skipped: tuple[int, MutableMapping[str, Any]] | None = None
-        """An interval save skipped while an upload ran; taken at `close` if still the newest."""
+        self._slots = StagingSlots(staging_slots + 1)  # the last one: an emergency save's
+        self._inflight: deque[_Pending] = deque()  # uncommitted saves, oldest first
+        self._warm_checked = False
+        self.stats = SaveStats()
+        """Saves started, queued behind an upload, blocked (and for how long), stalls."""
         self._last_step = -1  # the newest step `maybe_save` was called with
         self._last_commit: Future[None] | None = None
         self._floor: int | None = None  # steps ≤ this exist already (the loaded step)
@@ -258,6 +279,11 @@ class CheckpointManager:
         """Seconds from the last save call until its commit was scheduled."""
         self.last_committed: int | None = None
         """The newest step this manager committed (on every rank, once agreed)."""
+
+    @property
+    def _pending(self) -> _Pending | None:
+        """The oldest uncommitted save (the one uploading), if any."""
+        return self._inflight[0] if self._inflight else None
 
     # ------------------------------------------------------------------ collectives
     def _all_gather(self, obj: Any) -> list[Any]:
@@ -300,49 +326,79 @@ class CheckpointManager:
         if deadline is not None:
             self._save_for_preemption(step, state, deadline)
             return True
-        if not force and step % self.interval_steps != 0:
-            return False
-        if self._pending is not None:
-            log.warning(
-                "checkpoint step %d still uploading at step %d; skipping this save "
-                "(consider a longer interval)",
-                self._pending.step,
-                step,
-            )
-            self._skipped = (step, state)
-            return False
-        self._skipped = None
-        return self.save(step, state)
+        due = force or step % self.interval_steps == 0
+        if not self._warm_checked:  # the first step made the optimizer's state: warm for it
+            self._warm_checked = True
+            if not due:
+                self._warm(state, background=True)
+        return self.save(step, state) if due else False
 
     def save(self, step: int, state: MutableMapping[str, Any], *, wait: bool = False) -> bool:
         """Save now. With `wait` (or `async_upload=False`), return only once committed.
 
-        Returns False when the step was not saved (already saved, or staging failed: logged).
+        While an earlier save uploads, the snapshot waits in a free staging slot; with none
+        free, this blocks until the oldest save is committed (see `stats`). Returns False when
+        the step was not saved (already saved, or staging failed: logged).
         """
         if self._closed:
             raise CheckpointError("CheckpointManager is closed")
         t0 = time.perf_counter()
-        if self._pending is not None:
-            if self._pending.step == step:
-                if wait or not self.async_upload:
-                    self.wait()
-                return True
-            self._finish_pending()
+        if any(p.step == step for p in self._inflight):
+            if wait or not self.async_upload:
+                self.wait()
+            return True
         if self._floor is not None and step <= self._floor:
             log.info("checkpoint step %d exists already (resumed from %d); not saved", step,
                      self._floor)  # fmt: skip
             return False
-        pending = self._start_save(step, state, self._worker, self._dcp_pg, t0)
+        if len(self._inflight) >= self.staging_slots:
+            self._make_room(step)
+        used = {p.slot for p in self._inflight}
+        slot = next(i for i in range(self.staging_slots) if i not in used)
+        pending = self._start_save(step, state, self._worker, self._dcp_pg, t0, slot)
         if pending is None:
             return False
-        self._pending = pending
+        self.stats.saves += 1
+        self.stats.queued += bool(self._inflight)
+        self._inflight.append(pending)
         if wait or not self.async_upload:
             self.wait()
         self.last_stall_s = time.perf_counter() - t0
+        if self.async_upload and not wait:
+            self.stats.record_stall(self.last_stall_s)
         return True
 
+    def _make_room(self, step: int) -> None:
+        """Every staging slot is busy: wait until the oldest save is committed (all ranks)."""
+        t0 = time.perf_counter()
+        oldest = self._inflight[0].step
+        self._finish_pending()
+        waited = time.perf_counter() - t0
+        self.stats.blocked += 1
+        self.stats.blocked_s += waited
+        self.stats.last_blocked_s = waited
+        log.warning("checkpoint step %d waited %.2fs for step %d's upload: every staging slot "
+                    "was busy (uploads take longer than the interval; consider a longer one)",
+                    step, waited, oldest)  # fmt: skip
+
+    def _warm(self, state: MutableMapping[str, Any], *, background: bool) -> None:
+        """Allocate the staging slots' buffers for `state` now, unless they already are."""
+        try:
+            tensors = _tensor_state(state)
+        except (MncloudError, RuntimeError) as err:  # the save itself will report it
+            log.debug("not warming the staging buffers: %s", err)
+            return
+        if count_tensors(tensors) > self._slots.warmed_tensors:
+            self._slots.warm(tensors, self.staging_slots, background=background)
+
     def _start_save(
-        self, step: int, state: MutableMapping[str, Any], worker: _Worker, pg: Any, t0: float
+        self,
+        step: int,
+        state: MutableMapping[str, Any],
+        worker: _Worker,
+        pg: Any,
+        t0: float,
+        slot: int,
     ) -> _Pending | None:
         """Stage on every rank, agree that all staged, hand the write and upload to `worker`."""
         stage_dir = self.staging_dir / f"step_{step}"
@@ -353,7 +409,7 @@ class CheckpointManager:
             shutil.rmtree(stage_dir, ignore_errors=True)
             stage_dir.mkdir(parents=True)
             tensors, extras = self._split(state)
-            staged = self._stage(tensors)
+            staged = self._slots.stage(slot, tensors)
         except (MncloudError, OSError, RuntimeError) as err:
             error = f"{type(err).__name__}: {err}"
         failures = self._all_sum(1 if error else 0)[0]
@@ -364,7 +420,7 @@ class CheckpointManager:
             shutil.rmtree(stage_dir, ignore_errors=True)
             return None
         future = worker.submit(self._write_and_upload, step, staged, extras, stage_dir, pg)
-        return _Pending(step, future, t0)
+        return _Pending(step, future, t0, slot)
 
     def _split(self, state: MutableMapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         """Tensors for DCP (models, optimizers, tensors) and per-rank extras (the rest)."""
@@ -384,22 +440,6 @@ class CheckpointManager:
         import copy
 
         return tensors, copy.deepcopy(extras)
-
-    def _stage(self, tensors: dict[str, Any]) -> dict[str, Any]:
-        """Copy every tensor to (reused) CPU memory: the only part that stalls training."""
-        if self._stager is None:
-            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
-
-            cuda = torch.cuda.is_available()
-            self._stager = DefaultStager(
-                StagingOptions(
-                    use_pinned_memory=cuda,
-                    use_shared_memory=False,
-                    use_async_staging=False,
-                    use_non_blocking_copy=False,
-                )
-            )
-        return self._stager.stage(tensors)
 
     def _write_and_upload(
         self, step: int, staged: dict[str, Any], extras: dict[str, Any], stage_dir: Path, pg: Any
@@ -461,9 +501,9 @@ class CheckpointManager:
 
     def _finish_pending(self) -> None:
         """Wait for this rank's upload, agree with the others, and (rank 0) commit."""
-        pending, self._pending = self._pending, None
-        if pending is None:
+        if not self._inflight:
             return
+        pending = self._inflight.popleft()
         entries: dict[str, FileEntry] | None = None
         error: str | None = None
         try:
@@ -483,7 +523,7 @@ class CheckpointManager:
         if self.rank != 0:
             return
         manifest = self._manifest(pending.step, [entries for entries, _ in results])
-        self._last_commit = self._worker.submit(self._commit, manifest)
+        self._last_commit = self._commit_worker.submit(self._commit, manifest)
 
     def _manifest(
         self, step: int, per_rank: list[dict[str, FileEntry] | None], **extra: Any
@@ -540,36 +580,34 @@ class CheckpointManager:
             raise Preempted(step, committed, notice)
 
     def _emergency_save(self, step: int, state: MutableMapping[str, Any], end: float) -> int | None:
-        """Save `step` beside a periodic save still uploading; commit what every rank finished
-        by `end` (epoch seconds): `step`, else that periodic step. Returns the newest committed."""
+        """Save `step` beside a periodic save still uploading; commit the newest step every
+        rank finished by `end` (epoch seconds): `step`, else a periodic one. Returns the newest
+        committed step."""
         t0 = time.perf_counter()
-        periodic, self._pending = self._pending, None
-        current: _Pending | None = None
-        if periodic is not None and periodic.step == step:
-            current, periodic = periodic, None
+        periodic = list(self._inflight)  # oldest first
+        self._inflight.clear()
+        current = next((p for p in periodic if p.step == step), None)
+        if current is not None:
+            periodic.remove(current)
         elif self.last_committed == step or (self._floor is not None and step <= self._floor):
             return step  # saved already
         else:
+            for waiting in periodic[1:]:  # not started yet, and older than this step: drop
+                waiting.future.cancel()
+            busy = {p.slot for p in periodic if not p.future.done()}
+            slot = next(i for i in range(self.staging_slots + 1) if i not in busy)
             if self._emergency_worker is None:
                 self._emergency_worker = _Worker("mncloud-ckpt-emergency")
             pg = self._emergency_pg if self.distributed else None
-            current = self._start_save(step, state, self._emergency_worker, pg, t0)
-
-        def settle(p: _Pending | None, until: float) -> tuple[Any, str | None]:
-            if p is None:
-                return None, "not saved"
-            try:
-                return p.future.result(timeout=max(0.0, until - time.time())), None
-            except FutureTimeout:
-                return None, "deadline"
-            except Exception as err:
-                return None, f"{type(err).__name__}: {err}"
-
-        mine = settle(current, end)
-        earlier = settle(periodic, time.time() if mine[1] is None else end)
-        results = self._all_gather((mine, earlier))
+            current = self._start_save(step, state, self._emergency_worker, pg, t0, slot)
+        ordered = [current, *reversed(periodic)]  # newest first
+        outcomes: list[tuple[Any, str | None]] = []
+        for pending in ordered:  # once one finished, the older ones get no extra time
+            done = any(err is None for _, err in outcomes)
+            outcomes.append(_settle(pending, time.time() if done else end))
+        results = self._all_gather(outcomes)
         self.last_save_s = time.perf_counter() - t0
-        for which, pending in ((0, current), (1, periodic)):
+        for which, pending in enumerate(ordered):
             outcome = [r[which] for r in results]
             if pending is None or any(err for _, err in outcome):
                 continue
@@ -594,8 +632,9 @@ class CheckpointManager:
         return self.last_committed
 
     def wait(self) -> None:
-        """Block until the pending save (if any) is uploaded and committed."""
-        self._finish_pending()
+        """Block until every save in flight is uploaded and committed."""
+        while self._inflight:
+            self._finish_pending()
         if self._last_commit is not None:
             self._last_commit.result()
 
@@ -610,20 +649,15 @@ class CheckpointManager:
             return
         try:
             self.wait()
-            # The last interval save was skipped for a slow upload and training stopped right
-            # there (no later step reached maybe_save): save that final state now.
-            if self._skipped is not None and self._skipped[0] == self._last_step:
-                self.save(*self._skipped, wait=True)
-            self._skipped = None
             if self.distributed:
                 dist.barrier(group=self._agree_pg)
         finally:
             self._closed = True
             self._worker.shutdown(wait=True)
+            self._commit_worker.shutdown(wait=True)
             if self._emergency_worker is not None:
                 self._emergency_worker.shutdown(wait=True)
-            if self._stager is not None:
-                self._stager.close()
+            self._slots.close()
             if self._own_staging:
                 shutil.rmtree(self.staging_dir.parent, ignore_errors=True)
 
@@ -638,7 +672,8 @@ class CheckpointManager:
         """Restore `state` in place from the newest verified step (or `step`); return it.
 
         Torn or corrupt steps are skipped with a logged reason and older ones tried. Returns
-        None (state untouched) when no step verifies. Call it on every rank.
+        None (state untouched) when no step verifies. Call it on every rank. It also allocates
+        the staging buffers for `state`, so the first save stalls no longer than later ones.
         """
         if self._pending is not None:
             raise CheckpointError("load() while a save is in progress; call wait() first")
@@ -677,8 +712,10 @@ class CheckpointManager:
             self._floor = cand
             self.last_committed = cand
             log.info("resumed from checkpoint step %d at %s", cand, self.uri)
+            self._warm(state, background=False)
             return cand
         log.info("no usable checkpoint at %s; starting from scratch", self.uri)
+        self._warm(state, background=False)
         return None
 
     def _pull(self, step: int, local: Path) -> Manifest:
@@ -729,6 +766,20 @@ class CheckpointManager:
             else:
                 state[key] = value
         set_rng_state(extras[_RNG_KEY][1])  # last: nothing after this may draw random numbers
+
+
+def _settle(pending: _Pending | None, until: float) -> tuple[Any, str | None]:
+    """A save's file entries if it finished by `until` (epoch seconds), else why not."""
+    if pending is None:
+        return None, "not saved"
+    try:
+        return pending.future.result(timeout=max(0.0, until - time.time())), None
+    except FutureTimeout:
+        return None, "deadline"
+    except CancelledError:
+        return None, "superseded"
+    except Exception as err:
+        return None, f"{type(err).__name__}: {err}"
 
 
 def _tensor_state(state: MutableMapping[str, Any]) -> dict[str, Any]:

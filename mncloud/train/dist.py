@@ -1,12 +1,13 @@
 """Process-group set-up from torchrun's environment, per-rank seeding, rank helpers.
 
 Works the same in a plain single process (no torchrun): rank 0 of a world of 1, nothing to
-initialise. `wrap_ddp` builds a DistributedDataParallel whose gradient reduction does not change
-after the first step, so a resumed run stays bitwise-identical to one that never stopped.
+initialise. `wrap_ddp` builds a DistributedDataParallel whose gradient reduction does not depend
+on its bucket layout, so a resumed run stays bitwise-identical to one that never stopped.
 """
 
 from __future__ import annotations
 
+import inspect
 import os
 import random
 from dataclasses import dataclass
@@ -132,19 +133,26 @@ def seed_everything(
 def wrap_ddp(model: torch.nn.Module, *, exact: bool = True, **ddp_kwargs: Any) -> torch.nn.Module:
     """Wrap a model in DistributedDataParallel (or return it as is without a process group).
 
-    With `exact` (the default), DDP is told `find_unused_parameters=True`, which keeps its
-    gradient buckets in the order they were built instead of rebuilding them after the first
-    step. Plain `DDP(model)` rebuilds them, so the first step after a resume reduces gradients
-    in a different bucket layout than the uninterrupted run and the weights drift in their last
-    bits. The price is one graph traversal per forward; pass `exact=False` to skip it.
-    On CUDA, `device_ids` defaults to the local rank.
+    With `exact` (the default), every parameter gets its own gradient bucket. Plain `DDP(model)`
+    reduces the first step in one bucket and then rebuilds its buckets from the order gradients
+    became ready, so the first step after a resume (initial layout) reduces gradients in a
+    different layout than the uninterrupted run (rebuilt layout); with more than two ranks the
+    sums then differ in their last bits. One parameter per bucket makes the layout irrelevant:
+    each all-reduce covers one parameter, whatever the order. (`find_unused_parameters=True`
+    also keeps the layout, but costs a graph traversal per step and makes DDP print a
+    performance warning on every rank.) The price is one all-reduce per parameter tensor; pass
+    `exact=False`, or your own `bucket_cap_mb`, to bucket normally. On CUDA, `device_ids`
+    defaults to the local rank.
     """
     if not (dist.is_available() and dist.is_initialized()):
         return model
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    if exact:
-        ddp_kwargs.setdefault("find_unused_parameters", True)
     if "device_ids" not in ddp_kwargs and next(model.parameters()).is_cuda:
         ddp_kwargs["device_ids"] = [info().local_rank]
-    return DDP(model, **ddp_kwargs)
+    bucketing = {"bucket_cap_mb", "bucket_cap_mb_list", "find_unused_parameters"}
+    if not exact or bucketing & ddp_kwargs.keys():
+        return DDP(model, **ddp_kwargs)
+    if "bucket_cap_mb_list" in inspect.signature(DDP).parameters:
+        return DDP(model, bucket_cap_mb_list=[0], **ddp_kwargs)  # a 0-byte cap: one per bucket
+    return DDP(model, find_unused_parameters=True, **ddp_kwargs)  # older torch: no per-bucket caps

@@ -1,0 +1,125 @@
+"""Staging slots: the CPU copies of the training state that a checkpoint is written from.
+
+A save copies every tensor into a free slot (the only part that stalls training); the slot
+stays busy until that save's files are uploaded. With two slots, the snapshot of an interval
+that comes while the previous upload still runs waits in the second slot and is written as
+soon as that upload ends, so no interval is skipped; a third interval that finds both busy
+blocks until the older one is committed (`SaveStats.blocked`). Memory: at most `slots` copies
+of this rank's tensors.
+
+Each slot's buffers are allocated once (DCP's `StateDictStager` keeps one CPU buffer per source
+storage) and reused. `warm` allocates them before the first interval - at `load`, and in the
+background after the first step (an optimizer's state only exists from then on) - so the first
+save stalls no longer than later ones.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SaveStats:
+    """What the interval saves of one `CheckpointManager` cost the training thread."""
+
+    saves: int = 0
+    """Saves started (staged on every rank)."""
+    queued: int = 0
+    """Saves staged while an earlier one was still uploading (written right after it)."""
+    blocked: int = 0
+    """Saves that had to wait because both staging slots were busy."""
+    blocked_s: float = 0.0
+    """Seconds the training thread waited for a slot, in all."""
+    last_blocked_s: float = 0.0
+    """Seconds the last blocked save waited."""
+    first_stall_s: float | None = None
+    """Seconds the first save call took on the training thread."""
+    max_stall_s: float = 0.0
+    """The longest save call on the training thread (asynchronous saves only)."""
+
+    def record_stall(self, seconds: float) -> None:
+        """Count one save call's time on the training thread."""
+        if self.first_stall_s is None:
+            self.first_stall_s = seconds
+        self.max_stall_s = max(self.max_stall_s, seconds)
+
+
+def count_tensors(obj: Any) -> int:
+    """Tensors in a nested dict/list/tuple (how much a warm-up has to cover)."""
+    if isinstance(obj, torch.Tensor):
+        return 1
+    if isinstance(obj, dict):
+        return sum(count_tensors(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(count_tensors(v) for v in obj)
+    return 0
+
+
+class StagingSlots:
+    """`n` independent sets of reusable CPU buffers, staged into one at a time per slot."""
+
+    def __init__(self, n: int) -> None:
+        self._stagers: list[Any] = [None] * n
+        self._warming: threading.Thread | None = None
+        self.warmed_tensors = 0
+        """How many tensors the last warm-up covered."""
+
+    def _stager(self, slot: int) -> Any:
+        if self._stagers[slot] is None:
+            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+            self._stagers[slot] = DefaultStager(
+                StagingOptions(
+                    use_pinned_memory=torch.cuda.is_available(),
+                    use_shared_memory=False,
+                    use_async_staging=False,
+                    use_non_blocking_copy=False,
+                )
+            )
+        return self._stagers[slot]
+
+    def stage(self, slot: int, tensors: dict[str, Any]) -> dict[str, Any]:
+        """Copy `tensors` into the slot's buffers (waits for a warm-up still running)."""
+        self.wait_warm()
+        return self._stager(slot).stage(tensors)
+
+    def warm(self, tensors: dict[str, Any], slots: int, *, background: bool) -> None:
+        """Allocate the first `slots` slots' buffers for `tensors` (values are overwritten by
+        the next real save, so a copy of tensors that training changes meanwhile is fine)."""
+        self.wait_warm()
+        self.warmed_tensors = count_tensors(tensors)
+
+        def run() -> None:
+            for slot in range(slots):
+                try:
+                    self._stager(slot).stage(tensors)
+                except Exception as err:  # a real save stages (and reports) again
+                    log.debug("warming staging slot %d failed: %s", slot, err)
+                    return
+
+        if not background:
+            run()
+            return
+        self._warming = threading.Thread(target=run, name="mncloud-ckpt-warm", daemon=True)
+        self._warming.start()
+
+    def wait_warm(self) -> None:
+        """Block until a background warm-up (if any) finished."""
+        if self._warming is not None:
+            self._warming.join()
+            self._warming = None
+
+    def close(self) -> None:
+        """Release every slot's buffers."""
+        self.wait_warm()
+        for stager in self._stagers:
+            if stager is not None:
+                stager.close()
+        self._stagers = [None] * len(self._stagers)
