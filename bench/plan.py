@@ -77,8 +77,9 @@ def main() -> int:
         "mncloud plan": [*cli, *PLAN_ARGS],
         "mncloud render": [*cli, *RENDER_ARGS],
     }
-    for cmd in commands.values():  # warm-up: links the snapshot, builds the cache
-        _wall(cmd, env)
+    # Warm-up, mncloud first: it links the snapshot SkyPilot then reads, and builds the cache.
+    for label in ("mncloud plan", "mncloud render", "import sky", "sky catalog"):
+        _wall(commands[label], env)
     runs: dict[str, list[tuple[float, float]]] = {label: [] for label in commands}
     for _ in range(args.runs):
         for label, cmd in commands.items():
