@@ -131,7 +131,7 @@ def launch(
 
     options = options or LaunchOptions()
     if spec.is_local:
-        spec = _with_free_port(spec)
+        spec = with_free_port(spec)
     if not dryrun:
         _settle_existing(spec, existing)
     run_id = None if dryrun else _new_run_id(spec.name)
@@ -173,11 +173,9 @@ def _new_run_id(name: str) -> str:
     return new_run_id(name)
 
 
-def _with_free_port(spec: JobSpec) -> JobSpec:
-    """Local runs side by side: the default rendezvous port becomes a free one."""
-    from mncloud.constants import DEFAULT_MASTER_PORT
-
-    if spec.master_port != DEFAULT_MASTER_PORT or "master_port" in spec.model_fields_set:
+def with_free_port(spec: JobSpec) -> JobSpec:
+    """Local runs side by side: without --master-port, a local run meets on a free port."""
+    if spec.master_port is not None:
         return spec
     from mncloud.backends.local import free_port
 

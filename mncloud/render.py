@@ -139,7 +139,7 @@ def template_variables(
         "script": spec.script_relpath,
         "script_args": list(spec.script_args),
         "nproc_per_node": str(spec.accelerator.count) if spec.accelerator.is_cpu else gpus_per_node,
-        "master_port": spec.master_port,
+        "master_port": spec.rendezvous_port,
         "nccl_debug": spec.nccl_debug,
         "nccl_socket_ifname": spec.nccl_socket_ifname,
         "requirements": spec.requirements.as_posix() if spec.requirements else None,

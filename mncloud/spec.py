@@ -118,7 +118,9 @@ class JobSpec(BaseModel):
     max_restarts: int = Field(3, ge=0)
     """Restart budget. Cloud: SkyPilot's `max_restarts_on_errors` (a managed job always
     recovers from preemptions). Local: every relaunch counts against it."""
-    master_port: int = Field(constants.DEFAULT_MASTER_PORT, ge=1024, le=65535)
+    master_port: int | None = Field(None, ge=1024, le=65535)
+    """Rendezvous port on the head node; None: 29500 on clouds, a free port for a local run
+    (chosen at launch, so local runs side by side never collide)."""
     nccl_debug: str | None = None
     nccl_socket_ifname: str | None = None
     require_paths: list[str] = Field(default_factory=list)
@@ -171,6 +173,11 @@ class JobSpec(BaseModel):
     def script_relpath(self) -> str:
         """The script's path relative to workdir, as it is run on every node."""
         return self.script.relative_to(self.workdir).as_posix()
+
+    @property
+    def rendezvous_port(self) -> int:
+        """The port torchrun meets on: `--master-port`, else the default."""
+        return self.master_port or constants.DEFAULT_MASTER_PORT
 
     @property
     def procs_per_node(self) -> int:
@@ -409,7 +416,7 @@ def _spec_from_options(
             labels=_as_mapping(opts.get("label"), "--label"),
             max_hourly=opts.get("max_hourly"),
             max_restarts=opts.get("max_restarts", 3),
-            master_port=opts.get("master_port", constants.DEFAULT_MASTER_PORT),
+            master_port=opts.get("master_port"),
             nccl_debug=opts.get("nccl_debug"),
             nccl_socket_ifname=opts.get("nccl_socket_ifname"),
             require_paths=_as_list(opts.get("require_path")),

@@ -46,9 +46,9 @@ def _check_can_launch(request: LaunchRequest) -> None:
     here = shutil.which("torchrun", path=str(Path(sys.executable).parent))
     if here is None and shutil.which("torchrun") is None:
         raise BackendError("torchrun not found: pip install 'mncloud[train]' (torch)")
-    if not port_is_free(spec.master_port):
+    if not port_is_free(spec.rendezvous_port):
         raise BackendError(
-            f"port {spec.master_port} on 127.0.0.1 is in use; pass --master-port with a "
+            f"port {spec.rendezvous_port} on 127.0.0.1 is in use; pass --master-port with a "
             "free port (another run may hold it)"
         )
     missing = [k for k in request.task.config.get("secrets") or {} if k not in os.environ]
@@ -73,7 +73,7 @@ def launch_record(request: LaunchRequest) -> LocalLaunch:
         envs=envs,
         num_nodes=nodes,
         procs_per_node=procs,
-        master_port=spec.master_port,
+        master_port=spec.rendezvous_port,
         ckpt_uri=envs.get(constants.CKPT_URI_ENV) or local_ckpt,
         max_restarts=spec.max_restarts,
         retry_on_error=opts.retry_on_error,
