@@ -191,11 +191,18 @@ def save_state(state: ControlState) -> None:
         _push(state.config.state_uri, payload)
 
 
-def _push(uri: str, payload: bytes) -> None:
-    from mncloud.storage import open_bucket
+def _object(uri: str) -> tuple[Any, str]:
+    """The bucket and key of an object URI (`<folder uri>/<file>`)."""
+    from mncloud.storage import join_key, open_bucket
 
+    folder, _, filename = uri.rpartition("/")
+    bucket, prefix = open_bucket(folder, retry_seconds=5.0)
+    return bucket, join_key(prefix, filename)
+
+
+def _push(uri: str, payload: bytes) -> None:
     try:
-        bucket, key = open_bucket(uri, retry_seconds=5.0)
+        bucket, key = _object(uri)
         bucket.put_bytes(key, payload)
     except Exception as err:  # the mirror must never stop the controller
         log.warning("controller state not written to %s: %s", uri, err)
@@ -224,10 +231,8 @@ def load_state(name: str, *, fresh: bool = True) -> ControlState:
 
 def load_uri(uri: str) -> ControlState | None:
     """The state stored at a bucket URI, or None when it is missing or unreadable."""
-    from mncloud.storage import open_bucket
-
     with contextlib.suppress(Exception):
-        bucket, key = open_bucket(uri, retry_seconds=5.0)
+        bucket, key = _object(uri)
         return ControlState.model_validate_json(bucket.get_bytes(key))
     return None
 
