@@ -196,9 +196,9 @@ def canonical_cloud(value: str) -> str:
     name = value.strip().lower()
     if name == LOCAL_CLOUD:
         return name
-    from sky.utils import registry
+    from mncloud.catalog_index import cloud_names  # SkyPilot's registry, cached
 
-    known = sorted(registry.CLOUD_REGISTRY.keys())
+    known = cloud_names()
     if name not in known:
         raise ValueError(f"--cloud {value!r} is unknown; choose one of: local, {', '.join(known)}")
     return name
