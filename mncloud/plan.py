@@ -1,53 +1,13 @@
 """Cost-aware planning: put the job where it costs least *to finish*, not where $/h is lowest.
 
-SkyPilot's optimizer ranks offers by their hourly sticker price. A spot offer at a third of the
-price may still lose: every preemption of any node stops the whole gang, costs a relaunch and
-throws away the work since the last checkpoint, and checkpoints themselves take time. This
-module prices that in. The cost model is a handful of pure functions (hours in, hours out); the
-planner feeds them SkyPilot's catalog offers (`catalog.offers`) and ranks by expected cost.
-
-The model (first order, after Young 1974 and Daly 2006)
--------------------------------------------------------
-N nodes, each preempted at hazard λ per hour, independently, so the gang is interrupted at
-Λ = N·λ. The job needs W hours of work. It writes a checkpoint of cost C hours every τ hours of
-work; a preemption costs R hours (detect, relaunch, setup, load) plus the work since the last
-checkpoint, τ/2 on average. Per hour of work the expected overhead is therefore
-
-    overhead(τ) = C/τ + Λ·(R + τ/2)
-
-minimised at Young's interval τ* = √(2·C/Λ) (Daly's √(2·C·M) with M = 1/Λ the mean time between
-preemptions), which we clamp to [max(5 min, C), max(2 h, C)]: shorter intervals spend too much
-on checkpoints whatever the hazard, and even an on-demand job should not risk hours of work on a
-hardware fault. Then
-
-    expected hours        T = W · (1 + overhead(τ))
-    expected preemptions  Λ·T
-    expected cost         hourly_total · T        (nodes are paid through recovery, too)
-
-The first-order form holds while the losses are small; once Λ·(R + τ/2) reaches
-`MAX_LOSS_FRACTION` the job would spend most of its time recovering, and the offer is left out.
-On-demand uses the same formulae with a small hardware-fault hazard, so its checkpoints cost
-something too. Independent node hazards make N·λ pessimistic when a cloud reclaims several of
-your nodes at once (one event, not N).
-
-Learning the hazard (`--learn`, `learn_hazards`)
------------------------------------------------
-The spot priors below are guesses; your own run records count preemptions per spot node-hour
-by cloud (`runs.observed_spot_hazard`). Little data must not swing the plan, so the observed
-rate is blended with the prior as if the prior had been seen for `LEARN_PRIOR_NODE_HOURS`
-node-hours (the posterior mean of a Poisson rate under a gamma prior):
-
-    λ = (preemptions + λ_prior · H₀) / (node_hours + H₀)
-
-e.g. with λ_prior = 0.05/h and H₀ = 50: 1 preemption in 4 node-hours gives 0.065 (not 0.25);
-30 in 200 node-hours gives 0.13; the observation's weight is node_hours / (node_hours + H₀).
-An explicit `--preemption-rate` still wins for every cloud.
+The planner asks SkyPilot's catalog for every fitting offer (`catalog.offers`), prices each with
+the cost model (`mncloud.costmodel`: expected hours, preemptions and cost, spot hazards from the
+traces or the user), keeps those within budget and ranks them by expected cost. The choice and a
+few fallbacks in its market become SkyPilot's `resources.ordered`.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping
 from typing import Any
 
 from pydantic import (
@@ -60,7 +20,18 @@ from pydantic import (
 )
 
 from mncloud.catalog import Exclusion, Offer
+from mncloud.costmodel import (
+    DEFAULT_CKPT_SECONDS,
+    DEFAULT_RECOVERY_MINUTES,
+    MAX_LOSS_FRACTION,
+    ON_DEMAND_HAZARD_PER_HOUR,
+    LearnedHazard,
+    estimate,
+    learn_hazards,
+    spot_hazard_at,
+)
 from mncloud.errors import CatalogError, SpecError
+from mncloud.hazards import Evidence, TraceHazard
 from mncloud.spec import (
     DEFAULT_HOURS,
     LOCAL_CLOUD,
@@ -71,177 +42,20 @@ from mncloud.spec import (
     canonical_cloud,
 )
 
-#: Default spot preemption hazard λ per node per hour, by SkyPilot cloud name. These are
-#: planning priors, not measurements of your region: no cloud publishes an hourly rate for its
-#: GPU spot capacity, and observed rates swing by an order of magnitude between instance types,
-#: regions and weeks. Pass --preemption-rate when you know better.
-#: - aws: the Spot Instance Advisor publishes only monthly "frequency of interruption" bands
-#:   (<5%, 5-10%, 10-15%, 15-20%, >20% of instances reclaimed in the trailing month); 8-GPU
-#:   types (p4d, p5) usually sit in the open-ended top band, >20%/month ≈ >3e-4/h, a bound that
-#:   users of multi-day GPU jobs find far too low. 0.05/h (one preemption per ~20 node-hours)
-#:   is our deliberately cautious guess.
-#: - gcp: the Spot VM documentation gives no rate ("generally low, but might vary from day to
-#:   day and from zone to zone"); its predecessor, preemptible VMs, were stopped after at most
-#:   24 h (≥ 1/24 ≈ 0.042/h). We take that scale: 0.05/h.
-#: - azure: the portal shows eviction-rate bands per VM size, like AWS; same guess, 0.05/h.
-SPOT_HAZARD_PER_HOUR: dict[str, float] = {"aws": 0.05, "gcp": 0.05, "azure": 0.05}
-#: Spot hazard for clouds not listed above (RunPod interruptible pods, bid markets such as
-#: Vast): nothing published, and pods can be taken without notice, so twice the big clouds'.
-DEFAULT_SPOT_HAZARD_PER_HOUR = 0.1
-#: On-demand nodes fail too. Meta's "The Llama 3 Herd of Models" (2024, §3.3.4) reports 419
-#: unexpected interruptions in 54 days of pre-training on 16,384 H100s (2,048 hosts of 8):
-#: 419 / (54·24 h · 2,048) ≈ 1.6e-4 per node-hour. Well-run private clusters, not clouds, but
-#: the best public figure at that scale.
-ON_DEMAND_HAZARD_PER_HOUR = 1.6e-4
-#: R: detect the preemption, provision a new cluster (minutes for 8-GPU VMs), run setup and load
-#: the checkpoint. SkyPilot's managed-job recovery usually takes several minutes; 10 is a guess.
-DEFAULT_RECOVERY_MINUTES = 10.0
-#: C: time the training loop stalls to write one checkpoint (async uploads keep it short).
-DEFAULT_CKPT_SECONDS = 60.0
-#: Bounds of the checkpoint interval, in seconds (see the module docstring).
-MIN_INTERVAL_S = 300.0
-MAX_INTERVAL_S = 7200.0
-#: Above this expected fraction of time lost to preemptions the first-order model no longer
-#: holds and the job mostly recovers instead of training: such offers are left out.
-MAX_LOSS_FRACTION = 0.5
+__all__ = [
+    "MAX_FALLBACKS",
+    "Candidate",
+    "LearnedHazard",
+    "Plan",
+    "PlanRequest",
+    "learn_hazards",
+    "make_plan",
+]
+
 #: How many fallbacks a plan hands SkyPilot after its choice, and at most how many entries
 #: (choice included) may come from one cloud before other clouds get a turn.
 MAX_FALLBACKS = 4
 _PER_CLOUD = 2
-#: H₀: how many node-hours of observation the prior is worth when `--learn` blends them.
-LEARN_PRIOR_NODE_HOURS = 50.0
-
-
-# --- the cost model: pure functions, times in hours -------------------------------------------
-
-
-def spot_hazard(cloud: str) -> float:
-    """Default spot preemption hazard per node per hour for a SkyPilot cloud name."""
-    return SPOT_HAZARD_PER_HOUR.get(cloud.lower(), DEFAULT_SPOT_HAZARD_PER_HOUR)
-
-
-def blend_hazard(
-    prior: float,
-    preemptions: int,
-    node_hours: float,
-    prior_node_hours: float = LEARN_PRIOR_NODE_HOURS,
-) -> float:
-    """Observed preemptions blended with the prior: (n + λ₀·H₀) / (h + H₀) (module docstring)."""
-    if node_hours <= 0 and prior_node_hours <= 0:
-        return prior
-    return (preemptions + prior * prior_node_hours) / (node_hours + prior_node_hours)
-
-
-class LearnedHazard(BaseModel):
-    """One cloud's spot hazard learned from run records (`--learn`)."""
-
-    model_config = ConfigDict(frozen=True)
-
-    cloud: str
-    prior: float
-    """The planning prior, `spot_hazard(cloud)`."""
-    preemptions: int
-    node_hours: float
-    """Observed spot node-hours."""
-    observed: float
-    """preemptions / node_hours."""
-    weight: float
-    """Weight of the observation: node_hours / (node_hours + H₀)."""
-    hazard: float
-    """The blend the planner uses, per node per hour."""
-
-
-def learn_hazards(
-    observed: Mapping[str, tuple[float, int, float]],
-    prior_node_hours: float = LEARN_PRIOR_NODE_HOURS,
-) -> list[LearnedHazard]:
-    """Blend `runs.observed_spot_hazard()` (`cloud → (hazard, count, node_hours)`) with the priors.
-
-    This machine's simulated nodes (`local`) teach nothing about a cloud and are skipped.
-    """
-    learned = []
-    for name, (_rate, count, hours) in sorted(observed.items()):
-        cloud = name.lower()
-        if cloud == LOCAL_CLOUD or hours <= 0:
-            continue
-        prior = spot_hazard(cloud)
-        learned.append(
-            LearnedHazard(
-                cloud=cloud,
-                prior=prior,
-                preemptions=int(count),
-                node_hours=hours,
-                observed=count / hours,
-                weight=hours / (hours + prior_node_hours),
-                hazard=blend_hazard(prior, int(count), hours, prior_node_hours),
-            )
-        )
-    return learned
-
-
-def interval_bounds(ckpt_hours: float) -> tuple[float, float]:
-    """The clamp for τ in hours: [max(5 min, C), max(2 h, C)]."""
-    lower = max(MIN_INTERVAL_S / 3600, ckpt_hours)
-    return lower, max(MAX_INTERVAL_S / 3600, lower)
-
-
-def checkpoint_interval(ckpt_hours: float, job_hazard: float) -> float:
-    """Young–Daly interval τ = √(2·C/Λ) in hours, clamped to `interval_bounds`.
-
-    With Λ = 0 (or C = 0) the unclamped optimum is infinite (or zero); the clamp decides.
-    """
-    lower, upper = interval_bounds(ckpt_hours)
-    if job_hazard <= 0:
-        return upper
-    return min(upper, max(lower, math.sqrt(2 * ckpt_hours / job_hazard)))
-
-
-def overhead(interval: float, ckpt_hours: float, job_hazard: float, recovery_hours: float) -> float:
-    """Expected extra wall time per hour of work: C/τ + Λ·(R + τ/2)."""
-    return ckpt_hours / interval + loss_fraction(interval, job_hazard, recovery_hours)
-
-
-def loss_fraction(interval: float, job_hazard: float, recovery_hours: float) -> float:
-    """Expected time lost to preemptions per hour of work: Λ·(R + τ/2)."""
-    return job_hazard * (recovery_hours + interval / 2)
-
-
-class Estimate(BaseModel):
-    """The expected outcome of running W hours of work on one offer."""
-
-    model_config = ConfigDict(frozen=True)
-
-    interval_hours: float
-    """Checkpoint interval τ."""
-    hours: float
-    """Expected wall hours T."""
-    preemptions: float
-    """Expected number of gang interruptions, Λ·T."""
-    cost: float
-    """Expected USD, hourly_total · T."""
-    loss_fraction: float
-    """Λ·(R + τ/2): beyond `MAX_LOSS_FRACTION` the model (and the job) breaks down."""
-
-
-def estimate(
-    hourly_total: float,
-    work_hours: float,
-    nodes: int,
-    hazard_per_node: float,
-    recovery_hours: float,
-    ckpt_hours: float,
-) -> Estimate:
-    """Expected interval, wall hours, preemptions and cost (see the module docstring)."""
-    job_hazard = nodes * hazard_per_node
-    tau = checkpoint_interval(ckpt_hours, job_hazard)
-    hours = work_hours * (1 + overhead(tau, ckpt_hours, job_hazard, recovery_hours))
-    return Estimate(
-        interval_hours=tau,
-        hours=hours,
-        preemptions=job_hazard * hours,
-        cost=hourly_total * hours,
-        loss_fraction=loss_fraction(tau, job_hazard, recovery_hours),
-    )
 
 
 # --- the request and the plan ------------------------------------------------------------------
@@ -265,11 +79,13 @@ class PlanRequest(BaseModel):
     max_cost: float | None = Field(None, gt=0)
     """Budget: the most the whole job may be expected to cost, USD."""
     preemption_rate: float | None = Field(None, ge=0)
-    """Spot hazard per node per hour for every cloud; None: `hazards`, else `spot_hazard(cloud)`."""
+    """Spot hazard per node per hour for every cloud (`--preemption-rate`): wins over the rest."""
     hazards: dict[str, float] = Field(default_factory=dict)
-    """Spot hazard per node per hour by cloud, overriding the priors (filled from `learned`)."""
+    """Spot hazard per node per hour by cloud, overriding the measured (filled from `learned`)."""
     learned: list[LearnedHazard] = Field(default_factory=list)
     """How `hazards` were learned from run records (`--learn`), for --verbose and the record."""
+    traces: list[TraceHazard] = Field(default_factory=list)
+    """The user's own spot traces, measured (`--hazards-from`): win over learned and measured."""
     recovery_minutes: float = Field(DEFAULT_RECOVERY_MINUTES, ge=0)
     """R: minutes from a preemption to training again, work lost since the checkpoint aside."""
     ckpt_seconds: float = Field(DEFAULT_CKPT_SECONDS, ge=0)
@@ -295,11 +111,20 @@ class PlanRequest(BaseModel):
             self.hazards.setdefault(item.cloud, item.hazard)
         return self
 
-    def spot_hazard(self, cloud: str) -> float:
-        """The spot hazard the plan assumes on `cloud`: --preemption-rate, learned, or prior."""
-        if self.preemption_rate is not None:
-            return self.preemption_rate
-        return self.hazards.get(cloud.lower(), spot_hazard(cloud))
+    def spot_hazard(self, cloud: str, region: str | None = None) -> float:
+        """The spot hazard per node-hour the plan assumes at a place."""
+        return self.spot_hazard_at(cloud, region)[0]
+
+    def spot_hazard_at(self, cloud: str, region: str | None) -> tuple[float, str]:
+        """(hazard, where it came from) at a place: `costmodel.spot_hazard_at`'s precedence."""
+        return spot_hazard_at(
+            cloud,
+            region,
+            preemption_rate=self.preemption_rate,
+            evidence=Evidence.of(self.traces, "your traces") if self.traces else None,
+            per_cloud=self.hazards,
+            learned=frozenset(item.cloud for item in self.learned),
+        )
 
     @field_validator("clouds")
     @classmethod
@@ -359,6 +184,8 @@ class Candidate(BaseModel):
     checkpoint_interval_s: float
     preemption_rate: float
     """Hazard per node per hour that the estimate assumed."""
+    hazard_source: str = ""
+    """Where `preemption_rate` came from (traces, your traces, learned, the flag, default)."""
     region_rank: int = Field(0, exclude=True)
     """SkyPilot's preference among this instance type's regions: breaks price ties."""
 
@@ -429,23 +256,24 @@ def make_plan(request: PlanRequest, *, max_fallbacks: int = MAX_FALLBACKS) -> Pl
     )
     excluded = list(search.excluded)
     candidates: list[Candidate] = []
-    broken: dict[tuple[str, bool], Candidate] = {}
+    broken: dict[tuple[str, bool], list[Candidate]] = {}
     for offer in search.offers:
         candidate, viable = _candidate(offer, request)
         if viable:
             candidates.append(candidate)
         else:
-            key = (candidate.cloud, candidate.spot)
-            if key not in broken or candidate.hourly_total < broken[key].hourly_total:
-                broken[key] = candidate
-    for (cloud, _spot), c in sorted(broken.items()):
+            broken.setdefault((candidate.cloud, candidate.spot), []).append(candidate)
+    for (cloud, _spot), group in sorted(broken.items()):
+        c = min(group, key=lambda c: c.hourly_total)
+        regions = len({b.region for b in group}) - 1
+        where = f"{c.market} in {c.region}" + (f" (+{regions} regions)" if regions else "")
         excluded.append(
             Exclusion(
                 cloud=cloud,
-                reason=f"{c.market}: at {c.preemption_rate:g} preemptions per node-hour × "
-                f"{request.nodes} nodes the job would lose over {MAX_LOSS_FRACTION:.0%} of its "
-                "time recovering; use fewer nodes or on-demand (or set --preemption-rate if "
-                "you know the rate is lower)",
+                reason=f"{where}: at {c.preemption_rate:.3g} preemptions per node-hour "
+                f"({c.hazard_source}) × {request.nodes} nodes the job would lose over "
+                f"{MAX_LOSS_FRACTION:.0%} of its time recovering; use fewer nodes or on-demand "
+                "(or set --preemption-rate if you know the rate is lower)",
             )
         )
     if not candidates:
@@ -468,7 +296,10 @@ def make_plan(request: PlanRequest, *, max_fallbacks: int = MAX_FALLBACKS) -> Pl
 
 
 def _candidate(offer: Offer, request: PlanRequest) -> tuple[Candidate, bool]:
-    hazard = request.spot_hazard(offer.cloud) if offer.spot else ON_DEMAND_HAZARD_PER_HOUR
+    if offer.spot:
+        hazard, source = request.spot_hazard_at(offer.cloud, offer.region)
+    else:
+        hazard, source = ON_DEMAND_HAZARD_PER_HOUR, "on-demand hardware faults"
     hourly_total = offer.hourly_price * request.nodes
     est = estimate(
         hourly_total,
@@ -491,6 +322,7 @@ def _candidate(offer: Offer, request: PlanRequest) -> tuple[Candidate, bool]:
         expected_preemptions=est.preemptions,
         checkpoint_interval_s=est.interval_hours * 3600,
         preemption_rate=hazard,
+        hazard_source=source,
         region_rank=offer.region_rank,
     )
     return candidate, est.loss_fraction < MAX_LOSS_FRACTION

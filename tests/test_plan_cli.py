@@ -14,6 +14,7 @@ import typer
 from rich.console import Console
 from typer.testing import CliRunner
 
+from mncloud import costmodel
 from mncloud import records as runs
 from mncloud.cli import plan as plan_cli
 from mncloud.constants import CATALOG_DIR_ENV as CATALOG_ENV
@@ -57,13 +58,13 @@ def test_table_cheapest_expected_cost_first_then_why() -> None:
     lines = out.splitlines()
     for words in (("offer", "job", "hours", "cost", "preempt.", "every"), ("node", "exp.", "ckpt")):
         assert any(all(w in line for w in words) for line in lines), words
-    first = next(i for i, line in enumerate(lines) if "aws us-east-1" in line)
-    assert "$1,096.04" in lines[first] and "24 min" in lines[first] and "10.24" in lines[first]
-    assert "p5.48xlarge spot" in lines[first + 1] and "40.96" in lines[first + 1]
+    first = next(i for i, line in enumerate(lines) if "gcp us-east4" in line)
+    assert "$2,609.66" in lines[first] and "11 min" in lines[first] and "20.04" in lines[first]
+    assert "a3-highgpu-8g spot" in lines[first + 1] and "80.18" in lines[first + 1]
     lambda_rows = [line for line in lines if line.lstrip().startswith("lambda")]
     assert len(lambda_rows) == 1 and "+16 regions" in lambda_rows[0]  # identical rows grouped
-    assert "spot aws p5.48xlarge in us-east-1 wins" in out
-    assert "excluded" not in out
+    assert "spot gcp a3-highgpu-8g in us-east4 wins" in out
+    assert "excluded" not in out and "By a" not in out  # no deadline table without --deadline
 
 
 @pytest.mark.catalog
@@ -74,7 +75,7 @@ def test_plan_table_reads_at_80_columns(monkeypatch: pytest.MonkeyPatch) -> None
     assert code == 0, out
     assert max(len(line) for line in out.splitlines()) <= 80
     assert "…" not in out
-    for text in ("$1,096.04", "us-east-1", "p5.48xlarge spot", "gpu_8x_h100_sxm5 on-demand"):
+    for text in ("$2,609.66", "us-east4", "a3-highgpu-8g spot", "gpu_8x_h100_sxm5 on-demand"):
         assert text in out
 
 
@@ -125,7 +126,10 @@ def test_model_options_reach_the_plan() -> None:
     assert default["request"]["recovery_minutes"] == 10.0
     assert (custom["request"]["recovery_minutes"], custom["request"]["ckpt_seconds"]) == (20, 120)
     assert custom["choice"]["preemption_rate"] == 0.1
-    assert custom["choice"]["expected_cost"] > default["choice"]["expected_cost"]
+    assert custom["choice"]["hazard_source"] == "--preemption-rate"
+    assert default["choice"]["hazard_source"].startswith("traces, gcp")
+    # 0.1/node-h is below the traces' hazards: the same choice, fewer preemptions priced in.
+    assert custom["choice"]["expected_cost"] < default["choice"]["expected_cost"]
 
 
 def _history(tmp_path: Path, name: str, cloud: str, spot: bool, preemptions: int) -> None:
@@ -155,36 +159,34 @@ def test_learn_feeds_observed_preemptions_into_the_plan(tmp_path: Path) -> None:
     code, learned_out, err = _run(*args, "--learn")
     assert code == 0, err
     prior, learned = json.loads(prior_out), json.loads(learned_out)
-    hazard = (20 + 0.05 * 50) / (42 + 50)  # blended with H₀ = 50 node-hours of the prior
+    prior_aws = costmodel.spot_hazard("aws")  # the traces' hazard for aws, 0.494
+    hazard = (20 + prior_aws * 50) / (42 + 50)  # blended with H₀ = 50 node-hours of the prior
     assert prior["request"]["hazards"] == {} and prior["request"]["learned"] == []
     assert learned["request"]["hazards"] == {"aws": pytest.approx(hazard)}
     (item,) = learned["request"]["learned"]
     assert (item["cloud"], item["preemptions"], item["node_hours"]) == ("aws", 20, 42.0)
     assert item["weight"] == pytest.approx(42 / 92)
-    # aws still wins, but its spot offers now price in four times the preemptions…
-    assert prior["choice"]["cloud"] == learned["choice"]["cloud"] == "aws"
+    # The learned rate (0.486) replaces the traces' for every aws region, us-east-1's 0.673
+    # included, which 4 nodes could not use: now they can, and aws us-east-1 wins.
+    assert prior["choice"]["cloud"] == "gcp"
+    assert not any(c["cloud"] == "aws" and c["region"] == "us-east-1" for c in prior["candidates"])
+    assert (learned["choice"]["cloud"], learned["choice"]["region"]) == ("aws", "us-east-1")
     assert learned["choice"]["preemption_rate"] == pytest.approx(hazard)
-    assert learned["choice"]["expected_cost"] > 1.1 * prior["choice"]["expected_cost"]
+    assert learned["choice"]["hazard_source"] == "learned from run records"
     gcp = [c for c in learned["candidates"] if c["cloud"] == "gcp"]
-    assert gcp and all(c["preemption_rate"] == 0.05 for c in gcp)
-    # …and once a preemption costs 30 minutes, aws is left out and gcp wins.
-    slow = ("--recovery-minutes", "30")
-    assert json.loads(_run(*args, *slow)[1])["choice"]["cloud"] == "aws"
-    code, out, err = _run(*args, *slow, "--learn")
-    assert code == 0, err
-    data = json.loads(out)
-    assert data["choice"]["cloud"] == "gcp"
-    assert {c["cloud"] for c in data["candidates"]} == {"gcp"}
-    assert any(e["cloud"] == "aws" and "recovering" in e["reason"] for e in data["excluded"])
+    assert gcp and all(c["hazard_source"].startswith("traces, gcp") for c in gcp)
     # An explicit --preemption-rate still wins for every cloud.
-    pinned = json.loads(_run(*args, "--learn", "--preemption-rate", "0.05")[1])
-    assert pinned["choice"]["expected_cost"] == pytest.approx(prior["choice"]["expected_cost"])
-    # --verbose says what was learned.
+    pinned = json.loads(_run(*args, "--learn", "--preemption-rate", "0.3")[1])
+    assert {c["preemption_rate"] for c in pinned["candidates"]} == {0.3}
+    # --verbose says what was learned, and where every hazard came from.
     code, out, _ = _run("--gpus", "H100:8", "--nodes", "4", "--spot", "--learn", "--verbose")
     assert code == 0
-    assert "aws 0.245 (learned)" in out
+    assert "spot hazard aws us-east-1" in out and "0.486/node-h (learned from run records)" in out
+    assert (
+        "spot hazard gcp us-east4, europe-west4, asia-northeast1: 0.257/node-h (traces, gcp:" in out
+    )
     assert "learned aws: 20 preemptions in 42.0 spot node-h (0.476/node-h)" in out
-    assert "46% weight → 0.245/node-h" in out
+    assert "blended with the prior 0.494 at 46% weight → 0.486/node-h" in out
 
 
 @pytest.mark.catalog
@@ -210,7 +212,7 @@ def test_up_learn_reaches_the_plan_request(tmp_path: Path, monkeypatch: pytest.M
         result = runner.invoke(app, ["up", script, "--gpus", "H100:8", "--spot", *extra])
         assert result.exit_code == 3, result.output
     assert seen[0].hazards == {} and not seen[0].learned
-    assert seen[1].hazards == {"aws": pytest.approx(22.5 / 92)}
+    assert seen[1].hazards == {"aws": pytest.approx((20 + costmodel.spot_hazard("aws") * 50) / 92)}
 
 
 @pytest.mark.catalog

@@ -286,3 +286,27 @@ HazardsFrom = Annotated[
         "`cloud`/`region` or its path says where it applies.",
     ),
 ]
+# `plan --deadline` (the estimate of what `up --deadline` would cost) and its hazards.
+PlanDeadline = Annotated[
+    str | None,
+    typer.Option(
+        "--deadline",
+        help="Finish within this long of the start (e.g. 30h): also show each offer's expected "
+        "cost when a policy switches between spot and on-demand to meet it.",
+    ),
+]
+PlanBudget = Annotated[
+    float | None,
+    typer.Option(
+        "--budget",
+        help="With --deadline: most USD the run may be expected to cost; warns above it.",
+    ),
+]
+HazardsFrom = Annotated[
+    list[Path] | None,
+    typer.Option(
+        "--hazards-from",
+        help="Spot trace JSON to measure preemption hazards from (repeatable); its metadata "
+        "`cloud`/`region` or its path says where it applies.",
+    ),
+]

@@ -12,6 +12,7 @@ from mncloud.cli import options as opts
 from mncloud.cli._common import console, handle_errors, print_json
 
 if TYPE_CHECKING:
+    from mncloud.deadline import DeadlineReport, PlaceEstimate
     from mncloud.plan import Candidate, Plan
 
 
@@ -34,6 +35,9 @@ def plan_command(
     learn: opts.Learn = False,
     recovery_minutes: opts.RecoveryMinutes = None,
     ckpt_seconds: opts.CkptSeconds = None,
+    hazards_from: opts.HazardsFrom = None,
+    deadline: opts.PlanDeadline = None,
+    budget: opts.PlanBudget = None,
     top: Annotated[
         int | None, typer.Option("--top", min=1, help="Show only the N cheapest.")
     ] = None,
@@ -48,12 +52,14 @@ def plan_command(
     from mncloud import catalog as catalog_mod
 
     catalog_mod.use_catalog_dir(catalog)  # before anything imports sky
+    from mncloud.hazards import hazards_from_files
     from mncloud.launch import learned_hazards
     from mncloud.plan import PlanRequest, make_plan
     from mncloud.spec import Accelerator, SpotPolicy
 
     if not gpus:
         raise opts.SpecError("--gpus is required, e.g. --gpus H100:8")
+    deadline_s = _deadline_seconds(deadline, budget)
     policy = {True: SpotPolicy.SPOT, False: SpotPolicy.ON_DEMAND, None: SpotPolicy.EITHER}[spot]
     request = PlanRequest.build(
         accelerator=Accelerator.parse(gpus),
@@ -66,19 +72,64 @@ def plan_command(
         max_cost=max_cost,
         preemption_rate=preemption_rate,
         learned=learned_hazards() if learn else [],
+        traces=hazards_from_files(hazards_from) if hazards_from else [],
         **{
             k: v
             for k, v in {"recovery_minutes": recovery_minutes, "ckpt_seconds": ckpt_seconds}.items()
             if v is not None
         },
     )
+    if deadline_s is not None:
+        from mncloud.deadline import deadline_job
+
+        deadline_job(  # a deadline too short fails here, before the catalog is read
+            nodes=request.nodes,
+            hours=request.hours,
+            deadline_s=deadline_s,
+            recovery_minutes=request.recovery_minutes,
+        )
     plan = make_plan(request)
+    report = None
+    if deadline_s is not None:
+        from mncloud.deadline import estimate_deadline
+
+        report = estimate_deadline(plan, deadline_s, budget=budget)
     if as_json:
-        print_json(plan.to_json(top=top))
-    else:
-        show_plan(plan, top=top, verbose=verbose)
-        if learn and not request.learned:
-            console.print(NOTHING_LEARNED, style="dim", highlight=False)
+        print_json(_json(plan, report, top))
+        return
+    show_plan(plan, top=top, verbose=verbose)
+    if learn and not request.learned:
+        console.print(NOTHING_LEARNED, style="dim", highlight=False)
+    if report is not None:
+        show_deadline(report, top=top)
+
+
+def _deadline_seconds(deadline: str | None, budget: float | None) -> float | None:
+    """`--deadline` in seconds (None without it); --budget alone is refused."""
+    if deadline is None:
+        if budget is not None:
+            raise opts.SpecError("--budget needs --deadline (without one, use --max-cost)")
+        return None
+    seconds = opts.parse_duration(deadline, "--deadline")
+    if seconds is None or seconds <= 0:
+        raise opts.SpecError(f"--deadline {deadline!r}: it must be longer than 0, e.g. 30h")
+    if budget is not None and budget <= 0:
+        raise opts.SpecError(f"--budget {budget:g}: it must be positive")
+    return seconds
+
+
+def _json(plan: Plan, report: DeadlineReport | None, top: int | None) -> dict[str, object]:
+    """The plan's JSON; with a deadline, its figures per candidate and in `deadline`."""
+    data = plan.to_json(top=top)
+    if report is None:
+        return data
+    data["deadline"] = report.model_dump(mode="json") | {"warning": report.over_budget()}
+    for c, entry in zip(plan.candidates, data["candidates"], strict=False):
+        place = report.for_candidate(c)
+        entry["deadline"] = None if place is None else place.model_dump(mode="json")
+    choice = report.for_candidate(plan.choice)
+    data["choice"]["deadline"] = None if choice is None else choice.model_dump(mode="json")
+    return data
 
 
 NOTHING_LEARNED = "--learn: no spot node-hours in this machine's run records yet; priors used"
@@ -117,6 +168,75 @@ def show_plan(plan: Plan, *, top: int | None = None, verbose: bool = False) -> N
         _show_details(plan)
 
 
+def show_deadline(report: DeadlineReport, *, top: int | None = None) -> None:
+    """The deadline figures per place, cheapest under the policy first, in the plan's style.
+
+    Each row stacks where over what (and where its on-demand hours run when not there); places
+    whose figures are the same except for the region share one row.
+    """
+    title = (
+        f"By a {report.deadline_hours:g} h deadline, {report.policy} policy: "
+        "cheapest expected cost first"
+    )
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("offer", no_wrap=True)
+    for header in ("policy\nexp. $", "all\non-demand\n$", "spot\nonly $\nin time"):
+        table.add_column(header, justify="right", no_wrap=True)
+    for header in ("hours\nspot\nod", "done\nby h"):
+        table.add_column(header, justify="right", no_wrap=True)
+    groups = _same_place_groups(report.places)
+    for group in groups[:top] if top else groups:
+        p = group[0]
+        where = f"{p.cloud} {p.region}" + (f" +{len(group) - 1} regions" if len(group) > 1 else "")
+        market = "on-demand" if p.spot_per_node is None else "spot"
+        offer = f"{where}\n{p.instance_type} {market}"
+        if p.on_demand_where != "here":
+            offer += f"\n+ on-demand {p.on_demand_where}"
+        spot_only = (
+            "-" if p.spot_only_cost is None else f"{p.spot_only_cost:,.2f}\n{p.spot_only_met:.0%}"
+        )
+        table.add_row(
+            offer,
+            f"{p.expected_cost:,.2f}",
+            f"{p.on_demand_cost:,.2f}",
+            spot_only,
+            f"{p.spot_hours:.1f}\n{p.on_demand_hours:.1f}",
+            f"{p.finish_hours:.1f}",
+            style="bold green" if report.choice in group else None,
+        )
+    console.print(table)
+    console.print(
+        f"slack {report.slack_hours:.2f} h: the deadline less {report.hours:g} h of work and one "
+        f"{report.recovery_minutes:g} min restart. Means over {report.windows} spot windows drawn "
+        f"with each place's hazard (gaps of {report.mean_gap_hours:g} h on average, from the "
+        "traces); `mncloud replay` replays a real trace.",
+        highlight=False,
+        style="dim",
+    )
+    warning = report.over_budget()
+    if warning:
+        console.print(f"warning: {warning}", style="yellow", highlight=False)
+
+
+def _same_place_groups(places: list[PlaceEstimate]) -> list[list[PlaceEstimate]]:
+    """Consecutive places that differ only in region, with the same figures, grouped."""
+    groups: list[list[PlaceEstimate]] = []
+    for p in places:
+        last = groups[-1][0] if groups else None
+        key = (p.cloud, p.instance_type, p.expected_cost, p.on_demand_cost, p.spot_only_cost)
+        if last is not None and key == (
+            last.cloud,
+            last.instance_type,
+            last.expected_cost,
+            last.on_demand_cost,
+            last.spot_only_cost,
+        ):
+            groups[-1].append(p)
+        else:
+            groups.append([p])
+    return groups
+
+
 def _same_offer_groups(rows: list[Candidate]) -> list[list[Candidate]]:
     """Consecutive offers that differ only in region, at the same price, grouped together."""
     groups: list[list[Candidate]] = []
@@ -134,32 +254,50 @@ def _same_offer_groups(rows: list[Candidate]) -> list[list[Candidate]]:
 
 
 def _show_details(plan: Plan) -> None:
-    from mncloud import plan as plan_mod
+    from mncloud import costmodel
 
     request = plan.request
-    if request.preemption_rate is not None:
-        hazards = f"{request.preemption_rate:g}/node-h on every cloud"
-    else:
-        per_cloud = plan_mod.SPOT_HAZARD_PER_HOUR | request.hazards
-        hazards = (
-            ", ".join(
-                f"{k} {v:.3g}" + (" (learned)" if k in request.hazards else "")
-                for k, v in per_cloud.items()
-            )
-            + f", others {plan_mod.DEFAULT_SPOT_HAZARD_PER_HOUR:g} /node-h"
-        )
     console.print(
-        f"model: spot preemptions {hazards}; on-demand faults "
-        f"{plan_mod.ON_DEMAND_HAZARD_PER_HOUR:g}/node-h; "
+        f"model: on-demand faults {costmodel.ON_DEMAND_HAZARD_PER_HOUR:g}/node-h; "
         f"recovery {request.recovery_minutes:g} min; checkpoint {request.ckpt_seconds:g} s",
         highlight=False,
         style="dim",
     )
+    show_hazards(plan)
     show_learned(plan)
     fallbacks = ", ".join(f"{c.cloud}/{c.region}" for c in plan.fallbacks) or "none"
     console.print(f"fallbacks, in order: {fallbacks}", highlight=False)
     for e in plan.excluded:
         console.print(f"excluded {e.cloud}: {e.reason}", highlight=False)
+
+
+def show_hazards(plan: Plan) -> None:
+    """Where each spot hazard came from: one line per (hazard, source), naming the regions."""
+    request = plan.request
+    if request.preemption_rate is not None:
+        console.print(
+            f"spot hazard {request.preemption_rate:g}/node-h everywhere: --preemption-rate",
+            highlight=False,
+        )
+        return
+    places: dict[tuple[str, float, str], list[str]] = {}
+    for c in plan.candidates:
+        if c.spot:
+            key = (c.cloud, round(c.preemption_rate, 3), c.hazard_source)
+            places.setdefault(key, [])
+            if c.region not in places[key]:
+                places[key].append(c.region)
+    for (cloud, hazard, source), regions in places.items():
+        shown = ", ".join(regions[:3]) + (f" +{len(regions) - 3}" if len(regions) > 3 else "")
+        console.print(
+            f"spot hazard {cloud} {shown}: {hazard:.3g}/node-h ({source})", highlight=False
+        )
+    for item in request.traces:
+        console.print(
+            f"your trace {item.source}: {item.cloud} {item.region}, {item.preemptions} "
+            f"preemptions in {item.node_hours:,.1f} node-h ({item.hazard:.3g}/node-h)",
+            highlight=False,
+        )
 
 
 def show_learned(plan: Plan) -> None:
@@ -168,7 +306,7 @@ def show_learned(plan: Plan) -> None:
     for item in request.learned:
         console.print(
             f"learned {item.cloud}: {item.preemptions} preemptions in {item.node_hours:,.1f} spot "
-            f"node-h ({item.observed:.3g}/node-h), blended with the prior {item.prior:g} at "
+            f"node-h ({item.observed:.3g}/node-h), blended with the prior {item.prior:.3g} at "
             f"{item.weight:.0%} weight → {item.hazard:.3g}/node-h"
             + (", overridden by --preemption-rate" if request.preemption_rate is not None else ""),
             highlight=False,
