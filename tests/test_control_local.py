@@ -1,0 +1,105 @@
+"""Deadline mode live on the local backend, end to end: real controller process, supervisor,
+torchrun and checkpoints; spot capacity from a small synthetic trace, time-compressed.
+
+Each test waits on the controller's own state file (bounded polls).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from mncloud import control
+from mncloud.backends.local.figures import read_final
+from mncloud.cli import app
+from mncloud.layout import local_ckpt_dir
+from mncloud.records import cost_summary, find_record
+from tests.test_local import EXAMPLE, run_log, up, wait_final, wait_until
+
+pytestmark = [pytest.mark.slow, pytest.mark.catalog]
+runner = CliRunner()
+NODES = ["--nodes", "2", "--gpus", "cpu:2"]
+SCALE = 12  # a 60 s tick of the trace passes in 5 s
+# Long enough that the trace's spot capacity goes away mid-training.
+TRAIN = ["--steps", "600", "--ckpt-interval", "20", "--log-every", "200"]
+
+
+def _trace(folder: Path, data: list[int]) -> Path:
+    path = folder / "trace.json"
+    path.write_text(json.dumps({"metadata": {"gap_seconds": 60}, "data": data}))
+    return path
+
+
+def _deadline_up(name: str, trace: Path, *flags: str, steps: list[str]) -> None:
+    args = ["up", str(EXAMPLE), "--cloud", "local", "--name", name, "--yes", *NODES,
+            "--spot-trace", str(trace), "--time-scale", str(SCALE), "--spot-price", "1",
+            "--on-demand-price", "3", "--recovery-minutes", "4", *flags, "--", *steps]  # fmt: skip
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "deadline controller started" in result.stdout
+
+
+def _wait_controller(name: str, timeout: float) -> control.ControlState:
+    state = wait_until(
+        lambda: (s := control.load_state(name)).final and s, timeout, f"{name}'s controller"
+    )
+    assert isinstance(state, control.ControlState)
+    return state
+
+
+def _ledgers(state: control.ControlState) -> list[Any]:
+    return [cost_summary(find_record(run_id)) for run_id in state.run_ids]
+
+
+def test_spot_lost_then_on_demand_meets_the_deadline_with_the_same_weights(
+    tmp_path: Path,
+) -> None:
+    """Spot for 5 ticks, then none: preempted, switched to on-demand, done by the deadline."""
+    trace = _trace(tmp_path, [2] * 5 + [0] * 60)
+    _deadline_up("dl", trace, "--deadline", "18m", "--hours", "0.1", steps=TRAIN)
+    state = _wait_controller("dl", 180)
+    assert state.phase == "finished", (state.detail, run_log("dl"))
+    elapsed = state.decisions[-1].time - (state.started_at or 0)
+    assert "deadline 0.3 h met" in state.detail and elapsed <= 18 * 60 / SCALE
+    assert state.preemptions >= 1 and state.switches >= 1
+    chosen = [d.chose.value for d in state.decisions]
+    assert chosen[0] == "spot" and "on-demand" in chosen
+
+    ledgers = _ledgers(state)
+    assert sum(s.spot for s in ledgers) > 0 and sum(s.on_demand for s in ledgers) > 0
+    assert state.spot_cost == pytest.approx(sum(s.spot for s in ledgers), rel=0.05)
+    assert ledgers[0].preemptions >= 1  # the trace's preemption, recorded by the supervisor
+    record = find_record(state.run_ids[-1])
+    launch = next(e for e in record.events if "deadline controller" in e.detail)
+    assert "switch to on-demand" in launch.detail and launch.spot is False
+    status = json.loads(runner.invoke(app, ["status", "dl", "--json"]).stdout)[0]
+    assert status["state"] == "SUCCEEDED" and status["deadline"]["mode"] == "finished"
+    assert status["deadline"]["on_demand_cost"] > 0 and status["deadline"]["preemptions"] >= 1
+
+    up("ref", EXAMPLE, *NODES, script_args=TRAIN)  # uninterrupted, after: no load on timing
+    assert wait_final("ref").state.value == "SUCCEEDED", run_log("ref")
+    reference = read_final(f"file://{local_ckpt_dir('ref')}")
+    final = read_final(f"file://{local_ckpt_dir('dl')}")
+    assert reference and final and final["weights_sha256"] == reference["weights_sha256"]
+
+
+def test_budget_stops_the_run_cleanly_and_keeps_its_checkpoint(tmp_path: Path) -> None:
+    trace = _trace(tmp_path, [2] * 200)
+    long_run = ["--steps", "100000", "--ckpt-interval", "20", "--log-every", "1000"]
+    # 2 nodes × $1/h of run time: $0.033 a tick; the budget lasts ~9 ticks (45 s).
+    _deadline_up("pay", trace, "--deadline", "3h", "--hours", "1", "--budget", "0.3",
+                 steps=long_run)  # fmt: skip
+    started = time.monotonic()
+    state = _wait_controller("pay", 120)
+    assert state.phase == "stopped" and "budget $0.30" in state.detail, state.detail
+    assert "checkpoint step" in state.detail and "kept" in state.detail
+    assert time.monotonic() - started < 100
+    assert state.cost <= 0.3 + 1e-6
+    status = json.loads(runner.invoke(app, ["status", "pay", "--json"]).stdout)[0]
+    assert status["state"] == "CANCELLED" and status["ckpt_step"] and status["ckpt_step"] >= 20
+    assert "budget" in status["detail"]
