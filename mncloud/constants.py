@@ -13,6 +13,8 @@ SKYPILOT_CLUSTER_INFO = "SKYPILOT_CLUSTER_INFO"
 
 # Environment variables mncloud sets for the training script.
 CKPT_URI_ENV = "MNCLOUD_CKPT_URI"
+# `--ckpt-dir`: the folder, backed by the run's bucket, where a script keeps its own files.
+CKPT_DIR_ENV = "MNCLOUD_CKPT_DIR"
 RUN_NAME_ENV = "MNCLOUD_RUN_NAME"
 PREEMPTION_WATCH_ENV = "MNCLOUD_PREEMPTION_WATCH"
 CLOUD_ENV = "MNCLOUD_CLOUD"

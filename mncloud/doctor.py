@@ -235,6 +235,22 @@ def check_ifname(
     )
 
 
+def check_launcher(name: str | None, node: int | None = None) -> Check:
+    """The `--launcher` program is on PATH (torchrun, accelerate, deepspeed)."""
+    if not name or name == "none":
+        return Check("launcher", True, "no launcher: the script runs itself", node)
+    if shutil.which(name) is None:
+        package = {"torchrun": "torch"}.get(name, name)
+        return Check(
+            "launcher",
+            False,
+            f"launcher {name!r} is not installed on this node: pip install {package} "
+            "(in --setup or --requirements), or pick another --launcher",
+            node,
+        )
+    return Check("launcher", True, f"launcher {name} found", node)
+
+
 def check_resolvable(host: str, node: int | None = None) -> Check:
     """The master address resolves to an IP."""
     try:
@@ -470,6 +486,7 @@ def node_checks(args: argparse.Namespace, rank: int) -> tuple[list[Check], str, 
         gpus, _ = count_gpus()
     checks += [check_path(p, rank) for p in args.require_path]
     checks.append(check_ifname(os.environ.get("NCCL_SOCKET_IFNAME"), rank))
+    checks.append(check_launcher(args.launcher, rank))
     digest = code_hash(args.workdir)
     checks.append(check_code_hash(digest, args.code_hash, rank))
     if args.bucket:
@@ -486,6 +503,7 @@ def node_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--code-hash", default=None, help="expected workdir code hash")
     parser.add_argument("--bucket", default=None, help="check this bucket is writable")
     parser.add_argument("--workdir", default=".", help="the synced workdir")
+    parser.add_argument("--launcher", default=None, help="must be on PATH (e.g. accelerate)")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT)
     args = parser.parse_args(argv)
     start = time.monotonic()

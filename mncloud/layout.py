@@ -14,6 +14,7 @@ One owner for each location, so two modules can never disagree on where a thing 
     <bucket>/<name>                       MNCLOUD_CKPT_URI: the run's checkpoints
     <bucket>/<name>/runs/<run-id>         the bucket copy of a run record
     <bucket>/<name>/runs/<run-id>/steps   per-rank step-time telemetry
+    <bucket>/<name>/ckpt-dir              what a script saves in its `--ckpt-dir` folder
     <bucket>/<name>/control/state.json    the deadline controller's state (cloud runs)
 
 Pure path arithmetic: no I/O, no imports beyond the standard library.
@@ -34,6 +35,7 @@ SKY_RUNTIME_DIR = "sky-runtime"
 SKY_CACHE_DIR = "sky-cache"
 STEPS_DIR = "steps"
 LOCAL_CKPT_DIR = "checkpoints"
+CKPT_DIR_NAME = "ckpt-dir"
 CONTROL_DIR = "control"
 CONTROL_STATE = "state.json"
 CONTROL_LOG = "controller.log"
@@ -129,6 +131,17 @@ def control_state_uri(ckpt_uri: str) -> str:
     """`<ckpt uri>/control/state.json`: the deadline controller's state beside the checkpoints
     (a cloud run's controller runs away from this machine; `status` reads it there)."""
     return join_uri(ckpt_uri, CONTROL_DIR, CONTROL_STATE)
+
+
+def ckpt_dir_uri(ckpt_uri: str) -> str:
+    """`<ckpt uri>/ckpt-dir`: the bucket side of a run's `--ckpt-dir` folder."""
+    return join_uri(ckpt_uri, CKPT_DIR_NAME)
+
+
+def mounted_ckpt_dir(mount_path: str, bucket_prefix: str, run_name: str) -> str:
+    """Where the `--ckpt-dir` folder appears on a node that mounts the whole bucket at
+    `mount_path`: `<mount>/<prefix>/<name>/ckpt-dir`."""
+    return join_uri(mount_path, bucket_prefix, run_name, CKPT_DIR_NAME)
 
 
 def join_uri(base: str, *parts: str) -> str:

@@ -13,8 +13,10 @@ Template variables (also what a `--template PATH` of your own receives):
 | `resource_choices`, `resource_choice_mode` | list of resource dicts and `ordered`/`any_of` |
 | `envs` | dict of environment variables (user `--env` + `MNCLOUD_*`) |
 | `secrets` | list of secret names (values never rendered) |
-| `file_mounts` | dict of mount path → mount spec (`--mount-bucket`) |
+| `file_mounts` | dict of mount path → mount spec (`--mount-bucket`, `--ckpt-dir`) |
 | `script`, `script_args` | the script relative to workdir, and its arguments (quote with `q`) |
+| `launcher`, `command` | torchrun, accelerate, deepspeed or none; `none`: the words to run |
+| `ckpt_dir`, `ckpt_dir_target` | `--ckpt-dir` and the folder in the mounted bucket it links to |
 | `nproc_per_node` | shell word: `$SKYPILOT_NUM_GPUS_PER_NODE`, or the count for `cpu:N` |
 | `master_port`, `nccl_debug`, `nccl_socket_ifname` | rendezvous port and NCCL settings |
 | `requirements`, `user_setup` | pip requirements file (relative) and the `--setup` command |
@@ -40,7 +42,7 @@ import yaml
 
 from mncloud import __version__, constants, layout
 from mncloud.errors import RenderError
-from mncloud.spec import JobSpec, SpotPolicy
+from mncloud.spec import BUCKET_MOUNT_PATH, JobSpec, Launcher, SpotPolicy
 
 if TYPE_CHECKING:
     import jinja2
@@ -48,7 +50,9 @@ if TYPE_CHECKING:
     from mncloud.plan import Plan
 
 TASK_TEMPLATE = "task.yaml.j2"
-MOUNT_PATH = "/mncloud-bucket"
+MOUNT_PATH = BUCKET_MOUNT_PATH
+#: SkyPilot's MOUNT_CACHED preset for read-write checkpoints (parallel uploads and reads).
+CKPT_MOUNT_TYPE = "MODEL_CHECKPOINT_RW"
 
 
 @dataclass(frozen=True)
@@ -112,6 +116,8 @@ def task_env(spec: JobSpec, spot: bool, run_id: str | None = None) -> dict[str, 
         envs[constants.RUN_ID_ENV] = run_id
     if spec.bucket is not None:
         envs[constants.CKPT_URI_ENV] = layout.ckpt_uri(spec.bucket, spec.name)
+    if spec.ckpt_dir:
+        envs[constants.CKPT_DIR_ENV] = spec.ckpt_dir
     if spot:
         envs[constants.PREEMPTION_WATCH_ENV] = "1"
     return envs
@@ -138,6 +144,10 @@ def template_variables(
         "file_mounts": _file_mounts(spec),
         "script": spec.script_relpath,
         "script_args": list(spec.script_args),
+        "launcher": spec.launcher.value,
+        "command": _command(spec),
+        "ckpt_dir": spec.ckpt_dir,
+        "ckpt_dir_target": _ckpt_dir_target(spec),
         "nproc_per_node": str(spec.accelerator.count) if spec.accelerator.is_cpu else gpus_per_node,
         "master_port": spec.rendezvous_port,
         "nccl_debug": spec.nccl_debug,
@@ -255,11 +265,40 @@ def _region_error(cloud: str, region: str) -> str | None:
 
 
 def _file_mounts(spec: JobSpec) -> dict[str, Any]:
-    if not spec.mount_bucket or spec.bucket is None:
+    """The bucket, mounted with MOUNT_CACHED, for `--mount-bucket` or `--ckpt-dir`.
+
+    MOUNT modes take a whole bucket (SkyPilot refuses `s3://bucket/prefix`), so `--ckpt-dir`
+    becomes a link to `<mount>/<prefix>/<name>/ckpt-dir`, made by the run script.
+    MOUNT_CACHED writes to the node's disk and uploads a file once it is closed: a file still
+    being written when the VM goes never reaches the bucket (the older object stays whole).
+    """
+    wants_mount = spec.mount_bucket or (spec.ckpt_dir and not spec.is_local)
+    if not wants_mount or spec.bucket is None or spec.bucket.scheme == "file":
         return {}
-    # MOUNT modes take a whole bucket; checkpoints still go up directly through the SDK.
-    source = f"{spec.bucket.scheme}://{spec.bucket.name}"
-    return {MOUNT_PATH: {"source": source, "mode": "MOUNT_CACHED"}}
+    mount: dict[str, Any] = {"source": spec.bucket.root, "mode": "MOUNT_CACHED"}
+    if spec.ckpt_dir:
+        mount["type"] = CKPT_MOUNT_TYPE
+    return {MOUNT_PATH: mount}
+
+
+def _ckpt_dir_target(spec: JobSpec) -> str | None:
+    """The folder in the mounted bucket that `--ckpt-dir` links to on a cloud node."""
+    if not spec.ckpt_dir or spec.bucket is None or spec.bucket.scheme == "file":
+        return None
+    return layout.mounted_ckpt_dir(MOUNT_PATH, spec.bucket.prefix, spec.name)
+
+
+def _command(spec: JobSpec) -> list[str]:
+    """`--launcher none`: the words that run the script itself (python for `.py`, bash for
+    `.sh`, else the file as a program)."""
+    if spec.launcher is not Launcher.NONE:
+        return []
+    script = spec.script_relpath
+    if script.endswith(".py"):
+        return ["python", script]
+    if script.endswith(".sh"):
+        return ["bash", script]
+    return [script if "/" in script else f"./{script}"]
 
 
 def validate_task_config(config: dict[str, Any]) -> None:

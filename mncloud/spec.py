@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from enum import Enum
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import yaml
@@ -33,6 +33,28 @@ class SpotPolicy(str, Enum):
     SPOT = "spot"
     ON_DEMAND = "on-demand"
     EITHER = "either"
+
+
+class Launcher(str, Enum):
+    """What starts the script on every node (`--launcher`)."""
+
+    TORCHRUN = "torchrun"
+    ACCELERATE = "accelerate"
+    DEEPSPEED = "deepspeed"
+    NONE = "none"
+    """The script itself on every node, with MASTER_ADDR, NODE_RANK, … exported."""
+
+    @classmethod
+    def parse(cls, value: object) -> Launcher:
+        try:
+            return cls(str(getattr(value, "value", value)).strip().lower())
+        except ValueError:
+            names = ", ".join(m.value for m in cls)
+            raise SpecError(f"--launcher {value!r} is unknown; choose one of: {names}") from None
+
+
+#: Where the bucket is mounted on a cloud node (`--mount-bucket`, `--ckpt-dir`).
+BUCKET_MOUNT_PATH = "/mncloud-bucket"
 
 
 class Accelerator(BaseModel):
@@ -127,6 +149,10 @@ class JobSpec(BaseModel):
     """Paths (local or bucket URLs) every node must see before training starts."""
     preflight: bool = True
     """Run `python -m mncloud.doctor node` on every node before torchrun (when installed)."""
+    launcher: Launcher = Launcher.TORCHRUN
+    """What starts the script on every node: torchrun, accelerate, deepspeed or none."""
+    ckpt_dir: str | None = None
+    """An absolute path on every node backed by `<ckpt uri>/ckpt-dir` (`MNCLOUD_CKPT_DIR`)."""
 
     @field_validator("name")
     @classmethod
@@ -275,6 +301,8 @@ CONFIG_KEYS = (
     "nccl_socket_ifname",
     "require_path",
     "preflight",
+    "launcher",
+    "ckpt_dir",
     "name",
 )
 
@@ -304,6 +332,8 @@ def build_spec(
     nccl_socket_ifname: str | None = None,
     require_path: list[str] | None = None,
     preflight: bool | None = None,
+    launcher: str | None = None,
+    ckpt_dir: str | None = None,
     name: str | None = None,
     allow_secret_env: bool | None = None,
 ) -> JobSpec:
@@ -341,6 +371,8 @@ def build_spec(
         "nccl_socket_ifname": nccl_socket_ifname,
         "require_path": require_path or None,
         "preflight": preflight,
+        "launcher": launcher,
+        "ckpt_dir": ckpt_dir,
         "name": name,
         "allow_secret_env": allow_secret_env,
     }
@@ -421,9 +453,32 @@ def _spec_from_options(
             nccl_socket_ifname=opts.get("nccl_socket_ifname"),
             require_paths=_as_list(opts.get("require_path")),
             preflight=bool(opts.get("preflight", True)),
+            launcher=Launcher.parse(opts.get("launcher") or Launcher.TORCHRUN),
+            ckpt_dir=_checked_ckpt_dir(opts, workdir, bucket),
         )
     except ValidationError as err:
         raise SpecError(first_error(err)) from None
+
+
+def _checked_ckpt_dir(opts: dict[str, Any], workdir: Path, bucket: BucketURL | None) -> str | None:
+    """`--ckpt-dir`: an absolute folder outside the synced workdir and the bucket mount; on a
+    cloud it lives in the bucket, so it needs an s3:// or gs:// `--bucket`."""
+    if not opts.get("ckpt_dir"):
+        return None
+    path, flag = PurePosixPath(str(opts["ckpt_dir"])), f"--ckpt-dir {str(opts['ckpt_dir'])!r}"
+    if not path.is_absolute() or ".." in path.parts or len(path.parts) < 2:
+        raise SpecError(f"{flag}: give an absolute folder of its own on the nodes, e.g. /ckpt")
+    work, mount = PurePosixPath(workdir.as_posix()), PurePosixPath(BUCKET_MOUNT_PATH)
+    if path.is_relative_to(work) or "sky_workdir" in path.parts:
+        raise SpecError(f"{flag} is inside the workdir, which is synced to every node; use /ckpt")
+    if path.is_relative_to(mount) or work.is_relative_to(path) or mount.is_relative_to(path):
+        raise SpecError(f"{flag} overlaps the workdir or the bucket mount ({mount}); use /ckpt")
+    if _as_list(opts.get("cloud")) != [LOCAL_CLOUD] and (bucket is None or bucket.scheme == "file"):
+        raise SpecError(
+            f"{flag} needs --bucket s3://… or gs://… on a cloud: the folder lives in the bucket "
+            "and outlives the VMs"
+        )
+    return path.as_posix()
 
 
 def _checked_envs(opts: dict[str, Any]) -> dict[str, str]:

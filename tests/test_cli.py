@@ -250,6 +250,8 @@ RENDER_OPTIONS = {
     "--require-path",
     "--preflight",
     "--no-preflight",
+    "--launcher",
+    "--ckpt-dir",
     "--name",
     "--catalog",
     "--template",

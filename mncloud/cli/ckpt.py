@@ -10,6 +10,7 @@ import typer
 
 from mncloud.cli._common import console, handle_errors, print_json
 from mncloud.errors import CheckpointError, RunNotFoundError
+from mncloud.storage.buckets import ObjectInfo
 from mncloud.storage.checkpoints import CheckpointStore
 from mncloud.storage.url import BucketURL
 
@@ -64,6 +65,26 @@ def _run_location(name: str) -> str:
     return uri
 
 
+def ckpt_dir_files(ckpt_uri: str, retry_seconds: float = 5.0) -> list[ObjectInfo]:
+    """What a run's `--ckpt-dir` folder holds in the bucket, keys relative to the folder."""
+    from mncloud import layout
+    from mncloud.storage import open_bucket
+
+    bucket, prefix = open_bucket(layout.ckpt_dir_uri(ckpt_uri), retry_seconds=retry_seconds)
+    base = f"{prefix}/" if prefix else ""
+    return [
+        ObjectInfo(key=obj.key[len(base) :], size=obj.size, mtime=obj.mtime)
+        for obj in bucket.list(base)
+    ]
+
+
+def describe_files(files: list[ObjectInfo], most: int = 4) -> str:
+    """`snapshot.pt (2.1 KB, 4s ago), …` for one line of `status`."""
+    shown = [f"{f.key} ({_human(f.size)}, {_age(f.mtime)} ago)" for f in files[:most]]
+    more = f", +{len(files) - most} more" if len(files) > most else ""
+    return ", ".join(shown) + more
+
+
 def _human(n: float) -> str:
     for unit in ("B", "KB", "MB", "GB", "TB"):
         if abs(n) < 1000 or unit == "TB":
@@ -103,11 +124,17 @@ def ls(uri: UriArg, json_out: JsonOpt = False) -> None:
             ]
         )
         return
+    from rich.table import Table
+
+    files = ckpt_dir_files(store.uri)
+    if files:
+        folder = Table("file", "size", "age", title="--ckpt-dir folder", title_justify="left")
+        for f in files:
+            folder.add_row(f.key, _human(f.size), _age(f.mtime))
+        console.print(folder)
     if not steps:
         console.print(f"no checkpoints at {store.uri}")
         return
-    from rich.table import Table
-
     table = Table("step", "complete", "files", "size", "age")
     for s in steps:
         table.add_row(

@@ -89,6 +89,22 @@ Preflight = Annotated[
     bool | None,
     typer.Option("--preflight/--no-preflight", help="Check every node before torchrun (on)."),
 ]
+Launcher = Annotated[
+    str | None,
+    typer.Option(
+        "--launcher",
+        help="What starts the script on every node: torchrun (default), accelerate, deepspeed, "
+        "or none (the script itself, MASTER_ADDR/NODE_RANK/NNODES exported).",
+    ),
+]
+CkptDir = Annotated[
+    str | None,
+    typer.Option(
+        "--ckpt-dir",
+        help="An absolute folder on every node, kept in the bucket across preemptions "
+        "(MNCLOUD_CKPT_DIR), for scripts that save their own checkpoints, e.g. /ckpt.",
+    ),
+]
 # Launch options shared by `up` and `rerun`.
 Yes = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask before launching.")]
 Detach = Annotated[
@@ -268,22 +284,6 @@ OnDemandPrice = Annotated[
     typer.Option(
         "--on-demand-price",
         help="With --deadline: USD per node-hour on-demand (local: 3.06; clouds: the plan's).",
-    ),
-]
-# `plan --deadline` (the estimate of what `up --deadline` would cost) and its hazards.
-PlanBudget = Annotated[
-    float | None,
-    typer.Option(
-        "--budget",
-        help="With --deadline: most USD the run may be expected to cost; warns above it.",
-    ),
-]
-HazardsFrom = Annotated[
-    list[Path] | None,
-    typer.Option(
-        "--hazards-from",
-        help="Spot trace JSON to measure preemption hazards from (repeatable); its metadata "
-        "`cloud`/`region` or its path says where it applies.",
     ),
 ]
 # `plan --deadline` (the estimate of what `up --deadline` would cost) and its hazards.

@@ -42,6 +42,8 @@ def render_command(
     nccl_socket_ifname: opts.NcclIfname = None,
     require_path: opts.RequirePath = None,
     preflight: opts.Preflight = None,
+    launcher: opts.Launcher = None,
+    ckpt_dir: opts.CkptDir = None,
     name: opts.Name = None,
     catalog: opts.Catalog = None,
     template: opts.Template = None,

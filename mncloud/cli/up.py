@@ -48,6 +48,8 @@ def up_command(
     nccl_socket_ifname: opts.NcclIfname = None,
     require_path: opts.RequirePath = None,
     preflight: opts.Preflight = None,
+    launcher: opts.Launcher = None,
+    ckpt_dir: opts.CkptDir = None,
     name: opts.Name = None,
     catalog: opts.Catalog = None,
     template: opts.Template = None,

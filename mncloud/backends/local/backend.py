@@ -34,7 +34,7 @@ from mncloud.errors import BackendError, RunNotFoundError
 
 def _check_can_launch(request: LaunchRequest) -> None:
     """BackendError for what would stop the run at once: a live run of the same name,
-    no torchrun, a taken port, a missing secret."""
+    no launcher (torchrun, accelerate, deepspeed), a taken port, a missing secret."""
     spec = request.spec
     with contextlib.suppress(RunNotFoundError):
         old = load_state(layout.run_dir(spec.name))
@@ -43,9 +43,13 @@ def _check_can_launch(request: LaunchRequest) -> None:
                 f"run {spec.name!r} is still {old.state.value}; stop it with "
                 f"`mncloud down {spec.name}` or pick another --name"
             )
-    here = shutil.which("torchrun", path=str(Path(sys.executable).parent))
-    if here is None and shutil.which("torchrun") is None:
-        raise BackendError("torchrun not found: pip install 'mncloud[train]' (torch)")
+    launcher = spec.launcher.value
+    here = shutil.which(launcher, path=str(Path(sys.executable).parent))
+    if launcher != "none" and here is None and shutil.which(launcher) is None:
+        hint = "'mncloud[train]' (torch)" if launcher == "torchrun" else launcher
+        raise BackendError(
+            f"{launcher} not found: the local nodes run on this machine; pip install {hint}"
+        )
     if not port_is_free(spec.rendezvous_port):
         raise BackendError(
             f"port {spec.rendezvous_port} on 127.0.0.1 is in use; pass --master-port with a "

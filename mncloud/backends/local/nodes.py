@@ -24,6 +24,7 @@ from mncloud.backends.local.state import (
     PROGRESS_FILE,
     RUN_LOG,
     LocalLaunch,
+    node_ckpt_dir,
     node_dir,
     node_log,
 )
@@ -70,6 +71,8 @@ def node_env(
         "PET_LOG_DIR": str(own / "torchrun"),
         "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "[rank${rank}]:",
     })  # fmt: skip
+    if constants.CKPT_DIR_ENV in launch.envs:  # --ckpt-dir: the node's own folder (ckptdir.py)
+        env[constants.CKPT_DIR_ENV] = str(node_ckpt_dir(folder, node))
     # Local nodes can be preempted with a notice at any time: watch (unless --env says no).
     env.setdefault(constants.PREEMPTION_WATCH_ENV, "1")
     if setup:

@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from mncloud import layout
 from mncloud.backends.base import RunState
 from mncloud.errors import RunNotFoundError
 from mncloud.storage import write_atomic
@@ -38,6 +39,11 @@ def node_log(node: int) -> str:
 def node_dir(folder: Path, node: int) -> Path:
     """A node's own folder: its TMPDIR, checkpoint staging and torchrun logs."""
     return folder / "nodes" / f"node-{node}"
+
+
+def node_ckpt_dir(folder: Path, node: int) -> Path:
+    """A node's `--ckpt-dir` folder (its MNCLOUD_CKPT_DIR), lost when the node is preempted."""
+    return node_dir(folder, node) / layout.CKPT_DIR_NAME
 
 
 class LocalLaunch(BaseModel):

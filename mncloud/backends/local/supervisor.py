@@ -43,6 +43,7 @@ from mncloud import constants
 from mncloud.backends.base import RunState
 from mncloud.backends.local import processes
 from mncloud.backends.local.chaos import preempt_node
+from mncloud.backends.local.ckptdir import CkptDirSync
 from mncloud.backends.local.metadata import MetadataServer
 from mncloud.backends.local.nodes import RunLogs, node_env, start_node
 from mncloud.backends.local.state import (
@@ -124,6 +125,12 @@ class Supervisor:
         # --notice` flips one; the node is killed at the notice's deadline if still running.
         self._metadata = MetadataServer()
         self._notice_kills: list[tuple[float, int, int]] = []  # (deadline, node, attempt)
+        # --ckpt-dir: each node's folder, kept in the bucket like a MOUNT_CACHED mount.
+        self._ckpt_dir = (
+            CkptDirSync(folder, self.launch, self.logs.write)
+            if constants.CKPT_DIR_ENV in self.launch.envs
+            else None
+        )
 
     # ------------------------------------------------------------------ plumbing
     def _save(self) -> None:
@@ -203,6 +210,8 @@ class Supervisor:
         finally:
             self._kill_all()
             self._metadata.stop()
+            if self._ckpt_dir is not None:
+                self._ckpt_dir.stop()
         self._finish(final)
         self._records.flush()
         self.logs.close()
@@ -278,6 +287,8 @@ class Supervisor:
         st.attempt += 1
         started = time.time()
         self._metadata.clear()  # a relaunch gets fresh VMs
+        if self._ckpt_dir is not None:
+            self._ckpt_dir.start_attempt()
         self._procs = {}
         for node in range(la.num_nodes):
             proc = self._procs[node] = self._start(node, "run.sh", "")
@@ -295,6 +306,7 @@ class Supervisor:
         started = self._launch_nodes()
         codes = self._watch(started)
         if codes is None:
+            self._end_ckpt_dir({})
             return "stopped", "stopped"
         self._ingest_chaos()  # a request written just before the kill we noticed
         for n, code in codes.items():
@@ -303,6 +315,7 @@ class Supervisor:
         failed = {n: c for n, c in codes.items() if c not in (None, 0)}
         if not failed:
             self._kill_all()
+            self._end_ckpt_dir(codes)
             return "succeeded", "all nodes exited 0"
         requested = {int(r["node"]) for r in self._preempt_requests if r["t"] >= started}
         vanished = {n for n, c in failed.items() if c < 0 or c == constants.PREEMPTED_EXIT_CODE}
@@ -312,6 +325,7 @@ class Supervisor:
         what = processes.describe_exit(code) if code is not None else "was preempted"
         message = f"node {first} {what}" + (" (preempted)" if preempted else "")
         self._kill_all()  # first: no commit may land after we look at the bucket
+        self._end_ckpt_dir(codes)
         latest = self._latest_checkpoint()
         where = f"step {latest}" if latest is not None else "none"
         self.event("preempted" if preempted else "error",
@@ -319,6 +333,12 @@ class Supervisor:
                    exit_codes={str(k): v for k, v in codes.items()},
                    latest_checkpoint=latest)  # fmt: skip
         return ("preempted" if preempted else "error"), message
+
+    def _end_ckpt_dir(self, codes: dict[int, int | None]) -> None:
+        """--ckpt-dir: flush the folders of nodes that exited on their own; a node killed (or
+        still running when the cluster went down) loses its folder."""
+        if self._ckpt_dir is not None:
+            self._ckpt_dir.end_attempt({n for n, c in codes.items() if c is not None and c >= 0})
 
     def _watch(self, started: float) -> dict[int, int | None] | None:
         """Poll the nodes until all exit 0 or one fails; their exit codes (None: `down`)."""
