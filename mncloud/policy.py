@@ -237,30 +237,37 @@ class GreedyPolicy(Policy):
 class UniformProgressPolicy(Policy):
     """Uniform Progress (Can't Be Late, NSDI 2024): keep up with the straight line to the deadline.
 
-    Events: spot when there; when spot is gone, wait while the work done is ahead of
-    `work × elapsed / (deadline − restart)`, run on-demand while behind; leave on-demand for
-    spot only once ahead of the line by two restarts (hysteresis, so it does not thrash).
-    Spends on-demand early, in the gaps, and so keeps slack to use spot near the deadline.
+    As the paper's `rc_cr_threshold` strategy (skypilot-org's simulator) has it. The line:
+    `work × elapsed / deadline`. Events: spot when there; spot gone and the work done ahead of
+    the line → wait; behind it → on-demand. Once on on-demand, stay there while spot is away
+    (never on-demand → wait → on-demand again: each relaunch costs a restart), and leave it
+    for spot only when ahead of where the line will be two restarts from now. Near the deadline
+    (work + 2 restarts ≥ time left) on-demand for good; a spot cluster already working is kept
+    till preempted. Spends on-demand early, in the gaps, keeping slack for spot near the end:
+    good for tight deadlines; with slack of 50–200 % of the work (bench/deadline.py) it runs
+    on-demand that greedy's waiting would have saved.
     """
 
     name = "uniform-progress"
 
     def decide(self, obs: Observation) -> Mode:
-        job = self.job
-        horizon = max(1, job.deadline_ticks - job.overhead_ticks)
-        ahead = obs.work_done - job.work_ticks * (obs.tick + 1) / horizon
-        if obs.spot_now:
-            if obs.mode is Mode.SPOT and safe(job, obs, Mode.SPOT):
-                return Mode.SPOT
-            if _spot_entry_ok(job, obs) and (
-                obs.mode is not Mode.ON_DEMAND or ahead >= 2 * job.overhead_ticks
-            ):
-                return Mode.SPOT
-        if obs.mode is Mode.ON_DEMAND and ahead < job.overhead_ticks:
-            return Mode.ON_DEMAND
-        if ahead < 0 or not safe(job, obs, Mode.NONE):
-            return Mode.ON_DEMAND
-        return Mode.NONE
+        job, s, o = self.job, Slack.of(self.job, obs), self.job.overhead_ticks
+        rate = job.work_ticks / job.deadline_ticks
+        mode = Mode.SPOT if obs.spot_now else Mode.NONE
+        if obs.work_done < obs.tick * rate and not obs.spot_now:  # behind the line
+            mode = Mode.ON_DEMAND
+        if obs.mode is Mode.ON_DEMAND and (
+            not obs.spot_now or (obs.tick + 2 * o) * rate >= obs.work_done
+        ):
+            mode = Mode.ON_DEMAND
+        if s.work_left + 2 * o >= s.time_left and obs.mode is not Mode.SPOT:
+            mode = Mode.ON_DEMAND
+        if s.work_left + o >= s.time_left:
+            working = obs.mode is Mode.SPOT and obs.overhead_left == 0 and obs.spot_now
+            mode = Mode.SPOT if working else Mode.ON_DEMAND
+        if mode is Mode.SPOT and obs.mode is not Mode.SPOT and not _spot_entry_ok(job, obs):
+            mode = Mode.ON_DEMAND if obs.mode is Mode.ON_DEMAND else Mode.NONE
+        return mode if safe(job, obs, mode) else Mode.ON_DEMAND
 
 
 @register
@@ -269,41 +276,64 @@ class AdaptivePolicy(Policy):
     when spot has lasted long enough to be worth two restarts.
 
     Events (10 h of work, 15 h deadline, 10 min restarts): spot 2 h → preempted → wait (slack
-    5 h, ample) → spot 1 h → preempted → wait 2 h → slack down to the reserve (2 h): launch
-    on-demand *now*, not at the last minute as greedy does → spot returns; leave on-demand only
-    once spot has stayed up 30 min (spot intervals on the traces have a decreasing hazard: one
-    that lasted 30 min has ~2–4 h left on average, while half of all intervals die within
-    20–30 min) → spot 3 h → preempted → on-demand again, the reserve still holding enough slack
-    for the next round trip, while the safety net guarantees the deadline.
+    5 h, ample) → spot 1 h → preempted → wait 2 h → slack down to the reserve (2 h, a quarter
+    of the 8 h of work left): launch on-demand *now*, not at the last minute as greedy does →
+    spot returns; leave on-demand once spot has stayed up 15 min (spot runs on the traces have
+    a decreasing hazard: half die within 20–30 min, yet the mean run is 1.5–3 h) → spot 3 h →
+    preempted → on-demand again, and stay on it while spot is away (leaving it to wait would
+    cost a relaunch), the reserve still holding slack for the next round trip. Had the spot
+    seen so far (net of one restart per spot run, pooled with a prior of 50 % over 6 h) been
+    enough to do the work left in the time left, it would have kept waiting, as greedy does.
+    The safety net guarantees the deadline throughout.
 
     Why: greedy spends its whole slack waiting early and then must finish on on-demand however
     much spot comes back; the offline optimum spreads its on-demand hours into the gaps instead
-    and keeps using spot until the end. Keeping a reserve of slack (2 h, at most half the
-    initial slack) buys that flexibility; the 30-minute patience keeps short spot blips from
-    costing two restarts each. Tuned with bench/deadline.py against the optimum.
+    and keeps using spot until the end. A reserve of slack buys that flexibility: at most 3 h
+    and half the initial slack, and a quarter of the work left, since a return to spot can only
+    save work that is left, while a reserve kept too long turns waits greedy would have sat
+    out into on-demand hours. Tuned with bench/deadline.py against the optimum.
     """
 
     name = "adaptive"
-    reserve_hours = 2.0  #: slack kept back for leaving on-demand when spot returns
-    patience_minutes = 30.0  #: spot must have been up this long to leave on-demand for it
+    reserve_hours = 3.0  #: slack kept back for leaving on-demand when spot returns, at most
+    reserve_of_work = 0.25  #: … and at most this share of the work left
+    patience_minutes = 15.0  #: spot must have been up this long to leave on-demand for it
+    prior_spot_share = 0.5  #: spot share assumed before any history: ~ the traces' overall
+    prior_hours = 6.0  #: how many hours of history the prior is worth
 
     def __init__(self, job: Job) -> None:
         super().__init__(job)
         initial_slack = job.deadline_ticks - job.work_ticks
-        self._reserve = max(
-            2 * job.overhead_ticks + 1,
-            min(ticks_ceil(self.reserve_hours * 3600, job.gap_seconds), initial_slack // 2),
-        )
+        self._cap = min(ticks_ceil(self.reserve_hours * 3600, job.gap_seconds), initial_slack // 2)
         self._patience = ticks_ceil(self.patience_minutes * 60, job.gap_seconds)
+        self._prior_ticks = self.prior_hours * 3600 / job.gap_seconds
         self._seen = 0
         self._spot_run = 0  #: consecutive ticks up to now with spot capacity
+        self._spot_ticks = 0  #: ticks with spot capacity so far
+        self._spot_runs = 0  #: runs of spot capacity so far
+
+    def _observe(self, history: Sequence[bool]) -> None:
+        for up in history[self._seen :]:
+            self._spot_runs += up and not self._spot_run
+            self._spot_ticks += up
+            self._spot_run = self._spot_run + 1 if up else 0
+        self._seen = len(history)
+
+    def _reserve(self, s: Slack) -> int:
+        """Slack to keep for round trips to spot: none (greedy) when spot looks ample."""
+        job = self.job
+        usable = self._spot_ticks - job.overhead_ticks * self._spot_runs
+        share = (usable + self.prior_spot_share * self._prior_ticks) / (
+            self._seen + self._prior_ticks
+        )
+        floor = 2 * job.overhead_ticks + 1
+        if share * (s.time_left - 1) >= s.work_left:
+            return floor
+        return max(floor, min(self._cap, int(self.reserve_of_work * s.work_left)))
 
     def decide(self, obs: Observation) -> Mode:
         job = self.job
-        for up in obs.history[self._seen :]:
-            self._spot_run = self._spot_run + 1 if up else 0
-        self._seen = len(obs.history)
-        s = Slack.of(job, obs)
+        self._observe(obs.history)
         if obs.spot_now:
             if obs.mode is Mode.SPOT and safe(job, obs, Mode.SPOT):
                 return Mode.SPOT
@@ -312,6 +342,7 @@ class AdaptivePolicy(Policy):
             lasting = self._spot_run >= self._patience
             if obs.mode is Mode.ON_DEMAND and lasting and _spot_entry_ok(job, obs):
                 return Mode.SPOT
-        if not safe(job, obs, Mode.NONE):
+        if obs.mode is Mode.ON_DEMAND or not safe(job, obs, Mode.NONE):
             return Mode.ON_DEMAND
-        return Mode.NONE if s.slack > self._reserve else Mode.ON_DEMAND
+        s = Slack.of(job, obs)
+        return Mode.NONE if s.slack > self._reserve(s) else Mode.ON_DEMAND
