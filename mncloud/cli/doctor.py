@@ -1,6 +1,6 @@
 """`mncloud doctor`: check credentials, bucket and data paths from the laptop before a launch.
 
-The node-side half runs inside the job (`python -m mncloud.doctor node`, see mncloud/doctor.py).
+The node-side half runs inside the job (`python -m mncloud.doctor node`, see mncloud/doctor/).
 """
 
 from __future__ import annotations

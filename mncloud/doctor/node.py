@@ -1,0 +1,107 @@
+"""`python -m mncloud.doctor node`: every check of one node, then the gang check, before
+the launcher starts."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+import time
+
+from mncloud import constants
+from mncloud.doctor.checks import (
+    DEFAULT_TIMEOUT,
+    PREFLIGHT_FAILED_EXIT_CODE,
+    Check,
+    check_bucket,
+    check_code_hash,
+    check_gpus,
+    check_ifname,
+    check_launcher,
+    check_path,
+    check_resolvable,
+    code_hash,
+    count_gpus,
+    failures,
+)
+from mncloud.doctor.gang import NodeInfo, run_head, run_member
+
+# --------------------------------------------------------------------------- the node command
+
+
+def node_checks(args: argparse.Namespace, rank: int) -> tuple[list[Check], str, int | None]:
+    """This node's own checks, its code hash and its GPU count."""
+    checks = [check_gpus(args.expect_gpus, rank)]
+    gpus = None
+    if args.expect_gpus > 0:
+        gpus, _ = count_gpus()
+    checks += [check_path(p, rank) for p in args.require_path]
+    checks.append(check_ifname(os.environ.get("NCCL_SOCKET_IFNAME"), rank))
+    checks.append(check_launcher(args.launcher, rank))
+    digest = code_hash(args.workdir)
+    checks.append(check_code_hash(digest, args.code_hash, rank))
+    if args.bucket:
+        checks.append(check_bucket(args.bucket, rank))
+    return checks, digest, gpus
+
+
+def node_main(argv: list[str] | None = None) -> int:
+    """`python -m mncloud.doctor node …`: this node's checks, then the gang check."""
+    parser = argparse.ArgumentParser(prog="python -m mncloud.doctor node")
+    parser.add_argument("--expect-gpus", type=int, default=0, help="GPUs per node; 0 = CPU")
+    parser.add_argument("--port", type=int, default=None, help="rendezvous port (MASTER_PORT)")
+    parser.add_argument("--require-path", action="append", default=[], help="must exist")
+    parser.add_argument("--code-hash", default=None, help="expected workdir code hash")
+    parser.add_argument("--bucket", default=None, help="check this bucket is writable")
+    parser.add_argument("--workdir", default=".", help="the synced workdir")
+    parser.add_argument("--launcher", default=None, help="must be on PATH (e.g. accelerate)")
+    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT)
+    args = parser.parse_args(argv)
+    start = time.monotonic()
+    rank = int(os.environ.get(constants.SKYPILOT_NODE_RANK, "0") or 0)
+    nodes = int(os.environ.get(constants.SKYPILOT_NUM_NODES, "1") or 1)
+    ips = os.environ.get(constants.SKYPILOT_NODE_IPS, "127.0.0.1").split()
+    master = os.environ.get("MASTER_ADDR") or (ips[0] if ips else "127.0.0.1")
+    port = args.port or int(os.environ.get("MASTER_PORT") or constants.DEFAULT_MASTER_PORT)
+    checks, digest, gpus = node_checks(args, rank)
+    if nodes > 1:
+        checks.append(check_resolvable(master, rank))
+    own = NodeInfo(
+        rank=rank,
+        nodes=nodes,
+        host=socket.gethostname(),
+        code_hash=digest,
+        gpus=gpus,
+        failures=[c.detail for c in failures(checks)],
+    )
+    note = ""
+    if nodes <= 1:
+        problems = [c.line() for c in failures(checks)]
+    elif rank == 0:
+        problems = run_head(own, port, args.timeout)
+    else:
+        problems, note = run_member(own, master, port, args.timeout)
+        if not problems and own.failures:  # joined a running job: own failures still count
+            problems = [c.line() for c in failures(checks)]
+    took = time.monotonic() - start
+    if problems:
+        for line in problems:
+            print(line, file=sys.stderr, flush=True)
+        return PREFLIGHT_FAILED_EXIT_CODE
+    print(
+        f"preflight ok on node {rank}/{nodes} in {took:.1f}s: code {digest}"
+        + (f", {gpus} GPU(s)" if gpus is not None else "")
+        + (f"; {note}" if note else ""),
+        file=sys.stderr,
+        flush=True,
+    )
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] != "node":
+        print("usage: python -m mncloud.doctor node [options]  (laptop: mncloud doctor)")
+        return 2
+    return node_main(argv[1:])
