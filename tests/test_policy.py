@@ -159,3 +159,12 @@ def test_ours_returns_from_on_demand_to_spot_once_spot_looks_lasting() -> None:
     greedy = replay(make_policy("greedy", job), avail)
     assert result.met_deadline and result.switches >= 1 and result.spot_hours > 0
     assert result.cost < greedy.cost
+
+
+def test_uniform_progress_keeps_on_demand_while_spot_is_away() -> None:
+    # behind the line at tick 1 → on-demand; ahead of it later, yet it stays (the paper's rule:
+    # leaving on-demand to wait would cost a relaunch when it falls behind again)
+    job = _job(work=6, deadline=12, overhead=1)
+    result = replay(make_policy("uniform-progress", job), _avail("0" * 12))
+    assert result.met_deadline and result.idle_hours == 1 and result.on_demand_hours == 7
+    assert result.switches == 0
