@@ -238,8 +238,13 @@ def test_prepare_refuses_a_choice_over_the_budget(tmp_path: Path) -> None:
     (tmp_path / "train.py").write_text("print('hi')\n")
     spec = build_spec(tmp_path / "train.py", gpus="H100:8", nodes=1)
     options = LaunchOptions(hours=20)
+    plan = prepare(spec, options).plan
+    assert plan is not None
+    report = deadline.estimate_deadline(plan, 30 * 3600)
+    choice, cheapest = report.choice.expected_cost, report.cheapest.expected_cost
+    assert cheapest < choice  # aws us-east-1 spot is the plan's choice, not the deadline's
     with pytest.raises(SpecError, match=r"not launched: the choice, aws p5\.48xlarge in us-east-1"):
-        prepare(spec, options, deadline_s=30 * 3600, budget=650)
+        prepare(spec, options, deadline_s=30 * 3600, budget=(cheapest + choice) / 2)
     with pytest.raises(SpecError, match="below the least expected cost"):
-        prepare(spec, options, deadline_s=30 * 3600, budget=100)
-    assert prepare(spec, options, deadline_s=30 * 3600, budget=5000).plan is not None
+        prepare(spec, options, deadline_s=30 * 3600, budget=cheapest - 1)
+    assert prepare(spec, options, deadline_s=30 * 3600, budget=choice + 1).plan == plan
