@@ -1,10 +1,15 @@
 """Checkpoint benchmark against a local S3 server (SeaweedFS, else moto).
 
 1. Throughput: CheckpointManager save + upload + commit of a ~256 MB state, against a raw
-   boto3 multipart upload of the same bytes in the same run.   Goal: ratio ≥ 0.9.
-2. Stall: time the training thread spends in an async save vs a blocking one. Goal: ≤ 0.1.
+   boto3 multipart upload of the same bytes to the same server, run by run (the two
+   alternate, so load on the machine hits both alike). Prints min/median/max of the ratio
+   (raw time / checkpoint time). Goals: median ≥ 0.95, min ≥ 0.85.
+2. Where a save's time goes: staging copy (training thread), DCP write to the staging folder
+   (hashing as it writes), upload, commit.
+3. Stall: time the training thread spends in an async save vs a blocking one (goal ≤ 0.1),
+   and the first async save after `load` (buffers allocated there) vs later ones.
 
-    python bench/ckpt.py [--mb 256] [--repeats 3]
+    .venv/bin/python bench/ckpt.py [--mb 256] [--repeats 5]
 """
 
 from __future__ import annotations
@@ -55,7 +60,7 @@ def raw_multipart(client, bucket: str, key: str, path: Path, workers: int = 8) -
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mb", type=int, default=256, help="state size in MB")
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
     torch.set_num_threads(1)
@@ -81,27 +86,27 @@ def main() -> None:
     torch.save(model.state_dict(), blob)  # the same bytes, as one file
 
     print(f"state: {nbytes / 1e6:.0f} MB, server: {server.kind} at {server.endpoint}")
-    raw, ours, stall_async, stall_block, first_stall = [], [], [], [], []
+    raw, ours, stall_async, stall_block, first_stall, phases = [], [], [], [], [], []
     try:
         for r in range(args.repeats):
-            raw.append(raw_multipart(client, bucket, f"raw/{r}", blob))
-
-            # Steps 1 and 2 of one manager: the first save also allocates the CPU staging
-            # buffers (reused afterwards), so the steady-state stall is the second one.
-            ckpt = CheckpointManager(f"s3://{bucket}/async{r}", keep=2, staging_dir=work / "st")
+            ckpt = CheckpointManager(f"s3://{bucket}/async{r}", keep=2)
+            ckpt.load(state)  # what a training script does first: allocates staging buffers
             ckpt.save(1, state)
             first_stall.append(ckpt.last_stall_s)
             ckpt.wait()
+            if r % 2 == 0:
+                raw.append(raw_multipart(client, bucket, f"raw/{r}", blob))
             t0 = time.perf_counter()
             ckpt.save(2, state)
             stall_async.append(ckpt.last_stall_s)
             ckpt.wait()
             ours.append(time.perf_counter() - t0)
+            phases.append(dict(ckpt.last_phases))
             ckpt.close()
+            if r % 2 == 1:
+                raw.append(raw_multipart(client, bucket, f"raw/{r}", blob))
 
-            ckpt = CheckpointManager(
-                f"s3://{bucket}/block{r}", keep=2, async_upload=False, staging_dir=work / "st"
-            )
+            ckpt = CheckpointManager(f"s3://{bucket}/block{r}", keep=2, async_upload=False)
             ckpt.save(1, state)
             ckpt.save(2, state)
             stall_block.append(ckpt.last_stall_s)
@@ -114,15 +119,23 @@ def main() -> None:
 
     med = statistics.median
     mbps = lambda s: nbytes / 1e6 / s  # noqa: E731
+    ratios = sorted(a / b for a, b in zip(raw, ours, strict=True))
     print(f"raw boto3 multipart upload : {med(raw):6.2f} s  ({mbps(med(raw)):5.0f} MB/s)")
     print(f"checkpoint save+upload     : {med(ours):6.2f} s  ({mbps(med(ours)):5.0f} MB/s)")
+    for key in ("stage_s", "write_s", "upload_s", "commit_s"):
+        values = [p[key] for p in phases if key in p]
+        if values:
+            print(f"  of which {key[:-2]:<8}: {med(values):6.3f} s (median)")
     print(f"training stall, async save : {med(stall_async):6.3f} s")
     print(f"training stall, blocking   : {med(stall_block):6.3f} s")
-    print(f"(first async save, allocating staging buffers: {med(first_stall):.3f} s)")
-    tput = med(raw) / med(ours)
+    print(f"first async save after load: {med(first_stall):6.3f} s "
+          f"({med(first_stall) / med(stall_async):.2f}x a later one)")  # fmt: skip
+    lo, mid, hi = ratios[0], med(ratios), ratios[-1]
+    print(f"throughput ratio (raw time / checkpoint time) over {len(ratios)} runs: "
+          f"min {lo:.2f}  median {mid:.2f}  max {hi:.2f}")  # fmt: skip
+    print(f"  goal median ≥ 0.95: {'MET' if mid >= 0.95 else 'MISSED'};  "
+          f"goal min ≥ 0.85: {'MET' if lo >= 0.85 else 'MISSED'}")  # fmt: skip
     stall = med(stall_async) / med(stall_block)
-    print(f"throughput ratio (raw time / checkpoint time): {tput:.2f}  goal ≥ 0.9  "
-          f"{'MET' if tput >= 0.9 else 'MISSED'}")  # fmt: skip
     print(f"stall ratio (async / blocking): {stall:.3f}  goal ≤ 0.1  "
           f"{'MET' if stall <= 0.1 else 'MISSED'}")  # fmt: skip
 

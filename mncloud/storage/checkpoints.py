@@ -278,13 +278,22 @@ class CheckpointStore:
         files: Mapping[str, str | os.PathLike[str]],
         *,
         workers: int = 4,
+        digests: Mapping[str, tuple[int, str]] | None = None,
     ) -> dict[str, FileEntry]:
-        """Hash and upload local files into a step's folder, in parallel; return their entries."""
+        """Hash and upload local files into a step's folder, in parallel; return their entries.
+
+        `digests` gives `(size, sha256)` of files hashed while they were written; those are
+        not read a second time to hash them (a size that differs is hashed again).
+        """
+        known = digests or {}
 
         def one(item: tuple[str, str | os.PathLike[str]]) -> tuple[str, FileEntry]:
             name, path = item
             size = os.path.getsize(path)
-            if size < 8 * 1024 * 1024:
+            if name in known and known[name][0] == size:
+                digest = known[name][1]
+                self.bucket.put_file(self.key(step, name), path)
+            elif size < 8 * 1024 * 1024:
                 digest = sha256_file(path)
                 self.bucket.put_file(self.key(step, name), path)
             else:  # hash while the upload runs (hashlib releases the GIL on large reads)

@@ -95,13 +95,20 @@ from mncloud.constants import (
 from mncloud.errors import CheckpointError, MncloudError, StorageError
 from mncloud.storage.checkpoints import CheckpointStore, FileEntry, Manifest
 from mncloud.train.preempt import Notice, Preempted, PreemptionWatcher
-from mncloud.train.staging import SaveStats, StagingSlots, count_tensors
+from mncloud.train.staging import (
+    SaveStats,
+    StagingSlots,
+    count_tensors,
+    hashing_filesystem,
+    tensor_bytes,
+)
 from mncloud.train.steptime import report
 
 log = logging.getLogger(__name__)
 
 _NO_DIST_WARNING = "torch.distributed is disabled, unavailable"
 
+_SHM = Path("/dev/shm")
 _RNG_KEY = "__rng__"
 _VALUE, _STATEFUL = "value", "stateful"
 
@@ -253,6 +260,7 @@ class CheckpointManager:
 
         base = staging_dir or os.environ.get(CKPT_STAGING_ENV)
         self._own_staging = base is None
+        self._ram_dir: Path | None = None  # see _stage_root
         root = Path(base) if base else Path(tempfile.mkdtemp(prefix="mncloud-ckpt-"))
         self.staging_dir = root / f"rank_{self.rank}"
         self.staging_dir.mkdir(parents=True, exist_ok=True)
@@ -277,6 +285,9 @@ class CheckpointManager:
         """Seconds the training thread spent in the last save call."""
         self.last_save_s = 0.0
         """Seconds from the last save call until its commit was scheduled."""
+        self.last_phases: dict[str, float] = {}
+        """Where the last save's time went: stage_s (training thread), write_s (DCP to the
+        staging folder, hashing as it writes), upload_s, commit_s."""
         self.last_committed: int | None = None
         """The newest step this manager committed (on every rank, once agreed)."""
 
@@ -401,15 +412,17 @@ class CheckpointManager:
         slot: int,
     ) -> _Pending | None:
         """Stage on every rank, agree that all staged, hand the write and upload to `worker`."""
-        stage_dir = self.staging_dir / f"step_{step}"
         error: str | None = None
         staged: Any = None
         extras: dict[str, Any] = {}
+        stage_dir = self.staging_dir / f"step_{step}"
         try:
+            tensors, extras = self._split(state)
+            stage_dir = self._stage_root(tensor_bytes(tensors)) / f"step_{step}"
             shutil.rmtree(stage_dir, ignore_errors=True)
             stage_dir.mkdir(parents=True)
-            tensors, extras = self._split(state)
             staged = self._slots.stage(slot, tensors)
+            self.last_phases = {"stage_s": time.perf_counter() - t0}
         except (MncloudError, OSError, RuntimeError) as err:
             error = f"{type(err).__name__}: {err}"
         failures = self._all_sum(1 if error else 0)[0]
@@ -421,6 +434,24 @@ class CheckpointManager:
             return None
         future = worker.submit(self._write_and_upload, step, staged, extras, stage_dir, pg)
         return _Pending(step, future, t0, slot)
+
+    def _stage_root(self, nbytes: int) -> Path:
+        """Where a save's files go before upload: memory (/dev/shm) when this manager owns its
+        staging folder and RAM allows two copies with room to spare, else `staging_dir`."""
+        if not self._own_staging or not _SHM.is_dir():
+            return self.staging_dir
+        import psutil
+
+        need = 2 * nbytes + 2**30
+        try:
+            roomy = shutil.disk_usage(_SHM).free >= need
+        except OSError:
+            roomy = False
+        if not roomy or psutil.virtual_memory().available < need:
+            return self.staging_dir
+        if self._ram_dir is None:
+            self._ram_dir = Path(tempfile.mkdtemp(prefix="mncloud-ckpt-", dir=_SHM))
+        return self._ram_dir
 
     def _split(self, state: MutableMapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         """Tensors for DCP (models, optimizers, tensors) and per-rank extras (the rest)."""
@@ -458,7 +489,9 @@ class CheckpointManager:
             except StorageError as err:
                 uncommit_error = err
         try:
+            t0 = time.perf_counter()
             writer = dcp.FileSystemWriter(str(stage_dir), sync_files=False)
+            writer.fs = fs = hashing_filesystem()  # hash while writing, not in a second pass
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message=_NO_DIST_WARNING)
                 dcp.save(
@@ -471,7 +504,12 @@ class CheckpointManager:
                 raise uncommit_error
             torch.save(extras, stage_dir / f"rank_{self.rank}.pt")
             files = {p.name: p for p in stage_dir.iterdir() if p.is_file()}
-            return self.store.upload(step, files, workers=self.upload_workers)
+            t1 = time.perf_counter()
+            entries = self.store.upload(
+                step, files, workers=self.upload_workers, digests=fs.digests
+            )
+            self.last_phases.update(write_s=t1 - t0, upload_s=time.perf_counter() - t1)
+            return entries
         finally:
             shutil.rmtree(stage_dir, ignore_errors=True)
 
@@ -540,16 +578,22 @@ class CheckpointManager:
         )
 
     def _commit(self, manifest: Manifest) -> None:
-        """Worker thread on rank 0: manifest, COMPLETE, then keep-last-K."""
+        """Commit thread on rank 0: manifest and COMPLETE; then keep-last-K, queued behind."""
+        t0 = time.perf_counter()
         try:
             self.store.commit(manifest)
         except StorageError as err:
             log.warning("checkpoint step %d uploaded but not committed: %s", manifest.step, err)
             return
+        self.last_phases["commit_s"] = time.perf_counter() - t0
         log.info("checkpoint step %d committed (%.1f MB)", manifest.step,
                  manifest.total_size / 1e6)  # fmt: skip
+        self._commit_worker.submit(self._retain, manifest.step)
+
+    def _retain(self, newest: int) -> None:
+        """Commit thread on rank 0: keep-last-K after a commit (off `wait()`'s path)."""
         try:
-            self.store.retain(self.keep, newest_verified=manifest.step)
+            self.store.retain(self.keep, newest_verified=newest)
         except MncloudError as err:
             log.warning("checkpoint retention failed (will retry after the next save): %s", err)
 
@@ -660,6 +704,8 @@ class CheckpointManager:
             self._slots.close()
             if self._own_staging:
                 shutil.rmtree(self.staging_dir.parent, ignore_errors=True)
+            if self._ram_dir is not None:
+                shutil.rmtree(self._ram_dir, ignore_errors=True)
 
     def __enter__(self) -> CheckpointManager:
         return self

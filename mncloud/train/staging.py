@@ -15,9 +15,14 @@ save stalls no longer than later ones.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import io
 import logging
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -59,6 +64,17 @@ def count_tensors(obj: Any) -> int:
         return sum(count_tensors(v) for v in obj.values())
     if isinstance(obj, (list, tuple)):
         return sum(count_tensors(v) for v in obj)
+    return 0
+
+
+def tensor_bytes(obj: Any) -> int:
+    """Bytes of the tensors in a nested dict/list/tuple."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(tensor_bytes(v) for v in obj)
     return 0
 
 
@@ -123,3 +139,65 @@ class StagingSlots:
             if stager is not None:
                 stager.close()
         self._stagers = [None] * len(self._stagers)
+
+
+class _HashingStream(io.RawIOBase):
+    """A binary file that hashes (sha256) what is written through it."""
+
+    def __init__(self, raw: Any) -> None:
+        super().__init__()
+        self._raw = raw
+        self._sha = hashlib.sha256()
+        self.size = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:  # type: ignore[override]
+        view = memoryview(data).cast("B")
+        n = self._raw.write(view)
+        self._sha.update(view[:n])  # hashlib releases the GIL on large buffers
+        self.size += n
+        return n
+
+    def tell(self) -> int:
+        return self._raw.tell()
+
+    def flush(self) -> None:
+        self._raw.flush()
+
+    def fileno(self) -> int:
+        return self._raw.fileno()
+
+    def hexdigest(self) -> str:
+        """The sha256 of everything written so far."""
+        return self._sha.hexdigest()
+
+
+def hashing_filesystem() -> Any:
+    """A DCP `FileSystem` that hashes each file while writing it: `.digests[name]` is
+    `(size, sha256)`, so the upload need not read the files a second time to hash them."""
+    from torch.distributed.checkpoint.filesystem import FileSystem
+
+    class HashingFileSystem(FileSystem):
+        def __init__(self) -> None:
+            super().__init__()
+            self.digests: dict[str, tuple[int, str]] = {}
+
+        @contextlib.contextmanager
+        def create_stream(self, path: Any, mode: str) -> Iterator[Any]:
+            if "w" not in mode:
+                with super().create_stream(path, mode) as stream:
+                    yield stream
+                return
+            with open(path, mode) as raw:
+                stream = _HashingStream(raw)
+                yield stream
+            self.digests[Path(path).name] = (stream.size, stream.hexdigest())
+
+        def rename(self, path: Any, new_path: Any) -> None:
+            super().rename(path, new_path)
+            if Path(path).name in self.digests:
+                self.digests[Path(new_path).name] = self.digests.pop(Path(path).name)
+
+    return HashingFileSystem()
