@@ -98,8 +98,8 @@ def _run_section(
 
 EXPECTED = {
     "torchrun": [
-        "--nnodes=2", "--nproc_per_node=8", "--node_rank=1", "--rdzv_backend=c10d",
-        "--rdzv_endpoint=10.0.0.1:29500", "--rdzv_id=sky-task", "--rdzv_conf=is_host=0",
+        "--nnodes=2", "--nproc_per_node=8", "--node_rank=1", "--rdzv_backend=static",
+        "--rdzv_endpoint=10.0.0.1:29500", "--rdzv_id=sky-task",
         "--max_restarts=0",
     ],
     "accelerate": [

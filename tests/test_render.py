@@ -77,10 +77,9 @@ def test_spot_multi_node_task(script: Path) -> None:
         '--nnodes="$SKYPILOT_NUM_NODES"',
         '--nproc_per_node="$SKYPILOT_NUM_GPUS_PER_NODE"',
         '--node_rank="$SKYPILOT_NODE_RANK"',
-        "--rdzv_backend=c10d",
+        "--rdzv_backend=static",
         '--rdzv_endpoint="$MASTER_ADDR:$MASTER_PORT"',
         "MASTER_PORT=29500",
-        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1",
         "NCCL_SOCKET_IFNAME",
         "train.py --lr 3e-4",
     ):
@@ -237,7 +236,7 @@ def test_script_arguments_reach_torchrun_verbatim(script: Path, tmp_path: Path) 
     assert argv[-len(nasty) - 2 :][:2] == ["--", "train.py"]
     assert "--nnodes=2" in argv and "--nproc_per_node=8" in argv and "--node_rank=1" in argv
     assert "--rdzv_endpoint=10.0.0.1:29500" in argv
-    assert "--rdzv_id=sky-2026-11-21-task" in argv and "--rdzv_conf=is_host=0" in argv
+    assert "--rdzv_id=sky-2026-11-21-task" in argv and "--rdzv_backend=static" in argv
     assert not pwned.exists()
 
 
