@@ -117,10 +117,15 @@ def test_render_with_plan_orders_the_cheapest_offers(script: Path) -> None:
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     ordered = yaml.safe_load(result.stdout)["resources"]["ordered"]
+    from mncloud.plan import PlanRequest, make_plan
+    from mncloud.spec import build_spec
+
+    plan = make_plan(PlanRequest.from_spec(build_spec(script, gpus="H100:8", nodes=4, spot=True)))
     assert len(ordered) >= 2
+    assert ordered == plan.ordered_resources()  # exactly what `up` would hand SkyPilot
     assert ordered[0] == {
-        "infra": "aws/us-east-1",
-        "instance_type": "p5.48xlarge",
+        "infra": f"{plan.choice.cloud}/{plan.choice.region}",
+        "instance_type": plan.choice.instance_type,
         "accelerators": "H100:8",
         "use_spot": True,
     }

@@ -176,6 +176,7 @@ def test_planted_secrets_absent_from_every_file(
         bucket=f"file://{bucket}",
         name="leaky",
         env=[f"SERVICE_TOKEN={TOKEN_VALUE}", "PLAIN=visible-value"],
+        allow_secret_env=True,  # the user insists: the record must still scrub it
         secret=["MY_SECRET"],
         label=["note=pl4nted-password"],
     )
@@ -628,12 +629,14 @@ def test_rerun_keeps_every_option(
         nccl_socket_ifname="eth1",
         require_path=["/data/shard-0", f"{bucket}/data"],
         preflight=False,
+        launcher="accelerate",
+        ckpt_dir="/ckpt",
         name="every",
     )
     options = LaunchOptions(
         hours=5.5, max_cost=100.0, preemption_rate=0.2, learn=True, recovery_minutes=7.0,
         ckpt_seconds=45.0, template=repo / "task.yaml.j2", recovery_delay=0.5,
-        retry_on_error=2, chaos_preempt_after=12.0,
+        retry_on_error=2, chaos_preempt_after=12.0, hourly_price=1.5,
     )  # fmt: skip
     # Every field differs from its default, so a new option cannot be forgotten here.
     defaults = {"script", "workdir", "name", "accelerator"}  # required fields
@@ -690,6 +693,7 @@ def test_local_run_records_preemption_segments(repo: Path, tmp_path: Path) -> No
         "0s",
         "--env",
         f"A_TOKEN={TOKEN_VALUE}",
+        "--allow-secret-env",  # the user insists: records and logs must still scrub it
     ]
     code, _, err = cli(*args)
     assert code == 0, err
