@@ -143,7 +143,7 @@ def launch(
     if spec.is_local:
         spec = with_free_port(spec)
     if not dryrun:
-        _settle_existing(spec, existing)
+        settle_existing(spec, existing)
     run_id = None if dryrun else _new_run_id(spec.name)
     prepared = prepare(spec, options, run_id=run_id, approve=approve)
     if prepared.plan is not None and spec.bucket is not None and not dryrun:
@@ -192,7 +192,7 @@ def with_free_port(spec: JobSpec) -> JobSpec:
     return spec.model_copy(update={"master_port": free_port()})
 
 
-def _settle_existing(spec: JobSpec, existing: Existing) -> None:
+def settle_existing(spec: JobSpec, existing: Existing) -> None:
     """Refuse to launch over an earlier run of the same name unless told what to do with it."""
     from mncloud.backends.registry import backend_for_run, known_runs
 

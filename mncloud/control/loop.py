@@ -40,7 +40,6 @@ from mncloud.policy import Mode, Observation, Slack, make_policy
 if TYPE_CHECKING:
     from mncloud.backends.base import Backend, RunStatus
     from mncloud.launch import Launched
-    from mncloud.spec import JobSpec
 
 log = logging.getLogger(__name__)
 
@@ -129,9 +128,12 @@ class Controller:
             self._preempted(tick)
         elif st.mode is Mode.NONE and st.market is Mode.SPOT and spot_now:
             st.mode, st.entered_tick = Mode.SPOT, tick  # the queued spot job got its VMs
-        self._decide(tick, spot_now, now)
+        # Only a cluster the backend reports RUNNING does work: a managed job still PENDING
+        # for VMs (SkyPilot looks for capacity for a while) makes no progress.
+        running = status is not None and status.state is RunState.RUNNING
+        self._decide(tick, spot_now, now, running=running)
 
-    def _decide(self, tick: int, spot_now: bool, now: float) -> None:
+    def _decide(self, tick: int, spot_now: bool, now: float, *, running: bool) -> None:
         st, job = self.state, self.job
         work = self._work_ticks()
         overhead_left = max(0, job.overhead_ticks - (tick - st.entered_tick))
@@ -156,7 +158,7 @@ class Controller:
             )
             return
         self._apply(choice, tick, reason)
-        if st.mode is not Mode.NONE and overhead_left == 0:
+        if st.mode is not Mode.NONE and overhead_left == 0 and running:
             st.model_work_ticks += 1
         st.last_tick = tick
         log.info("tick %d: %s (%s); work %.2f h, slack %.2f h", tick, choice.value, reason,
@@ -194,7 +196,6 @@ class Controller:
         )
         update: dict[str, Any] = {}
         if cfg.backend == "local":
-            spec = _free_port(spec)
             # The ledger bills wall time; a rehearsal's $/h is per hour of run time.
             update["hourly_price"] = cfg.price(mode) * cfg.time_scale
             if mode is Mode.SPOT:
@@ -345,16 +346,6 @@ class Controller:
                 continue
             spot, on_demand = spot + summary.spot, on_demand + summary.on_demand
         self.state.spot_cost, self.state.on_demand_cost = spot, on_demand
-
-
-def _free_port(spec: JobSpec) -> JobSpec:
-    """A local relaunch on the default rendezvous port gets a free one (runs side by side)."""
-    from mncloud.backends.local import free_port
-    from mncloud.constants import DEFAULT_MASTER_PORT
-
-    if spec.master_port != DEFAULT_MASTER_PORT:
-        return spec
-    return spec.model_copy(update={"master_port": free_port()})
 
 
 def _reason(choice: Mode, obs: Observation, slack: Slack, gap_s: int) -> str:

@@ -77,7 +77,9 @@ def deadline_state(
         from mncloud.replay import load_trace
 
         gap, trace = load_trace(spot_trace).gap, str(Path(spot_trace).resolve())
-    spot_price, on_demand_price = _prices(spec, options, spot_price, on_demand_price)
+    spot_price, on_demand_price = _prices(
+        spec, options, (spot_price, on_demand_price), deadline_s, budget
+    )
     minutes = options.recovery_minutes
     ckpt = layout.ckpt_uri(spec.bucket, spec.name) if spec.bucket else None
     config = ControlConfig(
@@ -121,9 +123,15 @@ def spent_so_far(name: str) -> float:
 
 
 def _prices(
-    spec: JobSpec, options: LaunchOptions, spot: float | None, on_demand: float | None
+    spec: JobSpec,
+    options: LaunchOptions,
+    given: tuple[float | None, float | None],
+    deadline_s: float,
+    budget: float | None,
 ) -> tuple[float, float]:
-    """USD per node-hour in each market: as given, else local rehearsal units or the plan's."""
+    """USD per node-hour (spot, on-demand): as given, else local rehearsal units, else the
+    cheapest of each market in one plan over both; a cloud run over --budget is refused."""
+    spot, on_demand = given
     if spec.is_local:
         return (
             LOCAL_SPOT_PRICE if spot is None else spot,
@@ -133,26 +141,33 @@ def _prices(
     from mncloud.plan import make_plan
     from mncloud.spec import SpotPolicy
 
-    def cheapest(market: SpotPolicy) -> float:
-        plan = make_plan(plan_request(spec.model_copy(update={"spot": market}), options))
-        return float(plan.choice.hourly_per_node)
+    plan = make_plan(plan_request(spec.model_copy(update={"spot": SpotPolicy.EITHER}), options))
+    if budget is not None:
+        from mncloud.deadline import refuse_over_budget
+
+        refuse_over_budget(plan, deadline_s, budget)
+
+    def cheapest(is_spot: bool) -> float:
+        prices = [c.hourly_per_node for c in plan.candidates if c.spot is is_spot]
+        if not prices:
+            market = "spot" if is_spot else "on-demand"
+            raise SpecError(f"--deadline needs a {market} offer for the request; none fits")
+        return float(min(prices))
 
     return (
-        cheapest(SpotPolicy.SPOT) if spot is None else spot,
-        cheapest(SpotPolicy.ON_DEMAND) if on_demand is None else on_demand,
+        cheapest(True) if spot is None else spot,
+        cheapest(False) if on_demand is None else on_demand,
     )
 
 
 def start(state: ControlState) -> ControlState:
     """Save the state and start the controller where it runs (see the module docstring)."""
-    from mncloud.backends.registry import known_runs
-
     name = state.name
-    if state.existing == "refuse" and name in known_runs():
-        raise SpecError(
-            f"a run named {name!r} exists; pass --resume to continue from its newest complete "
-            "checkpoint, --replace to start over (checkpoints are kept), or another --name"
-        )
+    if state.existing == "refuse":  # here, where the user sees it, not in the controller's log
+        from mncloud.launch import Existing, settle_existing
+        from mncloud.spec import JobSpec
+
+        settle_existing(JobSpec.model_validate(state.spec), Existing.REFUSE)
     if state.config.backend == "local":
         save_state(state)
         state.pid = _spawn_local(name)
