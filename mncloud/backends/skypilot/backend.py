@@ -1,0 +1,135 @@
+"""`SkyPilotBackend`: launch, status, logs and down of a run through SkyPilot's SDK."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, TextIO
+
+from mncloud.backends.base import LaunchRequest, RunState, RunStatus
+from mncloud.backends.skypilot.dryrun import dryrun
+from mncloud.backends.skypilot.errors import sky_errors
+from mncloud.backends.skypilot.logs import tail_logs
+from mncloud.backends.skypilot.meta import (
+    BACKEND_NAME,
+    MANAGED_JOB,
+    RunMeta,
+    meta_from_plan,
+    require_meta,
+    save_meta,
+    status_from_meta,
+)
+from mncloud.backends.skypilot.status import cluster_status, managed_job_status
+from mncloud.backends.skypilot.task import build_task
+from mncloud.errors import BackendError, MncloudError, RunNotFoundError
+
+if TYPE_CHECKING:
+    import sky
+
+AUTOSTOP_IDLE_MINUTES = 10
+"""Idle minutes before an on-demand cluster tears itself down after its job ended."""
+
+
+class SkyPilotBackend:
+    """Runs on clouds through SkyPilot: a cluster for on-demand, a managed job for spot."""
+
+    name = BACKEND_NAME
+
+    def __init__(
+        self, progress: TextIO | None = None, idle_minutes: int = AUTOSTOP_IDLE_MINUTES
+    ) -> None:
+        self.progress = progress if progress is not None else sys.stderr
+        """Where SkyPilot's provisioning progress is streamed while `launch` waits."""
+        self.idle_minutes = idle_minutes
+
+    def launch(self, request: LaunchRequest) -> RunStatus:
+        """Launch the run (or dry-run it); return once SkyPilot accepted the job."""
+        spec, config, spot = request.spec, request.task.config, request.task.spot
+        task = build_task(request)
+        if request.dryrun:
+            return dryrun(task, spec, request.plan, spot, self.idle_minutes)
+        meta = meta_from_plan(spec, request.plan, spot, config)
+        try:
+            if spot:
+                meta.job_id = self._launch_managed_job(task, spec.name, meta)
+            else:
+                meta.job_id = self._launch_cluster(task, spec.name, meta)
+        except MncloudError as err:
+            meta.error = str(err)
+            meta.last_state = RunState.FAILED
+            save_meta(meta)
+            raise
+        meta.last_state = RunState.PENDING if spot else RunState.RUNNING
+        save_meta(meta)
+        what = f"managed job {meta.job_id}" if spot else f"cluster {spec.name}, job {meta.job_id}"
+        return status_from_meta(meta, meta.last_state, f"launched ({what})")
+
+    def _launch_cluster(self, task: sky.Task, name: str, meta: RunMeta) -> int | None:
+        import sky
+
+        with sky_errors(f"launch cluster {name}"):
+            request_id = sky.launch(
+                task,
+                cluster_name=name,
+                idle_minutes_to_autostop=self.idle_minutes,
+                down=True,
+            )
+            meta.request_id = str(request_id)
+            save_meta(meta)
+            job_id, _handle = sky.stream_and_get(request_id, output_stream=self.progress)
+        return None if job_id is None else int(job_id)
+
+    def _launch_managed_job(self, task: sky.Task, name: str, meta: RunMeta) -> int | None:
+        import sky
+
+        with sky_errors(f"launch managed job {name}"):
+            request_id = sky.jobs.launch(task, name=name)
+            meta.request_id = str(request_id)
+            save_meta(meta)
+            job_ids, _handle = sky.stream_and_get(request_id, output_stream=self.progress)
+        return int(job_ids[0]) if job_ids else None
+
+    def status(self, run_name: str) -> RunStatus:
+        """Ask SkyPilot for the run's state; add the newest checkpoint and cost so far."""
+        meta = require_meta(run_name)
+        if meta.error is not None:
+            return status_from_meta(meta, RunState.FAILED, f"launch failed: {meta.error}")
+        if meta.kind == MANAGED_JOB:
+            status = managed_job_status(meta)
+        else:
+            status = cluster_status(meta, self.idle_minutes)
+        if status.state != meta.last_state:
+            meta.last_state = status.state
+            save_meta(meta)
+        return status
+
+    def logs(self, run_name: str, node: int | None = None, follow: bool = False) -> Iterator[str]:
+        """SkyPilot's logs of the run, each line prefixed `[node N]` (`[sky]` for its own)."""
+        meta = require_meta(run_name)
+        if meta.error is not None:
+            raise BackendError(f"{run_name} never launched: {meta.error}")
+        yield from tail_logs(meta, node, follow)
+
+    def down(self, run_name: str) -> RunStatus:
+        """Tear the cluster down, or cancel the managed job; idempotent."""
+        import sky
+
+        meta = require_meta(run_name)
+        if meta.error is None:
+            try:
+                with sky_errors(f"tear down {run_name}"):
+                    if meta.kind == MANAGED_JOB:
+                        if meta.job_id is not None:
+                            sky.get(sky.jobs.cancel(job_ids=[meta.job_id]))
+                    else:
+                        sky.get(sky.down(run_name))
+            except RunNotFoundError:
+                pass  # SkyPilot has no such cluster: already gone, down is idempotent
+        meta.downed_at = meta.downed_at or time.time()
+        save_meta(meta)
+        if meta.kind == MANAGED_JOB and meta.error is None:
+            return self.status(run_name)
+        final = meta.last_state if meta.last_state and meta.last_state.is_final else None
+        state = final or RunState.CANCELLED
+        return status_from_meta(meta, state, "cluster torn down; checkpoints stay")

@@ -1,0 +1,141 @@
+"""`--dryrun`: SkyPilot's own dry run in-process, or what can be checked without credentials.
+
+`sky.execution.launch(dryrun=True)` runs SkyPilot's optimizer and provisioner: they pick a
+region and write the provisioning config, nothing is created and no API server is needed.
+`sky jobs launch` has no dry run; for a spot run this checks the cluster the jobs controller
+would launch.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import yaml
+
+from mncloud import layout
+from mncloud.backends.base import RunState, RunStatus
+from mncloud.backends.skypilot.errors import sky_errors
+from mncloud.backends.skypilot.meta import BACKEND_NAME
+
+if TYPE_CHECKING:
+    import sky
+
+    from mncloud.plan import Plan
+    from mncloud.spec import JobSpec
+
+
+def dryrun(
+    task: sky.Task, spec: JobSpec, plan: Plan | None, spot: bool, idle_minutes: int
+) -> RunStatus:
+    """Dry-run the launch of `task`; what SkyPilot would launch, and where."""
+    from sky import exceptions as sx
+    from sky import execution, sky_logging
+
+    try:
+        with (
+            sky_errors(f"dry-run {spec.name}", keep=(sx.NoCloudAccessError,)),
+            sky_logging.silent(),
+        ):
+            execution.launch(
+                task,
+                cluster_name=spec.name,
+                dryrun=True,
+                idle_minutes_to_autostop=None if spot else idle_minutes,
+                down=not spot,
+                stream_logs=False,
+                _quiet_optimizer=True,
+            )
+    except sx.NoCloudAccessError:
+        return dryrun_without_credentials(spec, plan, spot)
+    chosen = dryrun_choice(spec.name)
+    what = "a managed spot job" if spot else "an on-demand cluster"
+    where = "/".join(v for v in (chosen.get("cloud"), chosen.get("region")) if v)
+    node = chosen.get("instance_type") or "?"
+    detail = f"dry run passed: SkyPilot would launch {spec.nodes}× {node} in {where or '?'} "
+    detail += f"as {what}; nothing was provisioned"
+    if plan is not None and chosen.get("region") and chosen["region"] != plan.choice.region:
+        detail += (
+            f" (the plan's first choice {plan.choice.where} was passed over by SkyPilot; "
+            "see `sky launch --dryrun` for why)"
+        )
+    return _dryrun_status(
+        spec,
+        plan,
+        spot,
+        detail,
+        cloud=chosen.get("cloud"),
+        region=chosen.get("region"),
+        instance_type=chosen.get("instance_type"),
+    )
+
+
+def dryrun_without_credentials(spec: JobSpec, plan: Plan | None, spot: bool) -> RunStatus:
+    """What a dry run can check with no cloud credentials: the plan (from the catalog)
+    and the task (SkyPilot's schema and parser); SkyPilot's optimizer needs `sky check`."""
+    choice = plan.choice if plan is not None else None
+    where = f"{choice.instance_type} in {choice.cloud}/{choice.region}" if choice else "?"
+    clouds = (
+        " or ".join(dict.fromkeys(c.cloud for c in [plan.choice, *plan.fallbacks])) if plan else ""
+    )
+    detail = (
+        f"dry run: plan and task are valid ({spec.nodes}× {where}, "
+        f"{'spot' if spot else 'on-demand'}); SkyPilot's own dry run needs credentials for "
+        f"{clouds or 'a cloud'}: set them up and run `sky check`; nothing was provisioned"
+    )
+    return _dryrun_status(
+        spec,
+        plan,
+        spot,
+        detail,
+        cloud=choice.cloud if choice else None,
+        region=choice.region if choice else None,
+        instance_type=choice.instance_type if choice else None,
+    )
+
+
+def _dryrun_status(
+    spec: JobSpec,
+    plan: Plan | None,
+    spot: bool,
+    detail: str,
+    *,
+    cloud: str | None,
+    region: str | None,
+    instance_type: str | None,
+) -> RunStatus:
+    return RunStatus(
+        name=spec.name,
+        backend=BACKEND_NAME,
+        state=RunState.PENDING,
+        nodes=spec.nodes,
+        cloud=cloud,
+        region=region,
+        instance_type=instance_type,
+        spot=spot,
+        hourly_total=plan.choice.hourly_total if plan is not None else None,
+        ckpt_uri=layout.ckpt_uri(spec.bucket, spec.name) if spec.bucket else None,
+        detail=detail,
+    )
+
+
+def dryrun_choice(cluster_name: str) -> dict[str, str]:
+    """Cloud, region and instance type from the provisioning config SkyPilot's dry run wrote."""
+    from sky.backends import backend_utils
+
+    try:
+        path = Path(backend_utils._get_yaml_path_from_cluster_name(cluster_name) + ".tmp")
+        config = yaml.safe_load(path.read_text())
+    except (OSError, AttributeError, yaml.YAMLError):  # a private SkyPilot path: best effort
+        return {}
+    provider = config.get("provider") or {}
+    module = str(provider.get("module") or provider.get("type") or "")
+    cloud = module.rsplit(".", 1)[-1] if "." in module else None
+    chosen = {"cloud": {"lambda_cloud": "lambda"}.get(cloud or "", cloud)}
+    chosen["region"] = provider.get("region")
+    text = json.dumps(config.get("available_node_types") or {})
+    found = re.search(r'"(?:InstanceType|machineType|instance_type)": "([^"/]+)"', text)
+    chosen["instance_type"] = found.group(1) if found else None
+    return {k: v for k, v in chosen.items() if v}

@@ -1,0 +1,81 @@
+"""SkyPilot's exceptions → one actionable `BackendError` line (the cause and what to do)."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import Iterator
+
+from mncloud.errors import BackendError, MncloudError, RunNotFoundError
+
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+"""Terminal colour and cursor codes, which SkyPilot puts in its messages and logs."""
+
+
+def one_line(err: BaseException | str, limit: int = 300) -> str:
+    """`err` as one line without terminal codes, cut to `limit` characters."""
+    text = " ".join(ANSI.sub("", str(err)).split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def translate_error(err: BaseException, action: str) -> MncloudError:
+    """One actionable line for an exception raised by SkyPilot while doing `action`."""
+    from sky import exceptions as sx
+
+    cause = one_line(err) or type(err).__name__
+    if isinstance(err, MncloudError):
+        return err
+    if isinstance(err, sx.ApiServerConnectionError):
+        return BackendError(
+            f"cannot {action}: SkyPilot's API server is unreachable ({cause}); start one with "
+            "`sky api start` or check `sky api info`"
+        )
+    if isinstance(err, sx.ApiServerAuthenticationError):
+        return BackendError(
+            f"cannot {action}: SkyPilot's API server wants a login; `sky api login`"
+        )
+    if isinstance(err, sx.NoCloudAccessError):
+        return BackendError(
+            f"cannot {action}: SkyPilot has no cloud enabled ({cause}); run `sky check` and set "
+            "up credentials for at least one cloud"
+        )
+    if isinstance(err, (sx.InvalidCloudCredentials, sx.CloudUserIdentityError)):
+        return BackendError(
+            f"cannot {action}: cloud credentials rejected ({cause}); run `sky check` to see which"
+        )
+    if isinstance(err, (sx.ResourcesUnavailableError, sx.ProvisionPrechecksError)):
+        return BackendError(f"cannot {action}: no capacity ({cause}); {_capacity_advice(cause)}")
+    if isinstance(err, sx.ResourcesMismatchError):
+        return BackendError(
+            f"cannot {action}: a cluster of that name exists with other resources ({cause}); "
+            "`mncloud down` it or pick another --name"
+        )
+    if isinstance(err, sx.ClusterDoesNotExist):
+        return RunNotFoundError(f"cannot {action}: SkyPilot has no such cluster ({cause})")
+    if isinstance(err, sx.ClusterNotUpError):
+        return BackendError(
+            f"cannot {action}: the cluster is not up ({cause}); see `mncloud status`"
+        )
+    if isinstance(err, sx.NotSupportedError):
+        return BackendError(f"cannot {action}: SkyPilot does not support this ({cause})")
+    if isinstance(err, sx.PermissionDeniedError):
+        return BackendError(f"cannot {action}: permission denied by SkyPilot ({cause})")
+    return BackendError(f"cannot {action}: SkyPilot: {type(err).__name__}: {cause}")
+
+
+def _capacity_advice(cause: str) -> str:
+    if "quota" in cause.lower():
+        return "request a quota increase, or try another --region / --cloud"
+    return "try another --region or --cloud, --on-demand instead of spot, or later"
+
+
+@contextlib.contextmanager
+def sky_errors(action: str, keep: tuple[type[BaseException], ...] = ()) -> Iterator[None]:
+    """Turn whatever SkyPilot raises inside the block into one BackendError line; the
+    exception types in `keep` pass through for the caller to handle."""
+    try:
+        yield
+    except (KeyboardInterrupt, MncloudError, *keep):
+        raise
+    except Exception as err:
+        raise translate_error(err, action) from None

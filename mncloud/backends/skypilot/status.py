@@ -1,0 +1,123 @@
+"""A run's state from SkyPilot: the cluster and its job (on-demand), or the managed job (spot)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mncloud.backends.base import RunState, RunStatus
+from mncloud.backends.skypilot.errors import one_line, sky_errors
+from mncloud.backends.skypilot.meta import RunMeta, status_from_meta
+
+CLUSTER_JOB_STATES = {
+    "INIT": RunState.PENDING,
+    "PENDING": RunState.PENDING,
+    "SETTING_UP": RunState.STARTING,
+    "RUNNING": RunState.RUNNING,
+    "SUCCEEDED": RunState.SUCCEEDED,
+    "CANCELLED": RunState.CANCELLED,
+}
+"""SkyPilot's job states on a cluster → ours (`FAILED*` → FAILED, the unknown → PENDING)."""
+MANAGED_JOB_STATES = {
+    "PENDING": RunState.PENDING,
+    "SUBMITTED": RunState.PENDING,
+    "STARTING": RunState.STARTING,
+    "RUNNING": RunState.RUNNING,
+    "WINDING_DOWN": RunState.RUNNING,
+    "RECOVERING": RunState.RECOVERING,
+    "CANCELLING": RunState.CANCELLED,
+    "CANCELLED": RunState.CANCELLED,
+    "SUCCEEDED": RunState.SUCCEEDED,
+}
+"""SkyPilot's managed-job states → ours (`FAILED*` → FAILED, the unknown → PENDING)."""
+
+_QUEUE_FIELDS = [
+    "job_id", "job_name", "status", "submitted_at", "start_at", "end_at",
+    "recovery_count", "cloud", "region", "infra", "cluster_resources",
+    "failure_reason", "details", "task_id",
+]  # fmt: skip
+
+
+def state_of(value: Any, table: dict[str, RunState]) -> RunState:
+    """Our state for SkyPilot's `value` (an enum or its name) by `table`."""
+    name = str(getattr(value, "value", value))
+    return table.get(name, RunState.FAILED if name.startswith("FAILED") else RunState.PENDING)
+
+
+def cluster_status(meta: RunMeta, idle_minutes: int) -> RunStatus:
+    """An on-demand run's status: its cluster's, then its job's on the cluster."""
+    import sky
+    from sky.utils import common
+
+    with sky_errors(f"get the status of {meta.name}"):
+        records = sky.get(sky.status([meta.name], refresh=common.StatusRefreshMode.AUTO))
+    if not records:
+        return _cluster_gone(meta)
+    record = records[0]
+    cluster_state = str(getattr(record["status"], "value", record["status"]))
+    meta.cloud = record.get("cloud") or meta.cloud
+    meta.region = record.get("region") or meta.region
+    if cluster_state == "INIT":
+        return status_from_meta(meta, RunState.STARTING, "provisioning")
+    if cluster_state == "STOPPED":
+        return status_from_meta(
+            meta, RunState.CANCELLED, "cluster stopped (disks still billed); `mncloud down`"
+        )
+    with sky_errors(f"get the job status of {meta.name}"):
+        jobs = sky.get(sky.job_status(meta.name, [meta.job_id] if meta.job_id else None))
+    job_state = next(iter(jobs.values()), None) if jobs else None
+    if job_state is None:
+        return status_from_meta(meta, RunState.PENDING, "cluster up, no job yet")
+    state = state_of(job_state, CLUSTER_JOB_STATES)
+    detail = f"job {meta.job_id}: {getattr(job_state, 'value', job_state)}"
+    if state.is_final:
+        detail += f"; cluster tears down after {idle_minutes} idle minutes"
+    return status_from_meta(meta, state, detail)
+
+
+def _cluster_gone(meta: RunMeta) -> RunStatus:
+    """The status of a run whose cluster SkyPilot no longer knows."""
+    last = meta.last_state
+    if last is not None and last.is_final:
+        return status_from_meta(meta, last, "cluster torn down")
+    why = "torn down by `mncloud down`" if meta.downed_at else "the cluster is gone"
+    return status_from_meta(
+        meta,
+        RunState.CANCELLED,
+        f"{why} (autodown after the job ended, or deleted outside mncloud); "
+        f"last seen {last.value if last else 'never'}",
+    )
+
+
+def managed_job_status(meta: RunMeta) -> RunStatus:
+    """A spot run's status: its managed job's, with recoveries and the failure reason."""
+    import sky
+
+    with sky_errors(f"get the status of managed job {meta.name}"):
+        answer = sky.get(
+            sky.jobs.queue_v2(
+                refresh=False,
+                job_ids=[meta.job_id] if meta.job_id is not None else None,
+                fields=_QUEUE_FIELDS,
+            )
+        )
+    records = answer[0] if isinstance(answer, tuple) else answer
+    mine = [r for r in records if r.get("job_id") == meta.job_id]
+    if not mine:
+        return status_from_meta(meta, RunState.FAILED, f"SkyPilot has no managed job {meta.job_id}")
+    record = mine[-1]
+    state = state_of(record.get("status"), MANAGED_JOB_STATES)
+    meta.cloud = record.get("cloud") or meta.cloud
+    meta.region = record.get("region") or meta.region
+    recoveries = int(record.get("recovery_count") or 0)
+    reason = record.get("failure_reason") or record.get("details") or ""
+    raw = getattr(record.get("status"), "value", record.get("status"))
+    detail = f"managed job {meta.job_id}: {raw}"
+    if recoveries:
+        detail += f", {recoveries} recoveries (preemptions and retried errors)"
+    if reason:
+        detail += f"; {one_line(reason, 160)}"
+    status = status_from_meta(meta, state, detail)
+    status.restarts = recoveries
+    status.started_at = record.get("start_at") or record.get("submitted_at") or meta.launched_at
+    status.ended_at = record.get("end_at") or None
+    return status

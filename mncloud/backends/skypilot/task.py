@@ -1,0 +1,33 @@
+"""The `sky.Task` a launch hands SkyPilot: the rendered YAML, secrets from the environment."""
+
+from __future__ import annotations
+
+import copy
+import os
+from typing import TYPE_CHECKING
+
+from mncloud.backends.base import LaunchRequest
+from mncloud.backends.skypilot.errors import one_line
+from mncloud.errors import BackendError
+
+if TYPE_CHECKING:
+    import sky
+
+
+def build_task(request: LaunchRequest, environ: dict[str, str] | None = None) -> sky.Task:
+    """The `sky.Task` for a launch: the rendered YAML, secrets filled from `environ`."""
+    import sky
+
+    environ = dict(os.environ if environ is None else environ)
+    missing = [name for name in request.spec.secrets if name not in environ]
+    if missing:
+        raise BackendError(
+            f"secret {', '.join(missing)} is not set in your environment; export it before "
+            "`mncloud up` (its value is sent to SkyPilot as a secret, never written to files)"
+        )
+    config = copy.deepcopy(request.task.config)  # SkyPilot pops keys from its argument
+    overrides = [(name, environ[name]) for name in request.spec.secrets]
+    try:
+        return sky.Task.from_yaml_config(config, secrets_overrides=overrides or None)
+    except Exception as err:  # SkyPilot raises ValueError and its own types
+        raise BackendError(f"SkyPilot rejects the task: {one_line(err)}") from None
