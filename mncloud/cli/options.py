@@ -310,3 +310,102 @@ HazardsFrom = Annotated[
         "`cloud`/`region` or its path says where it applies.",
     ),
 ]
+
+
+# --------------------------------------------------------------------------- parameter groups
+# Which options a command takes is declared here once, by group; `command(...)` gives a
+# command function the groups' parameters, so no parameter list is written twice.
+
+_EMPTY = inspect.Parameter.empty
+
+
+def _group(*items: tuple[str, Any, Any]) -> tuple[inspect.Parameter, ...]:
+    kind = inspect.Parameter.KEYWORD_ONLY
+    return tuple(inspect.Parameter(n, kind, annotation=a, default=d) for n, a, d in items)
+
+
+SCRIPT = _group(("script", Script, _EMPTY), ("script_args", ScriptArgs, None))
+#: What to run on and where: the part of a job `plan` needs too.
+MARKET = _group(
+    ("gpus", Gpus, None),
+    ("nodes", Nodes, None),
+    ("spot", Spot, None),
+    ("cloud", Cloud, None),
+    ("region", Region, None),
+    ("max_hourly", MaxHourly, None),
+    ("catalog", Catalog, None),
+)
+#: The rest of a job (`JobSpec`), for `render` and `up`.
+JOB = _group(
+    ("bucket", Bucket, None),
+    ("mount_bucket", MountBucket, None),
+    ("env", Env, None),
+    ("secret", Secret, None),
+    ("allow_secret_env", AllowSecretEnv, None),
+    ("setup", Setup, None),
+    ("requirements", Requirements, None),
+    ("disk_size", DiskSize, None),
+    ("image", Image, None),
+    ("label", Label, None),
+    ("max_restarts", MaxRestarts, None),
+    ("master_port", MasterPort, None),
+    ("nccl_debug", NcclDebug, None),
+    ("nccl_socket_ifname", NcclIfname, None),
+    ("require_path", RequirePath, None),
+    ("preflight", Preflight, None),
+    ("launcher", Launcher, None),
+    ("ckpt_dir", CkptDir, None),
+    ("name", Name, None),
+    ("template", Template, None),
+)
+#: The planner's model (`plan`, `render --plan`, `up`).
+PLANNING = _group(
+    ("hours", Hours, DEFAULT_HOURS),
+    ("max_cost", MaxCost, None),
+    ("preemption_rate", PreemptionRate, None),
+    ("learn", Learn, False),
+    ("recovery_minutes", RecoveryMinutes, None),
+    ("ckpt_seconds", CkptSeconds, None),
+)
+#: How `up` and `rerun` launch.
+LAUNCH = _group(
+    ("yes", Yes, False),
+    ("detach", Detach, False),
+    ("dryrun", Dryrun, False),
+    ("as_json", StatusJson, False),
+)
+#: Local backend only (`up --cloud local`).
+LOCAL = _group(
+    ("recovery_delay", RecoveryDelay, "2s"),
+    ("retry_on_error", RetryOnError, None),
+    ("chaos_preempt_after", ChaosPreemptAfter, None),
+)
+#: `up --deadline` (the live controller).
+DEADLINE = _group(
+    ("deadline", Deadline, None),
+    ("budget", Budget, None),
+    ("spot_trace", SpotTrace, None),
+    ("time_scale", TimeScale, None),
+    ("spot_price", SpotPrice, None),
+    ("on_demand_price", OnDemandPrice, None),
+)
+
+
+def command(*groups: tuple[inspect.Parameter, ...]) -> Any:
+    """Decorator: the command function takes its own parameters, then the groups' ones.
+
+    The function declares its own options as usual and `**values` for the shared ones; Typer
+    reads the combined signature, so `mncloud up --help` lists every option of every group.
+    """
+
+    def wrap(func: Any) -> Any:
+        own = [
+            p
+            for p in inspect.signature(func, eval_str=True).parameters.values()
+            if p.kind is not inspect.Parameter.VAR_KEYWORD
+        ]
+        shared = [p for group in groups for p in group]
+        func.__signature__ = inspect.Signature([*own, *shared])
+        return func
+
+    return wrap

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich import box
@@ -12,8 +12,10 @@ from mncloud.cli import options as opts
 from mncloud.cli._common import console, handle_errors, print_json
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from mncloud.deadline import DeadlineReport, PlaceEstimate
-    from mncloud.plan import Candidate, Plan
+    from mncloud.plan import Candidate, Plan, PlanRequest
 
 
 def register(app: typer.Typer) -> None:
@@ -21,20 +23,9 @@ def register(app: typer.Typer) -> None:
     app.command("plan")(plan_command)
 
 
+@opts.command(opts.MARKET, opts.PLANNING)
 @handle_errors
 def plan_command(
-    gpus: opts.Gpus = None,
-    nodes: opts.Nodes = None,
-    hours: opts.Hours = opts.DEFAULT_HOURS,
-    spot: opts.Spot = None,
-    cloud: opts.Cloud = None,
-    region: opts.Region = None,
-    max_hourly: opts.MaxHourly = None,
-    max_cost: opts.MaxCost = None,
-    preemption_rate: opts.PreemptionRate = None,
-    learn: opts.Learn = False,
-    recovery_minutes: opts.RecoveryMinutes = None,
-    ckpt_seconds: opts.CkptSeconds = None,
     hazards_from: opts.HazardsFrom = None,
     deadline: opts.PlanDeadline = None,
     budget: opts.PlanBudget = None,
@@ -46,39 +37,16 @@ def plan_command(
         bool,
         typer.Option("--verbose", "-v", help="Also show excluded clouds and the model inputs."),
     ] = False,
-    catalog: opts.Catalog = None,
+    **values: Any,
 ) -> None:
     """Rank clouds, regions and instance types by expected cost to finish, preemptions included."""
     from mncloud import catalog as catalog_mod
 
-    catalog_mod.use_catalog_dir(catalog)  # before anything imports sky
-    from mncloud.hazards import hazards_from_files
-    from mncloud.launch import learned_hazards
-    from mncloud.plan import PlanRequest, make_plan
-    from mncloud.spec import Accelerator, SpotPolicy
+    catalog_mod.use_catalog_dir(values["catalog"])  # before anything imports sky
+    from mncloud.plan import make_plan
 
-    if not gpus:
-        raise opts.SpecError("--gpus is required, e.g. --gpus H100:8")
     deadline_s = _deadline_seconds(deadline, budget)
-    policy = {True: SpotPolicy.SPOT, False: SpotPolicy.ON_DEMAND, None: SpotPolicy.EITHER}[spot]
-    request = PlanRequest.build(
-        accelerator=Accelerator.parse(gpus),
-        nodes=1 if nodes is None else nodes,
-        spot=policy,
-        clouds=list(cloud or []),
-        regions=list(region or []),
-        hours=hours,
-        max_hourly=max_hourly,
-        max_cost=max_cost,
-        preemption_rate=preemption_rate,
-        learned=learned_hazards() if learn else [],
-        traces=hazards_from_files(hazards_from) if hazards_from else [],
-        **{
-            k: v
-            for k, v in {"recovery_minutes": recovery_minutes, "ckpt_seconds": ckpt_seconds}.items()
-            if v is not None
-        },
-    )
+    request = _request(values, hazards_from)
     if deadline_s is not None:
         from mncloud.deadline import deadline_job
 
@@ -98,10 +66,37 @@ def plan_command(
         print_json(_json(plan, report, top))
         return
     show_plan(plan, top=top, verbose=verbose)
-    if learn and not request.learned:
+    if values["learn"] and not request.learned:
         console.print(NOTHING_LEARNED, style="dim", highlight=False)
     if report is not None:
         show_deadline(report, top=top)
+
+
+def _request(values: dict[str, Any], hazards_from: list[Path] | None) -> PlanRequest:
+    """The plan request from the command's market and planning options."""
+    from mncloud.hazards import hazards_from_files
+    from mncloud.launch import learned_hazards
+    from mncloud.plan import PlanRequest
+    from mncloud.spec import Accelerator, SpotPolicy
+
+    if not values["gpus"]:
+        raise opts.SpecError("--gpus is required, e.g. --gpus H100:8")
+    spot = {True: SpotPolicy.SPOT, False: SpotPolicy.ON_DEMAND, None: SpotPolicy.EITHER}
+    model = {k: values[k] for k in ("recovery_minutes", "ckpt_seconds") if values[k] is not None}
+    return PlanRequest.build(
+        accelerator=Accelerator.parse(values["gpus"]),
+        nodes=1 if values["nodes"] is None else values["nodes"],
+        spot=spot[values["spot"]],
+        clouds=list(values["cloud"] or []),
+        regions=list(values["region"] or []),
+        hours=values["hours"],
+        max_hourly=values["max_hourly"],
+        max_cost=values["max_cost"],
+        preemption_rate=values["preemption_rate"],
+        learned=learned_hazards() if values["learn"] else [],
+        traces=hazards_from_files(hazards_from) if hazards_from else [],
+        **model,
+    )
 
 
 def _deadline_seconds(deadline: str | None, budget: float | None) -> float | None:

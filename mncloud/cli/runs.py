@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import secrets
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich import box
@@ -210,6 +210,7 @@ def _rerun_name(name: str) -> str:
     return f"{name[:50].rstrip('-')}-rerun-{secrets.token_hex(2)}"
 
 
+@opts.command(opts.LAUNCH)
 @handle_errors
 def rerun_command(
     ref: RefArg,
@@ -225,10 +226,7 @@ def rerun_command(
         typer.Option("--skip-untracked", help="Go on without untracked files that changed."),
     ] = False,
     bucket: BucketOpt = None,
-    yes: opts.Yes = False,
-    detach: opts.Detach = False,
-    dryrun: opts.Dryrun = False,
-    as_json: opts.StatusJson = False,
+    **launch: Any,
 ) -> None:
     """Launch a recorded run again: same spec, same options, same commit, same diff."""
     from mncloud import records
@@ -245,7 +243,7 @@ def rerun_command(
         env_overrides=parse_key_values(env or [], "--env"),
         skip_untracked=skip_untracked,
     )
-    if not as_json:
+    if not launch["as_json"]:
         console.print(
             f"rebuilt {record.run_id} at {setup.worktree} "
             f"({record.git.commit[:10] if record.git and record.git.commit else '?'}"
@@ -258,8 +256,8 @@ def rerun_command(
         setup.spec,
         setup.launch_options,
         existing=Existing.REFUSE,
-        yes=yes,
-        detach=detach,
-        dryrun=dryrun,
-        as_json=as_json,
+        yes=launch["yes"],
+        detach=launch["detach"],
+        dryrun=launch["dryrun"],
+        as_json=launch["as_json"],
     )

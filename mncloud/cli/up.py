@@ -21,59 +21,15 @@ def register(app: typer.Typer) -> None:
     app.command("up")(up_command)
 
 
+@opts.command(
+    opts.SCRIPT, opts.MARKET, opts.JOB, opts.PLANNING, opts.LAUNCH, opts.LOCAL, opts.DEADLINE
+)
 @handle_errors
 def up_command(
     ctx: typer.Context,
-    script: opts.Script,
-    script_args: opts.ScriptArgs = None,
-    gpus: opts.Gpus = None,
-    nodes: opts.Nodes = None,
-    spot: opts.Spot = None,
-    cloud: opts.Cloud = None,
-    region: opts.Region = None,
-    bucket: opts.Bucket = None,
-    mount_bucket: opts.MountBucket = None,
-    env: opts.Env = None,
-    secret: opts.Secret = None,
-    allow_secret_env: opts.AllowSecretEnv = None,
-    setup: opts.Setup = None,
-    requirements: opts.Requirements = None,
-    disk_size: opts.DiskSize = None,
-    image: opts.Image = None,
-    label: opts.Label = None,
-    max_hourly: opts.MaxHourly = None,
-    max_restarts: opts.MaxRestarts = None,
-    master_port: opts.MasterPort = None,
-    nccl_debug: opts.NcclDebug = None,
-    nccl_socket_ifname: opts.NcclIfname = None,
-    require_path: opts.RequirePath = None,
-    preflight: opts.Preflight = None,
-    launcher: opts.Launcher = None,
-    ckpt_dir: opts.CkptDir = None,
-    name: opts.Name = None,
-    catalog: opts.Catalog = None,
-    template: opts.Template = None,
-    hours: opts.Hours = opts.DEFAULT_HOURS,
-    max_cost: opts.MaxCost = None,
-    preemption_rate: opts.PreemptionRate = None,
-    learn: opts.Learn = False,
-    recovery_minutes: opts.RecoveryMinutes = None,
-    ckpt_seconds: opts.CkptSeconds = None,
     resume: opts.Resume = False,
     replace: opts.Replace = False,
-    yes: opts.Yes = False,
-    detach: opts.Detach = False,
-    dryrun: opts.Dryrun = False,
-    recovery_delay: opts.RecoveryDelay = "2s",
-    retry_on_error: opts.RetryOnError = None,
-    chaos_preempt_after: opts.ChaosPreemptAfter = None,
-    deadline: opts.Deadline = None,
-    budget: opts.Budget = None,
-    spot_trace: opts.SpotTrace = None,
-    time_scale: opts.TimeScale = None,
-    spot_price: opts.SpotPrice = None,
-    on_demand_price: opts.OnDemandPrice = None,
-    as_json: opts.StatusJson = False,
+    **values: Any,
 ) -> None:
     """Plan, render and launch SCRIPT on the cheapest fitting cloud (or --cloud local).
 
@@ -81,23 +37,23 @@ def up_command(
     """
     from mncloud import catalog as catalog_mod
 
-    catalog_mod.use_catalog_dir(catalog)
+    catalog_mod.use_catalog_dir(values["catalog"])
     from mncloud.launch import Existing
 
     if resume and replace:
         raise opts.SpecError("--resume and --replace exclude each other; pick one")
     existing = Existing.RESUME if resume else Existing.REPLACE if replace else Existing.REFUSE
-    if deadline is not None or _deadline_only(locals()):
-        _up_deadline(locals(), existing)
+    if values["deadline"] is not None or _deadline_only(values):
+        _up_deadline({**values, "ctx": ctx}, existing)
         return
     launch_and_follow(
-        opts.spec_from_options(locals()),
-        opts.launch_options_from(locals()),
+        opts.spec_from_options(values),
+        opts.launch_options_from(values),
         existing=existing,
-        yes=yes,
-        detach=detach,
-        dryrun=dryrun,
-        as_json=as_json,
+        yes=values["yes"],
+        detach=values["detach"],
+        dryrun=values["dryrun"],
+        as_json=values["as_json"],
     )
 
 
