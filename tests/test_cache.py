@@ -20,7 +20,8 @@ import pytest
 from mncloud import catalog, catalog_index, render, skycache, taskcheck
 from mncloud.errors import CatalogError, RenderError
 from mncloud.plan import PlanRequest, make_plan
-from mncloud.spec import Accelerator, SpotPolicy, build_spec
+from mncloud.request import build_spec
+from mncloud.spec import Accelerator, SpotPolicy
 from mncloud.storage.names import name_error
 
 pytestmark = pytest.mark.catalog

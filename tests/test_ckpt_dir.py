@@ -22,7 +22,7 @@ from mncloud.backends.local.processes import node_tag
 from mncloud.backends.local.state import LocalLaunch
 from mncloud.cli import app
 from mncloud.render import render
-from mncloud.spec import build_spec
+from mncloud.request import build_spec
 from mncloud.storage import open_bucket
 from tests.test_local import cli, run_log, state_of, up, wait_final, wait_until
 

@@ -24,7 +24,8 @@ from mncloud.control.markets import ManagedJobMarket
 from mncloud.policy import Mode
 from mncloud.records import cost_summary, find_record, list_records
 from mncloud.replay import load_trace
-from mncloud.spec import LaunchOptions, build_spec
+from mncloud.request import build_spec
+from mncloud.spec import LaunchOptions
 from tests.test_skypilot import DATA, FakeSky, fake_sky, script  # noqa: F401 - fixtures
 
 runner = CliRunner()

@@ -232,7 +232,8 @@ def test_hazards_from_a_users_trace(tmp_path: Path) -> None:
 @pytest.mark.catalog
 def test_prepare_refuses_a_choice_over_the_budget(tmp_path: Path) -> None:
     from mncloud.launch import prepare
-    from mncloud.spec import LaunchOptions, build_spec
+    from mncloud.request import build_spec
+    from mncloud.spec import LaunchOptions
 
     (tmp_path / "pyproject.toml").write_text("")
     (tmp_path / "train.py").write_text("print('hi')\n")

@@ -21,7 +21,8 @@ from typer.testing import CliRunner
 from mncloud.backends.base import RunState
 from mncloud.cli import app
 from mncloud.render import render
-from mncloud.spec import Launcher, build_spec
+from mncloud.request import build_spec
+from mncloud.spec import Launcher
 from tests.test_local import run_log, up, wait_final
 
 pytestmark = pytest.mark.catalog

@@ -18,7 +18,7 @@ from mncloud import costmodel
 from mncloud import records as runs
 from mncloud.cli import plan as plan_cli
 from mncloud.constants import CATALOG_DIR_ENV as CATALOG_ENV
-from mncloud.spec import build_spec
+from mncloud.request import build_spec
 
 runner = CliRunner()
 

@@ -15,7 +15,7 @@ import yaml
 from mncloud import constants
 from mncloud.errors import RenderError
 from mncloud.render import render, validate_task_config
-from mncloud.spec import build_spec
+from mncloud.request import build_spec
 
 pytestmark = pytest.mark.catalog
 

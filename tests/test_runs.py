@@ -13,7 +13,8 @@ from typer.testing import CliRunner
 from mncloud import constants, layout, records
 from mncloud.errors import RunNotFoundError
 from mncloud.records import Event, Redactor, RunRecord, store, telemetry
-from mncloud.spec import JobSpec, LaunchOptions, build_spec
+from mncloud.request import build_spec
+from mncloud.spec import JobSpec, LaunchOptions
 from mncloud.storage import open_bucket
 
 # Planted secrets: each must appear in no file written under MNCLOUD_HOME or the bucket.

@@ -21,8 +21,6 @@ from typer.testing import CliRunner
 
 from mncloud.backends.base import LaunchRequest, RunState
 from mncloud.backends.registry import record_backend
-from mncloud.operate import newest_checkpoint_step
-from mncloud.layout import run_dir
 from mncloud.backends.skypilot import (
     AUTOSTOP_IDLE_MINUTES,
     META_FILE,
@@ -31,8 +29,10 @@ from mncloud.backends.skypilot import (
     translate_error,
 )
 from mncloud.errors import BackendError, RunNotFoundError
+from mncloud.layout import run_dir
+from mncloud.operate import newest_checkpoint_step
 from mncloud.render import render
-from mncloud.spec import build_spec
+from mncloud.request import build_spec
 from tests.skyseed import sky_enabled_clouds  # noqa: F401 - a fixture
 
 pytestmark = pytest.mark.catalog

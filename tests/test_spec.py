@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from mncloud.errors import SpecError
-from mncloud.spec import Accelerator, BucketURL, SpotPolicy, build_spec
+from mncloud.request import build_spec
+from mncloud.spec import Accelerator, BucketURL, SpotPolicy
 
 pytestmark = pytest.mark.catalog
 
@@ -132,7 +133,13 @@ def test_project_config_gives_defaults_and_flags_override(script: Path) -> None:
 
 def test_project_config_rejects_unknown_keys(script: Path) -> None:
     (script.parent.parent / "mncloud.yaml").write_text("gpu: A100:8\n")
-    with pytest.raises(SpecError, match=r"unknown option.*gpu"):
+    with pytest.raises(SpecError, match=r"unknown option.*gpu.*allowed: gpus, nodes"):
+        build_spec(script)
+
+
+def test_project_config_names_a_mistyped_value(script: Path) -> None:
+    (script.parent.parent / "mncloud.yaml").write_text("gpus: A100:8\nnodes: many\n")
+    with pytest.raises(SpecError, match=r"mncloud.yaml: nodes: .*integer"):
         build_spec(script)
 
 

@@ -45,7 +45,8 @@ def doctor_command(
 ) -> None:
     """Check credentials, bucket and data paths now, instead of at a stuck rendezvous."""
     from mncloud import doctor
-    from mncloud.spec import Accelerator, find_workdir, load_project_config
+    from mncloud.request import find_workdir, load_project_config
+    from mncloud.spec import Accelerator
 
     checks: list[doctor.Check] = []
     config: dict = {}

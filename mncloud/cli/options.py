@@ -227,7 +227,7 @@ def spec_from_options(values: dict[str, Any]) -> JobSpec:
 
     `render` and `up` share every job option; this keeps them from drifting apart.
     """
-    from mncloud.spec import build_spec
+    from mncloud.request import build_spec
 
     names = [
         p.name

@@ -232,7 +232,7 @@ def rerun_command(
     from mncloud import records
     from mncloud.cli.up import launch_and_follow
     from mncloud.launch import Existing
-    from mncloud.spec import parse_key_values
+    from mncloud.request import parse_key_values
 
     record = records.find_record(ref, bucket)
     new_name = name or _rerun_name(record.name)

@@ -1,0 +1,317 @@
+"""The request as a user gives it: flags over the project's `mncloud.yaml`, built into one
+validated `JobSpec` (`build_spec`). Nothing downstream sees flags or the config file.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from mncloud import constants
+from mncloud.errors import SpecError
+from mncloud.spec import (
+    BUCKET_MOUNT_PATH,
+    LOCAL_CLOUD,
+    MAX_NODES,
+    Accelerator,
+    JobSpec,
+    Launcher,
+    SpotPolicy,
+    first_error,
+)
+from mncloud.storage.url import BucketURL
+
+
+def parse_key_values(items: list[str], flag: str) -> dict[str, str]:
+    """Parse repeated `K=V` flags into a dict; `K` alone is an error."""
+    result: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SpecError(f"{flag} {item!r}: write KEY=VALUE")
+        result[key] = value
+    return result
+
+
+def find_workdir(script: Path) -> Path:
+    """The script's project folder: the nearest ancestor with a project marker."""
+    markers = (
+        "pyproject.toml",
+        "setup.py",
+        "requirements.txt",
+        ".git",
+        constants.PROJECT_CONFIG_FILE,
+    )
+    for folder in (script.parent, *script.parent.parents):
+        if any((folder / marker).exists() for marker in markers):
+            return folder
+    return script.parent
+
+
+def load_project_config(workdir: Path) -> dict[str, Any]:
+    """Read `mncloud.yaml` in the project (a team's committed defaults), or {}."""
+    path = workdir / constants.PROJECT_CONFIG_FILE
+    if not path.is_file():
+        return {}
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise SpecError(
+            f"{path}: not valid YAML ({err.__class__.__name__}); fix the file"
+        ) from None
+    if not isinstance(data, dict):
+        raise SpecError(f"{path}: expected a mapping of option: value")
+    try:
+        config = ProjectConfig.model_validate(data)
+    except ValidationError as err:
+        first = err.errors()[0]
+        key = ".".join(str(part) for part in first.get("loc", ()))
+        if first.get("type") == "extra_forbidden":
+            unknown = sorted(set(data) - set(ProjectConfig.model_fields))
+            raise SpecError(
+                f"{path}: unknown option(s) {', '.join(unknown)}; "
+                f"allowed: {', '.join(ProjectConfig.model_fields)}"
+            ) from None
+        raise SpecError(f"{path}: {key}: {first.get('msg', 'invalid value')}") from None
+    return config.model_dump(exclude_unset=True)
+
+
+_Words = str | list[str] | None
+_Pairs = list[str] | dict[str, Any] | None
+
+
+class ProjectConfig(BaseModel):
+    """`mncloud.yaml`: a team's committed defaults, named like the CLI flags ('_' for '-').
+
+    Flags override it; an unknown key is an error that lists the allowed ones.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    gpus: str | None = None
+    nodes: int | None = None
+    spot: bool | str | None = None
+    cloud: _Words = None
+    region: _Words = None
+    bucket: str | None = None
+    mount_bucket: bool | None = None
+    env: _Pairs = None
+    secret: _Words = None
+    setup: str | None = None
+    requirements: str | None = None
+    disk_size: int | None = None
+    image: str | None = None
+    label: _Pairs = None
+    max_hourly: float | None = None
+    max_restarts: int | None = None
+    master_port: int | None = None
+    nccl_debug: str | None = None
+    nccl_socket_ifname: str | None = None
+    require_path: _Words = None
+    preflight: bool | None = None
+    launcher: str | None = None
+    ckpt_dir: str | None = None
+    name: str | None = None
+
+
+def build_spec(
+    script: str | Path,
+    script_args: list[str] | None = None,
+    *,
+    gpus: str | None = None,
+    nodes: int | None = None,
+    spot: bool | None = None,
+    cloud: list[str] | None = None,
+    region: list[str] | None = None,
+    bucket: str | None = None,
+    mount_bucket: bool | None = None,
+    env: list[str] | None = None,
+    secret: list[str] | None = None,
+    setup: str | None = None,
+    requirements: str | None = None,
+    disk_size: int | None = None,
+    image: str | None = None,
+    label: list[str] | None = None,
+    max_hourly: float | None = None,
+    max_restarts: int | None = None,
+    master_port: int | None = None,
+    nccl_debug: str | None = None,
+    nccl_socket_ifname: str | None = None,
+    require_path: list[str] | None = None,
+    preflight: bool | None = None,
+    launcher: str | None = None,
+    ckpt_dir: str | None = None,
+    name: str | None = None,
+    allow_secret_env: bool | None = None,
+) -> JobSpec:
+    """Build a JobSpec from CLI-style options over the project's `mncloud.yaml` defaults.
+
+    `spot`: True = spot only, False = on-demand only, None = either (the planner decides).
+    Raises SpecError with a one-line, actionable message.
+    """
+    script_path = Path(script).expanduser()
+    if not script_path.is_file():
+        raise SpecError(
+            f"script {str(script)!r} does not exist; give the path of your training script"
+        )
+    script_path = script_path.resolve()
+    workdir = find_workdir(script_path)
+    flags = {
+        "gpus": gpus,
+        "nodes": nodes,
+        "spot": spot,
+        "cloud": cloud or None,
+        "region": region or None,
+        "bucket": bucket,
+        "mount_bucket": mount_bucket,
+        "env": env or None,
+        "secret": secret or None,
+        "setup": setup,
+        "requirements": requirements,
+        "disk_size": disk_size,
+        "image": image,
+        "label": label or None,
+        "max_hourly": max_hourly,
+        "max_restarts": max_restarts,
+        "master_port": master_port,
+        "nccl_debug": nccl_debug,
+        "nccl_socket_ifname": nccl_socket_ifname,
+        "require_path": require_path or None,
+        "preflight": preflight,
+        "launcher": launcher,
+        "ckpt_dir": ckpt_dir,
+        "name": name,
+        "allow_secret_env": allow_secret_env,
+    }
+    merged = load_project_config(workdir)
+    merged.update({k: v for k, v in flags.items() if v is not None})
+    return _spec_from_options(merged, script_path, workdir, list(script_args or []))
+
+
+def _as_list(value: Any) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, (list, tuple)):
+        return [str(v) for v in value]
+    return [str(value)]
+
+
+def _as_mapping(value: Any, flag: str) -> dict[str, str]:
+    if isinstance(value, dict):
+        return {str(k): str(v) for k, v in value.items()}
+    return parse_key_values(_as_list(value), flag)
+
+
+def _spec_from_options(
+    opts: dict[str, Any], script: Path, workdir: Path, script_args: list[str]
+) -> JobSpec:
+    if not opts.get("gpus"):
+        raise SpecError("--gpus is required, e.g. --gpus H100:8 (or cpu:2 for local CPU nodes)")
+    accelerator = Accelerator.parse(str(opts["gpus"]))
+    nodes = opts.get("nodes", 1)
+    if not isinstance(nodes, int) or isinstance(nodes, bool) or not 1 <= nodes <= MAX_NODES:
+        raise SpecError(f"--nodes {nodes!r}: give a whole number of nodes from 1 to {MAX_NODES}")
+    spot_opt = opts.get("spot")
+    policies = {True: SpotPolicy.SPOT, False: SpotPolicy.ON_DEMAND, None: SpotPolicy.EITHER}
+    spot = policies.get(spot_opt) if isinstance(spot_opt, bool | None) else None
+    if spot is None:
+        try:
+            spot = SpotPolicy(str(spot_opt))
+        except ValueError:
+            raise SpecError(f"spot: {spot_opt!r}; use spot, on-demand or either") from None
+    bucket = BucketURL.parse(str(opts["bucket"])) if opts.get("bucket") else None
+    requirements = None
+    if opts.get("requirements"):
+        req = (Path.cwd() / Path(str(opts["requirements"])).expanduser()).resolve()
+        if not req.is_file():
+            raise SpecError(f"--requirements {opts['requirements']!r} does not exist")
+        if not req.is_relative_to(workdir):
+            raise SpecError(f"--requirements {opts['requirements']!r} must be inside {workdir}")
+        requirements = req.relative_to(workdir)
+    if opts.get("mount_bucket") and bucket is None:
+        raise SpecError("--mount-bucket needs --bucket s3://… or gs://…")
+    if opts.get("mount_bucket") and bucket is not None and bucket.scheme == "file":
+        raise SpecError("--mount-bucket works with s3:// or gs:// buckets, not file://")
+    name = opts.get("name") or _default_name(script)
+    try:
+        return JobSpec(
+            script=script,
+            script_args=script_args,
+            workdir=workdir,
+            name=str(name),
+            accelerator=accelerator,
+            nodes=nodes,
+            spot=spot,
+            clouds=_as_list(opts.get("cloud")),
+            regions=_as_list(opts.get("region")),
+            bucket=bucket,
+            mount_bucket=bool(opts.get("mount_bucket")),
+            envs=_checked_envs(opts),
+            secrets=_as_list(opts.get("secret")),
+            setup=opts.get("setup"),
+            requirements=requirements,
+            disk_size=opts.get("disk_size"),
+            image=opts.get("image"),
+            labels=_as_mapping(opts.get("label"), "--label"),
+            max_hourly=opts.get("max_hourly"),
+            max_restarts=opts.get("max_restarts", 3),
+            master_port=opts.get("master_port"),
+            nccl_debug=opts.get("nccl_debug"),
+            nccl_socket_ifname=opts.get("nccl_socket_ifname"),
+            require_paths=_as_list(opts.get("require_path")),
+            preflight=bool(opts.get("preflight", True)),
+            launcher=Launcher.parse(opts.get("launcher") or Launcher.TORCHRUN),
+            ckpt_dir=_checked_ckpt_dir(opts, workdir, bucket),
+        )
+    except ValidationError as err:
+        raise SpecError(first_error(err)) from None
+
+
+def _checked_ckpt_dir(opts: dict[str, Any], workdir: Path, bucket: BucketURL | None) -> str | None:
+    """`--ckpt-dir`: an absolute folder outside the synced workdir and the bucket mount; on a
+    cloud it lives in the bucket, so it needs an s3:// or gs:// `--bucket`."""
+    if not opts.get("ckpt_dir"):
+        return None
+    path, flag = PurePosixPath(str(opts["ckpt_dir"])), f"--ckpt-dir {str(opts['ckpt_dir'])!r}"
+    if not path.is_absolute() or ".." in path.parts or len(path.parts) < 2:
+        raise SpecError(f"{flag}: give an absolute folder of its own on the nodes, e.g. /ckpt")
+    work, mount = PurePosixPath(workdir.as_posix()), PurePosixPath(BUCKET_MOUNT_PATH)
+    if path.is_relative_to(work) or "sky_workdir" in path.parts:
+        raise SpecError(f"{flag} is inside the workdir, which is synced to every node; use /ckpt")
+    if path.is_relative_to(mount) or work.is_relative_to(path) or mount.is_relative_to(path):
+        raise SpecError(f"{flag} overlaps the workdir or the bucket mount ({mount}); use /ckpt")
+    if _as_list(opts.get("cloud")) != [LOCAL_CLOUD] and (bucket is None or bucket.scheme == "file"):
+        raise SpecError(
+            f"{flag} needs --bucket s3://… or gs://… on a cloud: the folder lives in the bucket "
+            "and outlives the VMs"
+        )
+    return path.as_posix()
+
+
+def _checked_envs(opts: dict[str, Any]) -> dict[str, str]:
+    """`--env` values; one that looks like a credential is refused unless the user insists:
+    it would be written into the task YAML SkyPilot stores (use `--secret NAME`)."""
+    envs = _as_mapping(opts.get("env"), "--env")
+    if opts.get("allow_secret_env"):
+        return envs
+    from mncloud.records.redact import looks_like_credential
+
+    for key, value in envs.items():
+        if looks_like_credential(key, value):
+            raise SpecError(
+                f"--env {key}=…: the value looks like a credential and would be written into the "
+                f"task YAML; pass it with --secret {key} (read from your environment at launch), "
+                "or add --allow-secret-env if it is not secret"
+            )
+    return envs
+
+
+def _default_name(script: Path) -> str:
+    stem = re.sub(r"[^a-z0-9-]+", "-", script.stem.lower()).strip("-") or "run"
+    if not stem[0].isalpha():
+        stem = f"run-{stem}"
+    return stem[:63].rstrip("-")
