@@ -136,7 +136,48 @@ def write_atomic(path: str | os.PathLike[str], data: bytes | str) -> None:
         tmp.write_bytes(data.encode() if isinstance(data, str) else data)
 
 
-class LocalBucket:
+class RetryingBucket:
+    """What every bucket's operations share: `_call` runs one with `call_with_retry`.
+
+    A subclass sets `url` and `retry_seconds` and gives `_classify` (see `retry.Classify`) and
+    `_is_not_found` (does this SDK error say the object is missing?); `_before_op` may refuse
+    an attempt before it starts.
+    """
+
+    url: str
+    retry_seconds: float
+
+    def _classify(self, err: BaseException) -> str | None:
+        raise NotImplementedError
+
+    def _is_not_found(self, err: Exception) -> bool:
+        raise NotImplementedError
+
+    def _before_op(self) -> None:
+        """Called before every attempt (LocalBucket's simulated outage)."""
+
+    def _call(self, what: str, op: Callable[[], T], key: str | None = None) -> T:
+        """Run `op` with retries; with a `key`, a not-found error is `ObjectNotFoundError`
+        (without one, e.g. for a listing, it is classified like any other error)."""
+
+        def guarded() -> T:
+            self._before_op()
+            try:
+                return op()
+            except Exception as err:
+                if key is not None and self._is_not_found(err):
+                    raise ObjectNotFoundError(f"{self.url}/{key} does not exist") from err
+                raise
+
+        return call_with_retry(
+            guarded,
+            what=f"{what} {self.url}/{key or ''}",
+            classify=self._classify,
+            budget=self.retry_seconds,
+        )
+
+
+class LocalBucket(RetryingBucket):
     """A directory that behaves like a bucket; writes are atomic (temporary file + rename)."""
 
     def __init__(
@@ -160,23 +201,12 @@ class LocalBucket:
             return short_error(err)
         return None  # EACCES, EIO, ENOSPC, a vanished mount: may pass
 
-    def _call(self, what: str, op: Callable[[], T], key: str | None) -> T:
-        def guarded() -> T:
-            if (self.root / STORAGE_OUTAGE_MARKER).exists():
-                raise TransientStorageError(f"{self.url} is unavailable (simulated outage)")
-            try:
-                return op()
-            except FileNotFoundError as err:
-                if key is not None:
-                    raise ObjectNotFoundError(f"{self.url}/{key} does not exist") from err
-                raise
+    def _before_op(self) -> None:
+        if (self.root / STORAGE_OUTAGE_MARKER).exists():
+            raise TransientStorageError(f"{self.url} is unavailable (simulated outage)")
 
-        return call_with_retry(
-            guarded,
-            what=f"{what} {self.url}/{key or ''}",
-            classify=self._classify,
-            budget=self.retry_seconds,
-        )
+    def _is_not_found(self, err: Exception) -> bool:
+        return isinstance(err, FileNotFoundError)
 
     def _copy_in(self, key: str, write: Callable[[Path], None]) -> None:
         with atomic_path(self._path(key)) as tmp:

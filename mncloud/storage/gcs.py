@@ -10,19 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 from mncloud.errors import StorageError
-from mncloud.storage.buckets import ObjectInfo, ObjectNotFoundError, atomic_path
-from mncloud.storage.retry import (
-    DEFAULT_RETRY_SECONDS,
-    call_with_retry,
-    error_chain,
-    isolate_sdk_random,
-)
-
-T = TypeVar("T")
+from mncloud.storage.buckets import ObjectInfo, ObjectNotFoundError, RetryingBucket, atomic_path
+from mncloud.storage.retry import DEFAULT_RETRY_SECONDS, error_chain, isolate_sdk_random
 
 MiB = 1024 * 1024
 EMULATOR_PROJECT = "mncloud-emulator"
@@ -57,7 +49,7 @@ def short_retry() -> Any:
     return DEFAULT_RETRY.with_timeout(10)
 
 
-class GCSBucket:
+class GCSBucket(RetryingBucket):
     """A Google Cloud Storage bucket through google-cloud-storage."""
 
     def __init__(
@@ -97,23 +89,10 @@ class GCSBucket:
                 return f"HTTP {status}"
         return None
 
-    def _call(self, what: str, op: Callable[[], T], key: str | None = None) -> T:
+    def _is_not_found(self, err: Exception) -> bool:
         from google.api_core import exceptions as gexc
 
-        def guarded() -> T:
-            try:
-                return op()
-            except gexc.NotFound as err:
-                if key is not None and "bucket" not in str(err).lower():
-                    raise ObjectNotFoundError(f"{self.url}/{key} does not exist") from err
-                raise
-
-        return call_with_retry(
-            guarded,
-            what=f"{what} {self.url}/{key or ''}",
-            classify=self._classify,
-            budget=self.retry_seconds,
-        )
+        return isinstance(err, gexc.NotFound) and "bucket" not in str(err).lower()
 
     def put_file(self, key: str, path: str | os.PathLike[str]) -> None:
         """Upload a file (resumable, in `chunk_size` pieces, above 8 MiB)."""

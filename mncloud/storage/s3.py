@@ -11,20 +11,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-from mncloud.storage.buckets import ObjectInfo, ObjectNotFoundError, atomic_path
-from mncloud.storage.retry import (
-    DEFAULT_RETRY_SECONDS,
-    call_with_retry,
-    error_chain,
-    isolate_sdk_random,
-)
-
-T = TypeVar("T")
+from mncloud.storage.buckets import ObjectInfo, ObjectNotFoundError, RetryingBucket, atomic_path
+from mncloud.storage.retry import DEFAULT_RETRY_SECONDS, error_chain, isolate_sdk_random
 
 MiB = 1024 * 1024
 DEFAULT_REGION = "us-east-1"
@@ -77,7 +69,7 @@ def make_client(
     return session.client("s3", endpoint_url=endpoint_url, region_name=region, config=config)
 
 
-class S3Bucket:
+class S3Bucket(RetryingBucket):
     """An S3 (or S3-compatible) bucket through boto3."""
 
     def __init__(
@@ -132,23 +124,10 @@ class S3Bucket:
                 return f"{code or status}: {e.response.get('Error', {}).get('Message', '')}"
         return None  # connection errors, timeouts and the like: transient
 
-    def _call(self, what: str, op: Callable[[], T], key: str | None = None) -> T:
+    def _is_not_found(self, err: Exception) -> bool:
         from botocore.exceptions import ClientError
 
-        def guarded() -> T:
-            try:
-                return op()
-            except ClientError as err:
-                if key is not None and error_code(err) in NOT_FOUND_CODES:
-                    raise ObjectNotFoundError(f"{self.url}/{key} does not exist") from err
-                raise
-
-        return call_with_retry(
-            guarded,
-            what=f"{what} {self.url}/{key or ''}",
-            classify=self._classify,
-            budget=self.retry_seconds,
-        )
+        return isinstance(err, ClientError) and error_code(err) in NOT_FOUND_CODES
 
     def put_file(self, key: str, path: str | os.PathLike[str]) -> None:
         """Upload a file: one PUT below `chunk_size`, else a multipart upload with
