@@ -6,7 +6,7 @@ Needs torch (`pip install mncloud[train]`); nothing outside `mncloud.train` impo
 
 from __future__ import annotations
 
-from mncloud.train.ckpt import CheckpointManager, rng_state, set_rng_state
+from mncloud.train.ckpt import CheckpointManager
 from mncloud.train.dist import (
     DistInfo,
     barrier,
@@ -21,6 +21,7 @@ from mncloud.train.dist import (
 )
 from mncloud.train.preempt import Notice, Preempted, PreemptionWatcher
 from mncloud.train.sampler import ResumableSampler
+from mncloud.train.state import rng_state, set_rng_state
 from mncloud.train.steptime import StepTimer, report
 
 __all__ = [

@@ -1,0 +1,147 @@
+"""What a checkpoint holds of a training state, and how it goes back in place.
+
+A state is the dict a script passes to `CheckpointManager`: models, optimizers and tensors go
+to DCP (sharded, `tensor_state`); everything else is a per-rank extra (`split_state`): an
+object with `state_dict`/`load_state_dict` (a sampler) by its state dict, any other value as
+is, and the process's RNG states under their own key. `restore_state` loads both back, the RNG
+states last.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import random
+import warnings
+from collections.abc import MutableMapping
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+
+from mncloud.errors import CheckpointError
+
+log = logging.getLogger(__name__)
+
+#: DCP's warning when it runs without a process group (one process): expected, not news.
+NO_DIST_WARNING = "torch.distributed is disabled, unavailable"
+
+_RNG_KEY = "__rng__"
+_VALUE, _STATEFUL = "value", "stateful"
+
+
+def rng_state() -> dict[str, Any]:
+    """The python, numpy, torch CPU and CUDA RNG states of this process."""
+    out: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    try:
+        import numpy as np
+
+        out["numpy"] = np.random.get_state()
+    except ImportError:
+        pass
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        out["cuda"] = torch.cuda.get_rng_state_all()
+    return out
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore what `rng_state` returned."""
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"])
+    if "numpy" in state:
+        import numpy as np
+
+        np.random.set_state(state["numpy"])
+    if "cuda" in state and torch.cuda.is_available():
+        if len(state["cuda"]) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all(state["cuda"])
+        else:
+            log.warning("CUDA device count changed; CUDA RNG states not restored")
+
+
+def tensor_state(state: MutableMapping[str, Any]) -> dict[str, Any]:
+    """The part of `state` DCP saves and loads: models, optimizers and plain tensors."""
+    modules = [v for v in state.values() if isinstance(v, torch.nn.Module)]
+    tensors: dict[str, Any] = {}
+    for key, val in state.items():
+        if isinstance(val, torch.nn.Module):
+            tensors[key] = get_model_state_dict(val)
+        elif isinstance(val, torch.optim.Optimizer):
+            tensors[key] = get_optimizer_state_dict(_owner(val, modules, key), val)
+        elif isinstance(val, torch.Tensor):
+            tensors[key] = val
+    return tensors
+
+
+def split_state(state: MutableMapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Tensors for DCP (models, optimizers, tensors) and per-rank extras (the rest, and the RNG
+    states), the extras deep-copied: a worker thread serialises them later."""
+    tensors = tensor_state(state)
+    extras: dict[str, Any] = {}
+    for key, val in state.items():
+        if key in tensors:
+            continue
+        if callable(getattr(val, "state_dict", None)) and callable(
+            getattr(val, "load_state_dict", None)
+        ):
+            extras[key] = (_STATEFUL, val.state_dict())
+        else:
+            extras[key] = (_VALUE, val)
+    extras[_RNG_KEY] = (_VALUE, rng_state())
+    return tensors, copy.deepcopy(extras)
+
+
+def restore_state(
+    state: MutableMapping[str, Any], local: Path, step: int, *, pg: Any, distributed: bool
+) -> None:
+    """Load step `step`'s files in `local` into `state` in place: DCP's tensors (collectives on
+    `pg`), then this rank's extras (`local/extras.pt`), the RNG states last."""
+    modules = [v for v in state.values() if isinstance(v, torch.nn.Module)]
+    targets = tensor_state(state)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=NO_DIST_WARNING)
+            dcp.load(
+                targets,
+                storage_reader=dcp.FileSystemReader(str(local)),
+                process_group=pg,
+                no_dist=not distributed,
+            )
+    except Exception as err:
+        raise CheckpointError(f"step {step} does not fit this model/optimizer: {err}") from err
+    for key, val in state.items():
+        if isinstance(val, torch.nn.Module):
+            set_model_state_dict(val, targets[key])
+        elif isinstance(val, torch.optim.Optimizer):
+            set_optimizer_state_dict(_owner(val, modules, key), val, targets[key])
+    extras = torch.load(local / "extras.pt", weights_only=False)
+    for key, (kind, value) in extras.items():
+        if key == _RNG_KEY:
+            continue
+        current = state.get(key)
+        if kind == _STATEFUL and current is not None and hasattr(current, "load_state_dict"):
+            current.load_state_dict(value)
+        elif isinstance(current, dict) and isinstance(value, dict):
+            current.clear()
+            current.update(value)
+        else:
+            state[key] = value
+    set_rng_state(extras[_RNG_KEY][1])  # last: nothing after this may draw random numbers
+
+
+def _owner(opt: torch.optim.Optimizer, modules: list[torch.nn.Module], key: str) -> Any:
+    """The module in the state whose parameters the optimizer updates."""
+    first = next((p for g in opt.param_groups for p in g["params"]), None)
+    for m in modules:
+        if first is None or any(p is first for p in m.parameters()):
+            return m
+    raise CheckpointError(
+        f"optimizer {key!r} updates parameters of no model in the state; put the model in too"
+    )
