@@ -21,7 +21,8 @@ thread, never on the training path); `MNCLOUD_METADATA_URL` points it at another
 at once.
 
 The watcher only raises a flag; `CheckpointManager` turns it into one coordinated save (see
-`mncloud/train/ckpt.py`). Sequence, 2 nodes × 2 ranks on GCP, step time 0.5 s, interval 100:
+`mncloud/train/ckpt.py` and `emergency.py`). Sequence, 2 nodes × 2 ranks on GCP, step time
+0.5 s, interval 100:
 
     t=0     node 1's metadata says preempted=TRUE; its watcher thread sets the notice
             (deadline t+30). Ranks 2, 3 (node 1) see it at their next maybe_save; ranks 0, 1
