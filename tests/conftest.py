@@ -60,3 +60,13 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     if walk is not None:
         names = ", ".join(walk.IDS)
         terminalreporter.write_line(f"help walk: {len(walk.IDS)} commands ({names})")
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    """A small project folder (pyproject.toml + train.py), as a user's checkout would be."""
+    folder = tmp_path / "proj"
+    folder.mkdir()
+    (folder / "pyproject.toml").write_text("[project]\nname='p'\n")
+    (folder / "train.py").write_text("print('hi')\n")
+    return folder

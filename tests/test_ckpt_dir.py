@@ -32,15 +32,6 @@ REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "train_snapshot.py"
 
 
-@pytest.fixture
-def project(tmp_path: Path) -> Path:
-    folder = tmp_path / "proj"
-    folder.mkdir()
-    (folder / "pyproject.toml").write_text("[project]\nname='p'\n")
-    (folder / "train.py").write_text("print('hi')\n")
-    return folder
-
-
 @pytest.mark.parametrize(
     ("flags", "message"),
     [

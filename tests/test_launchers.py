@@ -36,15 +36,6 @@ HOSTILE = [
 ]  # fmt: skip
 
 
-@pytest.fixture
-def project(tmp_path: Path) -> Path:
-    folder = tmp_path / "proj"
-    folder.mkdir()
-    (folder / "pyproject.toml").write_text("[project]\nname='p'\n")
-    (folder / "train.py").write_text("print('hi')\n")
-    return folder
-
-
 @pytest.mark.parametrize("launcher", [m.value for m in Launcher])
 def test_skypilot_accepts_the_task_of_every_launcher(project: Path, launcher: str) -> None:
     """Each rendered task passes SkyPilot's schema and parser, asked directly."""
