@@ -92,14 +92,8 @@ def prepare(
     *,
     run_id: str | None = None,
     approve: Callable[[Plan], bool] | None = None,
-    deadline_s: float | None = None,
-    budget: float | None = None,
 ) -> Prepared:
-    """Plan (clouds only) and render; `approve` sees the plan before anything is rendered.
-
-    With a deadline and a budget, a plan whose choice is expected to cost more than the budget
-    under the deadline policy is refused (SpecError) before anyone is asked.
-    """
+    """Plan (clouds only) and render; `approve` sees the plan before anything is rendered."""
     from mncloud.render import render
 
     plan = None
@@ -111,10 +105,6 @@ def prepare(
         from mncloud.plan import make_plan
 
         plan = make_plan(plan_request(spec, options))
-        if deadline_s is not None and budget is not None:
-            from mncloud.deadline import refuse_over_budget
-
-            refuse_over_budget(plan, deadline_s, budget)
         backend = "skypilot"
         if approve is not None and not approve(plan):
             raise LaunchCancelled("not launched")

@@ -230,7 +230,7 @@ def test_hazards_from_a_users_trace(tmp_path: Path) -> None:
 
 
 @pytest.mark.catalog
-def test_prepare_refuses_a_choice_over_the_budget(tmp_path: Path) -> None:
+def test_a_choice_over_the_budget_is_refused(tmp_path: Path) -> None:
     from mncloud.launch import prepare
     from mncloud.request import build_spec
     from mncloud.spec import LaunchOptions
@@ -244,8 +244,9 @@ def test_prepare_refuses_a_choice_over_the_budget(tmp_path: Path) -> None:
     report = deadline.estimate_deadline(plan, 30 * 3600)
     choice, cheapest = report.choice.expected_cost, report.cheapest.expected_cost
     assert cheapest < choice  # aws us-east-1 spot is the plan's choice, not the deadline's
+    # What `up --deadline --budget` runs (mncloud.control.start) before anything starts.
     with pytest.raises(SpecError, match=r"not launched: the choice, aws p5\.48xlarge in us-east-1"):
-        prepare(spec, options, deadline_s=30 * 3600, budget=(cheapest + choice) / 2)
+        deadline.refuse_over_budget(plan, 30 * 3600, (cheapest + choice) / 2)
     with pytest.raises(SpecError, match="below the least expected cost"):
-        prepare(spec, options, deadline_s=30 * 3600, budget=cheapest - 1)
-    assert prepare(spec, options, deadline_s=30 * 3600, budget=choice + 1).plan == plan
+        deadline.refuse_over_budget(plan, 30 * 3600, cheapest - 1)
+    assert deadline.refuse_over_budget(plan, 30 * 3600, choice + 1).choice.expected_cost == choice
