@@ -118,41 +118,26 @@ class ProjectConfig(BaseModel):
     name: str | None = None
 
 
-def build_spec(
-    script: str | Path,
-    script_args: list[str] | None = None,
-    *,
-    gpus: str | None = None,
-    nodes: int | None = None,
-    spot: bool | None = None,
-    cloud: list[str] | None = None,
-    region: list[str] | None = None,
-    bucket: str | None = None,
-    mount_bucket: bool | None = None,
-    env: list[str] | None = None,
-    secret: list[str] | None = None,
-    setup: str | None = None,
-    requirements: str | None = None,
-    disk_size: int | None = None,
-    image: str | None = None,
-    label: list[str] | None = None,
-    max_hourly: float | None = None,
-    max_restarts: int | None = None,
-    master_port: int | None = None,
-    nccl_debug: str | None = None,
-    nccl_socket_ifname: str | None = None,
-    require_path: list[str] | None = None,
-    preflight: bool | None = None,
-    launcher: str | None = None,
-    ckpt_dir: str | None = None,
-    name: str | None = None,
-    allow_secret_env: bool | None = None,
-) -> JobSpec:
-    """Build a JobSpec from CLI-style options over the project's `mncloud.yaml` defaults.
+#: Flags that are no setting of mncloud.yaml: a user says them on the command line each time.
+FLAG_ONLY = ("allow_secret_env",)
+
+
+def flag_names() -> tuple[str, ...]:
+    """Every option `build_spec` takes: the settings of mncloud.yaml, then the flag-only ones."""
+    return (*ProjectConfig.model_fields, *FLAG_ONLY)
+
+
+def build_spec(script: str | Path, script_args: list[str] | None = None, **flags: Any) -> JobSpec:
+    """Build a JobSpec from CLI-style options (`flag_names()`, named like the flags with '_'
+    for '-') over the project's `mncloud.yaml` defaults; an option left None or empty keeps
+    the project's value.
 
     `spot`: True = spot only, False = on-demand only, None = either (the planner decides).
     Raises SpecError with a one-line, actionable message.
     """
+    unknown = sorted(set(flags) - set(flag_names()))
+    if unknown:
+        raise TypeError(f"build_spec() got unknown option(s): {', '.join(unknown)}")
     script_path = Path(script).expanduser()
     if not script_path.is_file():
         raise SpecError(
@@ -160,35 +145,8 @@ def build_spec(
         )
     script_path = script_path.resolve()
     workdir = find_workdir(script_path)
-    flags = {
-        "gpus": gpus,
-        "nodes": nodes,
-        "spot": spot,
-        "cloud": cloud or None,
-        "region": region or None,
-        "bucket": bucket,
-        "mount_bucket": mount_bucket,
-        "env": env or None,
-        "secret": secret or None,
-        "setup": setup,
-        "requirements": requirements,
-        "disk_size": disk_size,
-        "image": image,
-        "label": label or None,
-        "max_hourly": max_hourly,
-        "max_restarts": max_restarts,
-        "master_port": master_port,
-        "nccl_debug": nccl_debug,
-        "nccl_socket_ifname": nccl_socket_ifname,
-        "require_path": require_path or None,
-        "preflight": preflight,
-        "launcher": launcher,
-        "ckpt_dir": ckpt_dir,
-        "name": name,
-        "allow_secret_env": allow_secret_env,
-    }
     merged = load_project_config(workdir)
-    merged.update({k: v for k, v in flags.items() if v is not None})
+    merged.update({k: v for k, v in flags.items() if v is not None and v != []})
     return _spec_from_options(merged, script_path, workdir, list(script_args or []))
 
 

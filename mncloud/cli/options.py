@@ -223,20 +223,11 @@ Catalog = Annotated[
 
 
 def spec_from_options(values: dict[str, Any]) -> JobSpec:
-    """Build the JobSpec from a command's parameters (its `locals()`), by `build_spec`'s names.
+    """Build the JobSpec from a command's parameters, by the names `build_spec` takes."""
+    from mncloud.request import build_spec, flag_names
 
-    `render` and `up` share every job option; this keeps them from drifting apart.
-    """
-    from mncloud.request import build_spec
-
-    names = [
-        p.name
-        for p in inspect.signature(build_spec).parameters.values()
-        if p.kind is inspect.Parameter.KEYWORD_ONLY
-    ]
-    return build_spec(
-        values["script"], values["script_args"], **{name: values[name] for name in names}
-    )
+    options = {name: values[name] for name in flag_names()}
+    return build_spec(values["script"], values["script_args"], **options)
 
 
 # Deadline runs (`up --deadline`; the controller is `mncloud control`).
