@@ -58,20 +58,7 @@ def deadline_state(
     policy: str = DEFAULT_POLICY,
 ) -> ControlState:
     """The controller's first state for `up --deadline`; SpecError on bad input."""
-    if not hours_given:
-        raise SpecError("--deadline needs --hours: the work the job needs at full speed")
-    if time_scale is not None and time_scale <= 0:
-        raise SpecError(f"--time-scale {time_scale:g}: it must be greater than 0")
-    if not spec.is_local and (spot_trace is not None or time_scale is not None):
-        flag = "--spot-trace" if spot_trace is not None else "--time-scale"
-        raise SpecError(
-            f"{flag} is for --cloud local (a rehearsal); a cloud's spot capacity comes from "
-            "SkyPilot's managed job"
-        )
-    if not spec.is_local and spec.bucket is None:
-        raise SpecError(
-            "--deadline on a cloud needs --bucket: the controller keeps its state there"
-        )
+    _check_flags(spec, hours_given=hours_given, spot_trace=spot_trace, time_scale=time_scale)
     gap, trace = DECISION_INTERVAL_S, None
     if spot_trace is not None:
         from mncloud.replay import load_trace
@@ -113,6 +100,26 @@ def deadline_state(
                 f"(${state.spent_before:,.2f}); raise it or drop --budget"
             )
     return state
+
+
+def _check_flags(
+    spec: JobSpec, *, hours_given: bool, spot_trace: Path | None, time_scale: float | None
+) -> None:
+    """The deadline flags that cannot go together, or not with this backend."""
+    if not hours_given:
+        raise SpecError("--deadline needs --hours: the work the job needs at full speed")
+    if time_scale is not None and time_scale <= 0:
+        raise SpecError(f"--time-scale {time_scale:g}: it must be greater than 0")
+    if not spec.is_local and (spot_trace is not None or time_scale is not None):
+        flag = "--spot-trace" if spot_trace is not None else "--time-scale"
+        raise SpecError(
+            f"{flag} is for --cloud local (a rehearsal); a cloud's spot capacity comes from "
+            "SkyPilot's managed job"
+        )
+    if not spec.is_local and spec.bucket is None:
+        raise SpecError(
+            "--deadline on a cloud needs --bucket: the controller keeps its state there"
+        )
 
 
 def spent_so_far(name: str) -> float:
