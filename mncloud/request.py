@@ -150,7 +150,8 @@ def build_spec(script: str | Path, script_args: list[str] | None = None, **flags
     return _spec_from_options(merged, script_path, workdir, list(script_args or []))
 
 
-def _as_list(value: Any) -> list[str]:
+def as_list(value: Any) -> list[str]:
+    """A flag or config value (None, one word or several) as a list of strings."""
     if value is None:
         return []
     if isinstance(value, (list, tuple)):
@@ -161,7 +162,7 @@ def _as_list(value: Any) -> list[str]:
 def _as_mapping(value: Any, flag: str) -> dict[str, str]:
     if isinstance(value, dict):
         return {str(k): str(v) for k, v in value.items()}
-    return parse_key_values(_as_list(value), flag)
+    return parse_key_values(as_list(value), flag)
 
 
 def _spec_from_options(
@@ -204,12 +205,12 @@ def _spec_from_options(
             accelerator=accelerator,
             nodes=nodes,
             spot=spot,
-            clouds=_as_list(opts.get("cloud")),
-            regions=_as_list(opts.get("region")),
+            clouds=as_list(opts.get("cloud")),
+            regions=as_list(opts.get("region")),
             bucket=bucket,
             mount_bucket=bool(opts.get("mount_bucket")),
             envs=_checked_envs(opts),
-            secrets=_as_list(opts.get("secret")),
+            secrets=as_list(opts.get("secret")),
             setup=opts.get("setup"),
             requirements=requirements,
             disk_size=opts.get("disk_size"),
@@ -220,7 +221,7 @@ def _spec_from_options(
             master_port=opts.get("master_port"),
             nccl_debug=opts.get("nccl_debug"),
             nccl_socket_ifname=opts.get("nccl_socket_ifname"),
-            require_paths=_as_list(opts.get("require_path")),
+            require_paths=as_list(opts.get("require_path")),
             preflight=bool(opts.get("preflight", True)),
             launcher=Launcher.parse(opts.get("launcher") or Launcher.TORCHRUN),
             ckpt_dir=_checked_ckpt_dir(opts, workdir, bucket),
@@ -242,7 +243,7 @@ def _checked_ckpt_dir(opts: dict[str, Any], workdir: Path, bucket: BucketURL | N
         raise SpecError(f"{flag} is inside the workdir, which is synced to every node; use /ckpt")
     if path.is_relative_to(mount) or work.is_relative_to(path) or mount.is_relative_to(path):
         raise SpecError(f"{flag} overlaps the workdir or the bucket mount ({mount}); use /ckpt")
-    if _as_list(opts.get("cloud")) != [LOCAL_CLOUD] and (bucket is None or bucket.scheme == "file"):
+    if as_list(opts.get("cloud")) != [LOCAL_CLOUD] and (bucket is None or bucket.scheme == "file"):
         raise SpecError(
             f"{flag} needs --bucket s3://… or gs://… on a cloud: the folder lives in the bucket "
             "and outlives the VMs"

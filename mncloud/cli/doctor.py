@@ -6,12 +6,16 @@ The node-side half runs inside the job (`python -m mncloud.doctor node`, see mnc
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
 
+from mncloud.cli import options as opts
 from mncloud.cli._common import console, handle_errors, print_json
+
+if TYPE_CHECKING:
+    from mncloud.doctor import Check
 
 
 def register(app: typer.Typer) -> None:
@@ -24,61 +28,22 @@ def doctor_command(
     script: Annotated[
         Path | None, typer.Argument(help="Your training script (its mncloud.yaml gives defaults).")
     ] = None,
-    gpus: Annotated[str | None, typer.Option("--gpus", help="e.g. H100:8, checked.")] = None,
-    cloud: Annotated[
-        list[str] | None, typer.Option("--cloud", help="Check this cloud's credentials.")
-    ] = None,
-    bucket: Annotated[
-        str | None, typer.Option("--bucket", help="Check it is reachable and writable.")
-    ] = None,
-    require_path: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--require-path",
-            help="A data path: s3://…/gs://… are checked here, local paths on every node.",
-        ),
-    ] = None,
+    gpus: opts.Gpus = None,
+    cloud: opts.Cloud = None,
+    bucket: opts.Bucket = None,
+    require_path: opts.RequirePath = None,
     timeout: Annotated[
         float, typer.Option("--timeout", help="Seconds allowed for each cloud's credential check.")
     ] = 20.0,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    as_json: opts.Json = False,
 ) -> None:
-    """Check credentials, bucket and data paths now, instead of at a stuck rendezvous."""
-    from mncloud import doctor
-    from mncloud.request import find_workdir, load_project_config
-    from mncloud.spec import Accelerator
+    """Check credentials, bucket and data paths now, instead of at a stuck rendezvous.
 
-    checks: list[doctor.Check] = []
-    config: dict = {}
-    if script is not None:
-        if not script.is_file():
-            checks.append(doctor.Check("script", False, f"{script} does not exist"))
-        else:
-            workdir = find_workdir(script.resolve())
-            config = load_project_config(workdir)
-            digest = doctor.code_hash(workdir)
-            checks.append(doctor.Check("code", True, f"{workdir}: code hash {digest}"))
-    gpus = gpus or config.get("gpus")
-    if gpus:
-        try:
-            checks.append(doctor.Check("gpus", True, f"{Accelerator.parse(str(gpus))} is known"))
-        except Exception as err:  # SpecError: an unknown accelerator name
-            checks.append(doctor.Check("gpus", False, str(err)))
-    clouds = list(cloud or []) or _as_list(config.get("cloud"))
-    if clouds:
-        checks += doctor.check_credentials(clouds, timeout=timeout)
-    else:
-        checks.append(doctor.Check("credentials", True, "no --cloud given: nothing to check"))
-    bucket = bucket or config.get("bucket")
-    if bucket:
-        checks.append(doctor.check_bucket(str(bucket)))
-    for path in require_path or []:
-        if "://" in path:
-            checks.append(doctor.check_path(path))
-        else:
-            checks.append(
-                doctor.Check("path", True, f"{path}: checked on every node when the job starts")
-            )
+    s3:// and gs:// --require-path paths are checked here; local ones on every node at start.
+    """
+    from mncloud import doctor
+
+    checks = _laptop_checks(script, gpus, cloud, bucket, require_path or [], timeout)
     bad = doctor.failures(checks)
     if as_json:
         print_json([c.__dict__ for c in checks])
@@ -95,9 +60,48 @@ def doctor_command(
         raise typer.Exit(code=1)
 
 
-def _as_list(value: object) -> list[str]:
-    if value is None:
-        return []
-    if isinstance(value, (list, tuple)):
-        return [str(v) for v in value]
-    return [str(value)]
+def _laptop_checks(
+    script: Path | None,
+    gpus: str | None,
+    cloud: list[str] | None,
+    bucket: str | None,
+    require_paths: list[str],
+    timeout: float,
+) -> list[Check]:
+    """Every check `mncloud doctor` runs, with the project's mncloud.yaml as defaults."""
+    from mncloud import doctor
+    from mncloud.request import as_list, find_workdir, load_project_config
+    from mncloud.spec import Accelerator
+
+    checks: list[Check] = []
+    config: dict[str, Any] = {}
+    if script is not None:
+        if not script.is_file():
+            checks.append(doctor.Check("script", False, f"{script} does not exist"))
+        else:
+            workdir = find_workdir(script.resolve())
+            config = load_project_config(workdir)
+            digest = doctor.code_hash(workdir)
+            checks.append(doctor.Check("code", True, f"{workdir}: code hash {digest}"))
+    gpus = gpus or config.get("gpus")
+    if gpus:
+        try:
+            checks.append(doctor.Check("gpus", True, f"{Accelerator.parse(str(gpus))} is known"))
+        except Exception as err:  # SpecError: an unknown accelerator name
+            checks.append(doctor.Check("gpus", False, str(err)))
+    clouds = list(cloud or []) or as_list(config.get("cloud"))
+    if clouds:
+        checks += doctor.check_credentials(clouds, timeout=timeout)
+    else:
+        checks.append(doctor.Check("credentials", True, "no --cloud given: nothing to check"))
+    bucket = bucket or config.get("bucket")
+    if bucket:
+        checks.append(doctor.check_bucket(str(bucket)))
+    for path in require_paths:
+        if "://" in path:
+            checks.append(doctor.check_path(path))
+        else:
+            checks.append(
+                doctor.Check("path", True, f"{path}: checked on every node when the job starts")
+            )
+    return checks
