@@ -174,23 +174,9 @@ def _spec_from_options(
     nodes = opts.get("nodes", 1)
     if not isinstance(nodes, int) or isinstance(nodes, bool) or not 1 <= nodes <= MAX_NODES:
         raise SpecError(f"--nodes {nodes!r}: give a whole number of nodes from 1 to {MAX_NODES}")
-    spot_opt = opts.get("spot")
-    policies = {True: SpotPolicy.SPOT, False: SpotPolicy.ON_DEMAND, None: SpotPolicy.EITHER}
-    spot = policies.get(spot_opt) if isinstance(spot_opt, bool | None) else None
-    if spot is None:
-        try:
-            spot = SpotPolicy(str(spot_opt))
-        except ValueError:
-            raise SpecError(f"spot: {spot_opt!r}; use spot, on-demand or either") from None
+    spot = _spot_policy(opts.get("spot"))
     bucket = BucketURL.parse(str(opts["bucket"])) if opts.get("bucket") else None
-    requirements = None
-    if opts.get("requirements"):
-        req = (Path.cwd() / Path(str(opts["requirements"])).expanduser()).resolve()
-        if not req.is_file():
-            raise SpecError(f"--requirements {opts['requirements']!r} does not exist")
-        if not req.is_relative_to(workdir):
-            raise SpecError(f"--requirements {opts['requirements']!r} must be inside {workdir}")
-        requirements = req.relative_to(workdir)
+    requirements = _requirements(opts.get("requirements"), workdir)
     if opts.get("mount_bucket") and bucket is None:
         raise SpecError("--mount-bucket needs --bucket s3://… or gs://…")
     if opts.get("mount_bucket") and bucket is not None and bucket.scheme == "file":
@@ -228,6 +214,29 @@ def _spec_from_options(
         )
     except ValidationError as err:
         raise SpecError(first_error(err)) from None
+
+
+def _spot_policy(value: Any) -> SpotPolicy:
+    """--spot/--on-demand (True/False/None) or mncloud.yaml's word for the market."""
+    policies = {True: SpotPolicy.SPOT, False: SpotPolicy.ON_DEMAND, None: SpotPolicy.EITHER}
+    if isinstance(value, bool | None):
+        return policies[value]
+    try:
+        return SpotPolicy(str(value))
+    except ValueError:
+        raise SpecError(f"spot: {value!r}; use spot, on-demand or either") from None
+
+
+def _requirements(value: Any, workdir: Path) -> Path | None:
+    """--requirements as a path inside the workdir (it is synced to every node)."""
+    if not value:
+        return None
+    path = (Path.cwd() / Path(str(value)).expanduser()).resolve()
+    if not path.is_file():
+        raise SpecError(f"--requirements {value!r} does not exist")
+    if not path.is_relative_to(workdir):
+        raise SpecError(f"--requirements {value!r} must be inside {workdir}")
+    return path.relative_to(workdir)
 
 
 def _checked_ckpt_dir(opts: dict[str, Any], workdir: Path, bucket: BucketURL | None) -> str | None:
