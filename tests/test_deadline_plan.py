@@ -8,7 +8,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import typer
 from rich.console import Console
 from typer.testing import CliRunner
 
@@ -17,22 +16,12 @@ from mncloud.cli import plan as plan_cli
 from mncloud.errors import SpecError
 from mncloud.policy import POLICIES, Job, make_policy
 from mncloud.replay import replay
+from tests.test_plan_cli import _app  # `plan` alone, called the way users call it
 
 TRACES = Path(__file__).parents[1].parent / "shared" / "traces"
 needs_traces = pytest.mark.skipif(not TRACES.is_dir(), reason=f"no spot traces at {TRACES}")
 runner = CliRunner()
 ARGS = ("--gpus", "H100:8", "--hours", "20", "--deadline", "30h")
-
-
-def _app() -> typer.Typer:
-    app = typer.Typer()
-
-    @app.callback()
-    def _root() -> None:
-        """Test app: `plan` called the way users call it."""
-
-    plan_cli.register(app)
-    return app
 
 
 def _run(*args: str, width: int = 200) -> tuple[int, str, str]:
