@@ -46,24 +46,29 @@ def node_ckpt_dir(folder: Path, node: int) -> Path:
     return node_dir(folder, node) / layout.CKPT_DIR_NAME
 
 
-class LocalLaunch(BaseModel):
-    """What the supervisor runs (launch.json), fixed at `up`."""
+class RunShape(BaseModel):
+    """What launch.json and state.json both say of a run: who it is and its shape."""
 
     name: str
     token: str
     """Unique per run; part of every node process's tag."""
     task_id: str
     """SKYPILOT_TASK_ID, the same for every attempt."""
+    num_nodes: int
+    procs_per_node: int
+    master_port: int
+    ckpt_uri: str
+
+
+class LocalLaunch(RunShape):
+    """What the supervisor runs (launch.json), fixed at `up`."""
+
     run_id: str | None = None
     """The run record's id, when `up` wrote one."""
     workdir: str
     setup: str | None = None
     run: str
     envs: dict[str, str] = Field(default_factory=dict)
-    num_nodes: int
-    procs_per_node: int
-    master_port: int
-    ckpt_uri: str
     max_restarts: int = 3
     retry_on_error: int = 0
     recovery_delay: float = 2.0
@@ -102,17 +107,10 @@ class Event(BaseModel):
     data: dict[str, Any] = Field(default_factory=dict)
 
 
-class LocalState(BaseModel):
+class LocalState(RunShape):
     """state.json: the supervisor's view of the run (`status --json` exposes it)."""
 
-    name: str
-    token: str
     state: RunState = RunState.PENDING
-    num_nodes: int
-    procs_per_node: int
-    master_port: int
-    ckpt_uri: str
-    task_id: str
     attempt: int = 0
     restarts: int = 0
     preemptions: int = 0
