@@ -28,11 +28,10 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
-from mncloud.replay import Trace, load_trace
+if TYPE_CHECKING:
+    from mncloud.replay import Trace
 
 TRACE_SOURCE = "skypilot-org/spot-traces (Can't Be Late, NSDI 2024)"
 #: (node preemptions, spot node-hours) by cloud, pooled over every trace of that cloud (see
@@ -87,6 +86,8 @@ class TraceHazard:
 
 def count(trace: Trace) -> tuple[int, float]:
     """(node preemptions, spot node-hours) in a trace: every drop in the node count."""
+    import numpy as np  # only when traces are read: `plan` answers from the constants
+
     data = np.asarray(trace.data, dtype=np.int64)
     drops = int(np.clip(data[:-1] - data[1:], 0, None).sum())
     return drops, float(data.sum()) * trace.gap / 3600
@@ -97,6 +98,8 @@ def gaps(trace: Trace) -> tuple[int, float]:
 
     A run touching the start or the end of the trace is cut off and left out.
     """
+    import numpy as np
+
     data = np.asarray(trace.data)
     up = np.concatenate([[1], (data >= data.max()).astype(np.int8), [1]])
     edges = np.diff(up)
@@ -123,6 +126,8 @@ def describe(path: Path, trace: Trace) -> tuple[str, str, str]:
 
 def hazards_from_files(paths: Iterable[str | Path]) -> list[TraceHazard]:
     """One TraceHazard per trace file (for `plan --hazards-from`); SpecError on a bad file."""
+    from mncloud.replay import load_trace
+
     out = []
     for raw in paths:
         path = Path(raw)

@@ -263,3 +263,20 @@ def test_catalog_flag_alone_points_skypilot_at_the_snapshot(tmp_path: Path) -> N
     assert "wins" in out.stdout
     assert "unavailable" not in out.stdout + out.stderr
     assert (tmp_path / "home" / "sky-runtime").is_dir()
+
+
+@pytest.mark.catalog
+def test_a_plan_imports_neither_skypilot_nor_numpy() -> None:
+    """A plan answers from the cached offers index and the measured hazard constants; numpy
+    (traces, the deadline replay) and SkyPilot load only when those are asked for."""
+    code = (
+        "import sys\nfrom mncloud.cli import main\n"
+        "try:\n    main(['plan', '--gpus', 'H100:8', '--nodes', '4', '--json'])\n"
+        "except SystemExit:\n    pass\n"
+        "print('LOADED', 'numpy' in sys.modules, 'sky' in sys.modules, file=sys.stderr)\n"
+    )
+    subprocess.run([sys.executable, "-c", code], capture_output=True, check=False, timeout=300)
+    proc = subprocess.run(  # the second run: the cache is built
+        [sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=300
+    )
+    assert proc.stderr.strip().splitlines()[-1] == "LOADED False False", proc.stderr[-500:]
