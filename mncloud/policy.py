@@ -165,14 +165,6 @@ class Policy:
         """The mode for this tick; SPOT only when `obs.spot_now`."""
         raise NotImplementedError
 
-    def _fallback(self, obs: Observation) -> Mode:
-        """ON_DEMAND when the safety net demands it, else None (the policy decides)."""
-        if obs.mode is Mode.ON_DEMAND and not safe(self.job, obs, Mode.NONE):
-            return Mode.ON_DEMAND
-        if not safe(self.job, obs, Mode.SPOT if obs.spot_now else Mode.NONE):
-            return Mode.ON_DEMAND
-        return Mode.NONE
-
 
 POLICIES: dict[str, type[Policy]] = {}
 DEFAULT_POLICY = "adaptive"

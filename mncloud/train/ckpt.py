@@ -155,7 +155,6 @@ class CheckpointManager:
         if watch_preemption:
             self.watcher = PreemptionWatcher.from_env().start()
         self._warm_checked = False
-        self._last_step = -1  # the newest step `maybe_save` was called with
         self._closed = False
         self.last_stall_s = 0.0
         """Seconds the training thread spent in the last save call."""
@@ -230,7 +229,6 @@ class CheckpointManager:
         the straggler view (`mncloud.train.report`).
         """
         report(step)
-        self._last_step = step
         if self.preempted is not None:  # stopped for a notice (exit_on_preemption=False)
             return False
         deadline = self._step_boundary(step)
