@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from mncloud.cli._common import console, handle_errors, print_json
+from mncloud.errors import SpecError
 
 if TYPE_CHECKING:
     from mncloud.control import ControlState
@@ -51,7 +52,7 @@ def control_command(
     if state_uri is not None:
         state = control.load_uri(state_uri)
         if state is None:
-            raise control.start.SpecError(f"no controller state at {state_uri}")
+            raise SpecError(f"no controller state at {state_uri}")
     else:
         state = control.load_state(name)
     if state.final:
