@@ -13,7 +13,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from mncloud import constants
+from mncloud import constants, layout
 from mncloud.errors import SpecError
 from mncloud.storage.url import BucketURL
 
@@ -197,6 +197,11 @@ class JobSpec(BaseModel):
     def script_relpath(self) -> str:
         """The script's path relative to workdir, as it is run on every node."""
         return self.script.relative_to(self.workdir).as_posix()
+
+    @property
+    def ckpt_uri(self) -> str | None:
+        """`<bucket>/<name>` (MNCLOUD_CKPT_URI), or None without --bucket."""
+        return layout.ckpt_uri(self.bucket, self.name) if self.bucket else None
 
     @property
     def rendezvous_port(self) -> int:

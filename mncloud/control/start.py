@@ -68,7 +68,7 @@ def deadline_state(
         spec, options, (spot_price, on_demand_price), deadline_s, budget
     )
     minutes = options.recovery_minutes
-    ckpt = layout.ckpt_uri(spec.bucket, spec.name) if spec.bucket else None
+    ckpt = spec.ckpt_uri
     config = ControlConfig(
         backend="local" if spec.is_local else "skypilot",
         nodes=spec.nodes,

@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING
 
 import yaml
 
-from mncloud import layout
 from mncloud.backends.base import RunState, RunStatus
 from mncloud.backends.skypilot.errors import sky_errors
 from mncloud.backends.skypilot.meta import BACKEND_NAME
@@ -116,7 +115,7 @@ def _dryrun_status(
         instance_type=instance_type,
         spot=spot,
         hourly_total=plan.choice.hourly_total if plan is not None else None,
-        ckpt_uri=layout.ckpt_uri(spec.bucket, spec.name) if spec.bucket else None,
+        ckpt_uri=spec.ckpt_uri,
         detail=detail,
     )
 

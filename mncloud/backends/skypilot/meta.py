@@ -84,7 +84,7 @@ def meta_from_plan(spec: JobSpec, plan: Plan | None, spot: bool, config: dict[st
         nodes=spec.nodes,
         spot=spot,
         launched_at=time.time(),
-        ckpt_uri=layout.ckpt_uri(spec.bucket, spec.name) if spec.bucket else None,
+        ckpt_uri=spec.ckpt_uri,
     )
     if plan is not None:
         choice = plan.choice
