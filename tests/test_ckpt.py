@@ -10,7 +10,6 @@ import random
 import subprocess
 import sys
 import textwrap
-import threading
 from pathlib import Path
 
 import pytest
@@ -190,20 +189,29 @@ def test_retention_never_drops_newest_verified(tmp_path: Path) -> None:
     assert [s.step for s in store.steps()] == [2, 3, 4]
 
 
-def test_failed_upload_keeps_previous_step(s3_env, caplog) -> None:
-    """The server dies while step 2 uploads: step 1 stays the one that loads; training goes on;
-    the next interval saves again once the server is back."""
+@pytest.mark.parametrize("stream", [True, False], ids=["streamed", "folder"])
+def test_failed_upload_keeps_previous_step(s3_env, caplog, stream: bool) -> None:
+    """The server dies while step 2 uploads (at its second part): step 1 stays the one that
+    loads; training goes on; the next interval saves again once the server is back."""
     uri = f"s3://{s3_env.make_bucket()}/run"
-    big = torch.nn.Linear(2048, 4096)  # 32 MiB of weights: the upload takes a while
+    big = torch.nn.Linear(2048, 4096)  # 32 MiB of weights: a multipart upload of 3 parts
     state = {"model": big, "step": 0}
+    parts: list[str] = []
+
+    def kill_at_second_part(request, **_) -> None:  # botocore's hook, before a part is sent
+        parts.append(request.url)
+        if sum("step_00000002" in url for url in parts) == 2:
+            s3_env.stop()
+
     with caplog.at_level(logging.WARNING):
         ckpt = CheckpointManager(uri, interval_steps=1, keep=2, retry_seconds=2)
+        ckpt._saving.stream_uploads = stream
+        ckpt.store.bucket.client.meta.events.register(
+            "before-send.s3.UploadPart", kill_at_second_part
+        )
         assert ckpt.save(1, state, wait=True)
-        killer = threading.Timer(0.3, s3_env.stop)
-        killer.start()
         assert ckpt.save(2, state)  # returns at once
         assert ckpt.last_stall_s < 5
-        killer.join()
         ckpt.wait()  # the failure is logged, not raised
         assert "checkpoint step 2 failed" in caplog.text
         s3_env.start()
@@ -211,6 +219,7 @@ def test_failed_upload_keeps_previous_step(s3_env, caplog) -> None:
         assert ckpt.maybe_save(3, state)
         ckpt.close()
     assert CheckpointStore(uri).latest()[0] == 3
+    assert ("hash_s" in ckpt.last_phases) == stream  # hash_s: the streamed path's phase
 
 
 def test_file_outage_then_recovery(tmp_path: Path, caplog) -> None:

@@ -165,6 +165,42 @@ class S3Bucket(RetryingBucket):
                 client.abort_multipart_upload(Bucket=self.name, Key=key, UploadId=upload_id)
             raise
 
+    # A multipart upload fed part by part (`mncloud.train.streaming`); each call is retried.
+    def start_multipart(self, key: str) -> str:
+        """Begin a multipart upload of `key`; its upload id."""
+        client = self.client
+        return self._call(
+            "upload to",
+            lambda: client.create_multipart_upload(Bucket=self.name, Key=key)["UploadId"],
+        )
+
+    def put_part(self, key: str, upload_id: str, number: int, body: bytes | bytearray) -> str:
+        """Upload part `number` (from 1) of a multipart upload; its ETag."""
+        client = self.client
+
+        def op() -> str:
+            return client.upload_part(
+                Bucket=self.name, Key=key, UploadId=upload_id, PartNumber=number, Body=body
+            )["ETag"]
+
+        return self._call(f"part {number} of upload to", op)
+
+    def finish_multipart(self, key: str, upload_id: str, etags: list[str]) -> None:
+        """Complete a multipart upload from its parts' ETags, in part order."""
+        client = self.client
+        parts = [{"ETag": etag, "PartNumber": i} for i, etag in enumerate(etags, 1)]
+        self._call(
+            "upload to",
+            lambda: client.complete_multipart_upload(
+                Bucket=self.name, Key=key, UploadId=upload_id, MultipartUpload={"Parts": parts}
+            ),
+        )
+
+    def abort_multipart(self, key: str, upload_id: str) -> None:
+        """Abandon a multipart upload (best effort: a failure is ignored)."""
+        with contextlib.suppress(Exception):
+            self.client.abort_multipart_upload(Bucket=self.name, Key=key, UploadId=upload_id)
+
     def get_file(self, key: str, path: str | os.PathLike[str]) -> None:
         """Download to `path` (atomically: a temporary file renamed into place)."""
         client = self.client

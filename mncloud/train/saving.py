@@ -1,8 +1,10 @@
 """The asynchronous save pipeline behind `CheckpointManager.save`.
 
 One save, on each rank: the training thread copies the tensors into a free staging slot
-(`staging.py`) and the ranks agree that all staged (`start`); the upload worker writes the DCP
-shard and extras to a staging folder, hashing as it writes, and uploads the files; at a later
+(`staging.py`) and the ranks agree that all staged (`start`); the upload worker streams the DCP
+shard and extras into S3 multipart uploads as DCP serializes them (`streaming.py`: no local
+copy, hashed as the bytes pass), or - for GCS and directory buckets, or when RAM is short -
+writes them to a staging folder, hashing as it writes, and uploads the files; at a later
 step boundary the ranks agree that all uploaded (`finish_oldest`), and rank 0's commit thread
 writes manifest.json and COMPLETE, then applies keep-last-K. Saves are committed oldest first;
 `inflight` holds those not committed yet, each in its own slot.
@@ -10,6 +12,7 @@ writes manifest.json and COMPLETE, then applies keep-last-K. Saves are committed
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import queue
@@ -30,6 +33,7 @@ import torch.distributed.checkpoint as dcp
 
 from mncloud.errors import MncloudError, StorageError
 from mncloud.storage.checkpoints import CheckpointStore, FileEntry, Manifest
+from mncloud.storage.s3 import S3Bucket
 from mncloud.train.collectives import Collectives
 from mncloud.train.staging import (
     SaveStats,
@@ -39,10 +43,21 @@ from mncloud.train.staging import (
     tensor_bytes,
 )
 from mncloud.train.state import NO_DIST_WARNING, split_state, tensor_state
+from mncloud.train.streaming import PartBuffers, S3StreamFileSystem
 
 log = logging.getLogger("mncloud.train.ckpt")  # one logger for every checkpoint message
 
 _SHM = Path("/dev/shm")
+_RAM_MARGIN = 512 * 2**20
+"""RAM left free beyond a streamed save's part buffers."""
+
+
+def _serialized(extras: dict[str, Any]) -> bytes:
+    """A rank's extras as `torch.save` writes them (one encoding for both save paths: a file
+    name would otherwise become the archive's name inside)."""
+    buf = io.BytesIO()
+    torch.save(extras, buf)
+    return buf.getvalue()
 
 
 class Worker:
@@ -124,6 +139,10 @@ class SavePipeline:
         self.last_save_s = 0.0
         self.last_phases: dict[str, float] = {}
         self.last_committed: int | None = None
+        self.stream_uploads = True
+        """Stream saves into S3 multipart uploads (no local copy) when RAM allows; off: the
+        local-folder path (always taken for GCS and directory buckets)."""
+        self._part_buffers: dict[str, PartBuffers] = {}
 
     @property
     def pending(self) -> PendingSave | None:
@@ -205,7 +224,9 @@ class SavePipeline:
                         f" (here: {error})" if error else "")  # fmt: skip
             shutil.rmtree(stage_dir, ignore_errors=True)
             return None
-        future = worker.submit(self._write_and_upload, step, staged, extras, stage_dir, pg)
+        future = worker.submit(
+            self._write_and_upload, step, staged, extras, stage_dir, pg, worker is not self._worker
+        )
         return PendingSave(step, future, t0, slot)
 
     def _stage_root(self, nbytes: int) -> Path:
@@ -227,14 +248,21 @@ class SavePipeline:
         return self._ram_dir
 
     def _write_and_upload(
-        self, step: int, staged: dict[str, Any], extras: dict[str, Any], stage_dir: Path, pg: Any
+        self,
+        step: int,
+        staged: dict[str, Any],
+        extras: dict[str, Any],
+        stage_dir: Path,
+        pg: Any,
+        emergency: bool = False,
     ) -> dict[str, FileEntry]:
-        """Worker thread: DCP shard and extras to local disk, then hash and upload them.
+        """Worker thread: the DCP shard and extras, streamed to the bucket or written to local
+        disk then uploaded; returns their size and sha256.
 
         Rank 0 first removes an old COMPLETE of the same step (a rewrite must never sit under a
         stale marker). The other ranks cannot upload before that: DCP's planning collectives
         hold them until rank 0 joins. A failure there is raised only after DCP, so no rank is
-        left waiting in a collective.
+        left waiting in a collective (and rank 0 then takes the folder path, uploading nothing).
         """
         uncommit_error: StorageError | None = None
         if self.ranks.rank == 0:
@@ -243,20 +271,16 @@ class SavePipeline:
             except StorageError as err:
                 uncommit_error = err
         try:
+            bucket = None if uncommit_error else self._streaming_bucket()
+            if bucket is not None:
+                return self._stream(step, staged, extras, pg, bucket, emergency)
             t0 = time.perf_counter()
             writer = dcp.FileSystemWriter(str(stage_dir), sync_files=False)
             writer.fs = fs = hashing_filesystem()  # hash while writing, not in a second pass
-            with warnings.catch_warnings():
-                warnings.filterwarnings("ignore", message=NO_DIST_WARNING)
-                dcp.save(
-                    staged,
-                    storage_writer=writer,
-                    process_group=pg,
-                    no_dist=not self.ranks.distributed,
-                )
+            self._dcp_save(staged, writer, pg)
             if uncommit_error is not None:
                 raise uncommit_error
-            torch.save(extras, stage_dir / f"rank_{self.ranks.rank}.pt")
+            (stage_dir / f"rank_{self.ranks.rank}.pt").write_bytes(_serialized(extras))
             files = {p.name: p for p in stage_dir.iterdir() if p.is_file()}
             t1 = time.perf_counter()
             entries = self.store.upload(
@@ -266,6 +290,63 @@ class SavePipeline:
             return entries
         finally:
             shutil.rmtree(stage_dir, ignore_errors=True)
+
+    def _dcp_save(self, staged: dict[str, Any], writer: Any, pg: Any) -> None:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=NO_DIST_WARNING)
+            dcp.save(
+                staged, storage_writer=writer, process_group=pg, no_dist=not self.ranks.distributed
+            )
+
+    def _streaming_bucket(self) -> S3Bucket | None:
+        """The S3 bucket to stream this save into, or None for the local-folder path: the
+        bucket is not S3, streaming is off, or RAM lacks room for the part buffers."""
+        bucket = self.store.bucket
+        if not self.stream_uploads or not isinstance(bucket, S3Bucket):
+            return None
+        import psutil
+
+        need = (bucket.max_concurrency + 1) * bucket.chunk_size + _RAM_MARGIN
+        if psutil.virtual_memory().available < need:
+            log.debug("not streaming the checkpoint: less than %d MB of RAM free", need >> 20)
+            return None
+        return bucket
+
+    def _stream(
+        self,
+        step: int,
+        staged: dict[str, Any],
+        extras: dict[str, Any],
+        pg: Any,
+        bucket: S3Bucket,
+        emergency: bool,
+    ) -> dict[str, FileEntry]:
+        """DCP serializes the shard straight into multipart uploads (`streaming.py`): no local
+        copy. `write_s` is DCP's time, uploads included; `upload_s` the tail after it."""
+        key = "emergency" if emergency else "periodic"  # an emergency save never waits on
+        if key not in self._part_buffers:  # the periodic save's buffers
+            size, count = bucket.chunk_size, bucket.max_concurrency + 1
+            self._part_buffers[key] = PartBuffers(size, count)
+        t0 = time.perf_counter()
+        fs = S3StreamFileSystem(
+            bucket,
+            lambda name: self.store.key(step, name),
+            self._part_buffers[key],
+            workers=bucket.max_concurrency,
+        )
+        try:
+            writer = dcp.FileSystemWriter(f"step_{step}", sync_files=False)
+            writer.fs = fs
+            self._dcp_save(staged, writer, pg)
+            fs.put(f"rank_{self.ranks.rank}.pt", _serialized(extras))
+            t1 = time.perf_counter()
+            entries = fs.finish()
+        except BaseException:
+            fs.abort()
+            raise
+        self.last_phases.update(write_s=t1 - t0, upload_s=time.perf_counter() - t1,
+                                hash_s=fs.hash_s, buffer_wait_s=fs.wait_s)  # fmt: skip
+        return entries
 
     # ------------------------------------------------------------------ committing
     def finish_oldest(self) -> None:
@@ -343,6 +424,7 @@ class SavePipeline:
         if self._emergency_worker is not None:
             self._emergency_worker.shutdown(wait=True)
         self.slots.close()
+        self._part_buffers.clear()
         if self._own_staging:
             shutil.rmtree(self.staging_dir.parent, ignore_errors=True)
         if self._ram_dir is not None:

@@ -1,0 +1,84 @@
+"""Checkpoints streamed into S3 multipart uploads (no local copy) against the local-folder path,
+on the real S3 server: the same files, bit for bit, the same manifest shape, loads identical;
+the fallback to the folder path when the bucket is not S3 or RAM is short."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="mncloud.train needs torch")
+
+from mncloud.storage.checkpoints import COMPLETE, MANIFEST, CheckpointStore  # noqa: E402
+from mncloud.train import CheckpointManager  # noqa: E402
+
+PART = 5 * 1024 * 1024
+"""S3's smallest part (but the last)."""
+
+
+def _state() -> dict:
+    """Several parts' worth of weights (parts of `PART` bytes), a tensor smaller than a part,
+    an optimizer's state and plain Python values."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 2048), torch.nn.Linear(2048, 7))
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    model(torch.randn(3, 1024)).sum().backward()
+    opt.step()
+    return {"model": model, "optimizer": opt, "step": 5, "data": {"pos": 17}}
+
+
+def _save(uri: str, state: dict, *, stream: bool) -> dict[str, float]:
+    with CheckpointManager(uri, keep=2) as ckpt:
+        ckpt._saving.stream_uploads = stream
+        ckpt.store.bucket.chunk_size = PART  # a shard of 5 parts
+        ckpt.store.bucket.max_concurrency = 2  # fewer buffers than parts: the writer waits
+        assert ckpt.save(5, state, wait=True)
+        return dict(ckpt.last_phases)
+
+
+def test_streamed_and_folder_checkpoints_are_identical(s3_env, tmp_path: Path) -> None:
+    bucket = s3_env.make_bucket()
+    streamed, folder = f"s3://{bucket}/streamed", f"s3://{bucket}/folder"
+    state = _state()
+    phases = _save(streamed, state, stream=True)
+    assert "hash_s" in phases and "buffer_wait_s" in phases  # the streamed path was taken
+    assert "hash_s" not in _save(folder, state, stream=False)
+
+    a, b = CheckpointStore(streamed), CheckpointStore(folder)
+    ma, mb = a.read_manifest(5), b.read_manifest(5)
+    assert set(ma.files) == set(mb.files) >= {".metadata", "__0_0.distcp", "rank_0.pt"}
+    assert ma.files["__0_0.distcp"].size > 4 * PART  # it was a multipart upload
+    assert ma.model_dump().keys() == mb.model_dump().keys()
+    for name in ("__0_0.distcp", "rank_0.pt"):  # .metadata names its folder and a random id
+        assert ma.files[name] == mb.files[name]  # size and sha256: the same bytes
+    assert a.verify(5, sha256=True).ok and b.verify(5, sha256=True).ok
+    listed = {o.key.rsplit("/", 1)[-1] for o in a.bucket.list(a.key(5))}
+    assert listed == set(ma.files) | {MANIFEST, COMPLETE}  # no stray .tmp, no half upload
+
+    for uri in (streamed, folder):
+        target = {"model": torch.nn.Sequential(torch.nn.Linear(1024, 2048),
+                                               torch.nn.Linear(2048, 7)),
+                  "step": 0, "data": {"pos": 0}}  # fmt: skip
+        target["optimizer"] = torch.optim.Adam(target["model"].parameters(), lr=0.1)
+        with CheckpointManager(uri, verify_sha256=True) as ckpt:
+            assert ckpt.load(target) == 5
+        for x, y in zip(state["model"].parameters(), target["model"].parameters(), strict=True):
+            assert torch.equal(x, y)
+        s1, s2 = state["optimizer"].state_dict(), target["optimizer"].state_dict()
+        for k in s1["state"]:
+            assert torch.equal(s1["state"][k]["exp_avg_sq"], s2["state"][k]["exp_avg_sq"])
+        assert target["step"] == 5 and target["data"] == {"pos": 17}
+
+
+def test_no_streaming_without_ram_or_s3(s3_env, tmp_path: Path, monkeypatch) -> None:
+    import psutil
+
+    state = _state()
+    assert "hash_s" not in _save(f"file://{tmp_path / 'b'}", state, stream=True)
+    real = psutil.virtual_memory()
+    short = real._replace(available=64 * 1024 * 1024)
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: short)
+    uri = f"s3://{s3_env.make_bucket()}/r"
+    assert "hash_s" not in _save(uri, state, stream=True)
+    assert CheckpointStore(uri).verify(5, sha256=True).ok
