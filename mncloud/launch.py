@@ -73,6 +73,7 @@ def learned_hazards() -> list[LearnedHazard]:
 
 def plan_request(spec: JobSpec, options: LaunchOptions) -> PlanRequest:
     """The planner's request for a cloud job: the spec's hardware plus the model options."""
+    from mncloud.hazards import hazards_from_files
     from mncloud.plan import PlanRequest
 
     return PlanRequest.from_spec(
@@ -83,6 +84,7 @@ def plan_request(spec: JobSpec, options: LaunchOptions) -> PlanRequest:
         learned=learned_hazards() if options.learn else None,
         recovery_minutes=options.recovery_minutes,
         ckpt_seconds=options.ckpt_seconds,
+        traces=hazards_from_files(options.hazards_from) if options.hazards_from else None,
     )
 
 

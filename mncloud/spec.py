@@ -265,6 +265,8 @@ class LaunchOptions(BaseModel):
     ckpt_seconds: float | None = Field(None, ge=0)
     template: Path | None = None
     """A user's own Jinja2 task template."""
+    hazards_from: tuple[Path, ...] = ()
+    """Spot traces whose measured preemption hazards the plan uses (`--hazards-from`)."""
     recovery_delay: float = Field(2.0, ge=0)
     """Local: seconds to wait before relaunching nodes."""
     retry_on_error: int = Field(0, ge=0)

@@ -219,6 +219,34 @@ def test_hazards_from_a_users_trace(tmp_path: Path) -> None:
 
 
 @pytest.mark.catalog
+def test_up_and_render_plan_use_hazards_from(tmp_path: Path) -> None:
+    """`--hazards-from` is a planning option: `up` and `render --plan` plan with it too."""
+    from mncloud.launch import prepare
+    from mncloud.request import build_spec
+    from mncloud.spec import LaunchOptions
+
+    path = tmp_path / "calm.json"
+    meta = {"gap_seconds": 3600, "cloud": "aws", "region": "us-east-1"}
+    path.write_text(json.dumps({"metadata": meta, "data": [1] * 500}))
+    (tmp_path / "pyproject.toml").write_text("")
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    spec = build_spec(tmp_path / "train.py", gpus="H100:8", spot=True, cloud=["aws"])
+    plan = prepare(spec, LaunchOptions(hours=20, hazards_from=(path,))).plan
+    assert plan is not None
+    assert plan.choice.hazard_source == "your traces, aws us-east-1: 0 preemptions in 500.0 node-h"
+    plain = prepare(spec, LaunchOptions(hours=20)).plan
+    assert plain is not None and not plain.choice.hazard_source.startswith("your traces")
+    from mncloud.cli import app
+
+    result = runner.invoke(app, [
+        "render", str(tmp_path / "train.py"), "--gpus", "H100:8", "--spot", "--cloud", "aws",
+        "--plan", "--hazards-from", str(tmp_path / "missing.json"),
+    ])  # fmt: skip
+    assert result.exit_code == 2 and result.stdout == ""
+    assert result.stderr.strip() == f"error: trace {tmp_path}/missing.json: no such file"
+
+
+@pytest.mark.catalog
 def test_a_choice_over_the_budget_is_refused(tmp_path: Path) -> None:
     from mncloud.launch import prepare
     from mncloud.request import build_spec

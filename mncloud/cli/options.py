@@ -357,6 +357,7 @@ PLANNING = _group(
     ("learn", Learn, False),
     ("recovery_minutes", RecoveryMinutes, None),
     ("ckpt_seconds", CkptSeconds, None),
+    ("hazards_from", HazardsFrom, None),
 )
 #: How `up` and `rerun` launch.
 LAUNCH = _group(

@@ -12,8 +12,6 @@ from mncloud.cli import options as opts
 from mncloud.cli._common import console, handle_errors, print_json
 
 if TYPE_CHECKING:
-    from pathlib import Path
-
     from mncloud.deadline import DeadlineReport, PlaceEstimate
     from mncloud.plan import Candidate, Plan, PlanRequest
 
@@ -26,7 +24,6 @@ def register(app: typer.Typer) -> None:
 @opts.command(opts.MARKET, opts.PLANNING)
 @handle_errors
 def plan_command(
-    hazards_from: opts.HazardsFrom = None,
     deadline: opts.PlanDeadline = None,
     budget: opts.PlanBudget = None,
     top: Annotated[
@@ -46,7 +43,7 @@ def plan_command(
     from mncloud.plan import make_plan
 
     deadline_s = _deadline_seconds(deadline, budget)
-    request = _request(values, hazards_from)
+    request = _request(values)
     if deadline_s is not None:
         from mncloud.deadline import deadline_job
 
@@ -72,7 +69,7 @@ def plan_command(
         show_deadline(report, top=top)
 
 
-def _request(values: dict[str, Any], hazards_from: list[Path] | None) -> PlanRequest:
+def _request(values: dict[str, Any]) -> PlanRequest:
     """The plan request from the command's market and planning options."""
     from mncloud.hazards import hazards_from_files
     from mncloud.launch import learned_hazards
@@ -94,7 +91,7 @@ def _request(values: dict[str, Any], hazards_from: list[Path] | None) -> PlanReq
         max_cost=values["max_cost"],
         preemption_rate=values["preemption_rate"],
         learned=learned_hazards() if values["learn"] else [],
-        traces=hazards_from_files(hazards_from) if hazards_from else [],
+        traces=hazards_from_files(values["hazards_from"]) if values["hazards_from"] else [],
         **model,
     )
 
