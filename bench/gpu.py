@@ -22,6 +22,7 @@ the reason.
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import json
 import os
@@ -106,20 +107,25 @@ class Trainer:
         return sum(t.numel() * t.element_size() for t in self.tensors().values())
 
 
-def bitwise_mismatches(ref: dict[str, Any], now: dict[str, Any], dev: Any) -> list[str]:
-    """Names whose bits, shape or device differ between `ref` and `now`."""
+def bitwise_mismatches(ref: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    """What differs between `ref` (clones of the saved tensors, on their devices) and `now`:
+    each name with the reason (missing, dtype/shape, device, bits)."""
     import torch
 
-    bad = [k for k in ref if k not in now]
+    bad = [f"{k} (missing)" for k in ref if k not in now]
     for k, t in now.items():
         r = ref.get(k)
-        same = (
-            r is not None
-            and (t.shape, t.dtype, t.device.type) == (r.shape, r.dtype, dev.type)
-            and torch.equal(t.reshape(-1).view(torch.uint8), r.reshape(-1).view(torch.uint8))
-        )
-        if not same:
-            bad.append(k)
+        if r is None:
+            why = "not saved"
+        elif (t.shape, t.dtype) != (r.shape, r.dtype):
+            why = f"{t.dtype}{list(t.shape)}, saved {r.dtype}{list(r.shape)}"
+        elif t.device != r.device:
+            why = f"on {t.device}, saved from {r.device}"
+        elif not torch.equal(t.reshape(-1).view(torch.uint8), r.reshape(-1).view(torch.uint8)):
+            why = "bits"
+        else:
+            continue
+        bad.append(f"{k} ({why})")
     return bad
 
 
@@ -218,7 +224,9 @@ def load_back(gb: float, dev: Any, work: Path, ref: dict[str, Any], step: int) -
     sync()
     load_s = time.perf_counter() - t0
     ckpt.close()
-    bad = bitwise_mismatches(ref, fresh.tensors(), dev)
+    now = fresh.tensors()
+    bad = bitwise_mismatches(ref, now)
+    devices = collections.Counter(str(t.device) for t in now.values())
     raw = work / "raw.pt"
     torch.save({k: v.cpu() for k, v in ref.items()}, raw)
     sync()
@@ -228,7 +236,7 @@ def load_back(gb: float, dev: Any, work: Path, ref: dict[str, Any], step: int) -
     raw_s = time.perf_counter() - t0
     del back
     return {"step": got, "want": step, "load_s": load_s, "raw_s": raw_s, "bad": bad,
-            "n": len(ref)}  # fmt: skip
+            "n": len(ref), "devices": dict(devices)}  # fmt: skip
 
 
 def part_save(gb: float, repeats: int) -> None:
@@ -293,7 +301,8 @@ def report_load(gbs: float, res: dict[str, Any], warm_s: float) -> None:
     ok = not res["bad"] and res["step"] == res["want"]
     print(
         f"   bitwise equal after load: {'YES' if ok else 'NO'} ({res['n'] - len(res['bad'])}/"
-        f"{res['n']} tensors{'; differ: ' + ', '.join(res['bad'][:5]) if res['bad'] else ''})"
+        f"{res['n']} tensors, on the device each was saved from: {res['devices']}"
+        f"{'; differ: ' + ', '.join(res['bad'][:5]) if res['bad'] else ''})"
     )
 
 
