@@ -4,8 +4,11 @@
    boto3 multipart upload of the same bytes to the same server, run by run (the two
    alternate, so load on the machine hits both alike). Prints min/median/max of the ratio
    (raw time / checkpoint time). Goals: median ≥ 0.95, min ≥ 0.85.
-2. Where a save's time goes: staging copy (training thread), DCP write to the staging folder
-   (hashing as it writes), upload, commit.
+   The raw upload sends the same tensors' bytes (a `torch.save` of the state dict) from memory,
+   as the checkpoint does, with the same part size (16 MiB) and parts in flight (8).
+2. Where a save's time goes: staging copy (training thread), DCP write - streamed into the
+   multipart uploads for S3, so uploads overlap it (sha256 as the bytes pass, time waiting for
+   a free part buffer) - the upload left after DCP finished, commit.
 3. Stall: time the training thread spends in an async save vs a blocking one (goal ≤ 0.1),
    and the first async save after `load` (buffers allocated there) vs later ones.
 

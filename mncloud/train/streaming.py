@@ -21,7 +21,7 @@ import io
 import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
@@ -131,7 +131,7 @@ class S3StreamFileSystem(FileSystemBase):
     (or `abort()` after a failure)."""
 
     def __init__(
-        self, bucket: S3Bucket, key_of: Any, buffers: PartBuffers, *, workers: int
+        self, bucket: S3Bucket, key_of: Callable[[str], str], buffers: PartBuffers, *, workers: int
     ) -> None:
         super().__init__()
         self.bucket = bucket
