@@ -130,6 +130,10 @@ def seed_everything(
     return s
 
 
+_ONE_BYTE_MB = 1 / 2**20
+"""One byte, in the MiB that DDP's bucket caps are given in."""
+
+
 def wrap_ddp(model: torch.nn.Module, *, exact: bool = True, **ddp_kwargs: Any) -> torch.nn.Module:
     """Wrap a model in DistributedDataParallel (or return it as is without a process group).
 
@@ -154,5 +158,7 @@ def wrap_ddp(model: torch.nn.Module, *, exact: bool = True, **ddp_kwargs: Any) -
     if not exact or bucketing & ddp_kwargs.keys():
         return DDP(model, **ddp_kwargs)
     if "bucket_cap_mb_list" in inspect.signature(DDP).parameters:
-        return DDP(model, bucket_cap_mb_list=[0], **ddp_kwargs)  # a 0-byte cap: one per bucket
+        # A 1-byte cap closes every bucket after one parameter. (A 0 cap also does on torch
+        # 2.13, but torch 2.11 rejects a falsy cap: "bucket_cap_mb should be set by now".)
+        return DDP(model, bucket_cap_mb_list=[_ONE_BYTE_MB], **ddp_kwargs)
     return DDP(model, find_unused_parameters=True, **ddp_kwargs)  # older torch: no per-bucket caps
