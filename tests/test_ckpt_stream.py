@@ -82,3 +82,43 @@ def test_no_streaming_without_ram_or_s3(s3_env, tmp_path: Path, monkeypatch) -> 
     uri = f"s3://{s3_env.make_bucket()}/r"
     assert "hash_s" not in _save(uri, state, stream=True)
     assert CheckpointStore(uri).verify(5, sha256=True).ok
+
+
+def test_emergency_save_streams_beside_a_stuck_periodic_one(s3_env, tmp_path, monkeypatch) -> None:
+    """A periodic save's parts hang (all its part buffers taken); a preemption notice comes:
+    the emergency save streams through buffers of its own and is committed before the
+    deadline."""
+    import threading
+    import time
+
+    from mncloud import constants
+    from mncloud.train.preempt import Notice, Preempted
+
+    monkeypatch.setenv(constants.METADATA_PROTOCOL_ENV, "none")
+    monkeypatch.setenv(constants.PREEMPT_MARKER_ENV, str(tmp_path / "marker"))
+    uri = f"s3://{s3_env.make_bucket()}/r"
+    state = _state()
+    release = threading.Event()
+
+    def hang_step_10(request, **_) -> None:  # botocore's hook, before a part is sent
+        if "step_00000010" in request.url:
+            release.wait(60)
+
+    ckpt = CheckpointManager(uri, interval_steps=10, keep=2, watch_preemption=True)
+    ckpt.store.bucket.chunk_size = PART
+    ckpt.store.bucket.max_concurrency = 2  # 3 buffers for a shard of 5+ parts: it waits
+    ckpt.store.bucket.client.meta.events.register("before-send.s3.UploadPart", hang_step_10)
+    try:
+        assert ckpt.maybe_save(10, state)
+        t0 = time.time()
+        ckpt.watcher.notify(Notice("manual", t0 + 20, t0))
+        with pytest.raises(Preempted) as exc:
+            ckpt.maybe_save(11, state)
+        assert exc.value.committed == 11 and time.time() - t0 < 15
+        assert "hash_s" in ckpt.last_phases  # streamed
+    finally:
+        release.set()
+        ckpt.close()
+    store = CheckpointStore(uri)
+    assert store.latest()[0] == 11 and store.verify(11, sha256=True).ok
+    assert store.read_manifest(11).extra.get("preemption") is True
