@@ -78,6 +78,30 @@ def tensor_bytes(obj: Any) -> int:
     return 0
 
 
+def _new_stager(*, pin_memory: bool) -> Any:
+    """A stager whose CPU buffers are kept from one `stage` to the next.
+
+    DCP's `StateDictStager` holds the buffers: it is used directly, because `DefaultStager`
+    (its public wrapper) closes it after every stage on torch 2.11, which empties its cache and
+    makes the next stage fail (KeyError <class 'type'>); torch 2.13 no longer does. Where
+    the class is missing (a torch that moved it), `DefaultStager` is the fallback.
+    """
+    try:
+        from torch.distributed.checkpoint._state_dict_stager import StateDictStager
+    except ImportError:
+        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+        return DefaultStager(
+            StagingOptions(
+                use_pinned_memory=pin_memory,
+                use_shared_memory=False,
+                use_async_staging=False,
+                use_non_blocking_copy=False,
+            )
+        )
+    return StateDictStager(pin_memory=pin_memory, share_memory=False)
+
+
 class StagingSlots:
     """`n` independent sets of reusable CPU buffers, staged into one at a time per slot."""
 
@@ -89,16 +113,7 @@ class StagingSlots:
 
     def _stager(self, slot: int) -> Any:
         if self._stagers[slot] is None:
-            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
-
-            self._stagers[slot] = DefaultStager(
-                StagingOptions(
-                    use_pinned_memory=torch.cuda.is_available(),
-                    use_shared_memory=False,
-                    use_async_staging=False,
-                    use_non_blocking_copy=False,
-                )
-            )
+            self._stagers[slot] = _new_stager(pin_memory=torch.cuda.is_available())
         return self._stagers[slot]
 
     def stage(self, slot: int, tensors: dict[str, Any]) -> dict[str, Any]:
