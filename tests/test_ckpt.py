@@ -289,7 +289,13 @@ def test_torchrun_two_ranks_resume_exactly(s3_env, tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text(DDP_SCRIPT)
     bucket = s3_env.make_bucket()
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[1])}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join(
+            filter(None, [str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH")])
+        ),
+    }
 
     def run(uri: str, total: int, stop: int, out: Path) -> subprocess.CompletedProcess:
         cmd = [str(torchrun), "--nnodes=1", "--nproc_per_node=2", f"--master_port={free_port()}",

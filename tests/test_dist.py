@@ -73,7 +73,13 @@ def _run(tmp_path: Path, mode: str) -> subprocess.CompletedProcess[str]:
         pytest.skip("torchrun not found beside the Python interpreter")
     script = tmp_path / "ddp.py"
     script.write_text(SCRIPT)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[1])}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join(
+            filter(None, [str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH")])
+        ),
+    }
     cmd = [str(torchrun), "--nnodes=1", "--nproc_per_node=4", f"--master_port={free_port()}",
            str(script), mode]  # fmt: skip
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
