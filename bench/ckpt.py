@@ -1,9 +1,11 @@
 """Checkpoint benchmark against a local S3 server (SeaweedFS, else moto).
 
 1. Throughput: CheckpointManager save + upload + commit of a ~256 MB state, against a raw
-   boto3 multipart upload of the same bytes to the same server, run by run (the two
-   alternate, so load on the machine hits both alike). Prints min/median/max of the ratio
-   (raw time / checkpoint time). Goals: median ≥ 0.95, min ≥ 0.85.
+   boto3 multipart upload of the same bytes to the same server, run by run: raw, checkpoint,
+   raw, and the checkpoint is compared with the mean of the two raw uploads around it (so a
+   drift in the machine's load or the server's speed hits both alike). Prints min/median/max
+   of the ratio (raw time / checkpoint time), goals: median ≥ 0.95, min ≥ 0.85; and the same
+   figures for raw before / raw after: the noise floor of the ratio on this machine.
    The raw upload sends the same tensors' bytes (a `torch.save` of the state dict) from memory,
    as the checkpoint does, with the same part size (16 MiB) and parts in flight (8).
 2. Where a save's time goes: staging copy (training thread), DCP write - streamed into the
@@ -116,6 +118,7 @@ def main() -> None:
           f"data in {work}")  # fmt: skip
     sizes = []
     raw, ours, stall_async, stall_block, first_stall, phases = [], [], [], [], [], []
+    control: list[float] = []  # raw / raw: how far two runs of the same upload differ
     try:
         for r in range(args.repeats):
             ckpt = CheckpointManager(f"s3://{bucket}/async{r}", keep=2)
@@ -123,8 +126,7 @@ def main() -> None:
             ckpt.save(1, state)
             first_stall.append(ckpt.last_stall_s)
             ckpt.wait()
-            if r % 2 == 0:
-                raw.append(raw_multipart(client, bucket, f"raw/{r}", data))
+            before = raw_multipart(client, bucket, f"raw/{r}a", data)
             t0 = time.perf_counter()
             ckpt.save(2, state)
             stall_async.append(ckpt.last_stall_s)
@@ -133,8 +135,9 @@ def main() -> None:
             phases.append(dict(ckpt.last_phases))
             sizes.append(ckpt.store.read_manifest(2).total_size)
             ckpt.close()
-            if r % 2 == 1:
-                raw.append(raw_multipart(client, bucket, f"raw/{r}", data))
+            after = raw_multipart(client, bucket, f"raw/{r}b", data)
+            raw.append((before + after) / 2)  # raw on both sides: a drift hits both alike
+            control.append(before / after)
 
             ckpt = CheckpointManager(f"s3://{bucket}/block{r}", keep=2, async_upload=False)
             ckpt.save(1, state)
@@ -161,7 +164,10 @@ def main() -> None:
     print(f"first async save after load: {med(first_stall):6.3f} s "
           f"({med(first_stall) / med(stall_async):.2f}x a later one)")  # fmt: skip
     pairs = "  ".join(f"{a:.2f}/{b:.2f}" for a, b in zip(raw, ours, strict=True))
-    print(f"runs, raw s / checkpoint s: {pairs}")
+    print(f"runs, raw s (mean of the uploads before and after) / checkpoint s: {pairs}")
+    control.sort()
+    print(f"noise floor, raw before / raw after over {len(control)} runs: min {control[0]:.2f}  "
+          f"median {med(control):.2f}  max {control[-1]:.2f}")  # fmt: skip
     lo, mid, hi = ratios[0], med(ratios), ratios[-1]
     print(f"throughput ratio (raw time / checkpoint time) over {len(ratios)} runs: "
           f"min {lo:.2f}  median {mid:.2f}  max {hi:.2f}")  # fmt: skip
