@@ -14,7 +14,7 @@
 3. Stall: time the training thread spends in an async save vs a blocking one (goal ≤ 0.1),
    and the first async save after `load` (buffers allocated there) vs later ones.
 
-    .venv/bin/python bench/ckpt.py [--mb 256] [--repeats 5]
+    .venv/bin/python bench/ckpt.py [--mb 256] [--repeats 5] [--folder]
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from tests.servers import S3Server, free_port  # noqa: E402
 PART = 16 * 1024 * 1024
 PHASES = {
     "stage_s": "stage (copy to CPU buffers, training thread)",
-    "write_s": "DCP write (streamed: uploads overlap it)",
+    "write_s": "DCP write (when streamed, the uploads overlap it)",
     "hash_s": "  of it: sha256 of the bytes as they pass",
     "buffer_wait_s": "  of it: waiting for a part buffer (upload-bound)",
     "upload_s": "upload after DCP finished",
@@ -89,6 +89,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mb", type=int, default=256, help="state size in MB")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument(
+        "--folder",
+        action="store_true",
+        help="save through a local staging folder instead of streaming (the old path)",
+    )
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
     torch.set_num_threads(1)
@@ -122,6 +127,7 @@ def main() -> None:
     try:
         for r in range(args.repeats):
             ckpt = CheckpointManager(f"s3://{bucket}/async{r}", keep=2)
+            ckpt._saving.stream_uploads = not args.folder
             ckpt.load(state)  # what a training script does first: allocates staging buffers
             ckpt.save(1, state)
             first_stall.append(ckpt.last_stall_s)
