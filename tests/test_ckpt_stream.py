@@ -122,3 +122,31 @@ def test_emergency_save_streams_beside_a_stuck_periodic_one(s3_env, tmp_path, mo
     store = CheckpointStore(uri)
     assert store.latest()[0] == 11 and store.verify(11, sha256=True).ok
     assert store.read_manifest(11).extra.get("preemption") is True
+
+
+def test_stream_file_system_parts_and_renamed_tmp_files(s3_env) -> None:
+    """The DCP file system alone: a file of several parts, one smaller than a part, and a
+    `.tmp` file larger than a part that is only sent, whole, under the name it is renamed to."""
+    import hashlib
+    import os
+
+    from mncloud.storage.s3 import S3Bucket
+    from mncloud.train.streaming import PartBuffers, S3StreamFileSystem
+
+    bucket = S3Bucket(s3_env.make_bucket())
+    fs = S3StreamFileSystem(bucket, lambda n: f"d/{n}", PartBuffers(PART, 2), workers=1)
+    blobs = {"big": os.urandom(2 * PART + 7), "small": b"x" * 100, ".m.tmp": os.urandom(PART + 1)}
+    for name, blob in blobs.items():
+        with fs.create_stream(fs.concat_path("step", name), "wb") as stream:
+            for at in range(0, len(blob), 1 << 20):  # DCP writes in pieces
+                stream.write(blob[at : at + (1 << 20)])
+    assert not bucket.exists("d/.m.tmp")
+    fs.rename(fs.concat_path("step", ".m.tmp"), fs.concat_path("step", ".m"))
+    entries = fs.finish()
+    blobs[".m"] = blobs.pop(".m.tmp")
+    assert set(entries) == set(blobs)
+    for name, blob in blobs.items():
+        assert bucket.get_bytes(f"d/{name}") == blob
+        assert entries[name].size == len(blob)
+        assert entries[name].sha256 == hashlib.sha256(blob).hexdigest()
+    assert [o.key for o in bucket.list("d/")] == ["d/.m", "d/big", "d/small"]

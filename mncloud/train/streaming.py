@@ -8,9 +8,10 @@ with `max_concurrency` parts in flight (the same part size and concurrency as
 only when every part buffer is in flight, so memory stays bounded (`PartBuffers`).
 
 Files smaller than one part are sent in one PUT when closed; DCP's `.metadata.tmp` is held
-until DCP renames it, then sent under its final name. Every request is retried by the bucket
-(`RetryingBucket`); a part that still fails fails the save, and its multipart upload is
-aborted. `finish()` waits for every upload and returns each file's size and sha256.
+in memory, whatever its size, until DCP renames it, then sent under its final name. Every
+request is retried by the bucket (`RetryingBucket`); a part that still fails fails the save,
+and its multipart upload is aborted. `finish()` waits for every upload and returns each
+file's size and sha256.
 """
 
 from __future__ import annotations
@@ -64,6 +65,8 @@ class _Upload:
     """One file on its way to the bucket."""
 
     key: str
+    held: bytearray | None = None
+    """All its bytes, kept in memory until it is renamed (DCP's `.tmp` files), else None."""
     upload_id: str | None = None
     parts: list[Future[str]] = field(default_factory=list)
     small: Future[None] | None = None
@@ -92,6 +95,10 @@ class _PartStream(io.RawIOBase):
         t0 = time.perf_counter()
         self._sha.update(view)  # hashlib releases the GIL on large buffers
         self._fs.hash_s += time.perf_counter() - t0
+        if self._upload.held is not None:
+            self._upload.held += view
+            self.size += len(view)
+            return len(view)
         done = 0
         while done < len(view):
             if self._buf is None:
@@ -189,8 +196,8 @@ class S3StreamFileSystem(FileSystemBase):
             if rest:
                 number = len(upload.parts) + 1
                 upload.parts.append(self._pool.submit(self._part, upload, number, rest))
-        elif name.endswith(".tmp"):
-            self._held[name] = rest
+        elif upload.held is not None:
+            self._held[name] = bytes(upload.held)
         else:
             upload.small = self._pool.submit(self.bucket.put_bytes, upload.key, rest)
 
@@ -232,7 +239,8 @@ class S3StreamFileSystem(FileSystemBase):
         if "w" not in mode:
             raise OSError(f"{path}: a streaming checkpoint is write-only")
         name = PurePosixPath(str(path)).name
-        self._uploads[name] = _Upload(self.key_of(name))
+        held = bytearray() if name.endswith(".tmp") else None  # renamed later: not sent yet
+        self._uploads[name] = _Upload(self.key_of(name), held)
         stream = _PartStream(self, self._uploads[name])
         try:
             yield stream
