@@ -238,41 +238,9 @@ def offers(
             if int(info.accelerator_count) == count
             and (not wanted_regions or str(info.region).lower() in wanted_regions)
         ]
-        if not rows:
-            continue
-        for spot in markets:
-            reason = source.unsupported(cloud, rows[0].instance_type, spot, nodes)
-            if reason:
-                if Exclusion(cloud=cloud, reason=reason) not in excluded:
-                    excluded.append(Exclusion(cloud=cloud, reason=reason))
-                continue
-            priced = [
-                (info, float(info.spot_price if spot else info.price))
-                for info in rows
-                if not math.isnan(float(info.spot_price if spot else info.price))
-            ]
-            if not priced:
-                excluded.append(
-                    Exclusion(
-                        cloud=cloud,
-                        reason=f"SkyPilot's catalog has no {_market(spot)} price for "
-                        f"{accelerator}:{count}",
-                    )
-                )
-                continue
-            ranks = source.ranks(cloud, {info.instance_type for info, _ in priced}, spot)
+        for spot in markets if rows else []:
             result.extend(
-                Offer(
-                    cloud=cloud,
-                    region=str(info.region),
-                    instance_type=str(info.instance_type),
-                    accelerator=str(info.accelerator_name),
-                    accelerator_count=count,
-                    spot=spot,
-                    hourly_price=price,
-                    region_rank=ranks.get((str(info.instance_type), str(info.region)), 0),
-                )
-                for info, price in priced
+                _market_offers(source, cloud, rows, spot, nodes, excluded, f"{accelerator}:{count}")
             )
     if not result:
         everywhere = found
@@ -283,6 +251,47 @@ def offers(
         message = _no_offer_message(accelerator, count, searched, regions, found, excluded)
         raise CatalogError(message + _availability_note(accelerator, searched, everywhere))
     return OfferSearch(offers=result, excluded=excluded, clouds=searched)
+
+
+def _market_offers(
+    source: _LiveSource | _IndexSource,
+    cloud: str,
+    rows: list[Any],
+    spot: bool,
+    nodes: int,
+    excluded: list[Exclusion],
+    wanted: str,
+) -> list[Offer]:
+    """One cloud's offers of `wanted` (e.g. `H100:8`) in one market; why there are none goes
+    into `excluded`."""
+    reason = source.unsupported(cloud, rows[0].instance_type, spot, nodes)
+    if reason:
+        if Exclusion(cloud=cloud, reason=reason) not in excluded:
+            excluded.append(Exclusion(cloud=cloud, reason=reason))
+        return []
+    priced = [
+        (info, float(info.spot_price if spot else info.price))
+        for info in rows
+        if not math.isnan(float(info.spot_price if spot else info.price))
+    ]
+    if not priced:
+        reason = f"SkyPilot's catalog has no {_market(spot)} price for {wanted}"
+        excluded.append(Exclusion(cloud=cloud, reason=reason))
+        return []
+    ranks = source.ranks(cloud, {info.instance_type for info, _ in priced}, spot)
+    return [
+        Offer(
+            cloud=cloud,
+            region=str(info.region),
+            instance_type=str(info.instance_type),
+            accelerator=str(info.accelerator_name),
+            accelerator_count=int(info.accelerator_count),
+            spot=spot,
+            hourly_price=price,
+            region_rank=ranks.get((str(info.instance_type), str(info.region)), 0),
+        )
+        for info, price in priced
+    ]
 
 
 class _LiveSource:
