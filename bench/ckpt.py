@@ -96,6 +96,7 @@ def main() -> None:
     )
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # moto's server: a line per request
     torch.set_num_threads(1)
 
     n_layers = max(1, round(args.mb * 1e6 / (4096 * 4096 * 4)))
