@@ -15,9 +15,11 @@ runs on the training process group from another thread. Example sequence (2 rank
 
     step 100  maybe_save: both ranks copy model/optimizer tensors to CPU memory (the only
               stall), record RNG states and the data position; an all-reduce on the gloo
-              group confirms both staged. Each rank's worker thread then writes its DCP shard
-              to local disk (DCP's planning collectives run on a second, private gloo group),
-              hashes and uploads its files. Training continues.
+              group confirms both staged. Each rank's worker thread then has DCP serialize
+              its shard (DCP's planning collectives run on a second, private gloo group)
+              straight into S3 multipart uploads, hashing as the bytes pass (GCS and
+              directory buckets, or short RAM: to a local folder, then uploaded). Training
+              continues.
     step 101+ maybe_save: one small all-reduce asks "has everyone finished uploading?" - no.
     step 117  both uploads done: the ranks exchange their file lists (size + sha256); rank 0's
               worker writes manifest.json, then COMPLETE, then applies keep-last-K.
@@ -199,8 +201,10 @@ class CheckpointManager:
 
     @property
     def last_phases(self) -> dict[str, float]:
-        """Where the last save's time went: stage_s (training thread), write_s (DCP to the
-        staging folder, hashing as it writes), upload_s, commit_s."""
+        """Where the last save's time went: stage_s (training thread), write_s (DCP, hashing
+        as it writes; when streaming, the uploads running meanwhile too), upload_s (the upload
+        left after DCP), commit_s; streamed saves add hash_s and buffer_wait_s (the writer
+        waiting for a free part buffer)."""
         return self._saving.last_phases
 
     @property
