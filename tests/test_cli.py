@@ -271,6 +271,7 @@ RENDER_OPTIONS = {
     "--learn",
     "--recovery-minutes",
     "--ckpt-seconds",
+    "--hazards-from",
 }
 
 
