@@ -144,8 +144,8 @@ def test_close_commits_a_final_step_staged_behind_a_slow_upload(tmp_path: Path) 
 
 
 def test_first_save_stalls_no_longer_than_later_ones(tmp_path: Path) -> None:
-    """The buffers are allocated at load (model) and after the first step (optimizer state), so
-    the first interval save costs what later ones do."""
+    """The buffers are allocated in the background from load on (model) and after the first
+    step (optimizer state), so the first interval save costs what later ones do."""
     model = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(8)])  # 33 MB
     opt = torch.optim.Adam(model.parameters())
     state = {"model": model, "optimizer": opt}

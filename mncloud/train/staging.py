@@ -8,9 +8,9 @@ blocks until the older one is committed (`SaveStats.blocked`). Memory: at most `
 of this rank's tensors.
 
 Each slot's buffers are allocated once (DCP's `StateDictStager` keeps one CPU buffer per source
-storage) and reused. `warm` allocates them before the first interval - at `load`, and in the
-background after the first step (an optimizer's state only exists from then on) - so the first
-save stalls no longer than later ones.
+storage) and reused. `warm` allocates them before the first interval, in the background - from
+`load` on, and again after the first step (an optimizer's state only exists from then on) - so
+neither a resume nor the first save waits for them.
 """
 
 from __future__ import annotations
@@ -123,11 +123,16 @@ class StagingSlots:
 
     def warm(self, tensors: dict[str, Any], slots: int, *, background: bool) -> None:
         """Allocate the first `slots` slots' buffers for `tensors` (values are overwritten by
-        the next real save, so a copy of tensors that training changes meanwhile is fine)."""
-        self.wait_warm()
+        the next real save, so a copy of tensors that training changes meanwhile is fine).
+
+        In the background, a warm-up still running is followed, not waited for: the training
+        thread never blocks here (a save waits for every warm-up before it stages)."""
+        previous = self._warming
         self.warmed_tensors = count_tensors(tensors)
 
         def run() -> None:
+            if previous is not None:
+                previous.join()
             for slot in range(slots):
                 try:
                     self._stager(slot).stage(tensors)
@@ -137,6 +142,7 @@ class StagingSlots:
 
         if not background:
             run()
+            self._warming = None
             return
         self._warming = threading.Thread(target=run, name="mncloud-ckpt-warm", daemon=True)
         self._warming.start()
