@@ -12,7 +12,9 @@
    multipart uploads for S3, so uploads overlap it (sha256 as the bytes pass, time waiting for
    a free part buffer) - the upload left after DCP finished, commit.
 3. Stall: time the training thread spends in an async save vs a blocking one (goal ≤ 0.1),
-   and the first async save after `load` (buffers allocated there) vs later ones.
+   and the first async save after `load` vs later ones: `load` starts allocating the staging
+   buffers in the background, so it is timed once they are there (an interval at least that
+   long), and once right after `load` (no step between: it waits for the rest of them).
 
     .venv/bin/python bench/ckpt.py [--mb 256] [--repeats 5] [--folder]
 """
@@ -124,15 +126,27 @@ def main() -> None:
           f"data in {work}")  # fmt: skip
     sizes = []
     raw, ours, stall_async, stall_block, first_stall, phases = [], [], [], [], [], []
+    load_s, warm_s, at_once = [], [], []
     control: list[float] = []  # raw / raw: how far two runs of the same upload differ
     try:
         for r in range(args.repeats):
             ckpt = CheckpointManager(f"s3://{bucket}/async{r}", keep=2)
             ckpt._saving.stream_uploads = not args.folder
-            ckpt.load(state)  # what a training script does first: allocates staging buffers
+            t0 = time.perf_counter()
+            ckpt.load(state)  # what a training script does first: starts allocating buffers
+            load_s.append(time.perf_counter() - t0)
+            ckpt._slots.wait_warm()  # the background allocation, done before the interval
+            warm_s.append(time.perf_counter() - t0)
             ckpt.save(1, state)
             first_stall.append(ckpt.last_stall_s)
             ckpt.wait()
+            if r == 0:  # the worst case: a save right after `load`, no step between
+                now = CheckpointManager(f"s3://{bucket}/at-once", keep=2)
+                now._saving.stream_uploads = not args.folder
+                now.load(state)
+                now.save(1, state)
+                at_once.append(now.last_stall_s)
+                now.close()
             before = raw_multipart(client, bucket, f"raw/{r}a", data)
             t0 = time.perf_counter()
             ckpt.save(2, state)
@@ -168,8 +182,11 @@ def main() -> None:
             print(f"  {what:<52}: {med(values):6.3f} s (median)")
     print(f"training stall, async save : {med(stall_async):6.3f} s")
     print(f"training stall, blocking   : {med(stall_block):6.3f} s")
+    print(f"load (empty bucket)        : {med(load_s):6.3f} s; staging buffers allocated in "
+          f"the background by {med(warm_s):.3f} s")  # fmt: skip
     print(f"first async save after load: {med(first_stall):6.3f} s "
-          f"({med(first_stall) / med(stall_async):.2f}x a later one)")  # fmt: skip
+          f"({med(first_stall) / med(stall_async):.2f}x a later one); right after load, "
+          f"no step between: {at_once[0]:.3f} s (waits for the allocation)")  # fmt: skip
     pairs = "  ".join(f"{a:.2f}/{b:.2f}" for a, b in zip(raw, ours, strict=True))
     print(f"runs, raw s (mean of the uploads before and after) / checkpoint s: {pairs}")
     control.sort()
