@@ -7,7 +7,6 @@ on its bucket layout, so a resumed run stays bitwise-identical to one that never
 
 from __future__ import annotations
 
-import inspect
 import os
 import random
 from dataclasses import dataclass
@@ -157,8 +156,6 @@ def wrap_ddp(model: torch.nn.Module, *, exact: bool = True, **ddp_kwargs: Any) -
     bucketing = {"bucket_cap_mb", "bucket_cap_mb_list", "find_unused_parameters"}
     if not exact or bucketing & ddp_kwargs.keys():
         return DDP(model, **ddp_kwargs)
-    if "bucket_cap_mb_list" in inspect.signature(DDP).parameters:
-        # A 1-byte cap closes every bucket after one parameter. (A 0 cap also does on torch
-        # 2.13, but torch 2.11 rejects a falsy cap: "bucket_cap_mb should be set by now".)
-        return DDP(model, bucket_cap_mb_list=[_ONE_BYTE_MB], **ddp_kwargs)
-    return DDP(model, find_unused_parameters=True, **ddp_kwargs)  # older torch: no per-bucket caps
+    # A 1-byte cap closes every bucket after one parameter. (A 0 cap also does on torch 2.13,
+    # but torch 2.11 rejects a falsy cap: "bucket_cap_mb should be set by now".)
+    return DDP(model, bucket_cap_mb_list=[_ONE_BYTE_MB], **ddp_kwargs)
