@@ -17,7 +17,6 @@ import argparse
 import hashlib
 import itertools
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -28,13 +27,13 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from bench._shims import SHIM_ENV, staging_shim, wrap_ddp_checked
 from mncloud.train import (
     CheckpointManager,
     ResumableSampler,
     cleanup,
     init_distributed,
     seed_everything,
+    wrap_ddp,
 )
 
 FEATURES, CLASSES = 256, 16
@@ -89,7 +88,6 @@ def digest(model: nn.Module, opt: torch.optim.Optimizer) -> tuple[str, str]:
 def main() -> None:
     args = parse_args()
     t_start = time.time()
-    shim = staging_shim() if os.environ.get(SHIM_ENV) else None
     d = init_distributed(timeout_s=120)
     seed_everything(args.seed)
     dev = torch.device("cuda", d.local_rank) if torch.cuda.is_available() else torch.device("cpu")
@@ -99,7 +97,7 @@ def main() -> None:
                         generator=torch.Generator())  # fmt: skip
     torch.manual_seed(args.seed)
     model = make_model(args.hidden, args.layers).to(dev)
-    ddp, ddp_mode = wrap_ddp_checked(model)
+    ddp, ddp_mode = wrap_ddp(model), "wrap_ddp exact"
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     loss_fn = nn.CrossEntropyLoss()
 
@@ -114,7 +112,7 @@ def main() -> None:
                               "resumed_from": start, "load_s": load_s,
                               "backend": torch.distributed.get_backend()
                               if d.distributed else None, "device": str(dev),
-                              "ddp": ddp_mode, "shim": shim}) + "\n")  # fmt: skip
+                              "ddp": ddp_mode}) + "\n")  # fmt: skip
         log.flush()
     step, loss, epoch = start, float(state["loss"]), sampler.epoch
     while step < args.steps:

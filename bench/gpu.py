@@ -407,7 +407,7 @@ def part_resume(steps: int, interval: int, gpu_args: list[str], timeout: float) 
         print(
             f"\n== 2. exact resume: torchrun, 1 process, backend {begin['backend']} on "
             f"{begin['device']}, {steps} steps, checkpoint every {interval}; bucket file://; "
-            f"{begin['ddp']}{'; staging work-around on' if begin.get('shim') else ''}"
+            f"{begin['ddp']}"
         )
         print(f"   uninterrupted: {total_s:.1f} s, first step {cold_s:.2f} s after launch")
         cut = Job(work, "cut", args)
@@ -452,7 +452,6 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=300, help="part 2 training steps")
     ap.add_argument("--interval", type=int, default=25, help="part 2 checkpoint interval")
     ap.add_argument("--timeout", type=float, default=300, help="part 2: seconds per job")
-    ap.add_argument("--as-shipped", action="store_true", help="no torch work-around (_shims.py)")
     args = ap.parse_args()
     reason = missing()
     if reason:
@@ -465,11 +464,6 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     cuda = torch.cuda.is_available()
     print(f"device: {describe()}")
-    if not args.as_shipped:
-        from bench._shims import staging_shim
-
-        shim = staging_shim()
-        print(f"WORK-AROUND APPLIED: {shim}" if shim else "no torch work-around needed")
     if not cuda:
         print("no CUDA: running on the CPU with gloo and smaller sizes")
         torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
