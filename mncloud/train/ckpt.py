@@ -346,8 +346,8 @@ class CheckpointManager:
         Torn or corrupt steps are skipped with a logged reason and older ones tried. Returns
         None (state untouched) when no step verifies. Call it on every rank. It also starts
         allocating the staging buffers for `state` in the background (pinning them took 2.3 s
-        for a 3 GB state on an H100 machine), so training resumes at once and the first save
-        stalls no longer than later ones.
+        for a 3 GB state on an H100 machine), so training resumes at once; a save before they
+        are all there waits for the rest, later ones do not.
         """
         if self._pending is not None:
             raise CheckpointError("load() while a save is in progress; call wait() first")
