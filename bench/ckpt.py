@@ -22,8 +22,10 @@
 from __future__ import annotations
 
 import argparse
+import collections
 import io
 import logging
+import os
 import shutil
 import statistics
 import sys
@@ -87,6 +89,58 @@ def _server_root(nbytes: int, repeats: int) -> str | None:
     return str(shm) if roomy else None
 
 
+def _start_server(nbytes: int, repeats: int) -> tuple[S3Server, Path]:
+    """SeaweedFS (moto if it cannot start), its data in RAM when there is room."""
+    work = Path(tempfile.mkdtemp(prefix="mncloud-bench-", dir=_server_root(nbytes, repeats)))
+    server = S3Server("seaweedfs", free_port(), work / "s3")
+    try:
+        server.start()
+    except (RuntimeError, FileNotFoundError):
+        server = S3Server("moto", free_port(), work / "s3")
+        server.start()
+    return server, work
+
+
+def _one_run(r: int, fig: dict[str, list], state: dict, bucket: str, client, data: bytes,
+             folder: bool) -> None:  # fmt: skip
+    """One repeat: load + first save, raw / checkpoint / raw, then a blocking save."""
+    ckpt = CheckpointManager(f"s3://{bucket}/async{r}", keep=2)
+    ckpt._saving.stream_uploads = not folder
+    t0 = time.perf_counter()
+    ckpt.load(state)  # what a training script does first: starts allocating buffers
+    fig["load_s"].append(time.perf_counter() - t0)
+    ckpt._slots.wait_warm()  # the background allocation, done before the interval
+    fig["warm_s"].append(time.perf_counter() - t0)
+    ckpt.save(1, state)
+    fig["first_stall"].append(ckpt.last_stall_s)
+    ckpt.wait()
+    if r == 0:  # the worst case: a save right after `load`, no step between
+        now = CheckpointManager(f"s3://{bucket}/at-once", keep=2)
+        now._saving.stream_uploads = not folder
+        now.load(state)
+        now.save(1, state)
+        fig["at_once"].append(now.last_stall_s)
+        now.close()
+    before = raw_multipart(client, bucket, f"raw/{r}a", data)
+    t0 = time.perf_counter()
+    ckpt.save(2, state)
+    fig["stall_async"].append(ckpt.last_stall_s)
+    ckpt.wait()
+    fig["ours"].append(time.perf_counter() - t0)
+    fig["phases"].append(dict(ckpt.last_phases))
+    fig["sizes"].append(ckpt.store.read_manifest(2).total_size)
+    ckpt.close()
+    after = raw_multipart(client, bucket, f"raw/{r}b", data)
+    fig["raw"].append((before + after) / 2)  # raw on both sides: a drift hits both alike
+    fig["control"].append(before / after)  # raw / raw: how far two runs of one upload differ
+
+    ckpt = CheckpointManager(f"s3://{bucket}/block{r}", keep=2, async_upload=False)
+    ckpt.save(1, state)
+    ckpt.save(2, state)
+    fig["stall_block"].append(ckpt.last_stall_s)
+    ckpt.close()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mb", type=int, default=256, help="state size in MB")
@@ -105,16 +159,7 @@ def main() -> None:
     model = torch.nn.Sequential(*[torch.nn.Linear(4096, 4096, bias=False) for _ in range(n_layers)])
     state = {"model": model, "step": 0}
     nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
-
-    work = Path(tempfile.mkdtemp(prefix="mncloud-bench-", dir=_server_root(nbytes, args.repeats)))
-    server = S3Server("seaweedfs", free_port(), work / "s3")
-    try:
-        server.start()
-    except (RuntimeError, FileNotFoundError):
-        server = S3Server("moto", free_port(), work / "s3")
-        server.start()
-    import os
-
+    server, work = _start_server(nbytes, args.repeats)
     os.environ.update(server.env())
     client = server.client()
     bucket = server.make_bucket("bench")
@@ -124,72 +169,40 @@ def main() -> None:
 
     print(f"state: {nbytes / 1e6:.0f} MB, server: {server.kind} at {server.endpoint}, "
           f"data in {work}")  # fmt: skip
-    sizes = []
-    raw, ours, stall_async, stall_block, first_stall, phases = [], [], [], [], [], []
-    load_s, warm_s, at_once = [], [], []
-    control: list[float] = []  # raw / raw: how far two runs of the same upload differ
+    fig: dict[str, list] = collections.defaultdict(list)
     try:
         for r in range(args.repeats):
-            ckpt = CheckpointManager(f"s3://{bucket}/async{r}", keep=2)
-            ckpt._saving.stream_uploads = not args.folder
-            t0 = time.perf_counter()
-            ckpt.load(state)  # what a training script does first: starts allocating buffers
-            load_s.append(time.perf_counter() - t0)
-            ckpt._slots.wait_warm()  # the background allocation, done before the interval
-            warm_s.append(time.perf_counter() - t0)
-            ckpt.save(1, state)
-            first_stall.append(ckpt.last_stall_s)
-            ckpt.wait()
-            if r == 0:  # the worst case: a save right after `load`, no step between
-                now = CheckpointManager(f"s3://{bucket}/at-once", keep=2)
-                now._saving.stream_uploads = not args.folder
-                now.load(state)
-                now.save(1, state)
-                at_once.append(now.last_stall_s)
-                now.close()
-            before = raw_multipart(client, bucket, f"raw/{r}a", data)
-            t0 = time.perf_counter()
-            ckpt.save(2, state)
-            stall_async.append(ckpt.last_stall_s)
-            ckpt.wait()
-            ours.append(time.perf_counter() - t0)
-            phases.append(dict(ckpt.last_phases))
-            sizes.append(ckpt.store.read_manifest(2).total_size)
-            ckpt.close()
-            after = raw_multipart(client, bucket, f"raw/{r}b", data)
-            raw.append((before + after) / 2)  # raw on both sides: a drift hits both alike
-            control.append(before / after)
-
-            ckpt = CheckpointManager(f"s3://{bucket}/block{r}", keep=2, async_upload=False)
-            ckpt.save(1, state)
-            ckpt.save(2, state)
-            stall_block.append(ckpt.last_stall_s)
-            ckpt.close()
+            _one_run(r, fig, state, bucket, client, data, args.folder)
     finally:
         server.stop()
         shutil.rmtree(work, ignore_errors=True)
+    _report(fig, nbytes, len(data))
 
+
+def _report(fig: dict[str, list], nbytes: int, raw_bytes: int) -> None:
     med = statistics.median
+    raw, ours, stall_async = fig["raw"], fig["ours"], fig["stall_async"]
     mbps = lambda s: nbytes / 1e6 / s  # noqa: E731
     ratios = sorted(a / b for a, b in zip(raw, ours, strict=True))
-    print(f"bytes moved: checkpoint {max(sizes) / 1e6:.1f} MB (all its files), "
-          f"raw {len(data) / 1e6:.1f} MB")  # fmt: skip
+    print(f"bytes moved: checkpoint {max(fig['sizes']) / 1e6:.1f} MB (all its files), "
+          f"raw {raw_bytes / 1e6:.1f} MB")  # fmt: skip
     print(f"raw boto3 multipart upload : {med(raw):6.2f} s  ({mbps(med(raw)):5.0f} MB/s)")
     print(f"checkpoint save+upload     : {med(ours):6.2f} s  ({mbps(med(ours)):5.0f} MB/s)")
     for key, what in PHASES.items():
-        values = [p[key] for p in phases if key in p]
+        values = [p[key] for p in fig["phases"] if key in p]
         if values:
             print(f"  {what:<52}: {med(values):6.3f} s (median)")
     print(f"training stall, async save : {med(stall_async):6.3f} s")
-    print(f"training stall, blocking   : {med(stall_block):6.3f} s")
-    print(f"load (empty bucket)        : {med(load_s):6.3f} s; staging buffers allocated in "
-          f"the background by {med(warm_s):.3f} s")  # fmt: skip
-    print(f"first async save after load: {med(first_stall):6.3f} s "
-          f"({med(first_stall) / med(stall_async):.2f}x a later one); right after load, "
-          f"no step between: {at_once[0]:.3f} s (waits for the allocation)")  # fmt: skip
+    print(f"training stall, blocking   : {med(fig['stall_block']):6.3f} s")
+    print(f"load (empty bucket)        : {med(fig['load_s']):6.3f} s; staging buffers allocated "
+          f"in the background by {med(fig['warm_s']):.3f} s")  # fmt: skip
+    first = med(fig["first_stall"])
+    print(f"first async save after load: {first:6.3f} s ({first / med(stall_async):.2f}x a later "
+          f"one); right after load, no step between: {fig['at_once'][0]:.3f} s (waits for the "
+          "allocation)")  # fmt: skip
     pairs = "  ".join(f"{a:.2f}/{b:.2f}" for a, b in zip(raw, ours, strict=True))
     print(f"runs, raw s (mean of the uploads before and after) / checkpoint s: {pairs}")
-    control.sort()
+    control = sorted(fig["control"])
     print(f"noise floor, raw before / raw after over {len(control)} runs: min {control[0]:.2f}  "
           f"median {med(control):.2f}  max {control[-1]:.2f}")  # fmt: skip
     lo, mid, hi = ratios[0], med(ratios), ratios[-1]
@@ -197,7 +210,7 @@ def main() -> None:
           f"min {lo:.2f}  median {mid:.2f}  max {hi:.2f}")  # fmt: skip
     print(f"  goal median ≥ 0.95: {'MET' if mid >= 0.95 else 'MISSED'};  "
           f"goal min ≥ 0.85: {'MET' if lo >= 0.85 else 'MISSED'}")  # fmt: skip
-    stall = med(stall_async) / med(stall_block)
+    stall = med(stall_async) / med(fig["stall_block"])
     print(f"stall ratio (async / blocking): {stall:.3f}  goal ≤ 0.1  "
           f"{'MET' if stall <= 0.1 else 'MISSED'}")  # fmt: skip
 
