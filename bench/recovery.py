@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 from _local import EXAMPLE, fresh_home, mncloud, wait
 
@@ -42,9 +43,8 @@ def main() -> None:
     args = p.parse_args()
     fresh_home()
 
-    from mncloud.backends.local.chaos import preempt_node
     from mncloud.backends.local.figures import read_final, recovery_figures
-    from mncloud.backends.local.state import load_state, read_jsonl
+    from mncloud.backends.local.state import load_state
     from mncloud.layout import run_dir
 
     def final_state(name: str):  # type: ignore[no-untyped-def]
@@ -56,20 +56,7 @@ def main() -> None:
     ref_fig = recovery_figures(run_dir("reference"))
     launch("chaos", args.recovery_delay)
     folder = run_dir("chaos")
-    plan = [(1, False), (0, False), (1, True)]
-    kills = []
-    for i in range(args.preemptions):
-        node, during_save = plan[i % len(plan)]
-        attempt = i + 1
-        wait(lambda a=attempt: load_state(folder).attempt == a, 300, f"attempt {attempt}")
-        launched = [e.t for e in load_state(folder).events if e.kind == "launch"][-1]
-
-        def steps(t0: float = launched) -> list[int]:
-            recs = read_jsonl(folder / "progress.jsonl")
-            return [r["step"] for r in recs if "step" in r and "event" not in r and r["t"] >= t0]
-
-        wait(lambda: len(steps()) >= 60, 300, f"60 steps in attempt {attempt}")
-        kills.append(preempt_node(folder, node, by="bench", during_save=during_save))
+    kills = _preempt(folder, args.preemptions)
     state = final_state("chaos")
     fig = recovery_figures(folder)
     same = (read_final(state.ckpt_uri) or {}).get("weights_sha256") == (
@@ -103,9 +90,38 @@ def main() -> None:
     }
     if args.json:
         print(json.dumps(result, indent=2))
-        return
+    else:
+        _print(result)
+
+
+def _preempt(folder: Path, preemptions: int) -> list[dict]:
+    """Kill a node ~60 steps into each attempt: node 1, node 0, node 1 during a save, …"""
+    from mncloud.backends.local.chaos import preempt_node
+    from mncloud.backends.local.state import load_state, read_jsonl
+
+    plan = [(1, False), (0, False), (1, True)]
+    kills = []
+    for i in range(preemptions):
+        node, during_save = plan[i % len(plan)]
+        attempt = i + 1
+        wait(lambda a=attempt: load_state(folder).attempt == a, 300, f"attempt {attempt}")
+        launched = [e.t for e in load_state(folder).events if e.kind == "launch"][-1]
+
+        def steps(t0: float = launched) -> list[int]:
+            recs = read_jsonl(folder / "progress.jsonl")
+            return [r["step"] for r in recs if "step" in r and "event" not in r and r["t"] >= t0]
+
+        wait(lambda: len(steps()) >= 60, 300, f"60 steps in attempt {attempt}")
+        kills.append(preempt_node(folder, node, by="bench", during_save=during_save))
+    return kills
+
+
+def _print(result: dict) -> None:
+    cold, rows = result["cold_start_s"], result["preemptions"]
+    same = result["final_weights_equal_reference"]
+    delay = result["recovery_delay"]
     print(f"cold start (launch → first step): {cold:.1f} s   "
-          f"[recovery delay {args.recovery_delay}, checkpoint every {INTERVAL} steps]")  # fmt: skip
+          f"[recovery delay {delay}, checkpoint every {INTERVAL} steps]")  # fmt: skip
     print(f"{'#':>2} {'node':>4} {'during save':>11} {'resume s':>9} {'− cold s':>9} {'lost':>5}")
     for r in rows:
         save = "yes" if r["during_save"] else "no"
