@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from mncloud import layout
 from mncloud.errors import MncloudError, SpecError
@@ -71,21 +71,28 @@ def learned_hazards() -> list[LearnedHazard]:
     return learn_hazards(observed_spot_hazard())
 
 
+def model_inputs(options: LaunchOptions) -> dict[str, Any]:
+    """The planner's model fields from the planning options (`plan` and `up` alike); unset
+    ones are left out, for PlanRequest's defaults."""
+    from mncloud.hazards import hazards_from_files
+
+    fields = {
+        "hours": options.hours,
+        "max_cost": options.max_cost,
+        "preemption_rate": options.preemption_rate,
+        "learned": learned_hazards() if options.learn else None,
+        "recovery_minutes": options.recovery_minutes,
+        "ckpt_seconds": options.ckpt_seconds,
+        "traces": hazards_from_files(options.hazards_from) if options.hazards_from else None,
+    }
+    return {k: v for k, v in fields.items() if v is not None}
+
+
 def plan_request(spec: JobSpec, options: LaunchOptions) -> PlanRequest:
     """The planner's request for a cloud job: the spec's hardware plus the model options."""
-    from mncloud.hazards import hazards_from_files
     from mncloud.plan import PlanRequest
 
-    return PlanRequest.from_spec(
-        spec,
-        hours=options.hours,
-        max_cost=options.max_cost,
-        preemption_rate=options.preemption_rate,
-        learned=learned_hazards() if options.learn else None,
-        recovery_minutes=options.recovery_minutes,
-        ckpt_seconds=options.ckpt_seconds,
-        traces=hazards_from_files(options.hazards_from) if options.hazards_from else None,
-    )
+    return PlanRequest.from_spec(spec, **model_inputs(options))
 
 
 def prepare(

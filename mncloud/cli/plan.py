@@ -71,28 +71,21 @@ def plan_command(
 
 def _request(values: dict[str, Any]) -> PlanRequest:
     """The plan request from the command's market and planning options."""
-    from mncloud.hazards import hazards_from_files
-    from mncloud.launch import learned_hazards
+    from mncloud.launch import model_inputs
     from mncloud.plan import PlanRequest
     from mncloud.spec import Accelerator, SpotPolicy
 
     if not values["gpus"]:
         raise opts.SpecError("--gpus is required, e.g. --gpus H100:8")
     spot = {True: SpotPolicy.SPOT, False: SpotPolicy.ON_DEMAND, None: SpotPolicy.EITHER}
-    model = {k: values[k] for k in ("recovery_minutes", "ckpt_seconds") if values[k] is not None}
     return PlanRequest.build(
         accelerator=Accelerator.parse(values["gpus"]),
         nodes=1 if values["nodes"] is None else values["nodes"],
         spot=spot[values["spot"]],
         clouds=list(values["cloud"] or []),
         regions=list(values["region"] or []),
-        hours=values["hours"],
         max_hourly=values["max_hourly"],
-        max_cost=values["max_cost"],
-        preemption_rate=values["preemption_rate"],
-        learned=learned_hazards() if values["learn"] else [],
-        traces=hazards_from_files(values["hazards_from"]) if values["hazards_from"] else [],
-        **model,
+        **model_inputs(opts.launch_options_from(values)),
     )
 
 
