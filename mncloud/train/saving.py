@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
 import torch
 import torch.distributed.checkpoint as dcp
 
@@ -234,8 +235,6 @@ class SavePipeline:
         staging folder and RAM allows two copies with room to spare, else `staging_dir`."""
         if not self._own_staging or not _SHM.is_dir():
             return self.staging_dir
-        import psutil
-
         need = 2 * nbytes + 2**30
         try:
             roomy = shutil.disk_usage(_SHM).free >= need
@@ -304,8 +303,6 @@ class SavePipeline:
         bucket = self.store.bucket
         if not self.stream_uploads or not isinstance(bucket, S3Bucket):
             return None
-        import psutil
-
         need = (bucket.max_concurrency + 1) * bucket.chunk_size + _RAM_MARGIN
         if psutil.virtual_memory().available < need:
             log.debug("not streaming the checkpoint: less than %d MB of RAM free", need >> 20)
