@@ -3,6 +3,7 @@ retention, a failed upload, and a 2-process gloo run under torchrun."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -122,9 +123,9 @@ def _tear(store: CheckpointStore, step: int, how: str) -> None:
     elif how == "lying-manifest":
         m = Manifest.from_bytes(b.get_bytes(store.key(step, MANIFEST)))
         entry = m.files["__0_0.distcp"]
-        m.files["__0_0.distcp"] = type(entry)(entry.size + 1, entry.sha256)
+        m.files["__0_0.distcp"] = dataclasses.replace(entry, size=entry.size + 1)
         store.commit(m)  # a consistent COMPLETE, but the manifest lies about a size
-    elif how == "corrupt-bytes":  # same size, different content: only sha256 sees it
+    elif how == "corrupt-bytes":  # same size, different content: only the hash sees it
         key = store.key(step, "rank_0.pt")
         raw = bytearray(b.get_bytes(key))
         raw[-1] ^= 0xFF

@@ -20,6 +20,8 @@ from mncloud.storage.checkpoints import (
     CheckpointStore,
     FileEntry,
     Manifest,
+    hash_bytes,
+    hash_file,
     sha256_file,
 )
 
@@ -34,7 +36,7 @@ def _fake_step(store: CheckpointStore, step: int, tmp: Path, *, complete: bool =
         path.write_bytes(data)
         files[name] = path
     entries = store.upload(step, files)
-    assert entries[".metadata"] == FileEntry(40, sha256_file(files[".metadata"]))
+    assert entries[".metadata"] == FileEntry.of(40, hash_file(files[".metadata"]))
     if complete:
         store.commit(Manifest(step=step, world_size=1, files=entries))
 
@@ -74,7 +76,7 @@ def test_verify_and_corruption(filled: str) -> None:
     store.bucket.put_bytes(key, bytes(raw))
     assert runner.invoke(app, ["verify", filled, "20", "--quick"]).exit_code == 0
     res = runner.invoke(app, ["verify", filled, "20"])
-    assert res.exit_code == 2 and "sha256" in res.stderr
+    assert res.exit_code == 2 and "__0_0.distcp xxh3_128 differs" in res.stderr
 
 
 def test_rm(filled: str) -> None:
@@ -161,7 +163,7 @@ def test_a_directory_is_a_location(tmp_path: Path, monkeypatch: pytest.MonkeyPat
 
 
 def test_a_malformed_manifest_names_the_field() -> None:
-    good = Manifest(step=3, world_size=1, files={"a": FileEntry(1, "0" * 64)})
+    good = Manifest(step=3, world_size=1, files={"a": FileEntry.of(1, "0" * 32)})
     assert Manifest.from_bytes(good.to_bytes()) == good
     raw = json.loads(good.to_bytes())
     assert sorted(raw) == [
@@ -170,10 +172,52 @@ def test_a_malformed_manifest_names_the_field() -> None:
     ]  # fmt: skip
     for change, field in (
         ({"world_size": "two"}, "world_size"),
-        ({"files": {"a": {"size": 1}}}, "files.a.sha256"),
+        ({"files": {"a": {"size": 1}}}, "files.a"),
+        ({"files": {"a": {"size": 1, "sha256": "0", "xxh3_128": "0"}}}, "files.a"),
         ({"surprise": 1}, "surprise"),
     ):
         with pytest.raises(CheckpointError, match=rf"manifest.json is not valid: {field}: "):
             Manifest.from_bytes(json.dumps({**raw, **change}).encode())
     with pytest.raises(CheckpointError, match="not valid"):
         Manifest.from_bytes(b"{")
+
+
+def _old_step(store: CheckpointStore, step: int, tmp: Path) -> None:
+    """A step as mncloud wrote them before format 2: sha256 in every entry, format 1."""
+    entries = {}
+    for name, data in ((".metadata", b"meta" * 10), ("__0_0.distcp", bytes(range(256)) * 40)):
+        path = tmp / f"old{step}{name}"
+        path.write_bytes(data)
+        store.bucket.put_file(store.key(step, name), path)
+        entries[name] = {"size": len(data), "sha256": sha256_file(path)}
+    raw = {"step": step, "world_size": 1, "files": entries, "format": 1, "extra": {},
+           "mncloud_version": "0.1.0", "torch_version": "", "wall_time": 0.0}  # fmt: skip
+    store.commit(Manifest.from_bytes(json.dumps(raw).encode()))
+    assert json.loads(store.bucket.get_bytes(store.key(step, "manifest.json")))["files"] == entries
+
+
+def test_a_sha256_manifest_of_format_1_still_verifies(bucket_uri: str, tmp_path: Path) -> None:
+    store = CheckpointStore(bucket_uri)
+    _old_step(store, 7, tmp_path)
+    assert store.read_manifest(7).files["__0_0.distcp"].algo == "sha256"
+    assert store.verify(7, content=True).ok
+    res = runner.invoke(app, ["pull", bucket_uri, "7", str(tmp_path / "out")])
+    assert res.exit_code == 0, res.output
+    key = store.key(7, "__0_0.distcp")
+    raw = bytearray(store.bucket.get_bytes(key))
+    raw[5] ^= 1
+    store.bucket.put_bytes(key, bytes(raw))
+    assert store.verify(7).ok  # sizes only
+    assert store.verify(7, content=True).reason == "__0_0.distcp sha256 differs from the manifest"
+    res = runner.invoke(app, ["pull", bucket_uri, "7", str(tmp_path / "bad")])
+    assert res.exit_code == 2 and "sha256 differs" in res.stderr
+
+
+def test_new_manifests_record_xxh3_128(filled: str) -> None:
+    store = CheckpointStore(filled)
+    manifest = store.read_manifest(20)
+    assert manifest.format == 2
+    raw = json.loads(store.bucket.get_bytes(store.key(20, "manifest.json")))
+    data = store.bucket.get_bytes(store.key(20, "__0_0.distcp"))
+    assert raw["files"]["__0_0.distcp"] == {"size": len(data), "xxh3_128": hash_bytes(data)}
+    assert len(raw["files"]["__0_0.distcp"]["xxh3_128"]) == 32

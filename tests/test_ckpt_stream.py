@@ -51,8 +51,8 @@ def test_streamed_and_folder_checkpoints_are_identical(s3_env, tmp_path: Path) -
     assert ma.files["__0_0.distcp"].size > 4 * PART  # it was a multipart upload
     assert ma.model_dump().keys() == mb.model_dump().keys()
     for name in ("__0_0.distcp", "rank_0.pt"):  # .metadata names its folder and a random id
-        assert ma.files[name] == mb.files[name]  # size and sha256: the same bytes
-    assert a.verify(5, sha256=True).ok and b.verify(5, sha256=True).ok
+        assert ma.files[name] == mb.files[name]  # size and hash: the same bytes
+    assert a.verify(5, content=True).ok and b.verify(5, content=True).ok
     listed = {o.key.rsplit("/", 1)[-1] for o in a.bucket.list(a.key(5))}
     assert listed == set(ma.files) | {MANIFEST, COMPLETE}  # no stray .tmp, no half upload
 
@@ -81,7 +81,7 @@ def test_no_streaming_without_ram_or_s3(s3_env, tmp_path: Path, monkeypatch) -> 
     monkeypatch.setattr(psutil, "virtual_memory", lambda: short)
     uri = f"s3://{s3_env.make_bucket()}/r"
     assert "hash_s" not in _save(uri, state, stream=True)
-    assert CheckpointStore(uri).verify(5, sha256=True).ok
+    assert CheckpointStore(uri).verify(5, content=True).ok
 
 
 def test_emergency_save_streams_beside_a_stuck_periodic_one(s3_env, tmp_path, monkeypatch) -> None:
@@ -120,16 +120,16 @@ def test_emergency_save_streams_beside_a_stuck_periodic_one(s3_env, tmp_path, mo
         release.set()
         ckpt.close()
     store = CheckpointStore(uri)
-    assert store.latest()[0] == 11 and store.verify(11, sha256=True).ok
+    assert store.latest()[0] == 11 and store.verify(11, content=True).ok
     assert store.read_manifest(11).extra.get("preemption") is True
 
 
 def test_stream_file_system_parts_and_renamed_tmp_files(s3_env) -> None:
     """The DCP file system alone: a file of several parts, one smaller than a part, and a
     `.tmp` file larger than a part that is only sent, whole, under the name it is renamed to."""
-    import hashlib
     import os
 
+    from mncloud.storage.checkpoints import FileEntry, hash_bytes
     from mncloud.storage.s3 import S3Bucket
     from mncloud.train.streaming import PartBuffers, S3StreamFileSystem
 
@@ -147,6 +147,5 @@ def test_stream_file_system_parts_and_renamed_tmp_files(s3_env) -> None:
     assert set(entries) == set(blobs)
     for name, blob in blobs.items():
         assert bucket.get_bytes(f"d/{name}") == blob
-        assert entries[name].size == len(blob)
-        assert entries[name].sha256 == hashlib.sha256(blob).hexdigest()
+        assert entries[name] == FileEntry.of(len(blob), hash_bytes(blob))
     assert [o.key for o in bucket.list("d/")] == ["d/.m", "d/big", "d/small"]

@@ -154,16 +154,18 @@ def verify(
     step: Annotated[
         int | None, typer.Argument(help="Step to verify (default: every step).")
     ] = None,
-    quick: Annotated[bool, typer.Option("--quick", help="Check sizes only, not sha256.")] = False,
+    quick: Annotated[
+        bool, typer.Option("--quick", help="Check sizes only, not content hashes.")
+    ] = False,
     json_out: JsonOpt = False,
 ) -> None:
-    """Verify COMPLETE, manifest, sizes and sha256 of one step or of all; exit 2 if a
+    """Verify COMPLETE, manifest, sizes and content hashes of one step or of all; exit 2 if a
     complete step is corrupt (or the named step does not verify)."""
     store = _store(uri)
     verdicts = (
-        [store.verify(step, sha256=not quick)]
+        [store.verify(step, content=not quick)]
         if step is not None
-        else store.verify_all(sha256=not quick)
+        else store.verify_all(content=not quick)
     )
     if json_out:
         print_json([{"step": v.step, "ok": v.ok, "reason": v.reason} for v in verdicts])
@@ -216,7 +218,7 @@ def pull(
     step: Annotated[str, typer.Argument(help="Step to download, or 'latest'.")],
     dest: Annotated[Path, typer.Argument(help="Local directory to write the files into.")],
 ) -> None:
-    """Download a verified step into DIR and check every file's size and sha256."""
+    """Download a verified step into DIR and check every file's size and content hash."""
     store = _store(uri)
     if step == "latest":
         latest, _ = store.latest()

@@ -21,11 +21,11 @@ runs on the training process group from another thread. Example sequence (2 rank
               directory buckets, or short RAM: to a local folder, then uploaded). Training
               continues.
     step 101+ maybe_save: one small all-reduce asks "has everyone finished uploading?" - no.
-    step 117  both uploads done: the ranks exchange their file lists (size + sha256); rank 0's
+    step 117  both uploads done: the ranks exchange their file lists (size + content hash); rank 0's
               worker writes manifest.json, then COMPLETE, then applies keep-last-K.
     step 150  preempted. Step 100 is complete; a half-uploaded step would lack COMPLETE.
     restart   load(): rank 0 lists the bucket, verifies steps newest first (COMPLETE matches the
-              manifest, every file present with its size; sha256 on request), skipping torn
+              manifest, every file present with its size; content hashes on request), skipping torn
               ones with the reason; every rank downloads and checks the files, DCP restores the
               tensors in place, then the per-rank extras and, last, the RNG states.
 
@@ -91,7 +91,8 @@ class CheckpointManager:
     """Save training state every `interval_steps` to a bucket; load the newest verified step.
 
     `uri` defaults to `$MNCLOUD_CKPT_URI`. `keep` (≥ 2) verified steps are retained.
-    `verify_sha256` makes `load` hash every downloaded file (sizes are always checked).
+    `verify_sha256` makes `load` hash every downloaded file and compare it with the manifest
+    (xxh3_128; sha256 for steps saved by mncloud before format 2); sizes are always checked.
     `async_upload=False` makes every save block until committed (for comparison or tests).
     `staging_dir` holds the local copy before upload (default `$MNCLOUD_CKPT_STAGING` or a
     temporary directory). `staging_slots` (≥ 1) CPU copies of the state may exist at once: one
@@ -411,7 +412,7 @@ class CheckpointManager:
                         self.rank, fallback)  # fmt: skip
             own = fallback
         names = [n for n in manifest.files if not n.startswith("rank_")] + [own]
-        self.store.pull(step, local, names=names, sha256=self.verify_sha256)
+        self.store.pull(step, local, names=names, content=self.verify_sha256)
         (local / "extras.pt").symlink_to(local / own)
         return manifest
 

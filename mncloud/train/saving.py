@@ -256,7 +256,7 @@ class SavePipeline:
         emergency: bool = False,
     ) -> dict[str, FileEntry]:
         """Worker thread: the DCP shard and extras, streamed to the bucket or written to local
-        disk then uploaded; returns their size and sha256.
+        disk then uploaded; returns their size and content hash.
 
         Rank 0 first removes an old COMPLETE of the same step (a rewrite must never sit under a
         stale marker). The other ranks cannot upload before that: DCP's planning collectives

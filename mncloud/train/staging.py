@@ -16,7 +16,6 @@ neither a resume nor the first save waits for them.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import io
 import logging
 import threading
@@ -26,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from mncloud.storage.checkpoints import FileEntry, new_hash
 
 log = logging.getLogger(__name__)
 
@@ -163,12 +164,12 @@ class StagingSlots:
 
 
 class _HashingStream(io.RawIOBase):
-    """A binary file that hashes (sha256) what is written through it."""
+    """A binary file that hashes (xxh3_128) what is written through it."""
 
     def __init__(self, raw: Any) -> None:
         super().__init__()
         self._raw = raw
-        self._sha = hashlib.sha256()
+        self._hash = new_hash()
         self.size = 0
 
     def writable(self) -> bool:
@@ -177,7 +178,7 @@ class _HashingStream(io.RawIOBase):
     def write(self, data: Any) -> int:  # type: ignore[override]
         view = memoryview(data).cast("B")
         n = self._raw.write(view)
-        self._sha.update(view[:n])  # hashlib releases the GIL on large buffers
+        self._hash.update(view[:n])
         self.size += n
         return n
 
@@ -190,20 +191,20 @@ class _HashingStream(io.RawIOBase):
     def fileno(self) -> int:
         return self._raw.fileno()
 
-    def hexdigest(self) -> str:
-        """The sha256 of everything written so far."""
-        return self._sha.hexdigest()
+    def entry(self) -> FileEntry:
+        """The size and hash of everything written so far."""
+        return FileEntry.of(self.size, self._hash.hexdigest())
 
 
 def hashing_filesystem() -> Any:
-    """A DCP `FileSystem` that hashes each file while writing it: `.digests[name]` is
-    `(size, sha256)`, so the upload need not read the files a second time to hash them."""
+    """A DCP `FileSystem` that hashes each file while writing it: `.digests[name]` is its
+    `FileEntry`, so the upload need not read the files a second time to hash them."""
     from torch.distributed.checkpoint.filesystem import FileSystem
 
     class HashingFileSystem(FileSystem):
         def __init__(self) -> None:
             super().__init__()
-            self.digests: dict[str, tuple[int, str]] = {}
+            self.digests: dict[str, FileEntry] = {}
 
         @contextlib.contextmanager
         def create_stream(self, path: Any, mode: str) -> Iterator[Any]:
@@ -214,7 +215,7 @@ def hashing_filesystem() -> Any:
             with open(path, mode) as raw:
                 stream = _HashingStream(raw)
                 yield stream
-            self.digests[Path(path).name] = (stream.size, stream.hexdigest())
+            self.digests[Path(path).name] = stream.entry()
 
         def rename(self, path: Any, new_path: Any) -> None:
             super().rename(path, new_path)

@@ -1,7 +1,7 @@
 """Checkpoint files streamed from DCP straight into S3 multipart uploads: no local copy.
 
 `S3StreamFileSystem` is a DCP `FileSystem`: DCP's own `FileSystemWriter` serializes each shard
-into a stream from `create_stream`, and that stream hashes (sha256) the bytes as they pass,
+into a stream from `create_stream`, and that stream hashes (xxh3_128) the bytes as they pass,
 cuts them into parts of the bucket's `chunk_size` and uploads each part as soon as it is full,
 with `max_concurrency` parts in flight (the same part size and concurrency as
 `S3Bucket.put_file`). The shard is uploaded while DCP is still writing it; the writer waits
@@ -11,13 +11,12 @@ Files smaller than one part are sent in one PUT when closed; DCP's `.metadata.tm
 in memory, whatever its size, until DCP renames it, then sent under its final name. Every
 request is retried by the bucket (`RetryingBucket`); a part that still fails fails the save,
 and its multipart upload is aborted. `finish()` waits for every upload and returns each
-file's size and sha256.
+file's size and content hash.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import io
 import queue
 import threading
@@ -31,7 +30,7 @@ from typing import Any
 from torch.distributed.checkpoint.filesystem import FileSystemBase
 
 from mncloud.errors import StorageError
-from mncloud.storage.checkpoints import FileEntry
+from mncloud.storage.checkpoints import FileEntry, hash_bytes, new_hash
 from mncloud.storage.s3 import S3Bucket
 
 
@@ -79,7 +78,7 @@ class _PartStream(io.RawIOBase):
         super().__init__()
         self._fs = fs
         self._upload = upload
-        self._sha = hashlib.sha256()
+        self._hash = new_hash()
         self._buf: bytearray | None = None
         self._fill = 0
         self.size = 0
@@ -93,7 +92,7 @@ class _PartStream(io.RawIOBase):
     def write(self, data: Any) -> int:  # type: ignore[override]
         view = memoryview(data).cast("B")
         t0 = time.perf_counter()
-        self._sha.update(view)  # hashlib releases the GIL on large buffers
+        self._hash.update(view)  # both hashes release the GIL on large buffers
         self._fs.hash_s += time.perf_counter() - t0
         if self._upload.held is not None:
             self._upload.held += view
@@ -122,7 +121,7 @@ class _PartStream(io.RawIOBase):
         if self._buf is not None:
             self._fs.buffers.give(self._buf)
             self._buf = None
-        return rest, FileEntry(self.size, self._sha.hexdigest())
+        return rest, FileEntry.of(self.size, self._hash.hexdigest())
 
     def discard(self) -> None:
         """Give the buffer back without sending it."""
@@ -204,11 +203,11 @@ class S3StreamFileSystem(FileSystemBase):
     def put(self, name: str, data: bytes) -> None:
         """Send a small file of the save that DCP does not write (hashed here)."""
         self._uploads[name] = upload = _Upload(self.key_of(name))
-        self.entries[name] = FileEntry(len(data), hashlib.sha256(data).hexdigest())
+        self.entries[name] = FileEntry.of(len(data), hash_bytes(data))
         upload.small = self._pool.submit(self.bucket.put_bytes, upload.key, data)
 
     def finish(self) -> dict[str, FileEntry]:
-        """Wait for every upload, complete the multipart ones; each file's size and sha256."""
+        """Wait for every upload, complete the multipart ones; each file's entry."""
         try:
             for upload in self._uploads.values():
                 if upload.small is not None:
