@@ -4,6 +4,11 @@ the fallback to the folder path when the bucket is not S3 or RAM is short."""
 
 from __future__ import annotations
 
+import io
+import struct
+import threading
+import zipfile
+from contextvars import ContextVar
 from pathlib import Path
 
 import pytest
@@ -15,6 +20,26 @@ from mncloud.train import CheckpointManager  # noqa: E402
 
 PART = 5 * 1024 * 1024
 """S3's smallest part (but the last)."""
+
+
+def _per_thread_config() -> bool:
+    """torch keeps config overrides per thread (2.13), so checkpoints leave out zip CRCs."""
+    from torch.utils.serialization import config
+
+    return isinstance(config._config["save.compute_crc32"].user_override, ContextVar)
+
+
+def _tensor_crcs(blob: bytes) -> list[int]:
+    """The CRC32 that each tensor record of the `torch.save` archives in `blob` (a DCP shard:
+    one archive per tensor, back to back) names in its central directory entry."""
+    crcs, at = [], blob.find(b"PK\x01\x02")
+    while at >= 0:
+        (crc,) = struct.unpack_from("<I", blob, at + 16)
+        (n,) = struct.unpack_from("<H", blob, at + 28)
+        if blob[at + 46 : at + 46 + n].startswith(b"archive/data/"):
+            crcs.append(crc)
+        at = blob.find(b"PK\x01\x02", at + 4)
+    return crcs
 
 
 def _state() -> dict:
@@ -55,6 +80,8 @@ def test_streamed_and_folder_checkpoints_are_identical(s3_env, tmp_path: Path) -
     assert a.verify(5, content=True).ok and b.verify(5, content=True).ok
     listed = {o.key.rsplit("/", 1)[-1] for o in a.bucket.list(a.key(5))}
     assert listed == set(ma.files) | {MANIFEST, COMPLETE}  # no stray .tmp, no half upload
+    crcs = _tensor_crcs(a.bucket.get_bytes(a.key(5, "__0_0.distcp")))
+    assert len(crcs) >= 4 and all((crc == 0) == _per_thread_config() for crc in crcs)
 
     for uri in (streamed, folder):
         target = {"model": torch.nn.Sequential(torch.nn.Linear(1024, 2048),
@@ -149,3 +176,35 @@ def test_stream_file_system_parts_and_renamed_tmp_files(s3_env) -> None:
         assert bucket.get_bytes(f"d/{name}") == blob
         assert entries[name] == FileEntry.of(len(blob), hash_bytes(blob))
     assert [o.key for o in bucket.list("d/")] == ["d/.m", "d/big", "d/small"]
+
+
+def test_zip_crc32_is_left_out_on_the_saving_thread_only() -> None:
+    """A user's `torch.save` on the training thread during an async save keeps its CRCs; the
+    checkpoint's archives lack them where torch keeps overrides per thread, and load alike."""
+    from mncloud.train.saving import _without_zip_crc32
+
+    def archive() -> bytes:
+        buf = io.BytesIO()
+        torch.save(torch.arange(1000.0), buf)
+        return buf.getvalue()
+
+    saved: dict[str, bytes] = {}
+    inside, done = threading.Event(), threading.Event()
+
+    def saver() -> None:
+        with _without_zip_crc32():
+            saved["checkpoint"] = archive()
+            inside.set()
+            done.wait(30)
+
+    thread = threading.Thread(target=saver)
+    thread.start()
+    assert inside.wait(30)
+    saved["user"] = archive()  # the training thread, while the save's override is in force
+    done.set()
+    thread.join()
+    assert zipfile.ZipFile(io.BytesIO(saved["user"])).testzip() is None
+    no_crc = zipfile.ZipFile(io.BytesIO(saved["checkpoint"])).testzip() is not None
+    assert no_crc == _per_thread_config()
+    for blob in saved.values():
+        assert torch.equal(torch.load(io.BytesIO(blob)), torch.arange(1000.0))
