@@ -103,7 +103,8 @@ class _PartStream(io.RawIOBase):
             if self._buf is None:
                 self._buf = self._fs.take_buffer()
             take = min(len(view) - done, len(self._buf) - self._fill)
-            self._buf[self._fill : self._fill + take] = view[done : done + take]
+            with memoryview(self._buf) as into:  # a bytearray's own slice assignment would
+                into[self._fill : self._fill + take] = view[done : done + take]  # copy twice
             self._fill += take
             done += take
             if self._fill == len(self._buf):
