@@ -8,15 +8,22 @@
    figures for raw before / raw after: the noise floor of the ratio on this machine.
    The raw upload sends the same tensors' bytes (a `torch.save` of the state dict) from memory,
    as the checkpoint does, with the same part size (16 MiB) and parts in flight (8).
+   Also printed: the CPU each side takes per upload (this process: the client, every thread;
+   and the server), since on a 2-core machine they share the cores.
+   The server's volumes hold 1024 MB (`--volume-mb`; the tests' fixture keeps SeaweedFS's 64 MB
+   so that many buckets fit): a 268 MB upload into 64 MB volumes fills one every 4 parts and
+   waits while the master grows the next, at moments that differ from run to run, which alone
+   moved raw ÷ raw between 0.70 and 1.35. Volumes larger than an upload grow once every few
+   uploads instead of several times in each.
 2. Where a save's time goes: staging copy (training thread), DCP write - streamed into the
-   multipart uploads for S3, so uploads overlap it (sha256 as the bytes pass, time waiting for
-   a free part buffer) - the upload left after DCP finished, commit.
+   multipart uploads for S3, so uploads overlap it (xxh3_128 as the bytes pass, time waiting
+   for a free part buffer) - the upload left after DCP finished, commit.
 3. Stall: time the training thread spends in an async save vs a blocking one (goal ≤ 0.1),
    and the first async save after `load` vs later ones: `load` starts allocating the staging
    buffers in the background, so it is timed once they are there (an interval at least that
    long), and once right after `load` (no step between: it waits for the rest of them).
 
-    .venv/bin/python bench/ckpt.py [--mb 256] [--repeats 5] [--folder]
+    .venv/bin/python bench/ckpt.py [--mb 256] [--repeats 5] [--folder] [--volume-mb 1024]
 """
 
 from __future__ import annotations
@@ -46,7 +53,7 @@ PART = 16 * 1024 * 1024
 PHASES = {
     "stage_s": "stage (copy to CPU buffers, training thread)",
     "write_s": "DCP write (when streamed, the uploads overlap it)",
-    "hash_s": "  of it: sha256 of the bytes as they pass",
+    "hash_s": "  of it: xxh3_128 of the bytes as they pass",
     "buffer_wait_s": "  of it: waiting for a part buffer (upload-bound)",
     "upload_s": "upload after DCP finished",
     "commit_s": "commit (manifest + COMPLETE)",
@@ -89,10 +96,11 @@ def _server_root(nbytes: int, repeats: int) -> str | None:
     return str(shm) if roomy else None
 
 
-def _start_server(nbytes: int, repeats: int) -> tuple[S3Server, Path]:
-    """SeaweedFS (moto if it cannot start), its data in RAM when there is room."""
+def _start_server(nbytes: int, repeats: int, volume_mb: int) -> tuple[S3Server, Path]:
+    """SeaweedFS with `volume_mb` volumes (moto if it cannot start), its data in RAM when
+    there is room."""
     work = Path(tempfile.mkdtemp(prefix="mncloud-bench-", dir=_server_root(nbytes, repeats)))
-    server = S3Server("seaweedfs", free_port(), work / "s3")
+    server = S3Server("seaweedfs", free_port(), work / "s3", volume_mb=volume_mb)
     try:
         server.start()
     except (RuntimeError, FileNotFoundError):
@@ -101,8 +109,29 @@ def _start_server(nbytes: int, repeats: int) -> tuple[S3Server, Path]:
     return server, work
 
 
+class _Cpu:
+    """Core-seconds used by this process (the client: every thread) and by the server."""
+
+    def __init__(self, server: S3Server) -> None:
+        import psutil
+
+        self._server = psutil.Process(server._proc.pid) if server._proc else None
+
+    def now(self) -> tuple[float, float]:
+        ours = time.process_time()
+        if self._server is None:
+            return ours, 0.0
+        t = self._server.cpu_times()
+        kids = sum(c.cpu_times().user + c.cpu_times().system for c in self._server.children())
+        return ours, t.user + t.system + kids
+
+    def since(self, before: tuple[float, float]) -> tuple[float, float]:
+        now = self.now()
+        return now[0] - before[0], now[1] - before[1]
+
+
 def _one_run(r: int, fig: dict[str, list], state: dict, bucket: str, client, data: bytes,
-             folder: bool) -> None:  # fmt: skip
+             folder: bool, cpu: _Cpu) -> None:  # fmt: skip
     """One repeat: load + first save, raw / checkpoint / raw, then a blocking save."""
     ckpt = CheckpointManager(f"s3://{bucket}/async{r}", keep=2)
     ckpt._saving.stream_uploads = not folder
@@ -121,12 +150,15 @@ def _one_run(r: int, fig: dict[str, list], state: dict, bucket: str, client, dat
         now.save(1, state)
         fig["at_once"].append(now.last_stall_s)
         now.close()
+    c0 = cpu.now()
     before = raw_multipart(client, bucket, f"raw/{r}a", data)
-    t0 = time.perf_counter()
+    fig["cpu_raw"].append(cpu.since(c0))
+    t0, c0 = time.perf_counter(), cpu.now()
     ckpt.save(2, state)
     fig["stall_async"].append(ckpt.last_stall_s)
     ckpt.wait()
     fig["ours"].append(time.perf_counter() - t0)
+    fig["cpu_ours"].append(cpu.since(c0))
     fig["phases"].append(dict(ckpt.last_phases))
     fig["sizes"].append(ckpt.store.read_manifest(2).total_size)
     ckpt.close()
@@ -150,6 +182,7 @@ def main() -> None:
         action="store_true",
         help="save through a local staging folder instead of streaming (the old path)",
     )
+    ap.add_argument("--volume-mb", type=int, default=1024, help="SeaweedFS volume size")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("werkzeug").setLevel(logging.WARNING)  # moto's server: a line per request
@@ -159,7 +192,8 @@ def main() -> None:
     model = torch.nn.Sequential(*[torch.nn.Linear(4096, 4096, bias=False) for _ in range(n_layers)])
     state = {"model": model, "step": 0}
     nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    server, work = _start_server(nbytes, args.repeats)
+    server, work = _start_server(nbytes, args.repeats, args.volume_mb)
+    cpu = _Cpu(server)
     os.environ.update(server.env())
     client = server.client()
     bucket = server.make_bucket("bench")
@@ -172,7 +206,7 @@ def main() -> None:
     fig: dict[str, list] = collections.defaultdict(list)
     try:
         for r in range(args.repeats):
-            _one_run(r, fig, state, bucket, client, data, args.folder)
+            _one_run(r, fig, state, bucket, client, data, args.folder, cpu)
     finally:
         server.stop()
         shutil.rmtree(work, ignore_errors=True)
@@ -192,6 +226,10 @@ def _report(fig: dict[str, list], nbytes: int, raw_bytes: int) -> None:
         values = [p[key] for p in fig["phases"] if key in p]
         if values:
             print(f"  {what:<52}: {med(values):6.3f} s (median)")
+    for key, what in (("cpu_raw", "raw upload"), ("cpu_ours", "checkpoint save")):
+        client_s, server_s = (med([c[i] for c in fig[key]]) for i in (0, 1))
+        print(f"CPU per {what:<16}: client {client_s:5.2f} core·s, server {server_s:5.2f} "
+              "core·s (median)")  # fmt: skip
     print(f"training stall, async save : {med(stall_async):6.3f} s")
     print(f"training stall, blocking   : {med(fig['stall_block']):6.3f} s")
     print(f"load (empty bucket)        : {med(fig['load_s']):6.3f} s; staging buffers allocated "

@@ -69,6 +69,9 @@ class S3Server:
     """"seaweedfs" or "moto"."""
     port: int
     data_dir: Path
+    volume_mb: int = 64
+    """SeaweedFS: the size at which a volume is full and the next is grown (small for tests,
+    so that many buckets fit in -volume.max; bench/ckpt.py takes volumes larger than an upload)."""
     _proc: subprocess.Popen | None = None
     _moto: Any = None
     _ports: dict[str, int] = field(default_factory=dict)
@@ -134,7 +137,7 @@ class S3Server:
                 _weed_binary() or "weed", "server", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
                 f"-dir={self.data_dir / 'data'}", "-volume.max=500",
                 f"-master.port={p['master']}", f"-master.port.grpc={p['master_grpc']}",
-                "-master.volumeSizeLimitMB=64", "-master.electionTimeout=1s",
+                f"-master.volumeSizeLimitMB={self.volume_mb}", "-master.electionTimeout=1s",
                 "-master.resumeState=false",
                 f"-volume.port={p['volume']}", f"-volume.port.grpc={p['volume_grpc']}",
                 f"-filer.port={p['filer']}", f"-filer.port.grpc={p['filer_grpc']}",
