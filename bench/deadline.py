@@ -23,8 +23,9 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+from mncloud.errors import SpecError
 from mncloud.policy import DEFAULT_POLICY, POLICIES, Job, make_policy
-from mncloud.replay import load_trace, optimum, replay, window_starts
+from mncloud.replay import Trace, load_trace, optimum, replay, window_starts
 
 TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 NODES = (1, 4, 8, 16)
@@ -37,20 +38,23 @@ GOAL = 1.05
 Case = tuple[str, int, float, float, float, int]  # trace, nodes, work h, factor, overhead s, max
 
 
-def _scenarios(max_windows: int, overhead_s: float) -> list[Case]:
+def scenarios(max_windows: int, overhead_s: float, min_gap_s: int = 0) -> list[Case]:
+    """The grid: every trace (with ticks of at least `min_gap_s`) × N × work × factor."""
     cases = []
     for path in sorted(TRACES.rglob("*.json")):
-        peak = max(load_trace(path).data)
-        for n in (n for n in NODES if n <= peak):
+        trace = load_trace(path)
+        if trace.gap < min_gap_s:
+            continue
+        for n in (n for n in NODES if n <= max(trace.data)):
             for work in WORK_HOURS:
                 for factor in FACTORS:
                     cases.append((str(path), n, work, factor, overhead_s, max_windows))
     return cases
 
 
-def _run(case: Case) -> list[tuple[str, int, float, str, float, float, bool]]:
-    """Rows (group, n, factor, policy, cost/on-demand, cost/optimum, met) for one grid cell."""
-    path, n, work, factor, overhead_s, max_windows = case
+def cell_windows(case: Case) -> tuple[Trace, Job, list[int]] | None:
+    """One grid cell's trace, job and window starts (one every 24 h); None if none fits."""
+    path, n, work, factor, overhead_s, _ = case
     trace = load_trace(path)
     job = Job.build(
         nodes=n,
@@ -62,9 +66,18 @@ def _run(case: Case) -> list[tuple[str, int, float, str, float, float, bool]]:
         on_demand_price=ON_DEMAND,
     )
     try:
-        starts = window_starts(trace, job, EVERY_H * 3600)
-    except Exception:  # no window of this length fits in the trace
+        return trace, job, window_starts(trace, job, EVERY_H * 3600)
+    except SpecError:  # no window of this length fits in the trace
+        return None
+
+
+def _run(case: Case) -> list[tuple[str, int, float, str, float, float, bool]]:
+    """Rows (group, n, factor, policy, cost/on-demand, cost/optimum, met) for one grid cell."""
+    path, n, _, factor, _, max_windows = case
+    cell = cell_windows(case)
+    if cell is None:
         return []
+    trace, job, starts = cell
     if max_windows and len(starts) > max_windows:  # evenly spaced sample
         starts = [starts[i * len(starts) // max_windows] for i in range(max_windows)]
     avail = trace.available(n)
@@ -103,7 +116,7 @@ def main() -> int:
         print(f"skipped: no traces at {TRACES}")
         return 0
     began = time.perf_counter()
-    cases = _scenarios(args.max_windows, args.overhead_min * 60)
+    cases = scenarios(args.max_windows, args.overhead_min * 60)
     with multiprocessing.Pool(args.workers) as pool:
         rows = [row for part in pool.imap_unordered(_run, cases) for row in part]
     groups: dict[tuple[str, int, float], dict[str, list]] = defaultdict(lambda: defaultdict(list))

@@ -24,6 +24,7 @@ groups where the model policy is worse than greedy.
 from __future__ import annotations
 
 import argparse
+import functools
 import multiprocessing
 import statistics
 import sys
@@ -36,10 +37,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
-from deadline import EVERY_H, FACTORS, NODES, ON_DEMAND, SPOT, TRACES, WORK_HOURS  # noqa: E402
+from deadline import TRACES, Case, cell_windows, scenarios  # noqa: E402
 
 from mncloud.policy import Job, Mode, Observation, Policy, make_policy, safe  # noqa: E402
-from mncloud.replay import load_trace, optimum, replay, window_starts  # noqa: E402
+from mncloud.replay import optimum, replay  # noqa: E402
 
 MIN_GAP_S = 100
 WAIT, GO_ON_DEMAND, GO_SPOT, KEEP = 0, 1, 2, 3  #: table entries: what to do in a state
@@ -164,23 +165,13 @@ class ModelPolicy(Policy):
 Row = tuple[tuple[str, int, float], str, float, bool]
 
 
-def _cell(case: tuple[str, int, float, float, int]) -> list[Row]:
+def _cell(case: Case, ages: int) -> list[Row]:
     """Rows (group, policy, cost / optimum, met) for every window of one grid cell."""
-    path, n, work, factor, ages = case
-    trace = load_trace(path)
-    job = Job.build(
-        nodes=n,
-        hours=work,
-        deadline_s=work * factor * 3600,
-        overhead_s=600,
-        gap_s=trace.gap,
-        spot_price=SPOT,
-        on_demand_price=ON_DEMAND,
-    )
-    try:
-        starts = window_starts(trace, job, EVERY_H * 3600)
-    except Exception:  # no window of this length fits in the trace
+    cell = cell_windows(case)
+    if cell is None:
         return []
+    trace, job, starts = cell
+    path, n, _, factor, *_ = case
     available = trace.available(n)
     chain = AgeChain(*run_hazards(available, ages), ages)
     tables = solve(job, chain)
@@ -230,15 +221,10 @@ def main() -> int:
         print(f"skipped: no traces at {TRACES}")
         return 0
     began = time.perf_counter()
-    cases = []
-    for path in sorted(TRACES.rglob("*.json")):
-        trace = load_trace(path)
-        if trace.gap < MIN_GAP_S:
-            continue
-        for n in (n for n in NODES if n <= max(trace.data)):
-            cases += [(str(path), n, w, f, args.ages) for w in WORK_HOURS for f in FACTORS]
+    cases = scenarios(0, 600.0, min_gap_s=MIN_GAP_S)
     with multiprocessing.Pool(args.workers) as pool:
-        rows = [row for part in pool.imap_unordered(_cell, cases) for row in part]
+        cells = pool.imap_unordered(functools.partial(_cell, ages=args.ages), cases)
+        rows = [row for part in cells for row in part]
     _report(rows)
     elapsed = time.perf_counter() - began
     print(f"{len(rows) // 3} windows (traces with ticks ≥ {MIN_GAP_S} s); {elapsed:.0f} s")
