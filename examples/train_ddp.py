@@ -32,6 +32,7 @@ from mncloud.constants import PROGRESS_FILE_ENV
 from mncloud.storage import join_key, open_bucket
 from mncloud.train import (
     CheckpointManager,
+    Replicas,
     ResumableSampler,
     cleanup,
     init_distributed,
@@ -82,17 +83,19 @@ def weights_sha256(model: nn.Module) -> str:
 
 
 class Progress:
-    """Rank 0 appends one JSON line per event to $MNCLOUD_PROGRESS_FILE, if it is set."""
+    """Rank 0 (of each node, under node recovery: with its number) appends one JSON line per
+    event to $MNCLOUD_PROGRESS_FILE, if it is set."""
 
-    def __init__(self, enabled: bool) -> None:
+    def __init__(self, enabled: bool, replicas: Replicas) -> None:
         path = os.environ.get(PROGRESS_FILE_ENV)
         self.path = path if enabled and path else None
+        self.node = {"node": replicas.replica} if replicas.enabled else {}
 
     def write(self, **record: object) -> None:
         if self.path is None:
             return
         with open(self.path, "a") as f:
-            f.write(json.dumps({"t": time.time(), **record}) + "\n")
+            f.write(json.dumps({"t": time.time(), **self.node, **record}) + "\n")
 
 
 def main() -> None:
@@ -103,7 +106,6 @@ def main() -> None:
         level=logging.INFO if d.rank == 0 else logging.WARNING, format="%(message)s"
     )
     seed_everything(args.seed)  # per rank; fixed thread count from MNCLOUD_CPU_THREADS
-    progress = Progress(d.rank == 0)
 
     data = synthetic_data(args.samples, args.seed)
     sampler = ResumableSampler(data, seed=args.seed, drop_last=True)
@@ -116,34 +118,32 @@ def main() -> None:
     ddp = wrap_ddp(model)  # keeps gradient buckets stable, so a resume is bitwise exact
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
     loss_fn = nn.CrossEntropyLoss()
-
-    ckpt = CheckpointManager(interval_steps=args.ckpt_interval, keep=2)
     state = {"model": model, "optimizer": opt, "sampler": sampler, "loss": 0.0}
+    # Node recovery (`mncloud up --recovery node`): each node a replica group that survives the
+    # loss of another; under gang recovery (the default) a plain loop.
+    replicas = Replicas(state)
+    ckpt = CheckpointManager(interval_steps=args.ckpt_interval, keep=2, replicas=replicas)
     start = ckpt.load(state) or 0
+    progress = Progress(d.rank == 0, replicas)  # under node recovery: each node's rank 0
     progress.write(event="start", resumed_from=start, world_size=d.world_size)
     if d.rank == 0:
         how = f"resumed from step {start}" if start else "from scratch"
         print(f"training {args.steps} steps on {d.world_size} ranks, {how}", flush=True)
 
     step, loss = start, float(state["loss"])
-    epoch = sampler.epoch
-    while step < args.steps:
-        sampler.set_epoch(epoch)
-        for x, y in loader:
-            out = loss_fn(ddp(x), y)
-            opt.zero_grad(set_to_none=True)
-            out.backward()
-            opt.step()
-            step += 1
-            loss = out.item()
-            state["loss"] = loss
-            ckpt.maybe_save(step, state)
-            progress.write(step=step, loss=round(loss, 6))
-            if d.rank == 0 and (step % args.log_every == 0 or step == args.steps):
-                print(f"step {step:5d}  loss {loss:.4f}", flush=True)
-            if step >= args.steps:
-                break
-        epoch += 1
+    for step, (x, y) in replicas.steps(loader, start=start, total=args.steps):
+        out = loss_fn(ddp(x), y)
+        opt.zero_grad(set_to_none=True)
+        out.backward()
+        if not replicas.step(opt):  # a peer node was lost mid-step: this batch comes again
+            continue
+        loss = out.item()
+        state["loss"] = loss
+        ckpt.maybe_save(step, state)
+        progress.write(step=step, loss=round(loss, 6))
+        if d.rank == 0 and (step % args.log_every == 0 or step == args.steps):
+            print(f"step {step:5d}  loss {loss:.4f}", flush=True)
+    step, loss = replicas.committed_step, float(state["loss"])
     ckpt.save(step, state, wait=True)  # the final state too (a no-op if just saved)
     ckpt.close()
 
@@ -154,10 +154,12 @@ def main() -> None:
             "weights_sha256": weights_sha256(model),
             "world_size": d.world_size,
         }
-        bucket, prefix = open_bucket(ckpt.uri)
-        bucket.put_bytes(join_key(prefix, "final.json"), json.dumps(result, indent=2).encode())
+        if replicas.saves:  # under node recovery: one replica writes final.json
+            bucket, prefix = open_bucket(ckpt.uri)
+            bucket.put_bytes(join_key(prefix, "final.json"), json.dumps(result).encode())
         progress.write(event="done", **result)
         print(f"done: {json.dumps(result)}", flush=True)
+    replicas.close()
     cleanup()
 
 

@@ -67,3 +67,11 @@ PROGRESS_FILE_ENV = "MNCLOUD_PROGRESS_FILE"
 
 # The run id (lineage record) every node gets; see mncloud/records/.
 RUN_ID_ENV = "MNCLOUD_RUN_ID"
+
+# Node recovery (`--recovery node`, mncloud/train/ft.py): the mode, this node's replica number,
+# the number of replicas, the address peers reach this node at, and torchft's lighthouse.
+RECOVERY_ENV = "MNCLOUD_RECOVERY"
+REPLICA_ID_ENV = "MNCLOUD_REPLICA_ID"
+NUM_REPLICAS_ENV = "MNCLOUD_NUM_REPLICAS"
+REPLICA_HOST_ENV = "MNCLOUD_REPLICA_HOST"
+LIGHTHOUSE_ENV = "TORCHFT_LIGHTHOUSE"

@@ -16,6 +16,7 @@ Template variables (also what a `--template PATH` of your own receives):
 | `file_mounts` | dict of mount path → mount spec (`--mount-bucket`, `--ckpt-dir`) |
 | `script`, `script_args` | the script relative to workdir, and its arguments (quote with `q`) |
 | `launcher`, `command` | torchrun, accelerate, deepspeed or none; `none`: the words to run |
+| `recovery` | `gang` (one torchrun job over all nodes) or `node` (one replica group per node) |
 | `ckpt_dir`, `ckpt_dir_target` | `--ckpt-dir` and the folder in the mounted bucket it links to |
 | `nproc_per_node` | shell word: `$SKYPILOT_NUM_GPUS_PER_NODE`, or the count for `cpu:N` |
 | `master_port`, `nccl_debug`, `nccl_socket_ifname` | rendezvous port and NCCL settings |
@@ -42,7 +43,7 @@ import yaml
 
 from mncloud import __version__, constants, layout
 from mncloud.errors import RenderError
-from mncloud.spec import BUCKET_MOUNT_PATH, JobSpec, Launcher, SpotPolicy
+from mncloud.spec import BUCKET_MOUNT_PATH, JobSpec, Launcher, Recovery, SpotPolicy
 
 if TYPE_CHECKING:
     import jinja2
@@ -120,6 +121,9 @@ def task_env(spec: JobSpec, spot: bool, run_id: str | None = None) -> dict[str, 
         envs[constants.CKPT_DIR_ENV] = spec.ckpt_dir
     if spot:
         envs[constants.PREEMPTION_WATCH_ENV] = "1"
+    if spec.recovery is Recovery.NODE:
+        envs[constants.RECOVERY_ENV] = spec.recovery.value
+        envs[constants.NUM_REPLICAS_ENV] = str(spec.nodes)
     return envs
 
 
@@ -145,6 +149,7 @@ def template_variables(
         "script": spec.script_relpath,
         "script_args": list(spec.script_args),
         "launcher": spec.launcher.value,
+        "recovery": spec.recovery.value,
         "command": _command(spec),
         "ckpt_dir": spec.ckpt_dir,
         "ckpt_dir_target": _ckpt_dir_target(spec),

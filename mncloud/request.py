@@ -20,6 +20,7 @@ from mncloud.spec import (
     Accelerator,
     JobSpec,
     Launcher,
+    Recovery,
     SpotPolicy,
     first_error,
 )
@@ -115,6 +116,7 @@ class ProjectConfig(BaseModel):
     preflight: bool | None = None
     launcher: str | None = None
     ckpt_dir: str | None = None
+    recovery: str | None = None
     name: str | None = None
 
 
@@ -211,9 +213,49 @@ def _spec_from_options(
             preflight=bool(opts.get("preflight", True)),
             launcher=Launcher.parse(opts.get("launcher") or Launcher.TORCHRUN),
             ckpt_dir=_checked_ckpt_dir(opts, workdir, bucket),
+            recovery=_recovery(opts, script, nodes),
         )
     except ValidationError as err:
         raise SpecError(first_error(err)) from None
+
+
+_OPTS_IN = re.compile(r"\bReplicas\s*\(")
+"""How a script opts in to node recovery: it builds a `mncloud.train.Replicas`."""
+
+
+def opts_in_to_node_recovery(script: Path) -> bool:
+    """True when the script uses `mncloud.train.Replicas` (each node a replica group)."""
+    try:
+        return bool(_OPTS_IN.search(script.read_text(errors="replace")))
+    except OSError:
+        return False
+
+
+def _recovery(opts: dict[str, Any], script: Path, nodes: int) -> Recovery:
+    """`--recovery gang|node`; without it, node when the script opts in and runs on 2+ nodes."""
+    value, opted_in = opts.get("recovery"), opts_in_to_node_recovery(script)
+    launcher = str(getattr(opts.get("launcher"), "value", opts.get("launcher") or "torchrun"))
+    if value is None:
+        auto = opted_in and nodes >= 2 and launcher == "torchrun"
+        return Recovery.NODE if auto else Recovery.GANG
+    try:
+        recovery = Recovery(str(getattr(value, "value", value)).strip().lower())
+    except ValueError:
+        raise SpecError(f"--recovery {value!r} is unknown; choose gang or node") from None
+    if recovery is Recovery.GANG:
+        return recovery
+    if nodes < 2:
+        raise SpecError("--recovery node needs --nodes 2 or more: one node has no peer to heal "
+                        "from; use --recovery gang")  # fmt: skip
+    if launcher != "torchrun":
+        raise SpecError("--recovery node works with --launcher torchrun only; use --recovery gang")
+    if not opted_in:
+        raise SpecError(
+            f"--recovery node: {script.name} does not use mncloud.train.Replicas, so its nodes "
+            "cannot train on without a lost peer; add it (README: Node recovery) or use "
+            "--recovery gang"
+        )
+    return recovery
 
 
 def _spot_policy(value: Any) -> SpotPolicy:

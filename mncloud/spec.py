@@ -51,6 +51,16 @@ class Launcher(str, Enum):
             raise SpecError(f"--launcher {value!r} is unknown; choose one of: {names}") from None
 
 
+class Recovery(str, Enum):
+    """What a preemption of one node costs the run (`--recovery`)."""
+
+    GANG = "gang"
+    """Every node is relaunched; training resumes from the bucket's newest checkpoint."""
+    NODE = "node"
+    """Only the lost node is replaced; the others keep training and it heals from a live one
+    (the script uses `mncloud.train.Replicas`)."""
+
+
 #: Where the bucket is mounted on a cloud node (`--mount-bucket`, `--ckpt-dir`).
 BUCKET_MOUNT_PATH = "/mncloud-bucket"
 
@@ -151,6 +161,8 @@ class JobSpec(BaseModel):
     """What starts the script on every node: torchrun, accelerate, deepspeed or none."""
     ckpt_dir: str | None = None
     """An absolute path on every node backed by `<ckpt uri>/ckpt-dir` (`MNCLOUD_CKPT_DIR`)."""
+    recovery: Recovery = Recovery.GANG
+    """Gang (relaunch every node) or node (replace the lost node only)."""
 
     @field_validator("name")
     @classmethod
@@ -268,7 +280,8 @@ class LaunchOptions(BaseModel):
     hazards_from: tuple[Path, ...] = ()
     """Spot traces whose measured preemption hazards the plan uses (`--hazards-from`)."""
     recovery_delay: float = Field(2.0, ge=0)
-    """Local: seconds to wait before relaunching nodes."""
+    """Local: the modeled seconds to provision a replacement (one node, or the whole gang)
+    before it is started (`--provision-delay`)."""
     retry_on_error: int = Field(0, ge=0)
     """Local: relaunches after errors in the user's code."""
     chaos_preempt_after: float | None = Field(None, ge=0)

@@ -105,6 +105,16 @@ CkptDir = Annotated[
         "(MNCLOUD_CKPT_DIR), for scripts that save their own checkpoints, e.g. /ckpt.",
     ),
 ]
+Recovery = Annotated[
+    str | None,
+    typer.Option(
+        "--recovery",
+        help="What a lost node costs: gang (relaunch every node from the bucket checkpoint) or "
+        "node (replace that node only; the others train on and it heals from a live one; the "
+        "script must use mncloud.train.Replicas). Default: node when the script does and runs "
+        "on 2+ nodes, else gang.",
+    ),
+]
 # Launch options shared by `up` and `rerun`.
 Yes = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask before launching.")]
 Detach = Annotated[
@@ -162,7 +172,13 @@ Replace = Annotated[
 ]
 # Local backend only.
 RecoveryDelay = Annotated[
-    str, typer.Option("--recovery-delay", help="Local: wait before relaunching nodes.")
+    str,
+    typer.Option(
+        "--provision-delay",
+        "--recovery-delay",
+        help="Local: the modeled time a cloud takes to provision a replacement (one node, or "
+        "the whole gang) before it starts, e.g. 30s. A model, not a measurement.",
+    ),
 ]
 RetryOnError = Annotated[
     int | None,
@@ -196,7 +212,7 @@ def launch_options_from(values: dict[str, Any]) -> LaunchOptions:
 
     fields = dict(values)
     for name, flag in (
-        ("recovery_delay", "--recovery-delay"),
+        ("recovery_delay", "--provision-delay"),
         ("chaos_preempt_after", "--chaos-preempt-after"),
     ):
         if isinstance(fields.get(name), str):
@@ -346,6 +362,7 @@ JOB = _group(
     ("preflight", Preflight, None),
     ("launcher", Launcher, None),
     ("ckpt_dir", CkptDir, None),
+    ("recovery", Recovery, None),
     ("name", Name, None),
     ("template", Template, None),
 )

@@ -19,6 +19,7 @@ from mncloud.train.dist import (
     seed_everything,
     wrap_ddp,
 )
+from mncloud.train.ft import Replicas
 from mncloud.train.preempt import Notice, Preempted, PreemptionWatcher
 from mncloud.train.sampler import ResumableSampler
 from mncloud.train.state import rng_state, set_rng_state
@@ -30,6 +31,7 @@ __all__ = [
     "Notice",
     "Preempted",
     "PreemptionWatcher",
+    "Replicas",
     "ResumableSampler",
     "StepTimer",
     "barrier",

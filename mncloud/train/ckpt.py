@@ -76,6 +76,7 @@ from mncloud.errors import CheckpointError, MncloudError
 from mncloud.storage.checkpoints import CheckpointStore, Manifest
 from mncloud.train.collectives import Collectives
 from mncloud.train.emergency import agreed_notice, emergency_save, leave_marker
+from mncloud.train.ft import Replicas
 from mncloud.train.preempt import Notice, Preempted, PreemptionWatcher
 from mncloud.train.saving import PendingSave, SavePipeline
 from mncloud.train.staging import SaveStats, StagingSlots
@@ -106,6 +107,10 @@ class CheckpointManager:
     On a notice all ranks save the same step, keep `preemption_safety_s` of the deadline for
     the commit, write `$MNCLOUD_PREEMPT_MARKER` and raise `Preempted` (exit code 115). With
     `exit_on_preemption=False`, `maybe_save` returns instead and `preempted` tells the script.
+
+    `replicas` (node recovery, `mncloud.train.Replicas`): only the quorum's first replica
+    saves (the others hold the same bits), and notices are not watched (a node told it goes
+    is replaced while its peers train on).
     """
 
     def __init__(
@@ -125,6 +130,7 @@ class CheckpointManager:
         exit_on_preemption: bool = True,
         notice_check_steps: int = 1,
         preemption_safety_s: float = 2.0,
+        replicas: Replicas | None = None,
     ) -> None:
         uri = _checked_uri(uri, interval_steps, keep, staging_slots, notice_check_steps)
         self.staging_slots = staging_slots
@@ -133,8 +139,11 @@ class CheckpointManager:
         self.verify_sha256 = verify_sha256
         self.async_upload = async_upload
         store = CheckpointStore(uri, retry_seconds=retry_seconds)
+        self.replicas = replicas if replicas is not None and replicas.enabled else None
         if watch_preemption is None:
             watch_preemption = os.environ.get(PREEMPTION_WATCH_ENV, "") in ("1", "true", "yes")
+        if self.replicas is not None:  # a node told it goes is replaced; its peers hold the state
+            watch_preemption = False
         self._ranks = Collectives(collective_timeout_s, emergency=watch_preemption)
         self.distributed = self._ranks.distributed
         self.rank = self._ranks.rank
@@ -256,6 +265,8 @@ class CheckpointManager:
         """
         if self._closed:
             raise CheckpointError("CheckpointManager is closed")
+        if self.replicas is not None and not self.replicas.saves:
+            return False  # node recovery: the quorum's first replica writes the bucket's copy
         t0 = time.perf_counter()
         if any(p.step == step for p in self._saving.inflight):
             if wait or not self.async_upload:

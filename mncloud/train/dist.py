@@ -16,6 +16,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from mncloud import constants
 from mncloud.constants import CPU_THREADS_ENV
 
 
@@ -63,6 +64,18 @@ def info() -> DistInfo:
         local_rank=int(os.environ.get("LOCAL_RANK", "0")) if on else 0,
         distributed=on,
     )
+
+
+def data_shard() -> tuple[int, int]:
+    """(this rank's data shard, the number of shards): its global rank and the world size,
+    or, under node recovery (each node its own process group), node × ranks per node + rank
+    and nodes × ranks per node, so every rank of the run reads a shard of its own."""
+    d = info()
+    if os.environ.get(constants.RECOVERY_ENV) != "node":
+        return d.rank, d.world_size
+    replica = int(os.environ.get(constants.REPLICA_ID_ENV, "0"))
+    replicas = int(os.environ.get(constants.NUM_REPLICAS_ENV, "1"))
+    return replica * d.world_size + d.rank, replicas * d.world_size
 
 
 def get_rank() -> int:

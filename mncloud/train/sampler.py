@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch.utils.data import Sampler
 
-from mncloud.train.dist import info
+from mncloud.train.dist import data_shard
 
 
 class ResumableSampler(Sampler[int]):
@@ -40,9 +40,9 @@ class ResumableSampler(Sampler[int]):
         seed: int = 0,
         drop_last: bool = False,
     ) -> None:
-        d = info()
-        self.num_replicas = d.world_size if num_replicas is None else num_replicas
-        self.rank = d.rank if rank is None else rank
+        shard, shards = data_shard()  # under node recovery: over every node's ranks
+        self.num_replicas = shards if num_replicas is None else num_replicas
+        self.rank = shard if rank is None else rank
         self.n = len(dataset)
         self.shuffle = shuffle
         self.seed = seed
