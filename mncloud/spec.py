@@ -61,6 +61,12 @@ class Recovery(str, Enum):
     (the script uses `mncloud.train.Replicas`)."""
 
 
+def min_replicas(nodes: int) -> int:
+    """Under node recovery, the fewest nodes that train on: half, rounded up. With fewer left
+    (two of three lost at once), the whole gang is relaunched from the bucket checkpoint."""
+    return max(1, -(-nodes // 2))
+
+
 #: Where the bucket is mounted on a cloud node (`--mount-bucket`, `--ckpt-dir`).
 BUCKET_MOUNT_PATH = "/mncloud-bucket"
 

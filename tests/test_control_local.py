@@ -23,7 +23,7 @@ from tests.test_local import EXAMPLE, run_log, up, wait_final, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.catalog]
 runner = CliRunner()
-NODES = ["--nodes", "2", "--gpus", "cpu:2"]
+NODES = ["--nodes", "2", "--gpus", "cpu:2", "--recovery", "gang"]
 SCALE = 12  # a 60 s tick of the trace passes in 5 s
 # Long enough that the trace's spot capacity goes away mid-training.
 TRAIN = ["--steps", "600", "--ckpt-interval", "20", "--log-every", "200"]

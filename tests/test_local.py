@@ -45,7 +45,11 @@ def cli(*args: str) -> Any:
 
 
 def up(name: str, script: Path, *flags: str, script_args: list[str] | None = None) -> None:
-    args = ["up", str(script), "--cloud", "local", "--name", name, "--detach", "--yes", *flags]
+    """`mncloud up --detach`; gang recovery unless the flags say otherwise (these tests are
+    about whole-gang relaunches; tests/test_node_recovery.py covers node recovery)."""
+    recovery = [] if "--recovery" in flags else ["--recovery", "gang"]
+    args = ["up", str(script), "--cloud", "local", "--name", name, "--detach", "--yes", *flags,
+            *recovery]  # fmt: skip
     cli(*args, "--", *(script_args or []))
 
 

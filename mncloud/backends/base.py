@@ -96,6 +96,12 @@ class RunStatus(BaseModel):
     """Ranks at least `runs.STRAGGLER_FACTOR` × slower than the median (filled by `run_status`)."""
     deadline: DeadlineStatus | None = None
     """A `--deadline` run's controller view (filled by `run_status`), else None."""
+    recovery: str = "gang"
+    """`node`: a lost node is replaced alone (the others train on); `gang`: all relaunch."""
+    node_states: dict[int, str] = Field(default_factory=dict)
+    """Node recovery: each node's state (running, replacing, healing, finished, stopped)."""
+    quorum: list[int] = Field(default_factory=list)
+    """Node recovery: the nodes in the replicas' newest quorum."""
 
     @computed_field  # type: ignore[prop-decorator]
     @property

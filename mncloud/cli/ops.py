@@ -85,6 +85,12 @@ def status_command(
             style = "yellow" if s.stragglers else "dim"
             console.print(Text(f"{s.name}: ", style="bold") + Text(s.detail, style=style))
     for s in statuses:
+        if s.recovery == "node" and s.node_states:
+            nodes = ", ".join(f"{n} {state}" for n, state in sorted(s.node_states.items()))
+            quorum = ", ".join(map(str, s.quorum)) or "-"
+            line = f"node recovery: nodes {nodes}; quorum [{quorum}]"
+            console.print(Text(f"{s.name}: ", style="bold") + Text(line, style="dim"))
+    for s in statuses:
         if folders[s.name]:
             from mncloud.cli.ckpt import describe_files
 

@@ -10,11 +10,12 @@ A backend appends events (`store.append_event`); segments of billed time are rea
     finish      t=5h                                  ─┘           (or its end): 2.8 h × $45
 
 `launch`, `recovery` (relaunch after a preemption) and `restart` (relaunch after an error) open
-a segment at the event's `hourly_price` (the whole job's $/h); `preemption`, `failure` and
-`finish` close it; a new opening event also closes an open one. The gap between a preemption and
-the recovery is not billed: a managed job tears the cluster down and provisions a new one, and
-the provisioning time is what SkyPilot bills least predictably — a backend that knows better
-sends its `recovery` event when provisioning starts.
+a segment at the event's `hourly_price` (the whole job's $/h), and so do node recovery's
+`node-lost` (the survivors' price) and `node-joined` (the replacement started: all N again);
+`preemption`, `failure` and `finish` close it; a new opening event also closes an open one.
+The gap between a preemption and the recovery is not billed: a managed job tears the cluster
+down and provisions a new one, and the provisioning time is what SkyPilot bills least
+predictably — a backend that knows better sends its `recovery` event when provisioning starts.
 
 `observed_spot_hazard` turns the ledgers of this machine's records into preemptions per
 node-hour by cloud, for the planner's `--learn`.
@@ -26,7 +27,7 @@ import time
 
 from pydantic import BaseModel
 
-from mncloud.records.model import CLOSES_SEGMENT, OPENS_SEGMENT, Event, RunRecord
+from mncloud.records.model import CLOSES_SEGMENT, OPENS_SEGMENT, PREEMPTIONS, Event, RunRecord
 from mncloud.records.store import list_records
 
 
@@ -121,7 +122,7 @@ def cost_summary(record: RunRecord, now: float | None = None) -> CostSummary:
         spot=spot,
         on_demand=on_demand,
         unpriced_hours=sum(s.hours for s in segments if s.cost is None),
-        preemptions=sum(e.kind == "preemption" for e in record.events),
+        preemptions=sum(e.kind in PREEMPTIONS for e in record.events),
         restarts=sum(e.kind in ("recovery", "restart") for e in record.events),
         estimate=record.estimate,
         estimate_hourly=choice.get("hourly_total"),
@@ -143,7 +144,7 @@ def observed_spot_hazard(
             if not seg.spot or not seg.cloud:
                 continue
             entry = totals.setdefault(seg.cloud, [0.0, 0.0])
-            entry[0] += seg.ended_by == "preemption"
+            entry[0] += seg.ended_by in PREEMPTIONS
             entry[1] += seg.hours * record.nodes
     return {
         cloud: (count / hours, int(count), hours)

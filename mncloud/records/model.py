@@ -16,10 +16,14 @@ from mncloud.errors import MncloudError
 SCHEMA_VERSION = 1
 
 EventKind = Literal[
-    "launch", "preemption", "recovery", "restart", "checkpoint", "finish", "failure"
-]
-#: Events that start a stretch of billed time, and those that end one (see `ledger.py`).
-OPENS_SEGMENT = ("launch", "recovery", "restart")
+    "launch", "preemption", "recovery", "restart", "checkpoint", "finish", "failure",
+    "node-lost", "node-joined", "node-healed",
+]  # fmt: skip
+#: Events that start a stretch of billed time, and those that end one (see `ledger.py`). Under
+#: node recovery a lost node and its replacement's start change the price (N−1 nodes, then N).
+OPENS_SEGMENT = ("launch", "recovery", "restart", "node-lost", "node-joined")
+#: Events that count as a spot preemption: of the whole gang, or of one node (node recovery).
+PREEMPTIONS = ("preemption", "node-lost")
 CLOSES_SEGMENT = ("preemption", "failure", "finish")
 
 

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import time
 from collections.abc import Iterable, Iterator, MutableMapping
@@ -52,6 +51,7 @@ import torch
 
 from mncloud import constants
 from mncloud.errors import MncloudError
+from mncloud.spec import min_replicas
 
 log = logging.getLogger(__name__)
 
@@ -63,14 +63,28 @@ _CONFIGURE_ARGS = ("store_addr", "replica_id", "rank", "world_size", "quorum_id"
                    "group_world_size", "global_ranks")  # fmt: skip
 
 
+class _NoFlightRecorderNews(logging.Filter):
+    """torchft warns at every quorum that NCCL's flight recorder cannot be reset (on CPU, or
+    without NCCL): true and useless."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "flight recorder" not in record.getMessage()
+
+
+def _quiet_torchft() -> None:
+    """torchft's per-step logs off: its Rust side's info lines and its empty per-step records
+    (quorum and commit loggers); warnings and errors stay."""
+    os.environ.setdefault("RUST_LOG", "warn")
+    for name in ("torchft_commits", "torchft_quorums"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    logging.getLogger("torchft").setLevel(logging.WARNING)
+    for handler_owner in ("torchft.manager", "torchft"):
+        logging.getLogger(handler_owner).addFilter(_NoFlightRecorderNews())
+
+
 def node_recovery() -> bool:
     """True when the run asks for node recovery (`MNCLOUD_RECOVERY=node`)."""
     return os.environ.get(constants.RECOVERY_ENV, "") == "node"
-
-
-def min_replicas(num_nodes: int) -> int:
-    """The fewest replicas that may go on stepping: half the nodes, rounded up."""
-    return max(1, math.ceil(num_nodes / 2))
 
 
 def _state_of(value: Any) -> Any:
@@ -188,8 +202,7 @@ class Replicas:
     # ------------------------------------------------------------------ torchft
     def _start(self, step: int) -> None:
         """Create the Manager (only now: a replica heartbeats once it can step)."""
-        os.environ.setdefault("RUST_LOG", "warn")  # torchft's Rust side logs every step at info
-        logging.getLogger("torchft").setLevel(logging.WARNING)
+        _quiet_torchft()
         try:
             from torchft import Manager, ProcessGroupGloo, ProcessGroupNCCL
             from torchft.checkpointing import HTTPTransport

@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from mncloud import constants, layout
 from mncloud.backends.base import LaunchRequest, RunState, RunStatus
@@ -26,10 +27,13 @@ from mncloud.backends.local.state import (
     RUN_LOG,
     SUPERVISOR_LOG,
     LocalLaunch,
+    LocalState,
+    load_launch,
     load_state,
     node_log,
 )
 from mncloud.errors import BackendError, RunNotFoundError
+from mncloud.spec import min_replicas
 
 
 def _check_can_launch(request: LaunchRequest) -> None:
@@ -88,7 +92,20 @@ def launch_record(request: LaunchRequest) -> LocalLaunch:
         or os.environ.get("STORAGE_EMULATOR_HOST"),
         spot=request.task.spot,
         hourly_price=opts.hourly_price or 0.0,
+        recovery=spec.recovery.value,
+        min_replicas=min_replicas(nodes),
     )
+
+
+def _node_view(folder: Path, state: LocalState) -> dict[str, Any]:
+    """Node recovery's part of a status: each node's state and the quorum."""
+    if load_launch(folder).recovery != "node":
+        return {}
+    return {
+        "recovery": "node",
+        "node_states": {n.node: n.status for n in state.nodes},
+        "quorum": list(state.quorum),
+    }
 
 
 class LocalBackend:
@@ -129,7 +146,7 @@ class LocalBackend:
             cloud="local", instance_type=f"cpu:{state.procs_per_node}", spot=None,
             restarts=state.restarts, preemptions=state.preemptions,
             started_at=state.started_at, ended_at=state.ended_at, hourly_total=0.0,
-            ckpt_uri=state.ckpt_uri, detail=state.detail,
+            ckpt_uri=state.ckpt_uri, detail=state.detail, **_node_view(folder, state),
         )  # fmt: skip
 
     def logs(self, run_name: str, node: int | None = None, follow: bool = False) -> Iterator[str]:

@@ -54,7 +54,7 @@ def pid_alive(pid: int | None) -> bool:
         return False
 
 
-def node_tag(token: str, node: int) -> str:
+def node_tag(token: str, node: int | str) -> str:
     """The env tag of one node's processes."""
     return f"{token}/{node}"
 

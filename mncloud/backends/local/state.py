@@ -3,7 +3,8 @@
 `$MNCLOUD_HOME/runs/<name>/` holds `launch.json` (what to run, fixed at `up`), `state.json`
 (written only by the supervisor, atomically), `chaos.jsonl` (requests from `mncloud chaos`,
 appended), `progress.jsonl` (rank 0's steps, if the script writes them), `run.log`,
-`node-N.log`, `supervisor.log`, `task.yaml`, `setup.sh`, `run.sh` and `nodes/node-N/`.
+`node-N.log`, `supervisor.log`, `lighthouse.log` (node recovery), `task.yaml`, `setup.sh`,
+`run.sh` and `nodes/node-N/`.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ CHAOS_FILE = "chaos.jsonl"
 RUN_LOG = "run.log"
 PROGRESS_FILE = "progress.jsonl"
 SUPERVISOR_LOG = "supervisor.log"
+LIGHTHOUSE_LOG = "lighthouse.log"
 FINAL_FILE = "final.json"
 TASK_FILE = "task.yaml"
 REFERENCE_DIR = "reference"
@@ -80,6 +82,10 @@ class LocalLaunch(RunShape):
     """The task's market (a deadline rehearsal launches "spot" and "on-demand" local nodes)."""
     hourly_price: float = 0.0
     """USD per hour for the whole run in the run record's ledger (`--spot-price` etc.)."""
+    recovery: str = "gang"
+    """`node`: a lost node is replaced alone (`replacing.py`); `gang`: all are relaunched."""
+    min_replicas: int = 1
+    """Node recovery: with fewer nodes alive, the whole gang is relaunched instead."""
 
 
 class NodeRecord(BaseModel):
@@ -94,6 +100,11 @@ class NodeRecord(BaseModel):
     exit_code: int | None = None
     """Negative: killed by that signal."""
     ended_at: float | None = None
+    status: str = "starting"
+    """starting, running, replacing (node recovery: being provisioned), healing (started,
+    taking the state from a live peer), finished or stopped."""
+    replacements: int = 0
+    """Node recovery: how often this node was replaced alone."""
 
 
 class Event(BaseModel):
@@ -121,6 +132,8 @@ class LocalState(RunShape):
     detail: str = ""
     nodes: list[NodeRecord] = Field(default_factory=list)
     events: list[Event] = Field(default_factory=list)
+    quorum: list[int] = Field(default_factory=list)
+    """Node recovery: the nodes in the replicas' newest quorum."""
 
 
 def load_launch(folder: Path) -> LocalLaunch:

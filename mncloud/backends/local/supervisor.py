@@ -46,6 +46,7 @@ from mncloud.backends.local.chaos import preempt_node
 from mncloud.backends.local.ckptdir import CkptDirSync
 from mncloud.backends.local.metadata import MetadataServer
 from mncloud.backends.local.nodes import RunLogs, node_env, start_node
+from mncloud.backends.local.replacing import NodeReplacer
 from mncloud.backends.local.state import (
     CHAOS_FILE,
     PROGRESS_FILE,
@@ -64,7 +65,8 @@ NOTICE_EXIT_GRACE_S = 10.0
 CHAOS_NO_PROGRESS_S = 60.0
 # Supervisor event kinds → run-record event kinds (records/); "launch" is mapped by attempt.
 _RECORD_KINDS = {"preempted": "preemption", "error": "failure", "succeeded": "finish",
-                 "failed": "failure", "cancelled": "finish"}  # fmt: skip
+                 "failed": "failure", "cancelled": "finish", "node-lost": "node-lost",
+                 "node-joined": "node-joined", "node-healed": "node-healed"}  # fmt: skip
 
 
 def plural(n: int, word: str) -> str:
@@ -84,8 +86,11 @@ class RecordWriter:
         self._thread = threading.Thread(target=self._write, name="mncloud-records", daemon=True)
         self._thread.start()
 
-    def put(self, kind: str, message: str, node: int | None, at: float) -> None:
-        self._queue.put({"kind": kind, "node": node, "detail": message, "at": at})
+    def put(
+        self, kind: str, message: str, node: int | None, at: float, price: float | None = None
+    ) -> None:
+        self._queue.put({"kind": kind, "node": node, "detail": message, "at": at,
+                         "price": self.price if price is None else price})  # fmt: skip
 
     def _write(self) -> None:
         from mncloud.records import append_event
@@ -95,7 +100,7 @@ class RecordWriter:
                 append_event(
                     self.name, item["kind"], node=item["node"], cloud="local",
                     instance_type=f"cpu:{self.procs_per_node}", spot=self.spot,
-                    hourly_price=self.price, detail=item["detail"], at=item["at"],
+                    hourly_price=item["price"], detail=item["detail"], at=item["at"],
                 )  # fmt: skip
             except Exception as err:  # a record must never break supervision
                 self.log.write(f"[mncloud] run record event not written: {err}")
@@ -131,6 +136,13 @@ class Supervisor:
             if constants.CKPT_DIR_ENV in self.launch.envs
             else None
         )
+        # --recovery node: a lost node is replaced alone while the others train on.
+        self._replacer = (
+            NodeReplacer(folder, self.launch, self.state, self.event, self._replace)
+            if self.launch.recovery == "node"
+            else None
+        )
+        self._node_env: dict[str, str] = {}
 
     # ------------------------------------------------------------------ plumbing
     def _save(self) -> None:
@@ -155,19 +167,36 @@ class Supervisor:
             prev = [e.kind for e in self.state.events[:-1] if e.kind in ("preempted", "error")]
             mapped = "launch" if attempt == 1 else (
                 "recovery" if prev and prev[-1] == "preempted" else "restart")  # fmt: skip
+        price = None
+        if mapped in ("node-lost", "node-joined"):  # billed: every node not being provisioned
+            billed = sum(n.status != "replacing" for n in self.state.nodes)
+            price = self.launch.hourly_price * billed / max(1, self.launch.num_nodes)
         if mapped:
-            self._records.put(mapped, message, node, at)
+            self._records.put(mapped, message, node, at, price)
 
     def _start(self, node: int, script: str, label: str) -> subprocess.Popen[bytes]:
         env = node_env(self.launch, self.folder, node, metadata_url=self._metadata.url(node),
                        setup=script == "setup.sh")  # fmt: skip
+        env.update(self._node_env)
         proc = start_node(self.launch, self.folder, node, script, env)
         assert proc.stdout is not None
         self.logs.follow(node, proc.stdout, label)
         return proc
 
+    def _replace(self, node: int) -> subprocess.Popen[bytes]:
+        """Start a replacement for `node` alone (node recovery)."""
+        proc = self._procs[node] = self._start(node, "run.sh", "")
+        record = self.state.nodes[node]
+        record.launcher_pid, record.pids, record.started_at = proc.pid, [proc.pid], time.time()
+        record.exit_code = record.ended_at = None
+        self.event("node-start", f"node {node}'s replacement started (replacement "
+                   f"{record.replacements})", node=node, pids=[proc.pid])  # fmt: skip
+        return proc
+
     def _kill_all(self) -> None:
         processes.kill_tagged(self.launch.token)
+        if self._replacer is not None:
+            self._replacer.stop_lighthouse()
         for proc in self._procs.values():
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=10)
@@ -224,6 +253,8 @@ class Supervisor:
         st.state, st.ended_at = final, time.time()
         for record in st.nodes:
             record.pids = []
+            if record.status != "finished":
+                record.status = "finished" if final is RunState.SUCCEEDED else "stopped"
         tail = f"{plural(st.restarts, 'restart')}, {plural(st.preemptions, 'preemption')}"
         if final is RunState.FAILED:
             detail = st.detail if st.detail.startswith(("failed", "supervisor")) else "failed"
@@ -290,11 +321,14 @@ class Supervisor:
         if self._ckpt_dir is not None:
             self._ckpt_dir.start_attempt()
         self._procs = {}
+        if self._replacer is not None:
+            self._node_env = self._replacer.start_attempt()
         for node in range(la.num_nodes):
             proc = self._procs[node] = self._start(node, "run.sh", "")
             st.nodes[node] = NodeRecord(
-                node=node, launcher_pid=proc.pid, pids=[proc.pid], started_at=time.time()
-            )
+                node=node, launcher_pid=proc.pid, pids=[proc.pid], started_at=time.time(),
+                status="running", replacements=st.nodes[node].replacements,
+            )  # fmt: skip
         st.state = RunState.RUNNING
         self.event("launch", f"attempt {st.attempt}: {la.num_nodes} node(s) × "
                    f"{la.procs_per_node} process(es) started", pids=[p.pid for p in
@@ -355,6 +389,8 @@ class Supervisor:
                 preempt_node(self.folder, self.launch.num_nodes - 1, by="--chaos-preempt-after")
             self._kill_at_deadlines(now)
             codes = {n: p.poll() for n, p in self._procs.items()}
+            if self._replacer is not None:
+                codes = self._node_recovery(codes, now)
             failed = [c for c in codes.values() if c not in (None, 0)]
             if failed and all(c == constants.PREEMPTED_EXIT_CODE for c in failed):
                 stopping_until = stopping_until or now + NOTICE_EXIT_GRACE_S
@@ -366,6 +402,24 @@ class Supervisor:
                 last_scan = now
                 self._refresh_pids()
                 processes.reap_orphans({p.pid for p in self._procs.values()})
+
+    def _node_recovery(self, codes: dict[int, int | None], now: float) -> dict[int, int | None]:
+        """Node recovery: replace preempted nodes alone while enough others live, start the
+        replacements whose provisioning is over, read the replicas' news (`replacing.py`)."""
+        assert self._replacer is not None
+        self._replacer.read_progress()
+        requested = {
+            int(r["node"]) for r in self._preempt_requests
+            if r["t"] >= (self.state.nodes[int(r["node"])].started_at or 0.0)
+        }  # fmt: skip
+        for node in self._replacer.due(now):
+            self._replace(node)
+            codes[node] = None
+        for node, code in codes.items():
+            if code == 0 and self.state.nodes[node].status != "finished":
+                self.state.nodes[node].status = "finished"
+                self._save()
+        return self._replacer.take_losses(codes, requested, now)
 
     def _kill_at_deadlines(self, now: float) -> None:
         """A node told it would be preempted and still running at the deadline is killed."""

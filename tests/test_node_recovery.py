@@ -1,0 +1,218 @@
+"""Node recovery (`--recovery node`): one lost node is replaced alone; the others train on.
+
+End to end on the local backend with real torchrun, a real torchft lighthouse and real
+SIGKILLs: 3 nodes × 2 processes of `examples/train_ddp.py`. The fast tests cover the request's
+rules, the rendered run script and the supervisor's choice between one node and the gang.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mncloud import constants
+from mncloud.backends.base import RunState
+from mncloud.backends.local.replacing import NodeReplacer
+from mncloud.backends.local.state import LocalLaunch, LocalState, NodeRecord, read_jsonl
+from mncloud.errors import SpecError
+from mncloud.layout import run_dir
+from mncloud.records.store import load_current
+from mncloud.request import build_spec
+from mncloud.spec import Recovery, min_replicas
+from tests.test_local import EXAMPLE, cli, run_log, runner, state_of, up, wait_final, wait_until
+
+pytestmark = pytest.mark.catalog
+
+NODES = ["--nodes", "3", "--gpus", "cpu:2", "--recovery", "node", "--provision-delay", "2s"]
+# Long enough that the replacement (a cold start of ~15 s on 2 cores) joins mid-run.
+TRAIN = ["--steps", "1500", "--ckpt-interval", "50", "--log-every", "500"]
+
+
+def progress(name: str) -> list[dict[str, Any]]:
+    return read_jsonl(run_dir(name) / "progress.jsonl")
+
+
+def events_of(name: str, kind: str, node: int | None = None) -> list[dict[str, Any]]:
+    return [r for r in progress(name) if r.get("event") == kind and node in (None, r["node"])]
+
+
+def steps_of(name: str, node: int) -> list[tuple[float, int]]:
+    return [(r["t"], r["step"]) for r in progress(name) if "loss" in r and r["node"] == node]
+
+
+# --------------------------------------------------------------------------- fast
+
+
+def test_recovery_defaults_to_node_for_scripts_that_opt_in(tmp_path: Path) -> None:
+    plain = tmp_path / "plain.py"
+    plain.write_text("print('hi')\n")
+    (tmp_path / "pyproject.toml").write_text("[project]\nname='x'\n")
+    kw: dict[str, Any] = {"gpus": "cpu:2", "cloud": ["local"]}
+    assert build_spec(EXAMPLE, nodes=3, **kw).recovery is Recovery.NODE
+    assert build_spec(EXAMPLE, nodes=1, **kw).recovery is Recovery.GANG
+    assert build_spec(EXAMPLE, nodes=3, recovery="gang", **kw).recovery is Recovery.GANG
+    assert build_spec(plain, nodes=3, **kw).recovery is Recovery.GANG
+    assert build_spec(EXAMPLE, nodes=3, launcher="none", **kw).recovery is Recovery.GANG
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--recovery", "elastic"], "--recovery 'elastic' is unknown; choose gang or node"),
+        (["--recovery", "node", "--nodes", "1"], "--recovery node needs --nodes 2 or more"),
+        (["--recovery", "node", "--launcher", "none"], "works with --launcher torchrun only"),
+        (["--provision-delay", "-3s"], "--provision-delay '-3s': write a duration"),
+        (["--provision-delay", "soon"], "--provision-delay 'soon': write a duration"),
+    ],
+)
+def test_bad_recovery_options_are_one_line(flags: list[str], message: str) -> None:
+    args = ["up", str(EXAMPLE), "--cloud", "local", "--gpus", "cpu:1", "--nodes", "2", *flags]
+    result = runner.invoke(app_of(), [*args, "--yes", "--dryrun"])
+    assert result.exit_code == 2, result.output
+    assert message in result.output and "Traceback" not in result.output
+    assert len(result.output.strip().splitlines()) == 1
+
+
+def test_node_recovery_of_a_script_that_does_not_opt_in_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "pyproject.toml").write_text("[project]\nname='x'\n")
+    script = tmp_path / "plain.py"
+    script.write_text("print('hi')\n")
+    with pytest.raises(SpecError, match=r"plain.py does not use mncloud.train.Replicas"):
+        build_spec(script, gpus="cpu:1", nodes=2, cloud=["local"], recovery="node")
+
+
+def test_rendered_run_starts_one_replica_group_per_node() -> None:
+    result = cli("render", str(EXAMPLE), "--cloud", "local", "--gpus", "cpu:2", "--nodes", "3")
+    text = result.output
+    assert "--standalone" in text and "--rdzv_backend=static" not in text
+    assert f"{constants.RECOVERY_ENV}: node" in text
+    assert (
+        f"{constants.NUM_REPLICAS_ENV}: '3'" in text or f'{constants.NUM_REPLICAS_ENV}: "3"' in text
+    )
+    gang = cli("render", str(EXAMPLE), "--cloud", "local", "--gpus", "cpu:2", "--nodes", "3",
+               "--recovery", "gang").output  # fmt: skip
+    assert "--rdzv_backend=static" in gang and constants.RECOVERY_ENV not in gang
+
+
+def _replacer(tmp_path: Path, nodes: int) -> tuple[NodeReplacer, list[tuple[str, int | None]]]:
+    launch = LocalLaunch(
+        name="r", token="tok", task_id="t", num_nodes=nodes, procs_per_node=1, master_port=1,
+        ckpt_uri="file:///x", workdir=str(tmp_path), run="true", recovery="node",
+        min_replicas=min_replicas(nodes), recovery_delay=5.0,
+    )  # fmt: skip
+    state = LocalState(
+        name="r", token="tok", task_id="t", num_nodes=nodes, procs_per_node=1, master_port=1,
+        ckpt_uri="file:///x", nodes=[NodeRecord(node=n) for n in range(nodes)],
+    )  # fmt: skip
+    seen: list[tuple[str, int | None]] = []
+    replacer = NodeReplacer(
+        tmp_path,
+        launch,
+        state,
+        lambda kind, message, node=None, **_: seen.append((kind, node)),
+        lambda node: None,  # type: ignore[arg-type,return-value]
+    )
+    return replacer, seen
+
+
+def test_one_loss_is_replaced_alone_after_the_provisioning_delay(tmp_path: Path) -> None:
+    replacer, seen = _replacer(tmp_path, 3)
+    codes = replacer.take_losses({0: None, 1: -9, 2: None}, set(), now=100.0)
+    assert codes == {0: None, 1: None, 2: None} and seen == [("node-lost", 1)]
+    assert replacer.state.nodes[1].status == "replacing" and replacer.state.preemptions == 1
+    assert replacer.due(104.9) == [] and replacer.due(105.0) == [1]
+    assert replacer.state.nodes[1].status == "healing"
+    # An error in the user's code (exit 1) is not a preemption: the supervisor's to handle.
+    assert replacer.take_losses({0: 1, 1: None, 2: None}, set(), now=106.0)[0] == 1
+
+
+def test_too_many_lost_at_once_goes_back_to_the_gang(tmp_path: Path) -> None:
+    replacer, seen = _replacer(tmp_path, 3)
+    codes = {0: None, 1: -9, 2: -9}
+    assert replacer.take_losses(codes, set(), now=1.0) == codes and seen == []
+    # One after the other: the second loss leaves 1 < 2 alive, so the gang is relaunched.
+    replacer.take_losses({0: None, 1: -9, 2: None}, set(), now=1.0)
+    assert replacer.take_losses({0: None, 1: -9, 2: -9}, set(), now=2.0)[2] == -9
+
+
+def app_of() -> Any:
+    from mncloud.cli import app
+
+    return app
+
+
+# --------------------------------------------------------------------------- slow, end to end
+
+
+@pytest.mark.slow
+def test_lost_node_is_replaced_alone_and_heals_from_a_live_peer() -> None:
+    """SIGKILL node 1 mid-run: nodes 0 and 2 keep their processes and keep stepping, node 1 is
+    relaunched alone, joins and heals; every replica ends with the same bits."""
+    up("ft", EXAMPLE, *NODES, script_args=TRAIN)
+    wait_until(lambda: len(steps_of("ft", 0)) >= 100, 180, "100 steps on node 0")
+    before = state_of("ft")
+    survivors = {n: set(before.nodes[n].pids) for n in (0, 2)}
+    assert all(len(p) >= 4 for p in survivors.values()), survivors  # bash, torchrun, 2 workers
+    cli("chaos", "preempt", "ft", "--node", "1")
+    killed_at = wait_until(lambda: [e.t for e in state_of("ft").events if e.kind == "node-lost"],
+                           30, "node-lost")[0]  # fmt: skip
+    wait_until(
+        lambda: (
+            events_of("ft", "heal", 1)
+            and [h for h in events_of("ft", "heal", 1) if h["t"] > killed_at]
+        ),
+        180,
+        "node 1 to heal",
+    )
+    during = state_of("ft")
+    for n, pids in survivors.items():
+        assert pids <= set(during.nodes[n].pids), f"node {n} was restarted"
+    final = wait_final("ft", 300)
+    assert final.state is RunState.SUCCEEDED, run_log("ft")
+    assert (final.attempt, final.restarts, final.preemptions) == (1, 0, 1)
+
+    healed = next(h for h in events_of("ft", "heal", 1) if h["t"] > killed_at)
+    joins = {n: len(events_of("ft", "join", n)) for n in range(3)}
+    assert joins == {0: 1, 1: 2, 2: 1}  # survivors joined once: never restarted
+    # Survivors stepped while node 1 was gone: between the kill and the heal.
+    for n in (0, 2):
+        outage = [s for t, s in steps_of("ft", n) if killed_at < t < healed["t"]]
+        assert len(outage) >= 5 and outage == sorted(outage), (n, outage)
+        retries = [r for r in events_of("ft", "retry", n) if r["t"] > killed_at]
+        assert len(retries) <= 1, retries  # at most the step in flight is redone
+    # Node 1 took a step from a peer that is ahead of anything it had, then trained on.
+    assert healed["step"] > healed["from_step"] and max(s for _, s in steps_of("ft", 1)) == 1500
+    done = {r["node"]: r for r in events_of("ft", "done")}
+    assert sorted(done) == [0, 1, 2] and {d["steps"] for d in done.values()} == {1500}
+    assert len({d["weights_sha256"] for d in done.values()}) == 1  # bitwise equal replicas
+
+    kinds = [e.kind for e in state_of("ft").events]
+    assert kinds.count("node-lost") == 1 and kinds.count("node-start") == 1
+    assert kinds.count("node-joined") == 1 and "launch" in kinds
+    record_kinds = [e.kind for e in load_current("ft").events]
+    for kind in ("node-lost", "node-joined", "node-healed"):
+        assert kind in record_kinds, record_kinds
+    status = json.loads(cli("status", "ft", "--json").output)[0]
+    assert status["recovery"] == "node" and set(status["node_states"].values()) == {"finished"}
+    assert status["quorum"] == [0, 1, 2]
+
+
+@pytest.mark.slow
+def test_two_of_three_lost_at_once_relaunch_the_gang_from_the_bucket() -> None:
+    up("ft2", EXAMPLE, *NODES, script_args=["--steps", "600", "--ckpt-interval", "50"])
+    wait_until(lambda: max((s for _, s in steps_of("ft2", 0)), default=0) >= 120, 180, "step 120")
+    cli("chaos", "preempt", "ft2", "--node", "1")
+    cli("chaos", "preempt", "ft2", "--node", "2")
+    final = wait_final("ft2", 300)
+    assert final.state is RunState.SUCCEEDED, run_log("ft2")
+    assert final.attempt == 2 and final.restarts == 1, run_log("ft2")
+    preempted = [e for e in final.events if e.kind == "preempted"]
+    assert preempted and preempted[0].data["latest_checkpoint"] >= 50
+    starts = [r for r in events_of("ft2", "start") if r["t"] > preempted[0].t]
+    assert {r["node"] for r in starts} == {0, 1, 2}
+    assert {r["resumed_from"] for r in starts} == {preempted[0].data["latest_checkpoint"]}
+    done = {r["node"]: r for r in events_of("ft2", "done")}
+    assert sorted(done) == [0, 1, 2] and len({d["weights_sha256"] for d in done.values()}) == 1
