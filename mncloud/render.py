@@ -26,6 +26,9 @@ Template variables (also what a `--template PATH` of your own receives):
 
 Filters: `q` (shell-quote), `yaml` (one safe YAML value), `yaml_block` (a multi-line string
 as a YAML block). The shell templates `setup.sh.j2` and `run.sh.j2` can be included.
+
+`--recovery node` on a cloud renders a SkyPilot job group instead (`jobgroup.py`,
+`templates/jobgroup.yaml.j2`): each node task is this template with its own variables.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from mncloud import __version__, constants, layout
+from mncloud import __version__, constants, jobgroup, layout
 from mncloud.errors import RenderError
 from mncloud.spec import BUCKET_MOUNT_PATH, JobSpec, Launcher, Recovery, SpotPolicy
 
@@ -64,9 +67,12 @@ class RenderedTask:
     config: dict[str, Any]
     spot: bool = False
     """Whether the task runs on spot: decided once by `uses_spot`, read by every backend."""
+    documents: tuple[dict[str, Any], ...] = ()
+    """A job group's documents (header, lighthouse, node tasks; `jobgroup.py`), else empty;
+    `config` is then node 0's task."""
 
     def to_json(self) -> str:
-        return json.dumps(self.config, indent=2)
+        return json.dumps(list(self.documents) or self.config, indent=2)
 
 
 def render(
@@ -83,12 +89,10 @@ def render(
     name = Path(template).name if template else TASK_TEMPLATE
     if template and not Path(template).expanduser().is_file():
         raise RenderError(f"--template {str(template)!r} does not exist")
-    import jinja2
-
-    try:
-        text = env.get_template(name).render(**template_variables(spec, plan, run_id))
-    except jinja2.TemplateError as err:
-        raise RenderError(f"template {name}: {err.__class__.__name__}: {err}") from None
+    variables = template_variables(spec, plan, run_id)
+    if jobgroup.applies(spec):
+        return _render_job_group(spec, uses_spot(spec, plan), env, name, variables)
+    text = _render_text(env, name, variables)
     try:
         config = yaml.safe_load(text)
     except yaml.YAMLError as err:
@@ -103,6 +107,30 @@ def render(
             "render `resources` from the template variables"
         )
     return RenderedTask(yaml_text=text, config=config, spot=spot)
+
+
+def _render_text(env: jinja2.Environment, name: str, variables: dict[str, Any]) -> str:
+    import jinja2
+
+    try:
+        return env.get_template(name).render(**variables)
+    except jinja2.TemplateError as err:
+        raise RenderError(f"template {name}: {err.__class__.__name__}: {err}") from None
+
+
+def _render_job_group(
+    spec: JobSpec, spot: bool, env: jinja2.Environment, name: str, variables: dict[str, Any]
+) -> RenderedTask:
+    """`--recovery node` on clouds: the job group (`jobgroup.py`), each node task rendered
+    from `name` (the task template), every document checked as the single task is."""
+    group = jobgroup.group_variables(spec, variables, name)
+    text = _render_text(env, jobgroup.TEMPLATE, group)
+    documents = jobgroup.parse(text, jobgroup.TEMPLATE)
+    for document in documents[1:]:
+        validate_task_config(document)
+    jobgroup.check_shape(spec, documents, spot)
+    jobgroup.validate(documents, text)
+    return RenderedTask(text, documents[2], spot, tuple(documents))
 
 
 def task_env(spec: JobSpec, spot: bool, run_id: str | None = None) -> dict[str, str]:

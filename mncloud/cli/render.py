@@ -49,6 +49,6 @@ def render_command(
         output.write_text(text)
         console.print(f"wrote {output}", highlight=False)
     elif as_json:
-        print_json(task.config)
+        print_json(list(task.documents) or task.config)  # a job group: every document
     else:
         typer.echo(text, nl=False)

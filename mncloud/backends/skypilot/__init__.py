@@ -36,7 +36,8 @@ what `status` needs to report cost so far and the newest checkpoint.
 
 Modules, by job: `errors` (SkyPilot's exceptions → one line), `meta` (`RunMeta` and its
 file), `task` (the `sky.Task` with secrets), `dryrun`, `status` (cluster and managed-job
-states), `logs` (node prefixes), `backend` (`SkyPilotBackend`). SkyPilot itself is imported
+states), `logs` (node prefixes), `group` (a `--recovery node` job group: one managed job of
+several tasks, `mncloud/jobgroup.py`), `backend` (`SkyPilotBackend`). SkyPilot itself is imported
 only inside the functions that call it: importing this package does not import `sky`.
 """
 

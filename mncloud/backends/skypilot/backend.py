@@ -8,11 +8,13 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, TextIO
 
 from mncloud.backends.base import LaunchRequest, RunState, RunStatus
-from mncloud.backends.skypilot.dryrun import dryrun
+from mncloud.backends.skypilot.dryrun import dryrun, dryrun_job_group
 from mncloud.backends.skypilot.errors import sky_errors
+from mncloud.backends.skypilot.group import job_group_status, tail_group_logs
 from mncloud.backends.skypilot.logs import tail_logs
 from mncloud.backends.skypilot.meta import (
     BACKEND_NAME,
+    JOB_GROUP,
     MANAGED_JOB,
     RunMeta,
     meta_from_plan,
@@ -21,7 +23,7 @@ from mncloud.backends.skypilot.meta import (
     status_from_meta,
 )
 from mncloud.backends.skypilot.status import cluster_status, managed_job_status
-from mncloud.backends.skypilot.task import build_task
+from mncloud.backends.skypilot.task import build_dag, build_task
 from mncloud.errors import BackendError, MncloudError, RunNotFoundError
 
 if TYPE_CHECKING:
@@ -46,6 +48,8 @@ class SkyPilotBackend:
     def launch(self, request: LaunchRequest) -> RunStatus:
         """Launch the run (or dry-run it); return once SkyPilot accepted the job."""
         spec, config, spot = request.spec, request.task.config, request.task.spot
+        if request.task.documents:
+            return self._launch_job_group(request)
         task = build_task(request)
         if request.dryrun:
             return dryrun(task, spec, request.plan, spot, self.idle_minutes)
@@ -63,6 +67,33 @@ class SkyPilotBackend:
         meta.last_state = RunState.PENDING if spot else RunState.RUNNING
         save_meta(meta)
         what = f"managed job {meta.job_id}" if spot else f"cluster {spec.name}, job {meta.job_id}"
+        return status_from_meta(meta, meta.last_state, f"launched ({what})")
+
+    def _launch_job_group(self, request: LaunchRequest) -> RunStatus:
+        """`--recovery node`: the job group (`mncloud/jobgroup.py`) as one managed job."""
+        import sky
+
+        spec, spot = request.spec, request.task.spot
+        dag = build_dag(request)
+        if request.dryrun:
+            return dryrun_job_group(dag, spec, request.plan, spot)
+        names = [str(task.name) for task in dag.tasks]
+        meta = meta_from_plan(spec, request.plan, spot, request.task.config, names)
+        try:
+            with sky_errors(f"launch job group {spec.name}"):
+                request_id = sky.jobs.launch(dag, name=spec.name)
+                meta.request_id = str(request_id)
+                save_meta(meta)
+                job_ids, _handle = sky.stream_and_get(request_id, output_stream=self.progress)
+            meta.job_id = int(job_ids[0]) if job_ids else None
+        except MncloudError as err:
+            meta.error = str(err)
+            meta.last_state = RunState.FAILED
+            save_meta(meta)
+            raise
+        meta.last_state = RunState.PENDING
+        save_meta(meta)
+        what = f"job group {meta.job_id}: {len(names) - 1} node tasks and a lighthouse"
         return status_from_meta(meta, meta.last_state, f"launched ({what})")
 
     def _launch_cluster(self, task: sky.Task, name: str, meta: RunMeta) -> int | None:
@@ -95,7 +126,9 @@ class SkyPilotBackend:
         meta = require_meta(run_name)
         if meta.error is not None:
             return status_from_meta(meta, RunState.FAILED, f"launch failed: {meta.error}")
-        if meta.kind == MANAGED_JOB:
+        if meta.kind == JOB_GROUP:
+            status = job_group_status(meta)
+        elif meta.kind == MANAGED_JOB:
             status = managed_job_status(meta)
         else:
             status = cluster_status(meta, self.idle_minutes)
@@ -109,7 +142,10 @@ class SkyPilotBackend:
         meta = require_meta(run_name)
         if meta.error is not None:
             raise BackendError(f"{run_name} never launched: {meta.error}")
-        yield from tail_logs(meta, node, follow)
+        if meta.kind == JOB_GROUP:
+            yield from tail_group_logs(meta, node, follow)
+        else:
+            yield from tail_logs(meta, node, follow)
 
     def down(self, run_name: str) -> RunStatus:
         """Tear the cluster down, or cancel the managed job; idempotent."""
@@ -119,7 +155,7 @@ class SkyPilotBackend:
         if meta.error is None:
             try:
                 with sky_errors(f"tear down {run_name}"):
-                    if meta.kind == MANAGED_JOB:
+                    if meta.kind in (MANAGED_JOB, JOB_GROUP):  # a group: every task
                         if meta.job_id is not None:
                             sky.get(sky.jobs.cancel(job_ids=[meta.job_id]))
                     else:
@@ -128,7 +164,7 @@ class SkyPilotBackend:
                 pass  # SkyPilot has no such cluster: already gone, down is idempotent
         meta.downed_at = meta.downed_at or time.time()
         save_meta(meta)
-        if meta.kind == MANAGED_JOB and meta.error is None:
+        if meta.kind in (MANAGED_JOB, JOB_GROUP) and meta.error is None:
             return self.status(run_name)
         final = meta.last_state if meta.last_state and meta.last_state.is_final else None
         state = final or RunState.CANCELLED

@@ -71,6 +71,29 @@ def dryrun(
     )
 
 
+def dryrun_job_group(dag: sky.Dag, spec: JobSpec, plan: Plan | None, spot: bool) -> RunStatus:
+    """Dry-run a job group (`--recovery node`): SkyPilot's dry run of the lighthouse and a node
+    task, then its placement of the whole group (`group.dryrun_group`)."""
+    from sky import exceptions as sx
+
+    from mncloud.backends.skypilot.group import dryrun_group
+
+    try:
+        with sky_errors(f"dry-run {spec.name}", keep=(sx.NoCloudAccessError,)):
+            detail, chosen = dryrun_group(dag, spec.name, spec.nodes, spot)
+    except sx.NoCloudAccessError:
+        return dryrun_without_credentials(spec, plan, spot)
+    return _dryrun_status(
+        spec,
+        plan,
+        spot,
+        detail,
+        cloud=chosen.get("cloud"),
+        region=chosen.get("region"),
+        instance_type=chosen.get("instance_type"),
+    )
+
+
 def dryrun_without_credentials(spec: JobSpec, plan: Plan | None, spot: bool) -> RunStatus:
     """What a dry run can check with no cloud credentials: the plan (from the catalog)
     and the task (SkyPilot's schema and parser); SkyPilot's optimizer needs `sky check`."""

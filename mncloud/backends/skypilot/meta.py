@@ -20,13 +20,15 @@ BACKEND_NAME = "skypilot"
 META_FILE = "skypilot.json"
 CLUSTER = "cluster"
 MANAGED_JOB = "managed-job"
+JOB_GROUP = "job-group"
 
 
 class RunMeta(BaseModel):
     """What a launch remembers in `<run dir>/skypilot.json`."""
 
     kind: str
-    """`cluster` (on-demand) or `managed-job` (spot)."""
+    """`cluster` (on-demand), `managed-job` (spot) or `job-group` (`--recovery node`: one
+    managed job of several tasks, `jobgroup.py`)."""
     name: str
     nodes: int
     spot: bool
@@ -44,6 +46,8 @@ class RunMeta(BaseModel):
     last_state: RunState | None = None
     error: str | None = None
     """Why the launch failed, when it did."""
+    tasks: list[str] = []
+    """A job group's task names (lighthouse first, then node 0, 1, …); empty otherwise."""
 
     @property
     def hourly_total(self) -> float | None:
@@ -76,10 +80,18 @@ def require_meta(run_name: str) -> RunMeta:
     return meta
 
 
-def meta_from_plan(spec: JobSpec, plan: Plan | None, spot: bool, config: dict[str, Any]) -> RunMeta:
-    """A new run's `RunMeta`: where and at what price from the plan, else the task's infra."""
+def meta_from_plan(
+    spec: JobSpec,
+    plan: Plan | None,
+    spot: bool,
+    config: dict[str, Any],
+    tasks: list[str] | tuple[str, ...] = (),
+) -> RunMeta:
+    """A new run's `RunMeta`: where and at what price from the plan, else the task's infra
+    (`tasks`: a job group's task names)."""
     meta = RunMeta(
-        kind=MANAGED_JOB if spot else CLUSTER,
+        kind=JOB_GROUP if tasks else MANAGED_JOB if spot else CLUSTER,
+        tasks=list(tasks),
         name=spec.name,
         nodes=spec.nodes,
         spot=spot,

@@ -30,7 +30,7 @@ MANAGED_JOB_STATES = {
 }
 """SkyPilot's managed-job states → ours (`FAILED*` → FAILED, the unknown → PENDING)."""
 
-_QUEUE_FIELDS = [
+QUEUE_FIELDS = [
     "job_id", "job_name", "status", "submitted_at", "start_at", "end_at",
     "recovery_count", "cloud", "region", "infra", "cluster_resources",
     "failure_reason", "details", "task_id",
@@ -97,7 +97,7 @@ def managed_job_status(meta: RunMeta) -> RunStatus:
             sky.jobs.queue_v2(
                 refresh=False,
                 job_ids=[meta.job_id] if meta.job_id is not None else None,
-                fields=_QUEUE_FIELDS,
+                fields=QUEUE_FIELDS,
             )
         )
     records = answer[0] if isinstance(answer, tuple) else answer

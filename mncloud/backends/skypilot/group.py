@@ -1,0 +1,221 @@
+"""A job group (`--recovery node`, `mncloud/jobgroup.py`) through SkyPilot: its status, logs
+and dry run. One managed job id covers every task: `sky.jobs.cancel` ends them all, and
+`sky.jobs.queue_v2` answers one record per task.
+
+The run's state is its node tasks' (the primaries), the most telling first: a failed node
+fails the run; all done is done; one recovering node (the others training on) is RECOVERING;
+then RUNNING, STARTING, PENDING. The lighthouse is shown in the detail.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from mncloud.backends.base import RunState, RunStatus
+from mncloud.backends.skypilot.errors import one_line, sky_errors
+from mncloud.backends.skypilot.logs import prefixed_lines
+from mncloud.backends.skypilot.meta import RunMeta, status_from_meta
+from mncloud.backends.skypilot.status import MANAGED_JOB_STATES, QUEUE_FIELDS, state_of
+from mncloud.errors import BackendError
+
+if TYPE_CHECKING:
+    import sky
+
+_SEVERITY = [
+    RunState.FAILED,
+    RunState.CANCELLED,
+    RunState.RECOVERING,
+    RunState.RUNNING,
+    RunState.STARTING,
+    RunState.PENDING,
+]
+
+
+def group_state(states: list[RunState]) -> RunState:
+    """The run's state from its node tasks' states (see the module docstring)."""
+    if not states:
+        return RunState.PENDING
+    if all(state is RunState.SUCCEEDED for state in states):
+        return RunState.SUCCEEDED
+    for state in _SEVERITY:
+        if state in states:
+            return state
+    return RunState.RUNNING  # some succeeded, the rest not in the list above
+
+
+def job_group_status(meta: RunMeta) -> RunStatus:
+    """A job group's status: every task's record, the node tasks deciding the state."""
+    import sky
+
+    with sky_errors(f"get the status of job group {meta.name}"):
+        answer = sky.get(
+            sky.jobs.queue_v2(
+                refresh=False,
+                job_ids=[meta.job_id] if meta.job_id is not None else None,
+                fields=[*QUEUE_FIELDS, "task_name", "is_primary_in_job_group"],
+            )
+        )
+    records = answer[0] if isinstance(answer, tuple) else answer
+    mine = {_name(r): r for r in records if _field(r, "job_id") == meta.job_id}
+    if not mine:
+        return status_from_meta(meta, RunState.FAILED, f"SkyPilot has no managed job {meta.job_id}")
+    nodes = [mine[t] for t in meta.tasks[1:] if t in mine]
+    states = [state_of(_field(r, "status"), MANAGED_JOB_STATES) for r in nodes]
+    state = group_state(states)
+    restarts = sum(int(_field(r, "recovery_count") or 0) for r in nodes)
+    parts = []
+    for task in meta.tasks:
+        record = mine.get(task)
+        raw = _raw(_field(record, "status")) if record is not None else "unknown"
+        count = int(_field(record, "recovery_count") or 0) if record is not None else 0
+        parts.append(f"{_label(meta, task)} {raw}" + (f" ({count} recoveries)" if count else ""))
+    detail = f"job group {meta.job_id}: " + ", ".join(parts)
+    reasons = [_field(r, "failure_reason") for r in mine.values() if _field(r, "failure_reason")]
+    if reasons:
+        detail += f"; {one_line(reasons[0], 160)}"
+    first = next(iter(nodes), None)
+    meta.cloud = (_field(first, "cloud") if first else None) or meta.cloud
+    meta.region = (_field(first, "region") if first else None) or meta.region
+    status = status_from_meta(meta, state, detail)
+    status.restarts = restarts
+    starts = [_field(r, "start_at") or _field(r, "submitted_at") for r in nodes]
+    status.started_at = min((s for s in starts if s), default=meta.launched_at)
+    ends = [_field(r, "end_at") for r in nodes]
+    if state.is_final and ends and all(ends):
+        status.ended_at = max(ends)
+    return status
+
+
+def _field(record: Any, name: str) -> Any:
+    if record is None:
+        return None
+    return record.get(name) if isinstance(record, dict) else getattr(record, name, None)
+
+
+def _name(record: Any) -> str:
+    return str(_field(record, "task_name") or "")
+
+
+def _raw(status: Any) -> str:
+    return str(getattr(status, "value", status))
+
+
+def _label(meta: RunMeta, task: str) -> str:
+    """`lighthouse`, or `node K` for the task of replica K."""
+    if task not in meta.tasks[1:]:
+        return "lighthouse"
+    return f"node {meta.tasks.index(task) - 1}"
+
+
+# --------------------------------------------------------------------------------- logs
+
+
+def tail_group_logs(meta: RunMeta, node: int | None, follow: bool) -> Iterator[str]:
+    """The group's log lines, `[node K]` for node task K and `[lighthouse]` for the
+    lighthouse; all tasks' streams merged as they come (`node`: that node's only)."""
+    tasks = meta.tasks if node is None else [_node_task(meta, node)]
+    streams = [_task_lines(meta, task, follow) for task in tasks]
+    if len(streams) == 1:
+        yield from streams[0]
+        return
+    yield from _merged(streams)
+
+
+def _node_task(meta: RunMeta, node: int) -> str:
+    nodes = meta.tasks[1:]
+    if not 0 <= node < len(nodes):
+        raise BackendError(f"{meta.name} has nodes 0 to {len(nodes) - 1}; there is no node {node}")
+    return nodes[node]
+
+
+def _task_lines(meta: RunMeta, task: str, follow: bool) -> Iterator[str]:
+    import sky
+
+    label = f"[{_label(meta, task)}]"
+    with sky_errors(f"read the logs of {task}"):
+        chunks = sky.jobs.tail_logs(
+            job_id=meta.job_id, task=task, follow=follow, preload_content=False
+        )
+        for line in prefixed_lines(chunks, None):
+            yield line.replace("[node 0]", label, 1) if line.startswith("[node 0]") else line
+
+
+def _merged(streams: list[Iterator[str]]) -> Iterator[str]:
+    """Lines of several streams as they come, each stream read by a thread of its own; an
+    error in one is raised once every stream has ended."""
+    lines: queue.Queue[tuple[int, str | None, BaseException | None]] = queue.Queue()
+
+    def pump(index: int, stream: Iterator[str]) -> None:
+        try:
+            for line in stream:
+                lines.put((index, line, None))
+        except BaseException as err:  # handed to the reader
+            lines.put((index, None, err))
+            return
+        lines.put((index, None, None))
+
+    for index, stream in enumerate(streams):
+        threading.Thread(target=pump, args=(index, stream), daemon=True).start()
+    left, error = len(streams), None
+    while left:
+        _index, line, err = lines.get()
+        if line is not None:
+            yield line
+            continue
+        left -= 1
+        error = error or err
+    if error is not None:
+        raise error
+
+
+# ------------------------------------------------------------------------------ dry run
+
+
+def dryrun_group(dag: sky.Dag, name: str, nodes: int, spot: bool) -> tuple[str, dict[str, str]]:
+    """SkyPilot's dry run of each distinct task (the lighthouse and node 0: the other node
+    tasks differ only in their envs), then SkyPilot's placement of the whole group
+    (`Optimizer.optimize_job_group`, in-process). Returns the detail line and node 0's
+    cloud/region/instance type; BackendError when SkyPilot could not place the group."""
+    from sky import execution, sky_logging
+    from sky import optimizer as sky_optimizer
+
+    from mncloud.backends.skypilot.dryrun import dryrun_choice
+
+    lighthouse, node0 = dag.tasks[0], dag.tasks[1]
+    chosen: dict[str, str] = {}
+    for task in (lighthouse, node0):
+        with sky_errors(f"dry-run {task.name}"), sky_logging.silent():
+            execution.launch(
+                _fresh(task),
+                cluster_name=task.name,
+                dryrun=True,
+                down=False,
+                stream_logs=False,
+                _quiet_optimizer=True,
+            )
+        chosen[str(task.name)] = dryrun_choice(str(task.name))
+    with sky_errors(f"place job group {name}"), sky_logging.silent():
+        sky_optimizer.Optimizer.optimize_job_group(dag, quiet=True)
+    node_choice = chosen[str(node0.name)]
+    where = "/".join(v for v in (node_choice.get("cloud"), node_choice.get("region")) if v)
+    best = node0.best_resources
+    if best is not None and best.cloud is not None:
+        where = f"{str(best.cloud).lower()}/{best.region}"
+    market = "spot" if spot else "on-demand"
+    detail = (
+        f"dry run passed: SkyPilot would launch a job group of {nodes} single-node {market} "
+        f"tasks ({node_choice.get('instance_type') or '?'}) and an on-demand lighthouse "
+        f"({chosen[str(lighthouse.name)].get('instance_type') or '?'}) in {where or '?'}; "
+        "nothing was provisioned"
+    )
+    return detail, node_choice
+
+
+def _fresh(task: sky.Task) -> sky.Task:
+    """A copy of `task` for a dry run (a launch changes the task it is given)."""
+    import sky
+
+    return sky.Task.from_yaml_config(task.to_yaml_config())

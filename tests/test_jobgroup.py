@@ -1,0 +1,417 @@
+"""`--recovery node` on clouds: the run as a SkyPilot job group, offline.
+
+- Rendering: header, an on-demand CPU lighthouse task, one single-node task per node with its
+  replica number and the lighthouse's address; checked by SkyPilot's schema per task and by
+  SkyPilot's own job-group loader as a whole.
+- Launch, status, logs and down go through the backend with only the SDK calls that talk to
+  SkyPilot's API server replaced (`tests/test_skypilot.py`'s FakeSky); the dry run is
+  SkyPilot's own, in-process, over the catalog snapshot.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from mncloud import constants, jobgroup
+from mncloud.backends.base import LaunchRequest, RunState
+from mncloud.backends.registry import record_backend
+from mncloud.backends.skypilot import META_FILE, SkyPilotBackend
+from mncloud.backends.skypilot.group import group_state
+from mncloud.errors import BackendError, MncloudError, RenderError
+from mncloud.layout import run_dir
+from mncloud.render import render
+from mncloud.request import build_spec
+from mncloud.spec import min_replicas
+from tests.skyseed import sky_enabled_clouds  # noqa: F401 - a fixture
+from tests.test_skypilot import FakeSky, fake_sky  # noqa: F401 - a fixture
+
+pytestmark = pytest.mark.catalog
+
+REPO = Path(__file__).resolve().parents[1]
+SECRET_VALUE = "hf_s3cr3t_value_never_in_files"
+ODD_ARG = "--note=it's; $(rm -rf /)"
+
+
+@pytest.fixture
+def script(project: Path) -> Path:
+    path = project / "train.py"
+    path.write_text("from mncloud.train import Replicas\nreplicas = Replicas({})\n")
+    return path
+
+
+def _spec(script: Path, **flags: Any) -> Any:
+    flags = {"gpus": "H100:8", "nodes": 3, "spot": True, "name": "llm", **flags}
+    return build_spec(script, recovery="node", **flags)
+
+
+def _docs(text: str) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(text) if d is not None]
+
+
+# ------------------------------------------------------------------------------- render
+
+
+def test_three_node_spot_run_renders_as_a_job_group(
+    script: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HF_TOKEN", SECRET_VALUE)
+    spec = _spec(script, secret=["HF_TOKEN"], env=["NOTE=a b;$x"], script_args=[ODD_ARG])
+    task = render(spec, run_id="r-1")
+
+    header, lighthouse, *nodes = _docs(task.yaml_text)
+    assert task.documents == (header, lighthouse, *nodes) and task.config == nodes[0]
+    assert task.spot is True
+    names = ["llm-node-0", "llm-node-1", "llm-node-2"]
+    assert header == {
+        "name": "llm",
+        "execution": "parallel",
+        "primary_tasks": names,
+        "inter_connection": True,
+    }
+    # The lighthouse: a small on-demand CPU task that a spot preemption never takes.
+    assert lighthouse["name"] == "llm-lighthouse"
+    assert lighthouse["resources"]["cpus"] == "2+"
+    assert lighthouse["resources"]["use_spot"] is False
+    assert "accelerators" not in lighthouse["resources"] and "num_nodes" not in lighthouse
+    assert f"torchft=={jobgroup.TORCHFT_VERSION}" in lighthouse["setup"]
+    run = lighthouse["run"]
+    assert "torchft_lighthouse" in run and f"--min_replicas {min_replicas(3)}" in run
+    assert "--bind '[::]:29510'" in run and "--heartbeat_timeout_ms" in run
+    assert "--join_timeout_ms" in run
+    # One single-node spot task per node: the single task's resources and run, own envs.
+    assert [n["name"] for n in nodes] == names
+    for k, node in enumerate(nodes):
+        assert node["num_nodes"] == 1
+        assert node["resources"]["accelerators"] == "H100:8"
+        assert node["resources"]["use_spot"] is True
+        assert node["resources"]["job_recovery"]["recover_on_exit_codes"] == [115]
+        envs = node["envs"]
+        assert envs[constants.REPLICA_ID_ENV] == str(k)
+        assert envs[constants.LIGHTHOUSE_ENV] == "http://llm-lighthouse-0.llm:29510"
+        assert envs[constants.RECOVERY_ENV] == "node"
+        assert envs[constants.NUM_REPLICAS_ENV] == "3"
+        assert envs[constants.RUN_NAME_ENV] == "llm" and envs[constants.RUN_ID_ENV] == "r-1"
+        assert envs["NOTE"] == "a b;$x"
+        assert node["secrets"] == {"HF_TOKEN": None}
+        assert "--standalone" in node["run"] and "--nnodes=1" in node["run"]
+        assert "-- train.py '--note=it'\"'\"'s; $(rm -rf /)' &" in node["run"]
+    assert SECRET_VALUE not in task.yaml_text
+    assert json.loads(task.to_json()) == [header, lighthouse, *nodes]
+
+
+def test_lighthouse_address_is_skypilots_job_group_hostname() -> None:
+    """The format tasks of a job group reach each other by, in SkyPilot's own source."""
+    from sky.jobs import job_group_networking
+
+    expected = job_group_networking._get_job_address("llm-lighthouse", "llm", 0)
+    assert jobgroup.lighthouse_url("llm") == f"http://{expected}:{jobgroup.LIGHTHOUSE_PORT}"
+
+
+def test_lighthouse_torchft_is_the_locked_version() -> None:
+    lock = (REPO / "requirements" / "lock.txt").read_text()
+    assert re.search(rf"^torchft=={re.escape(jobgroup.TORCHFT_VERSION)}$", lock, re.M)
+
+
+def test_skypilots_job_group_loader_accepts_it(script: Path) -> None:
+    from sky import dag as dag_lib
+
+    dag = jobgroup.load_dag(render(_spec(script)).yaml_text)
+
+    assert dag.name == "llm" and dag.execution == dag_lib.DagExecution.PARALLEL
+    assert len(dag.tasks) == 4 and all(t.num_nodes == 1 for t in dag.tasks)
+    assert dag.primary_tasks == ["llm-node-0", "llm-node-1", "llm-node-2"]
+    assert dag.inter_connection is True
+    lighthouse, *nodes = dag.tasks
+    assert all(not r.use_spot for r in lighthouse.resources)
+    assert all(r.use_spot for node in nodes for r in node.resources)
+    assert [n.envs[constants.REPLICA_ID_ENV] for n in nodes] == ["0", "1", "2"]
+
+
+def test_planned_job_group_keeps_the_ordered_fallbacks(script: Path) -> None:
+    from mncloud.plan import PlanRequest, make_plan
+
+    spec = _spec(script, spot=None)
+    plan = make_plan(PlanRequest.from_spec(spec, hours=24))
+    task = render(spec, plan=plan)
+    _header, lighthouse, *nodes = task.documents
+    assert task.spot is bool(plan.choice.spot)
+    assert lighthouse["resources"]["use_spot"] is False
+    for node in nodes:
+        ordered = node["resources"]["ordered"]
+        assert ordered[0]["instance_type"] == plan.choice.instance_type
+    assert len(jobgroup.load_dag(task.yaml_text).tasks) == 4
+
+
+def test_gang_recovery_and_local_runs_stay_a_single_task(script: Path) -> None:
+    gang = build_spec(script, gpus="H100:8", nodes=3, spot=True, name="llm", recovery="gang")
+    assert render(gang).documents == ()
+    local = build_spec(script, gpus="cpu:1", nodes=2, name="llm", recovery="node", cloud=["local"])
+    assert render(local).documents == ()
+
+
+def test_cli_render_prints_the_job_group(script: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from mncloud.cli import app
+
+    monkeypatch.chdir(script.parent)
+    args = ["render", "train.py", "--gpus", "H100:8", "--nodes", "3", "--spot"]
+    result = CliRunner().invoke(app, [*args, "--recovery", "node", "--name", "llm"])
+    assert result.exit_code == 0, result.output
+    docs = _docs(result.stdout)
+    assert [d["name"] for d in docs] == ["llm", "llm-lighthouse", *jobgroup.node_tasks("llm", 3)]
+    as_json = CliRunner().invoke(app, [*args, "--recovery", "node", "--name", "llm", "--json"])
+    assert as_json.exit_code == 0, as_json.output
+    assert len(json.loads(as_json.stdout)) == 5
+
+
+def test_render_does_not_import_skypilot_or_torch(script: Path) -> None:
+    """Once SkyPilot's schema is cached (the first render), rendering a job group imports
+    neither SkyPilot nor torch."""
+    import subprocess
+    import sys
+
+    render(_spec(script))  # fills the cache in this test's MNCLOUD_HOME
+    code = (
+        "import sys\n"
+        "from mncloud.request import build_spec\n"
+        "from mncloud.render import render\n"
+        f"spec = build_spec({str(script)!r}, gpus='H100:8', nodes=3, spot=True, name='llm',"
+        " recovery='node')\n"
+        "assert len(render(spec).documents) == 5\n"
+        "print(sorted(m for m in ('sky', 'torch') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stderr
+
+
+# ---------------------------------------------------------------------------- bad input
+
+
+def test_a_template_that_breaks_the_group_is_one_line(script: Path, tmp_path: Path) -> None:
+    bad = tmp_path / "mine.yaml.j2"
+    bad.write_text("name: {{ name | yaml }}\nnum_nodes: 2\nrun: echo hi\n")
+    with pytest.raises(RenderError) as caught:
+        render(_spec(script), template=bad)
+    assert "\n" not in str(caught.value) and "single-node task" in str(caught.value)
+
+
+def test_a_user_template_is_each_node_task(script: Path, tmp_path: Path) -> None:
+    mine = tmp_path / "mine.yaml.j2"
+    original = (REPO / "mncloud" / "templates" / "task.yaml.j2").read_text()
+    mine.write_text(original.replace("envs:\n", "envs:\n  MINE: '1'\n", 1))
+    task = render(_spec(script), template=mine)
+    assert all(node["envs"]["MINE"] == "1" for node in task.documents[2:])
+
+
+@pytest.mark.parametrize(
+    ("documents", "expected"),
+    [
+        ("name: g\nexecution: parallel\n---\nname: a.b\nrun: echo\n", "Invalid job name"),
+        ("name: g\nexecution: parallel\nprimary_tasks: [x]\n---\nname: a\n", "unknown job"),
+        ("name: g\nexecution: parallel\n", "at least 2 documents"),
+    ],
+)
+def test_skypilot_refusals_are_one_line(documents: str, expected: str) -> None:
+    with pytest.raises(RenderError) as caught:
+        jobgroup.load_dag(documents)
+    assert "\n" not in str(caught.value) and expected in str(caught.value)
+
+
+def test_a_bad_spec_stops_before_render(script: Path) -> None:
+    with pytest.raises(MncloudError) as caught:
+        _spec(script, name="Bad_Name")
+    assert "\n" not in str(caught.value)
+
+
+def test_group_state_follows_the_node_tasks() -> None:
+    s = RunState
+    assert group_state([s.SUCCEEDED, s.SUCCEEDED]) is s.SUCCEEDED
+    assert group_state([s.RUNNING, s.RECOVERING, s.RUNNING]) is s.RECOVERING
+    assert group_state([s.RUNNING, s.FAILED]) is s.FAILED
+    assert group_state([s.STARTING, s.PENDING]) is s.STARTING
+    assert group_state([]) is s.PENDING
+
+
+# ------------------------------------------------------------------------ launch, operate
+
+
+def _request(script: Path, dryrun: bool = False, **flags: Any) -> LaunchRequest:
+    spec = _spec(script, **flags)
+    return LaunchRequest(spec=spec, task=render(spec), plan=None, dryrun=dryrun)
+
+
+def test_launch_hands_skypilot_the_job_group_dag(
+    script: Path,
+    fake_sky: FakeSky,  # noqa: F811 - the fixture imported above
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from sky import dag as dag_lib
+
+    monkeypatch.setenv("HF_TOKEN", SECRET_VALUE)
+    fake_sky.answers["jobs.launch"] = ([9], None)
+    record_backend("llm", "skypilot")
+
+    status = SkyPilotBackend().launch(_request(script, secret=["HF_TOKEN"]))
+
+    ((args, kwargs),) = fake_sky.called("jobs.launch")
+    assert kwargs == {"name": "llm"} and not fake_sky.called("launch")
+    dag = args[0]
+    assert dag.execution == dag_lib.DagExecution.PARALLEL and len(dag.tasks) == 4
+    assert all(t.secrets["HF_TOKEN"].get_secret_value() == SECRET_VALUE for t in dag.tasks)
+    assert all("HF_TOKEN" not in t.envs for t in dag.tasks)
+    assert status.state is RunState.PENDING and "job group 9" in status.detail
+    meta = json.loads((run_dir("llm") / META_FILE).read_text())
+    assert meta["kind"] == "job-group" and meta["job_id"] == 9
+    assert meta["tasks"] == ["llm-lighthouse", *jobgroup.node_tasks("llm", 3)]
+    assert SECRET_VALUE not in "".join(p.read_text() for p in run_dir("llm").iterdir())
+
+
+def _queue(states: dict[str, tuple[str, int]]) -> Any:
+    from sky.schemas.api import responses
+
+    records = [
+        responses.ManagedJobRecord.model_validate(
+            {
+                "job_id": 9,
+                "task_id": i,
+                "job_name": "llm",
+                "task_name": name,
+                "status": state,
+                "recovery_count": count,
+                "cloud": "AWS",
+                "region": "us-east-1",
+                "submitted_at": 1763700000.0,
+                "start_at": 1763700420.5 + i,
+                "is_primary_in_job_group": name != "llm-lighthouse",
+            }
+        )
+        for i, (name, (state, count)) in enumerate(states.items())
+    ]
+    return (records, len(records), {}, len(records))
+
+
+def _launched(script: Path, fake: FakeSky) -> SkyPilotBackend:
+    fake.answers["jobs.launch"] = ([9], None)
+    record_backend("llm", "skypilot")
+    backend = SkyPilotBackend()
+    backend.launch(_request(script))
+    return backend
+
+
+def test_status_covers_every_task(
+    script: Path,
+    fake_sky: FakeSky,  # noqa: F811 - the fixture imported above
+) -> None:
+    backend = _launched(script, fake_sky)
+    fake_sky.answers["jobs.queue_v2"] = _queue(
+        {
+            "llm-lighthouse": ("RUNNING", 0),
+            "llm-node-0": ("RUNNING", 0),
+            "llm-node-1": ("RECOVERING", 2),
+            "llm-node-2": ("RUNNING", 1),
+        }
+    )
+    status = backend.status("llm")
+    ((_args, kwargs),) = fake_sky.called("jobs.queue_v2")
+    assert kwargs["job_ids"] == [9] and "task_name" in kwargs["fields"]
+    assert status.state is RunState.RECOVERING and status.restarts == 3
+    assert (status.cloud, status.region) == ("AWS", "us-east-1")
+    assert "lighthouse RUNNING" in status.detail and "node 1 RECOVERING (2 recoveries)" in (
+        status.detail
+    )
+    assert status.started_at == pytest.approx(1763700421.5)
+
+
+def test_logs_cover_every_task_and_one_node(
+    script: Path,
+    fake_sky: FakeSky,  # noqa: F811 - the fixture imported above
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import sky.jobs
+
+    backend = _launched(script, fake_sky)
+    seen: list[dict[str, Any]] = []
+
+    def tail_logs(**kwargs: Any) -> Any:
+        seen.append(kwargs)
+        task = kwargs["task"]
+        return iter([f"({task}, pid=3) hello from {task}\n", "✓ done\n", None])
+
+    monkeypatch.setattr(sky.jobs, "tail_logs", tail_logs)
+    lines = list(backend.logs("llm"))
+    assert {kw["task"] for kw in seen} == {"llm-lighthouse", *jobgroup.node_tasks("llm", 3)}
+    assert all(kw["job_id"] == 9 and kw["preload_content"] is False for kw in seen)
+    assert "[lighthouse] hello from llm-lighthouse" in lines
+    assert "[node 2] hello from llm-node-2" in lines and "[sky] ✓ done" in lines
+    seen.clear()
+    assert list(backend.logs("llm", node=1)) == ["[node 1] hello from llm-node-1", "[sky] ✓ done"]
+    assert [kw["task"] for kw in seen] == ["llm-node-1"]
+    with pytest.raises(BackendError, match="no node 5"):
+        list(backend.logs("llm", node=5))
+
+
+def test_down_cancels_the_whole_group(
+    script: Path,
+    fake_sky: FakeSky,  # noqa: F811 - the fixture imported above
+) -> None:
+    backend = _launched(script, fake_sky)
+    fake_sky.answers["jobs.queue_v2"] = _queue(
+        {name: ("CANCELLED", 0) for name in ["llm-lighthouse", *jobgroup.node_tasks("llm", 3)]}
+    )
+    status = backend.down("llm")
+    assert fake_sky.called("jobs.cancel") == [((), {"job_ids": [9]})]
+    assert status.state is RunState.CANCELLED
+
+
+# ------------------------------------------------------------------------------ dry run
+
+
+@pytest.mark.skipif(shutil.which("rsync") is None, reason="SkyPilot's dry run needs rsync on PATH")
+def test_dryrun_of_a_node_task_runs_skypilot_for_real(
+    script: Path,
+    sky_enabled_clouds: list[str],  # noqa: F811 - the fixture imported above
+) -> None:
+    """A node task of the group, as SkyPilot's jobs controller would launch it: one node."""
+    import sky
+    from sky import execution, sky_logging
+
+    task = render(_spec(script))
+    node = sky.Task.from_yaml_config(dict(task.documents[3]))
+    with sky_logging.silent():
+        execution.launch(node, cluster_name="llm-node-1", dryrun=True, stream_logs=False)
+    from mncloud.backends.skypilot.dryrun import dryrun_choice
+
+    chosen = dryrun_choice("llm-node-1")
+    assert chosen.get("cloud") in {c.lower() for c in sky_enabled_clouds}
+    assert chosen.get("instance_type")
+
+
+@pytest.mark.skipif(shutil.which("rsync") is None, reason="SkyPilot's dry run needs rsync on PATH")
+def test_dryrun_places_the_group_with_skypilot(
+    script: Path,
+    sky_enabled_clouds: list[str],  # noqa: F811 - the fixture imported above
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each distinct task passes SkyPilot's dry run; SkyPilot 0.14 then places a job group
+    whose tasks reach each other by hostname on Kubernetes only, which none of the seeded
+    clouds is: the dry run says so in one line, with what to do, and provisions nothing."""
+    import sky
+    import sky.jobs
+
+    def forbidden(*_args: Any, **_kwargs: Any) -> None:
+        raise AssertionError("a dry run must not provision")
+
+    monkeypatch.setattr(sky, "launch", forbidden)
+    monkeypatch.setattr(sky.jobs, "launch", forbidden)
+    with pytest.raises(BackendError) as caught:
+        SkyPilotBackend().launch(_request(script, dryrun=True))
+    message = str(caught.value)
+    assert "\n" not in message and "Kubernetes" in message and "--recovery gang" in message
+    assert not (run_dir("llm") / META_FILE).exists()
