@@ -32,6 +32,7 @@ STEPS, INTERVAL = 1000, 50
 def launch(name: str, delay: str) -> None:
     mncloud("up", str(EXAMPLE), "--cloud", "local", "--nodes", "2", "--gpus", "cpu:2",
             "--name", name, "--detach", "--recovery-delay", delay, "--max-restarts", "10",
+            "--recovery", "gang",
             "--", "--steps", str(STEPS), "--ckpt-interval", str(INTERVAL))  # fmt: skip
 
 

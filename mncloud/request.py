@@ -232,11 +232,15 @@ def opts_in_to_node_recovery(script: Path) -> bool:
 
 
 def _recovery(opts: dict[str, Any], script: Path, nodes: int) -> Recovery:
-    """`--recovery gang|node`; without it, node when the script opts in and runs on 2+ nodes."""
+    """`--recovery gang|node`; without it, node when the script opts in and runs on 2+ nodes,
+    locally or on Kubernetes (SkyPilot 0.14 lets a job group's tasks find each other, and so
+    the lighthouse, on Kubernetes only), else gang."""
     value, opted_in = opts.get("recovery"), opts_in_to_node_recovery(script)
     launcher = str(getattr(opts.get("launcher"), "value", opts.get("launcher") or "torchrun"))
-    if value is None:
-        auto = opted_in and nodes >= 2 and launcher == "torchrun"
+    if value is None:  # node where it can run: locally, or where Kubernetes may place it
+        clouds = as_list(opts.get("cloud"))
+        placeable = clouds == [LOCAL_CLOUD] or "kubernetes" in [c.lower() for c in clouds]
+        auto = opted_in and nodes >= 2 and launcher == "torchrun" and placeable
         return Recovery.NODE if auto else Recovery.GANG
     try:
         recovery = Recovery(str(getattr(value, "value", value)).strip().lower())

@@ -257,6 +257,7 @@ RENDER_OPTIONS = {
     "--no-preflight",
     "--launcher",
     "--ckpt-dir",
+    "--recovery",
     "--name",
     "--catalog",
     "--template",

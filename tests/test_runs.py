@@ -14,7 +14,7 @@ from mncloud import constants, layout, records
 from mncloud.errors import RunNotFoundError
 from mncloud.records import Event, Redactor, RunRecord, store, telemetry
 from mncloud.request import build_spec
-from mncloud.spec import JobSpec, LaunchOptions
+from mncloud.spec import JobSpec, LaunchOptions, Recovery
 from mncloud.storage import open_bucket
 
 # Planted secrets: each must appear in no file written under MNCLOUD_HOME or the bucket.
@@ -634,6 +634,9 @@ def test_rerun_keeps_every_option(
         ckpt_dir="/ckpt",
         name="every",
     )
+    # Node recovery needs torchrun, which this spec's launcher is not: set the field directly,
+    # for the round trip through the record only.
+    spec = spec.model_copy(update={"recovery": Recovery.NODE})
     options = LaunchOptions(
         hours=5.5, max_cost=100.0, preemption_rate=0.2, learn=True, recovery_minutes=7.0,
         ckpt_seconds=45.0, template=repo / "task.yaml.j2", recovery_delay=0.5,

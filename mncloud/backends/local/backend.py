@@ -99,7 +99,10 @@ def launch_record(request: LaunchRequest) -> LocalLaunch:
 
 def _node_view(folder: Path, state: LocalState) -> dict[str, Any]:
     """Node recovery's part of a status: each node's state and the quorum."""
-    if load_launch(folder).recovery != "node":
+    try:
+        if load_launch(folder).recovery != "node":
+            return {}
+    except (OSError, ValueError):  # a run folder without its launch.json: no node view
         return {}
     return {
         "recovery": "node",
