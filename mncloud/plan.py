@@ -4,6 +4,9 @@ The planner asks SkyPilot's catalog for every fitting offer (`catalog.offers`), 
 the cost model (`mncloud.costmodel`: expected hours, preemptions and cost, spot hazards from the
 traces or the user), keeps those within budget and ranks them by expected cost. The choice and a
 few fallbacks in its market become SkyPilot's `resources.ordered`.
+
+Offers are priced under the run's recovery mode (`JobSpec.recovery`, gang or node); both modes'
+outcomes ride along (`Candidate.by_recovery`, `Plan.other_choice`) for `plan --verbose`.
 """
 
 from __future__ import annotations
@@ -22,11 +25,14 @@ from pydantic import (
 from mncloud.catalog import Exclusion, Offer
 from mncloud.costmodel import (
     DEFAULT_CKPT_SECONDS,
+    DEFAULT_HEAL_MINUTES,
     DEFAULT_RECOVERY_MINUTES,
     MAX_LOSS_FRACTION,
     ON_DEMAND_HAZARD_PER_HOUR,
+    Estimate,
     LearnedHazard,
-    estimate,
+    estimate_with,
+    gang_failure_probability,
     learn_hazards,
     spot_hazard_at,
 )
@@ -38,8 +44,10 @@ from mncloud.spec import (
     MAX_NODES,
     Accelerator,
     JobSpec,
+    Recovery,
     SpotPolicy,
     canonical_cloud,
+    min_replicas,
 )
 
 __all__ = [
@@ -90,6 +98,22 @@ class PlanRequest(BaseModel):
     """R: minutes from a preemption to training again, work lost since the checkpoint aside."""
     ckpt_seconds: float = Field(DEFAULT_CKPT_SECONDS, ge=0)
     """C: seconds training stalls to write one checkpoint."""
+    recovery: Recovery = Recovery.GANG
+    """How the run recovers from a preemption (`JobSpec.recovery`): what the plan prices."""
+    heal_minutes: float = Field(DEFAULT_HEAL_MINUTES, ge=0)
+    """H: minutes every node waits while a replacement heals from a peer (node recovery)."""
+
+    @model_validator(mode="after")
+    def _node_needs_peers(self) -> PlanRequest:
+        if self.recovery is Recovery.NODE and self.nodes < 2:
+            raise ValueError("--recovery node needs --nodes 2 or more: one node has no peer to "
+                             "heal from; use --recovery gang")  # fmt: skip
+        return self
+
+    @property
+    def other_recovery(self) -> Recovery:
+        """The recovery mode this request does not price its choice under."""
+        return Recovery.GANG if self.recovery is Recovery.NODE else Recovery.NODE
 
     @field_validator("accelerator")
     @classmethod
@@ -160,13 +184,14 @@ class PlanRequest(BaseModel):
             "regions": list(spec.regions),
             "hours": hours,
             "max_hourly": spec.max_hourly,
+            "recovery": spec.recovery,
         }
         fields.update({k: v for k, v in overrides.items() if v is not None})
         return cls.build(**fields)
 
 
 class Candidate(BaseModel):
-    """One offer with its expected outcome for the whole job."""
+    """One offer with its expected outcome for the whole job (under `recovery`)."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -186,6 +211,10 @@ class Candidate(BaseModel):
     """Hazard per node per hour that the estimate assumed."""
     hazard_source: str = ""
     """Where `preemption_rate` came from (traces, your traces, learned, the flag, default)."""
+    recovery: Recovery = Recovery.GANG
+    """The recovery mode the expected figures above assume: the request's."""
+    by_recovery: dict[Recovery, Estimate] = Field(default_factory=dict)
+    """The outcome under each mode: gang always, node on 2+ nodes (`plan --verbose`)."""
     region_rank: int = Field(0, exclude=True)
     """SkyPilot's preference among this instance type's regions: breaks price ties."""
 
@@ -218,6 +247,9 @@ class Plan(BaseModel):
     """Every fitting offer within budget, cheapest expected cost first."""
     checkpoint_interval_s: float
     """The choice's checkpoint interval."""
+    other_choice: Candidate | None = None
+    """What the other recovery mode would choose on 2+ nodes (its figures: `by_recovery`);
+    None on one node or where that mode finds no offer within budget."""
     excluded: list[Exclusion] = Field(default_factory=list)
     explanation: str
 
@@ -255,27 +287,16 @@ def make_plan(request: PlanRequest, *, max_fallbacks: int = MAX_FALLBACKS) -> Pl
         nodes=request.nodes,
     )
     excluded = list(search.excluded)
+    priced = [_candidate(offer, request) for offer in search.offers]
     candidates: list[Candidate] = []
     broken: dict[tuple[str, bool], list[Candidate]] = {}
-    for offer in search.offers:
-        candidate, viable = _candidate(offer, request)
-        if viable:
-            candidates.append(candidate)
+    for c in priced:
+        if c.by_recovery[c.recovery].viable:
+            candidates.append(c)
         else:
-            broken.setdefault((candidate.cloud, candidate.spot), []).append(candidate)
+            broken.setdefault((c.cloud, c.spot), []).append(c)
     for (cloud, _spot), group in sorted(broken.items()):
-        c = min(group, key=lambda c: c.hourly_total)
-        regions = len({b.region for b in group}) - 1
-        where = f"{c.market} in {c.region}" + (f" (+{regions} regions)" if regions else "")
-        excluded.append(
-            Exclusion(
-                cloud=cloud,
-                reason=f"{where}: at {c.preemption_rate:.3g} preemptions per node-hour "
-                f"({c.hazard_source}) × {request.nodes} nodes the job would lose over "
-                f"{MAX_LOSS_FRACTION:.0%} of its time recovering; use fewer nodes or on-demand "
-                "(or set --preemption-rate if you know the rate is lower)",
-            )
-        )
+        excluded.append(Exclusion(cloud=cloud, reason=_unfinishable(group, request)))
     if not candidates:
         raise CatalogError(
             f"no {request.accelerator} offer can finish: "
@@ -284,32 +305,52 @@ def make_plan(request: PlanRequest, *, max_fallbacks: int = MAX_FALLBACKS) -> Pl
     candidates.sort(key=_rank)
     within = _within_budget(candidates, request, excluded)
     choice = within[0]
-    return Plan(
+    plan = Plan(
         request=request,
         choice=choice,
         fallbacks=_fallbacks(within, max_fallbacks),
         candidates=within,
         checkpoint_interval_s=choice.checkpoint_interval_s,
+        other_choice=_other_choice(priced, request),
         excluded=excluded,
         explanation=_explain(within, request, excluded),
     )
+    if request.recovery is Recovery.NODE:
+        plan.explanation += "; " + recovery_note(plan)
+    return plan
 
 
-def _candidate(offer: Offer, request: PlanRequest) -> tuple[Candidate, bool]:
+def _unfinishable(group: list[Candidate], request: PlanRequest) -> str:
+    """Why one cloud's offers in one market are left out: they would mostly recover."""
+    c = min(group, key=lambda c: c.hourly_total)
+    regions = len({b.region for b in group}) - 1
+    where = f"{c.market} in {c.region}" + (f" (+{regions} regions)" if regions else "")
+    node, hint = c.by_recovery.get(Recovery.NODE), "; use fewer nodes or on-demand"
+    if request.recovery is Recovery.NODE:
+        hint = ", even with node recovery" + hint
+    elif node is not None and node.viable:
+        hint += (  # the node model's loss, which is under the limit
+            f", or --recovery node (it would lose {node.loss_fraction:.0%}; the script must "
+            "use mncloud.train.Replicas)"
+        )
+    return (
+        f"{where}: at {c.preemption_rate:.3g} preemptions per node-hour ({c.hazard_source}) × "
+        f"{request.nodes} nodes the job would lose over {MAX_LOSS_FRACTION:.0%} of its time "
+        f"recovering{hint} (or set --preemption-rate if you know the rate is lower)"
+    )
+
+
+def _candidate(offer: Offer, request: PlanRequest) -> Candidate:
+    """The offer priced under every recovery mode the request's node count allows."""
     if offer.spot:
         hazard, source = request.spot_hazard_at(offer.cloud, offer.region)
     else:
         hazard, source = ON_DEMAND_HAZARD_PER_HOUR, "on-demand hardware faults"
     hourly_total = offer.hourly_price * request.nodes
-    est = estimate(
-        hourly_total,
-        request.hours,
-        request.nodes,
-        hazard,
-        request.recovery_minutes / 60,
-        request.ckpt_seconds / 3600,
-    )
-    candidate = Candidate(
+    modes = [Recovery.GANG, Recovery.NODE] if request.nodes >= 2 else [Recovery.GANG]
+    outcomes = {mode: _outcome(mode, hourly_total, hazard, request) for mode in modes}
+    own = outcomes[request.recovery]
+    return Candidate(
         cloud=offer.cloud,
         region=offer.region,
         instance_type=offer.instance_type,
@@ -317,20 +358,67 @@ def _candidate(offer: Offer, request: PlanRequest) -> tuple[Candidate, bool]:
         spot=offer.spot,
         hourly_per_node=offer.hourly_price,
         hourly_total=hourly_total,
-        expected_hours=est.hours,
-        expected_cost=est.cost,
-        expected_preemptions=est.preemptions,
-        checkpoint_interval_s=est.interval_hours * 3600,
+        expected_hours=own.hours,
+        expected_cost=own.cost,
+        expected_preemptions=own.preemptions,
+        checkpoint_interval_s=own.interval_hours * 3600,
         preemption_rate=hazard,
         hazard_source=source,
+        recovery=request.recovery,
+        by_recovery=outcomes,
         region_rank=offer.region_rank,
     )
-    return candidate, est.loss_fraction < MAX_LOSS_FRACTION
 
 
-def _rank(c: Candidate) -> tuple[float, float, str, int, str]:
-    """Expected cost, then the sticker, then SkyPilot's own region preference."""
-    return (round(c.expected_cost, 9), c.hourly_total, c.cloud, c.region_rank, c.region)
+def _outcome(mode: Recovery, hourly_total: float, hazard: float, request: PlanRequest) -> Estimate:
+    hours = request.recovery_minutes / 60, request.ckpt_seconds / 3600, request.heal_minutes / 60
+    return estimate_with(mode, hourly_total, request.hours, request.nodes, hazard, *hours)
+
+
+def _other_choice(priced: list[Candidate], request: PlanRequest) -> Candidate | None:
+    """The offer the other recovery mode would choose, within the same budgets, or None."""
+    mode = request.other_recovery
+    pool = [
+        c
+        for c in priced
+        if (o := c.by_recovery.get(mode)) is not None
+        and o.viable
+        and (request.max_hourly is None or c.hourly_total <= request.max_hourly)
+        and (request.max_cost is None or o.cost <= request.max_cost)
+    ]
+    return min(pool, key=lambda c: _rank(c, mode), default=None)
+
+
+def recovery_note(plan: Plan) -> str:
+    """One sentence: what the other recovery mode would choose, or cost, beside this plan's."""
+    request, choice, other = plan.request, plan.choice, plan.other_choice
+    mode = request.other_recovery
+    if request.recovery is Recovery.NODE:
+        lost, window = request.nodes - min_replicas(request.nodes) + 1, request.recovery_minutes
+        share = gang_failure_probability(request.nodes, choice.preemption_rate, window / 60)
+        head = (
+            f"with node recovery {share:.1%} of losses relaunch the gang ({lost} of "
+            f"{request.nodes} nodes lost within {window:g} min); gang recovery would"
+        )
+    else:
+        head = "--recovery node (for a script using mncloud.train.Replicas) would"
+    if other is None:
+        return f"{head} find no offer that can finish within budget"
+    mine, theirs = choice.by_recovery[mode], other.by_recovery[mode]  # 2+ nodes: both modes
+    if mine.viable and mine.cost <= theirs.cost:
+        return f"{head} cost ${mine.cost:,.2f} here"
+    here = (
+        f"${mine.cost:,.2f} here"
+        if mine.viable
+        else f"here it would lose over {MAX_LOSS_FRACTION:.0%} of its time recovering"
+    )
+    return f"{head} choose {other.market} {other.where} at ${theirs.cost:,.2f} ({here})"
+
+
+def _rank(c: Candidate, mode: Recovery | None = None) -> tuple[float, float, str, int, str]:
+    """Expected cost (under `mode`, else its own), the sticker, SkyPilot's region preference."""
+    cost = c.expected_cost if mode is None else c.by_recovery[mode].cost
+    return (round(cost, 9), c.hourly_total, c.cloud, c.region_rank, c.region)
 
 
 def _within_budget(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -24,6 +25,15 @@ def register(app: typer.Typer) -> None:
 @opts.command(opts.MARKET, opts.PLANNING)
 @handle_errors
 def plan_command(
+    script: Annotated[
+        Path | None,
+        typer.Argument(
+            help="The training script, optional: with it the plan is the one `up` would make "
+            "(its mncloud.yaml, its --recovery default).",
+            show_default=False,
+        ),
+    ] = None,
+    recovery: opts.Recovery = None,
     deadline: opts.PlanDeadline = None,
     budget: opts.PlanBudget = None,
     top: Annotated[
@@ -43,7 +53,7 @@ def plan_command(
     from mncloud.plan import make_plan
 
     deadline_s = _deadline_seconds(deadline, budget)
-    request = _request(values)
+    request = _request(values, script, recovery)
     if deadline_s is not None:
         from mncloud.deadline import deadline_job
 
@@ -69,12 +79,19 @@ def plan_command(
         show_deadline(report, top=top)
 
 
-def _request(values: dict[str, Any]) -> PlanRequest:
-    """The plan request from the command's market and planning options."""
-    from mncloud.launch import model_inputs
+def _request(values: dict[str, Any], script: Path | None, recovery: str | None) -> PlanRequest:
+    """The plan request from the command's market and planning options; with a script, the
+    request `up` would plan (its mncloud.yaml, its --recovery default)."""
+    from mncloud.launch import model_inputs, plan_request
     from mncloud.plan import PlanRequest
     from mncloud.spec import Accelerator, SpotPolicy
 
+    if script is not None:
+        from mncloud.request import build_spec
+
+        market = ("gpus", "nodes", "spot", "cloud", "region", "max_hourly")
+        spec = build_spec(script, recovery=recovery, **{k: values[k] for k in market})
+        return plan_request(spec, opts.launch_options_from(values))
     if not values["gpus"]:
         raise opts.SpecError("--gpus is required, e.g. --gpus H100:8")
     spot = {True: SpotPolicy.SPOT, False: SpotPolicy.ON_DEMAND, None: SpotPolicy.EITHER}
@@ -85,6 +102,7 @@ def _request(values: dict[str, Any]) -> PlanRequest:
         clouds=list(values["cloud"] or []),
         regions=list(values["region"] or []),
         max_hourly=values["max_hourly"],
+        recovery=recovery or "gang",
         **model_inputs(opts.launch_options_from(values)),
     )
 
@@ -128,7 +146,10 @@ def show_plan(plan: Plan, *, top: int | None = None, verbose: bool = False) -> N
     """
     request = plan.request
     rows = plan.candidates[:top] if top else plan.candidates
-    title = f"{request.nodes} × {request.accelerator}, {request.hours:g} h of work: cheapest first"
+    title = f"{request.nodes} × {request.accelerator}, {request.hours:g} h of work"
+    if request.recovery.value == "node":
+        title += ", node recovery"
+    title += ": cheapest first"
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     table.add_column("offer", no_wrap=True)
     for header in ("$/h\nnode\njob", "exp.\nhours", "exp.\ncost", "exp.\npreempt.", "ckpt\nevery"):
@@ -151,6 +172,58 @@ def show_plan(plan: Plan, *, top: int | None = None, verbose: bool = False) -> N
     console.print(plan.explanation, highlight=False)
     if verbose:
         _show_details(plan)
+        show_recovery(plan, rows)
+
+
+def show_recovery(plan: Plan, rows: list[Candidate]) -> None:
+    """Gang beside node recovery for each shown offer (and the other mode's choice), 2+ nodes.
+
+    An offer a mode would leave out (it would lose over half its time recovering) is starred.
+    """
+    from mncloud.costmodel import MAX_LOSS_FRACTION
+    from mncloud.plan import recovery_note
+    from mncloud.spec import Recovery
+
+    request = plan.request
+    if request.nodes < 2:
+        return
+    shown = list(rows)
+    if plan.other_choice is not None and plan.other_choice not in shown:
+        shown.append(plan.other_choice)
+    table = Table(
+        title=f"Gang or node recovery (this plan: {request.recovery.value})",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+    )
+    table.add_column("offer", no_wrap=True)
+    for header in ("gang\nhours", "gang\ncost $", "node\nhours", "node\ncost $", "node\nrelaunch"):
+        table.add_column(header, justify="right", no_wrap=True)
+    starred = False
+    for group in _same_offer_groups(shown):
+        c, cells = group[0], []
+        for mode in (Recovery.GANG, Recovery.NODE):
+            est = c.by_recovery[mode]
+            mark = "" if est.viable else "*"
+            starred |= not est.viable
+            cells += [f"{est.hours:,.1f}", f"{est.cost:,.0f}{mark}"]
+        where = f"{c.cloud}/{c.region}" + (f" +{len(group) - 1} regions" if len(group) > 1 else "")
+        table.add_row(
+            f"{where}\n{c.instance_type} {c.market}",
+            *cells,
+            f"{c.by_recovery[Recovery.NODE].relaunches:.2f}",
+            style="bold green" if plan.choice in group else None,
+        )
+    console.print(table)
+    if starred:
+        console.print(
+            f"* would lose over {MAX_LOSS_FRACTION:.0%} of its time recovering: left out "
+            "under that mode",
+            style="dim",
+            highlight=False,
+        )
+    if request.recovery is Recovery.GANG:  # under node recovery the explanation says it
+        console.print(recovery_note(plan), highlight=False)
 
 
 def show_deadline(report: DeadlineReport, *, top: int | None = None) -> None:
@@ -244,7 +317,8 @@ def _show_details(plan: Plan) -> None:
     request = plan.request
     console.print(
         f"model: on-demand faults {costmodel.ON_DEMAND_HAZARD_PER_HOUR:g}/node-h; "
-        f"recovery {request.recovery_minutes:g} min; checkpoint {request.ckpt_seconds:g} s",
+        f"recovery {request.recovery_minutes:g} min; checkpoint {request.ckpt_seconds:g} s"
+        + (f"; heal {request.heal_minutes:g} min" if request.nodes > 1 else ""),
         highlight=False,
         style="dim",
     )
