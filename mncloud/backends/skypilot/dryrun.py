@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -60,15 +60,7 @@ def dryrun(
             f" (the plan's first choice {plan.choice.where} was passed over by SkyPilot; "
             "see `sky launch --dryrun` for why)"
         )
-    return _dryrun_status(
-        spec,
-        plan,
-        spot,
-        detail,
-        cloud=chosen.get("cloud"),
-        region=chosen.get("region"),
-        instance_type=chosen.get("instance_type"),
-    )
+    return _dryrun_status(spec, plan, spot, detail, **_placement(chosen))
 
 
 def dryrun_job_group(dag: sky.Dag, spec: JobSpec, plan: Plan | None, spot: bool) -> RunStatus:
@@ -83,15 +75,12 @@ def dryrun_job_group(dag: sky.Dag, spec: JobSpec, plan: Plan | None, spot: bool)
             detail, chosen = dryrun_group(dag, spec.name, spec.nodes, spot)
     except sx.NoCloudAccessError:
         return dryrun_without_credentials(spec, plan, spot)
-    return _dryrun_status(
-        spec,
-        plan,
-        spot,
-        detail,
-        cloud=chosen.get("cloud"),
-        region=chosen.get("region"),
-        instance_type=chosen.get("instance_type"),
-    )
+    return _dryrun_status(spec, plan, spot, detail, **_placement(chosen))
+
+
+def _placement(chosen: dict[str, Any]) -> dict[str, Any]:
+    """Where SkyPilot's dry run placed the task: cloud, region and instance type."""
+    return {key: chosen.get(key) for key in ("cloud", "region", "instance_type")}
 
 
 def dryrun_without_credentials(spec: JobSpec, plan: Plan | None, spot: bool) -> RunStatus:

@@ -18,7 +18,12 @@ from mncloud.backends.base import RunState, RunStatus
 from mncloud.backends.skypilot.errors import one_line, sky_errors
 from mncloud.backends.skypilot.logs import prefixed_lines
 from mncloud.backends.skypilot.meta import RunMeta, status_from_meta
-from mncloud.backends.skypilot.status import MANAGED_JOB_STATES, QUEUE_FIELDS, state_of
+from mncloud.backends.skypilot.status import (
+    MANAGED_JOB_STATES,
+    QUEUE_FIELDS,
+    queue_records,
+    state_of,
+)
 from mncloud.errors import BackendError
 
 if TYPE_CHECKING:
@@ -48,17 +53,8 @@ def group_state(states: list[RunState]) -> RunState:
 
 def job_group_status(meta: RunMeta) -> RunStatus:
     """A job group's status: every task's record, the node tasks deciding the state."""
-    import sky
-
-    with sky_errors(f"get the status of job group {meta.name}"):
-        answer = sky.get(
-            sky.jobs.queue_v2(
-                refresh=False,
-                job_ids=[meta.job_id] if meta.job_id is not None else None,
-                fields=[*QUEUE_FIELDS, "task_name", "is_primary_in_job_group"],
-            )
-        )
-    records = answer[0] if isinstance(answer, tuple) else answer
+    fields = [*QUEUE_FIELDS, "task_name", "is_primary_in_job_group"]
+    records = queue_records(meta, fields, f"job group {meta.name}")
     mine = {_name(r): r for r in records if _field(r, "job_id") == meta.job_id}
     if not mine:
         return status_from_meta(meta, RunState.FAILED, f"SkyPilot has no managed job {meta.job_id}")

@@ -88,19 +88,24 @@ def _cluster_gone(meta: RunMeta) -> RunStatus:
     )
 
 
-def managed_job_status(meta: RunMeta) -> RunStatus:
-    """A spot run's status: its managed job's, with recoveries and the failure reason."""
+def queue_records(meta: RunMeta, fields: list[str], what: str) -> list[Any]:
+    """The managed-jobs queue's records of `meta`'s job (`sky.jobs.queue_v2`), `fields` each."""
     import sky
 
-    with sky_errors(f"get the status of managed job {meta.name}"):
+    with sky_errors(f"get the status of {what}"):
         answer = sky.get(
             sky.jobs.queue_v2(
                 refresh=False,
                 job_ids=[meta.job_id] if meta.job_id is not None else None,
-                fields=QUEUE_FIELDS,
+                fields=fields,
             )
         )
-    records = answer[0] if isinstance(answer, tuple) else answer
+    return list(answer[0] if isinstance(answer, tuple) else answer)
+
+
+def managed_job_status(meta: RunMeta) -> RunStatus:
+    """A spot run's status: its managed job's, with recoveries and the failure reason."""
+    records = queue_records(meta, QUEUE_FIELDS, f"managed job {meta.name}")
     mine = [r for r in records if r.get("job_id") == meta.job_id]
     if not mine:
         return status_from_meta(meta, RunState.FAILED, f"SkyPilot has no managed job {meta.job_id}")
