@@ -1,6 +1,6 @@
 """bench/node_recovery: the same three preemptions under gang and under node recovery.
 
-    .venv/bin/python bench/node_recovery.py [--provision-delay 10s] [--steps 8000] [--json]
+    .venv/bin/python bench/node_recovery.py [--provision-delay 10s] [--steps 20000] [--json]
 
 Launches `examples/train_ddp.py` on the local backend, 3 nodes × 1 process (`cpu:1`, so the
 2-core machine is not oversubscribed), checkpoint every 100 steps, three times: uninterrupted
@@ -32,7 +32,7 @@ from typing import Any
 
 from _local import EXAMPLE, fresh_home, mncloud, wait
 
-NODES, INTERVAL, KILLS = 3, 100, ((0.20, 1), (0.45, 2), (0.70, 1))
+NODES, INTERVAL, KILLS = 3, 100, ((0.15, 1), (0.40, 2), (0.65, 1))
 
 
 def launch(name: str, recovery: str, delay: str, steps: int) -> None:
@@ -64,11 +64,19 @@ def _trains_again(folder: Path, node: int, since: float) -> float | None:
     the relaunch; node, the replacement's first step (or its heal); None until then."""
     relaunch = _events(folder, "launch", since) or _events(folder, "node-start", since)
     if not relaunch:
-        return None
+        return None if not _ended(folder) else float("nan")
     after = [r for r in _steps(folder, relaunch[0].t) if r.get("node", node) == node]
     healed = [e.t for e in _events(folder, "node-healed", relaunch[0].t) if e.node == node]
     firsts = [r["t"] for r in after[:1]] + healed[:1]
-    return min(firsts) if firsts else None
+    if firsts:
+        return min(firsts)
+    return float("nan") if _ended(folder) else None  # the run ended first: no figure
+
+
+def _ended(folder: Path) -> bool:
+    from mncloud.backends.local.state import load_state
+
+    return load_state(folder).state.is_final
 
 
 def _preempt(folder: Path, steps: int) -> tuple[list[float], list[float]]:
@@ -88,6 +96,8 @@ def _preempt(folder: Path, steps: int) -> tuple[list[float], list[float]]:
         wait(past, 900, f"step {at}")
         kills.append(preempt_node(folder, node, by="bench")["t"])
         back.append(wait(lambda n=node: _trains_again(folder, n, kills[-1]), 900, "recovery"))
+        if back[-1] != back[-1]:  # nan: the run ended before it was whole again
+            break
     return kills, back
 
 
@@ -123,7 +133,7 @@ def _figures(
 def main() -> None:
     p = argparse.ArgumentParser(description="Gang vs node recovery under the same preemptions.")
     p.add_argument("--provision-delay", default="10s")
-    p.add_argument("--steps", type=int, default=8000)
+    p.add_argument("--steps", type=int, default=20000)
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
     fresh_home()

@@ -7,7 +7,9 @@ rules, the rendered run script and the supervisor's choice between one node and 
 
 from __future__ import annotations
 
+import contextlib
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -216,3 +218,82 @@ def test_two_of_three_lost_at_once_relaunch_the_gang_from_the_bucket() -> None:
     assert {r["resumed_from"] for r in starts} == {preempted[0].data["latest_checkpoint"]}
     done = {r["node"]: r for r in events_of("ft2", "done")}
     assert sorted(done) == [0, 1, 2] and len({d["weights_sha256"] for d in done.values()}) == 1
+
+
+@pytest.mark.slow
+def test_heal_cut_off_mid_transfer_falls_back_to_the_bucket_and_never_half_loads() -> None:
+    """2 nodes: node 1 is replaced; the moment it joins to heal from node 0 (the only peer),
+    node 0 freezes (a partition) and then dies, so the heal is cut off before or during the
+    transfer. Node 1 must not apply a partial state: it trains on from the bucket's step alone
+    (or, if the heal won the race, from the peer's), and both nodes end on the same bits."""
+    import psutil
+
+    from mncloud.backends.local.processes import tagged_pids
+
+    flags = ["--nodes", "2", "--gpus", "cpu:1", "--recovery", "node", "--provision-delay", "1s"]
+    args = ["--steps", "1500", "--ckpt-interval", "50", "--hidden", "1024"]  # a heal of ~13 MB
+    up("cut", EXAMPLE, *flags, script_args=args)
+    wait_until(lambda: max((s for _, s in steps_of("cut", 0)), default=0) >= 120, 180, "step 120")
+    cli("chaos", "preempt", "cut", "--node", "1")
+    lost_at = wait_until(
+        lambda: [e.t for e in state_of("cut").events if e.kind == "node-lost"], 30, "node-lost"
+    )[0]
+    token = state_of("cut").token
+    joined = run_dir("cut") / "progress.jsonl"
+    deadline = time.monotonic() + 120
+    while not [r for r in events_of("cut", "join", 1) if r["t"] > lost_at]:  # poll fast: the
+        assert time.monotonic() < deadline, "node 1's replacement never joined"  # heal is short
+        time.sleep(0.005)
+    assert joined.is_file()
+    frozen = [psutil.Process(p) for p in tagged_pids(token, 0)]
+    for proc in frozen:  # the peer stops answering mid-heal, as behind a partition
+        proc.suspend()
+    try:
+        time.sleep(1.0)  # the frozen peer holds the transfer (or the quorum) for a second
+    finally:
+        cli("chaos", "preempt", "cut", "--node", "0")
+        for proc in frozen:
+            with contextlib.suppress(psutil.Error):
+                proc.resume()
+    final = wait_final("cut", 300)
+    assert final.state is RunState.SUCCEEDED, run_log("cut")
+    assert (final.attempt, final.restarts) == (1, 0), run_log("cut")  # never a gang relaunch
+    start = next(r for r in events_of("cut", "start", 1) if r["t"] > lost_at)
+    heals_of_1 = [h for h in events_of("cut", "heal", 1) if h["t"] > lost_at]
+    first_step = min(s for t, s in steps_of("cut", 1) if t > lost_at)
+    if not heals_of_1:  # the heal was cut: node 1 went on from its bucket step, whole
+        assert first_step == start["resumed_from"] + 1
+    # Node 0's replacement heals from node 1, or (it starts cold) finds the final step saved.
+    starts_0 = [r for r in events_of("cut", "start", 0) if r["t"] > lost_at]
+    healed_0 = [h for h in events_of("cut", "heal", 0) if h["t"] > lost_at]
+    assert healed_0 or starts_0[-1]["resumed_from"] == 1500
+    done = {r["node"]: r for r in events_of("cut", "done")}
+    assert sorted(done) == [0, 1] and len({d["weights_sha256"] for d in done.values()}) == 1
+
+
+def test_a_step_another_replica_committed_is_never_overwritten(
+    bucket_uri: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Node recovery: a replica that trained the tail alone (it joined as the others finished)
+    does not write over their committed step; its last save loads those bits instead."""
+    torch = pytest.importorskip("torch")
+    from mncloud.train import CheckpointManager, Replicas
+
+    monkeypatch.setenv(constants.RECOVERY_ENV, "node")
+
+    def state(seed: int) -> dict[str, Any]:
+        torch.manual_seed(seed)
+        return {"model": torch.nn.Linear(8, 4), "loss": float(seed)}
+
+    first, late = state(1), state(2)
+    with CheckpointManager(bucket_uri, replicas=Replicas(first)) as ckpt:
+        assert ckpt.save(10, first, wait=True)
+    with CheckpointManager(bucket_uri, replicas=Replicas(late)) as ckpt:
+        assert not ckpt.maybe_save(10, late)  # periodic: skipped, nothing written
+        assert not torch.equal(late["model"].weight, first["model"].weight)
+        assert not ckpt.save(10, late, wait=True)  # the last save: takes the committed bits
+    assert torch.equal(late["model"].weight, first["model"].weight) and late["loss"] == 1.0
+    check = state(3)
+    with CheckpointManager(bucket_uri) as ckpt:
+        assert ckpt.load(check) == 10
+    assert torch.equal(check["model"].weight, first["model"].weight)

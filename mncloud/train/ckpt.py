@@ -272,6 +272,10 @@ class CheckpointManager:
             if wait or not self.async_upload:
                 self.wait()
             return True
+        if self.replicas is not None and self._committed_by_another(step):
+            if wait:  # the last save: end on the bits the quorum committed, not our own
+                self.load(state, step=step)
+            return False
         floor = self._saving.floor
         if floor is not None and step <= floor:
             log.info("checkpoint step %d exists already (resumed from %d); not saved", step,
@@ -285,6 +289,24 @@ class CheckpointManager:
         if self.async_upload and not wait:
             self.stats.record_stall(self.last_stall_s)
         return True
+
+    def _committed_by_another(self, step: int) -> bool:
+        """Node recovery: `step` is COMPLETE in the bucket, written by another replica (one that
+        finished, say, while this one trained alone after joining late). It is never written
+        again: a committed step is never overwritten. Asked by rank 0, agreed by every rank."""
+        if step == self.last_committed:
+            return False
+        found: bool | str = False
+        if self.rank == 0:
+            try:
+                found = any(i.step == step and i.complete for i in self.store.steps())
+            except MncloudError as err:
+                found = f"cannot list {self.uri}: {err}"
+        found = self._ranks.broadcast(found)
+        if isinstance(found, str):
+            log.warning("checkpoint step %d not checked: %s", step, found)
+            return False
+        return bool(found)
 
     def _step_boundary(self, step: int) -> float | None:
         """One all-reduce per step: commit the pending step if every rank finished uploading;

@@ -413,6 +413,11 @@ class Supervisor:
             if r["t"] >= (self.state.nodes[int(r["node"])].started_at or 0.0)
         }  # fmt: skip
         for node in self._replacer.due(now):
+            if all(c == 0 for n, c in codes.items() if n != node):  # the others finished it
+                self.state.nodes[node].status, codes[node] = "finished", 0
+                self.event("node-start", f"node {node} not replaced: every other node finished "
+                           "the run", node=node)  # fmt: skip
+                continue
             self._replace(node)
             codes[node] = None
         for node, code in codes.items():
