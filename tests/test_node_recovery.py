@@ -297,3 +297,23 @@ def test_a_step_another_replica_committed_is_never_overwritten(
     with CheckpointManager(bucket_uri) as ckpt:
         assert ckpt.load(check) == 10
     assert torch.equal(check["model"].weight, first["model"].weight)
+
+
+def test_without_node_recovery_replicas_is_the_plain_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    torch = pytest.importorskip("torch")
+    from mncloud.errors import MncloudError
+    from mncloud.train import Replicas
+
+    monkeypatch.delenv(constants.RECOVERY_ENV, raising=False)
+    model = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    replicas = Replicas({"model": model, "optimizer": opt})
+    assert not replicas.enabled and replicas.saves
+    seen = []
+    for step, batch in replicas.steps([10, 11, 12], start=4, total=9):  # epochs of 3 batches
+        model(torch.ones(2)).sum().backward()
+        assert replicas.step(opt)
+        seen.append((step, batch))
+    assert seen == [(5, 10), (6, 11), (7, 12), (8, 10), (9, 11)] and replicas.committed_step == 9
+    with pytest.raises(MncloudError, match="no batch"):
+        list(Replicas({}).steps([], start=0, total=3))

@@ -39,6 +39,7 @@ their replacements). Bucket checkpoints keep running, written by the quorum's fi
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import os
@@ -112,6 +113,7 @@ class Replicas:
         """The node numbers in the current quorum (set when the quorum's group is made)."""
         self.committed_step = 0
         """The newest step every replica of the quorum committed (after `steps` ends: the last)."""
+        self._committed = False
         self.heals = 0
         self.retries = 0
         """Steps this replica tried and did not commit (a peer lost mid-step)."""
@@ -193,11 +195,14 @@ class Replicas:
     def _plain_steps(self, loader: Iterable[Any], total: int) -> Iterator[tuple[int, Any]]:
         """Gang mode: the loader's batches, epoch after epoch, numbered on from the start."""
         while self.committed_step < total:
+            before = self.committed_step
             for batch in loader:
                 self.committed_step += 1
                 yield self.committed_step, batch
                 if self.committed_step >= total:
                     return
+            if self.committed_step == before:
+                raise MncloudError("the data loader gave no batch for a whole epoch")
 
     # ------------------------------------------------------------------ torchft
     def _start(self, step: int) -> None:
@@ -269,7 +274,7 @@ class Replicas:
     def _extras(self) -> dict[str, Any]:
         """The non-tensor state (sampler position, plain values) as of the last commit."""
         return {
-            k: json.loads(json.dumps(_state_of(v)))
+            k: copy.deepcopy(_state_of(v))
             for k, v in self.state.items()
             if not isinstance(v, (torch.nn.Module, torch.optim.Optimizer, torch.Tensor))
         }
