@@ -1,7 +1,12 @@
 """A run's status as `mncloud status` shows it, whichever backend runs it: the backend's own
 view, plus the newest complete checkpoint from the bucket, straggling ranks from the
 telemetry the ranks publish and, for a `--deadline` run, its controller's view (mode,
-progress in work-hours, slack, cost against all on-demand)."""
+progress in work-hours, slack, cost against all on-demand). A local deadline run whose
+controller died is given a new one here (`control.revive`), which resumes from its state.
+
+`stop_run` is `mncloud down`: the deadline controller first (it takes the run down), then
+whatever of the run is left; on the local backend after a preemption notice, so every rank
+saves the step it reached (`notice_s`; 0 stops at once)."""
 
 from __future__ import annotations
 
@@ -48,6 +53,7 @@ def run_status(run_name: str) -> RunStatus:
     the straggling ranks from its newest run record (none without a record) and, for a
     deadline run, its controller's view."""
     control = _control_state(run_name)
+    revived = _revive(control)
     try:
         status = backend_for_run(run_name).status(run_name)
     except RunNotFoundError:
@@ -68,7 +74,39 @@ def run_status(run_name: str) -> RunStatus:
     _add_stragglers(status)
     if control is not None:
         _add_deadline(status, control)
+    if revived:
+        _prepend(status, f"its deadline controller had died: restarted (keeper pid {revived})")
     return status
+
+
+def _revive(control: ControlState | None) -> int | None:
+    """Restart a local deadline run's controller that died; its keeper's pid, or None."""
+    if control is None or control.final or control.config.backend != "local":
+        return None
+    from mncloud.control.start import revive
+
+    return revive(control.name)
+
+
+def stop_run(run_name: str, notice_s: float = 0.0) -> RunStatus:
+    """Stop a run (`mncloud down`) and return once nothing of it is left: its deadline
+    controller (which takes the run down itself), then the run; a local run after a
+    preemption notice of `notice_s` seconds to its nodes (none under node recovery, where the
+    ranks do not watch for one: they are stopped at once)."""
+    from mncloud.backends.local.backend import LocalBackend
+    from mncloud.backends.registry import known_runs
+    from mncloud.control.state import controlled_runs
+
+    if run_name in controlled_runs():
+        from mncloud.control.start import stop
+
+        stop(run_name, notice_s)
+    if run_name not in known_runs():
+        return run_status(run_name)
+    backend = backend_for_run(run_name)
+    if isinstance(backend, LocalBackend):
+        return backend.down(run_name, notice_s=notice_s)
+    return backend.down(run_name)
 
 
 def _control_state(run_name: str) -> ControlState | None:

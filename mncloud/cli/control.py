@@ -1,8 +1,10 @@
 """`mncloud control NAME`: the deadline controller of a run (`mncloud.control`), and the
 `up --deadline` branch that starts it.
 
-`up --deadline` starts this command detached (a local process, or a CPU SkyPilot managed job);
-a user runs it by hand only to take over a controller that died (`status` says so).
+`up --deadline` starts this command detached (locally under its keeper,
+`mncloud.control.keeper`, which restarts it if it dies; on SkyPilot as a CPU managed job,
+which SkyPilot restarts). A controller started on a state another one left resumes it
+(`Controller.run`); one started while another holds the run's controller lock exits at once.
 """
 
 from __future__ import annotations
@@ -17,9 +19,12 @@ import typer
 from mncloud.cli._common import console, handle_errors, print_json
 from mncloud.errors import SpecError
 
+#: How long a starting controller waits for the run's controller lock (one dying frees it).
+LOCK_WAIT_S = 3.0
+
 if TYPE_CHECKING:
     from mncloud.control import ControlState
-    from mncloud.spec import JobSpec, LaunchOptions
+    from mncloud.spec import DeadlineOptions, JobSpec, LaunchOptions
 
 
 def register(app: typer.Typer) -> None:
@@ -43,6 +48,7 @@ def control_command(
     import os
 
     from mncloud import control
+    from mncloud.control.keeper import KEEPER_ENV
 
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
@@ -56,15 +62,32 @@ def control_command(
     else:
         state = control.load_state(name)
     if state.final:
-        console.print(f"{name}: already {state.phase}; {state.detail}")
+        console.print(f"{name}: already {state.phase}; {state.detail}", markup=False)
         return
+    if state.config.backend == "local":
+        lock = control.hold_lock(name, wait=LOCK_WAIT_S)  # held until this process ends
+        if lock is None:
+            console.print(f"{name}: another controller of the run is running; nothing to do")
+            return
+        state = control.load_state(name)  # the newest, now that no other controller writes it
+        if state.final:
+            console.print(f"{name}: already {state.phase}; {state.detail}", markup=False)
+            return
+        keeper = os.environ.get(KEEPER_ENV)
+        state.keeper_pid = int(keeper) if keeper and keeper.isdigit() else None
     if workdir is not None:
         state.spec = _rebased(state.spec, workdir.resolve())
+    if state.started_at is not None:  # a controller before this one ran (and died)
+        state.resumes += 1
     state.pid = os.getpid()
     if state.config.backend == "local":
         state.controller = f"this machine, pid {state.pid}"
+        if state.resumes:
+            state.controller += f" (restarted {state.resumes}×)"
     controller = control.Controller(state, _market(state))
     signal.signal(signal.SIGTERM, lambda *_: controller.request_stop())
+    if control.stop_requested(name) is not None:  # `down` came while no controller ran
+        controller.request_stop()
     final = controller.run()
     console.print(f"{name}: {final.phase}; {final.detail}", highlight=False)
 
@@ -96,30 +119,26 @@ def _rebased(spec: dict[str, Any], workdir: Path) -> dict[str, Any]:
 def start_deadline_run(
     spec: JobSpec,
     options: LaunchOptions,
-    values: dict[str, Any],
     *,
+    deadline_s: float,
+    numbers: DeadlineOptions,
+    spot_trace: Path | None,
     hours_given: bool,
     existing: str,
     dryrun: bool,
     as_json: bool,
 ) -> None:
     """`up --deadline`: check, then start the controller and say where it runs."""
-    from mncloud.cli.options import parse_duration
     from mncloud.control import deadline_state, start
 
-    deadline_s = parse_duration(values["deadline"], "--deadline")
-    assert deadline_s is not None
     state = deadline_state(
         spec,
         options,
         deadline_s=deadline_s,
         hours_given=hours_given,
-        budget=values.get("budget"),
-        spot_trace=values.get("spot_trace"),
-        time_scale=values.get("time_scale"),
-        spot_price=values.get("spot_price"),
-        on_demand_price=values.get("on_demand_price"),
+        spot_trace=spot_trace,
         existing=existing,
+        **numbers.model_dump(),
     )
     if not dryrun:
         state = start(state)

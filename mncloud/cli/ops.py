@@ -163,19 +163,32 @@ def logs_command(
 @handle_errors
 def down_command(
     name: Annotated[str, typer.Argument(help="The run name.")],
+    now: Annotated[
+        bool,
+        typer.Option("--now", help="Stop at once: no preemption notice, no last checkpoint."),
+    ] = False,
+    grace: Annotated[
+        str,
+        typer.Option(
+            "--grace",
+            help="How long the ranks get to save the step they reached (a preemption notice) "
+            "before whatever is left is killed, e.g. 30s, 2m.",
+        ),
+    ] = "30s",
+    yes: Annotated[
+        bool, typer.Option("--yes", "-y", help="Do not ask for confirmation (down never asks).")
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
-    """Stop the run and release its nodes (checkpoints stay in the bucket); a deadline run's
-    controller stops first."""
-    from mncloud.backends.registry import backend_for_run, known_runs
-    from mncloud.control.state import controlled_runs
-    from mncloud.operate import run_status
+    """Stop the run and release its nodes; returns once nothing of the run is left. The ranks
+    first get a preemption notice and save the step they reached (local runs; --now skips
+    it); checkpoints stay in the bucket. A deadline run's controller stops first."""
+    from mncloud.cli.options import parse_duration
+    from mncloud.operate import stop_run
 
-    if name in controlled_runs():
-        from mncloud.control.start import stop
-
-        stop(name)
-    status = backend_for_run(name).down(name) if name in known_runs() else run_status(name)
+    del yes  # accepted as `up` and `ckpt rm` accept it: scripts pass it by habit
+    notice_s = 0.0 if now else parse_duration(grace, "--grace") or 0.0
+    status = stop_run(name, notice_s)
     if as_json:
         print_json(status.model_dump(mode="json"))
     else:

@@ -11,9 +11,12 @@ existing=Existing.RESUME)`, so training resumes from the newest complete checkpo
                 progress, slack, cost), saved in the run folder and beside the checkpoints
     markets.py  where spot capacity is learned: a time-compressed trace (local rehearsal) or
                 the managed job's state (SkyPilot); the injectable clock
-    loop.py     Controller: measure, decide, switch, stop at the budget
+    loop.py     Controller: measure, decide, switch, stop at the budget (gracefully), resume
+                a journaled action after a crash
     start.py    `up --deadline`: bad input refused, the controller started (a local process,
-                or a CPU managed job on SkyPilot)
+                or a CPU managed job on SkyPilot); `stop` for `down`; `revive` a dead one
+    recovery.py a restarted controller finishes the action its state journaled, once
+    keeper.py   locally, the process that restarts a controller that died
 
 Every launch writes its own run record; each switch is a `launch` event there with its
 reason, spot flag and price, so the ledgers of the launches split spot and on-demand.
@@ -21,14 +24,17 @@ reason, spot flag and price, so the ledgers of the launches split spot and on-de
 
 from mncloud.control.loop import Controller
 from mncloud.control.markets import Clock, ManagedJobMarket, SystemClock, TraceMarket
-from mncloud.control.start import deadline_state, start
+from mncloud.control.start import deadline_state, revive, start, stop
 from mncloud.control.state import (
     ControlConfig,
     ControlState,
     controlled_runs,
+    controller_running,
+    hold_lock,
     load_state,
     load_uri,
     save_state,
+    stop_requested,
 )
 
 __all__ = [
@@ -40,9 +46,14 @@ __all__ = [
     "SystemClock",
     "TraceMarket",
     "controlled_runs",
+    "controller_running",
     "deadline_state",
+    "hold_lock",
     "load_state",
     "load_uri",
+    "revive",
     "save_state",
     "start",
+    "stop",
+    "stop_requested",
 ]

@@ -19,8 +19,18 @@ while the run has not finished, progress is held one tick short of it, so a low 
 makes the policy stop a run that still trains.
 
 `--budget` is checked before each tick: when the cost so far plus one more tick in the chosen
-market would cross it, the run is stopped (`down`; checkpoints are never deleted) and the state
-says so. Each decision is saved (`state.py`); SIGTERM (`mncloud down`) stops the run and the loop.
+market, plus the stop's own notice, would cross it, the run is stopped and the state says so.
+Every stop the controller makes (the budget, `mncloud down`, a switch of market) is graceful:
+the nodes first get a preemption notice (`stop_notice_s`), so every rank saves the step it
+reached through the emergency checkpoint path before the launch goes; checkpoints are never
+deleted. A spot launch whose capacity the trace takes away is preempted as a cloud would (no
+notice). Each decision is saved (`state.py`); SIGTERM (`mncloud down`) stops the run and the loop.
+
+Crash safety: an action on the run is journaled in the state before it starts (`closing`,
+`launching`) and cleared once done. A controller started on a state with one set finishes it
+first (`recovery.py`): a launch it finds already made (a run record of the name since the
+launch began, its launch alive or over) is adopted, with its `launch` event written once;
+one cut short is cleaned up and made again. So a restart never launches a decision twice.
 """
 
 from __future__ import annotations
@@ -33,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 from mncloud import layout
 from mncloud.backends.base import RunState
 from mncloud.control.markets import Clock, Market, SystemClock
-from mncloud.control.state import ControlState, Decision, save_state
+from mncloud.control.state import ControlState, Decision, Launching, save_state, stop_requested
 from mncloud.errors import MncloudError
 from mncloud.policy import Mode, Observation, Slack, make_policy
 
@@ -48,6 +58,14 @@ log = logging.getLogger(__name__)
 SPOT_RECOVERY_HOLD_S = 86400.0
 #: Wall seconds between looks at the backend inside a tick (finish, failure), at most.
 MAX_POLL_S = 30.0
+#: The preemption notice (wall seconds) the controller's own stops give the nodes: at most
+#: this, one tick of wall time when that is shorter, but never under `MIN_NOTICE_S`.
+STOP_NOTICE_S = 30.0
+MIN_NOTICE_S = 5.0
+#: `mncloud down`'s notice when its stop request says none.
+DOWN_NOTICE_S = 30.0
+#: How long the checkpoint store is retried when the controller reads the newest step.
+CKPT_LOOKUP_S = 5.0
 
 
 class Controller:
@@ -79,6 +97,13 @@ class Controller:
         st = self.state
         if st.started_at is None:
             st.started_at = self.clock.time()
+        try:
+            self._recover()
+        except MncloudError as err:
+            st.phase, st.market, st.mode = "failed", Mode.NONE, Mode.NONE
+            st.detail = f"controller stopped: {err}"
+            log.error("%s", st.detail)
+        save_state(st)
         while not st.final:
             try:
                 if self.stop_reason is not None:
@@ -151,25 +176,31 @@ class Controller:
         self._refresh_costs()
         budget = st.config.budget
         spent = st.cost + st.spent_before
-        if budget is not None and spent + job.tick_cost(choice) > budget:
+        if budget is not None and spent + job.tick_cost(choice) + self._stop_cost() > budget:
             self._stop(
                 f"budget ${budget:,.2f}: ${spent:,.2f} spent and the next "
-                f"{job.hours(1) * 60:g} min {choice.value} would cross it"
+                f"{job.hours(1) * 60:g} min {choice.value} would cross it",
+                budget_left=budget - spent,
             )
             return
-        self._apply(choice, tick, reason)
+        decision = Decision(
+            time=now, tick=tick, spot_now=spot_now, chose=choice,
+            work_hours=st.work_hours, slack_hours=st.slack_hours, reason=reason,
+        )  # fmt: skip
+        self._apply(choice, tick, reason, decision)
         if st.mode is not Mode.NONE and overhead_left == 0 and running:
             st.model_work_ticks += 1
-        st.last_tick = tick
-        log.info("tick %d: %s (%s); work %.2f h, slack %.2f h", tick, choice.value, reason,
-                 st.work_hours, st.slack_hours)  # fmt: skip
-        st.note(
-            Decision(time=now, tick=tick, spot_now=spot_now, chose=choice,
-                     work_hours=st.work_hours, slack_hours=st.slack_hours, reason=reason)
-        )  # fmt: skip
+        self._decided(decision)
+
+    def _decided(self, decision: Decision) -> None:
+        st = self.state
+        st.last_tick = max(st.last_tick, decision.tick)
+        log.info("tick %d: %s (%s); work %.2f h, slack %.2f h", decision.tick,
+                 decision.chose.value, decision.reason, st.work_hours, st.slack_hours)  # fmt: skip
+        st.note(decision)
 
     # --------------------------------------------------------------- actions
-    def _apply(self, choice: Mode, tick: int, reason: str) -> None:
+    def _apply(self, choice: Mode, tick: int, reason: str, decision: Decision) -> None:
         st = self.state
         if choice is st.mode:
             return
@@ -181,11 +212,17 @@ class Controller:
         if choice is Mode.SPOT and st.market is Mode.SPOT:
             st.mode, st.entered_tick, st.phase = Mode.SPOT, tick, "spot"
             return
+        # Journal first: a controller that dies from here on finishes this launch, once.
+        st.launching = Launching(
+            mode=choice, tick=tick, reason=reason, at=self.clock.time(), decision=decision
+        )
+        save_state(st)
         if st.market is not Mode.NONE:
             self._take_down(f"switching to {choice.value}: {reason}")
         self._launch(choice, tick, reason)
 
-    def _launch(self, mode: Mode, tick: int, reason: str) -> None:
+    def _launch(self, mode: Mode, tick: int, reason: str, *, again: bool = False) -> None:
+        """Launch the spec in `mode` (`again`: after a launch cut short by a crash)."""
         from mncloud.launch import Existing
         from mncloud.spec import JobSpec, LaunchOptions, SpotPolicy
 
@@ -201,57 +238,123 @@ class Controller:
             if mode is Mode.SPOT:
                 update["recovery_delay"] = SPOT_RECOVERY_HOLD_S
         options = LaunchOptions.model_validate(st.options).model_copy(update=update)
-        existing = Existing(st.existing) if not st.run_ids else Existing.RESUME
+        first = not st.run_ids and not again
+        existing = Existing(st.existing) if first else Existing.RESUME
         launched = self.launcher(
             spec, options, existing=existing, approve=lambda _plan: True, notify=log.info
         )
         plan = launched.prepared.plan
         choice = plan.choice if plan is not None else None
-        hourly = choice.hourly_total if choice is not None else cfg.price(mode) * cfg.time_scale
-        if launched.run_id:
-            st.run_ids.append(launched.run_id)
-        st.ckpt_uri = launched.status.ckpt_uri or st.ckpt_uri
+        placement = {
+            "hourly_price": choice.hourly_total if choice is not None else None,
+            "cloud": choice.cloud if choice else launched.status.cloud,
+            "region": choice.region if choice else launched.status.region,
+            "instance_type": choice.instance_type if choice else launched.status.instance_type,
+        }
+        self._launched(mode, tick, reason, launched.run_id, launched.status.ckpt_uri, placement)
+
+    def _launched(
+        self,
+        mode: Mode,
+        tick: int,
+        reason: str,
+        run_id: str | None,
+        ckpt_uri: str | None,
+        placement: dict[str, Any],
+    ) -> None:
+        """Record a launch made (or found made, after a crash): once."""
+        st, cfg = self.state, self.state.config
+        if run_id and run_id not in st.run_ids:
+            st.run_ids.append(run_id)
+        st.ckpt_uri = ckpt_uri or st.ckpt_uri
         switched = st.last_launch is not None and st.last_launch is not mode
         st.switches += switched
-        self._event(
-            "launch",
-            f"deadline controller: {'switch to ' if switched else ''}{mode.value}: {reason}",
-            spot=mode is Mode.SPOT,
-            hourly_price=hourly,
-            cloud=choice.cloud if choice else launched.status.cloud,
-            region=choice.region if choice else launched.status.region,
-            instance_type=choice.instance_type if choice else launched.status.instance_type,
-        )
+        if placement.get("hourly_price") is None:
+            placement["hourly_price"] = cfg.price(mode) * cfg.time_scale
+        from mncloud.control.recovery import has_launch_event
+
+        if not has_launch_event(run_id):
+            self._event(
+                "launch",
+                f"deadline controller: {'switch to ' if switched else ''}{mode.value}: {reason}",
+                spot=mode is Mode.SPOT,
+                **placement,
+            )
         st.market = st.mode = st.last_launch = mode
         st.entered_tick, st.entered_at = tick, self.clock.time()
         st.phase = mode.value
+        st.launching = None
+        save_state(st)
 
-    def _take_down(self, why: str) -> None:
-        """Stop the live launch (checkpoints stay); a cloud launch gets its closing event."""
+    def _take_down(self, why: str, notice_s: float | None = None) -> None:
+        """Stop the live launch (checkpoints stay), after a preemption notice; a cloud launch
+        gets its closing event."""
         st = self.state
-        self.backend.down(st.name)
+        st.closing = why
+        save_state(st)
+        self._down(self.stop_notice_s() if notice_s is None else notice_s)
         if st.config.backend != "local":  # the local supervisor records its own end
             self._event("finish", f"deadline controller: {why}")
-        st.market = Mode.NONE
+        st.market, st.closing = Mode.NONE, None
+        save_state(st)
+
+    def _down(self, notice_s: float) -> None:
+        """`down` the run; a local one after a preemption notice of `notice_s` wall seconds
+        (SkyPilot's `down` gives none: its managed job is cancelled)."""
+        from mncloud.backends.local.backend import LocalBackend
+
+        if notice_s > 0 and isinstance(self.backend, LocalBackend):
+            self.backend.down(self.state.name, notice_s=notice_s, by="the deadline controller")
+        else:
+            self.backend.down(self.state.name)
+
+    def stop_notice_s(self, budget_left: float | None = None) -> float:
+        """The notice a controller's stop gives (see the constants); with `budget_left`, no
+        longer than the budget pays for in the live market."""
+        cfg = self.state.config
+        notice = min(STOP_NOTICE_S, max(MIN_NOTICE_S, cfg.gap_s / cfg.time_scale))
+        hourly = cfg.price(self.state.market) * cfg.time_scale  # USD per wall hour
+        if budget_left is not None and hourly > 0:
+            notice = min(notice, max(0.0, budget_left) / hourly * 3600)
+        return notice
+
+    def _stop_cost(self) -> float:
+        """What a stop's notice costs in the live market (kept inside the budget)."""
+        cfg = self.state.config
+        return cfg.price(self.state.market) * cfg.time_scale * self.stop_notice_s() / 3600
 
     def _preempted(self, tick: int) -> None:
         st = self.state
         st.preemptions += 1
+        if not self.market.keeps_spot_request:
+            st.closing = "spot capacity for the nodes is gone"
+            save_state(st)
         self.market.lose_spot(st.name, self.backend)
         if st.config.backend != "local":
             self._event("preemption", "deadline controller: spot capacity for the nodes is gone")
         if not self.market.keeps_spot_request:
-            st.market = Mode.NONE
+            st.market, st.closing = Mode.NONE, None
         st.mode, st.phase = Mode.NONE, "waiting"
 
-    def _stop(self, why: str) -> None:
+    def _stop(self, why: str, *, budget_left: float | None = None) -> None:
         st = self.state
         if st.market is not Mode.NONE:
-            self._take_down(why)
+            if budget_left is not None:
+                notice = self.stop_notice_s(budget_left)
+            else:  # `mncloud down`: the notice it asked for
+                notice = float((stop_requested(st.name) or {}).get("notice_s", DOWN_NOTICE_S))
+            self._take_down(why, notice)
         step = self._checkpoint_step()
         kept = f"; newest complete checkpoint step {step} kept" if step is not None else ""
         st.phase, st.mode, st.detail = "stopped", Mode.NONE, f"{why}{kept}"
         self._refresh_costs()
+
+    # -------------------------------------------------------------- recovery
+    def _recover(self) -> None:
+        """Finish what a controller that died left half done (`recovery.py`)."""
+        from mncloud.control.recovery import recover
+
+        recover(self)
 
     def _event(self, kind: Any, detail: str, **placement: Any) -> None:
         from mncloud.records import append_event
@@ -294,13 +397,14 @@ class Controller:
         return True
 
     def _checkpoint_step(self) -> int | None:
-        from mncloud.operate import newest_checkpoint_step
+        from mncloud.storage import CheckpointStore
 
         st = self.state
         if not st.ckpt_uri:
             return None
         try:
-            step = newest_checkpoint_step(st.ckpt_uri)
+            good, _skipped = CheckpointStore(st.ckpt_uri, retry_seconds=CKPT_LOOKUP_S).candidates()
+            step = good[0] if good else None
         except MncloudError:  # unreadable this tick (an old step being purged): the last known
             return st.ckpt_step
         st.ckpt_step = step if step is not None else st.ckpt_step

@@ -82,7 +82,7 @@ class TraceMarket:
         from mncloud.backends.local.lifecycle import wait_for
 
         before = backend.status(name)
-        if not before.state.is_final:
+        if before.state is RunState.RUNNING:  # (a run already recovering lost its node)
             preempt_node(
                 layout.run_dir(name), before.nodes - 1, by="spot trace (capacity below the nodes)"
             )

@@ -7,7 +7,9 @@ controller keeps its state there), a budget below what the run name has already 
 
 Where the controller runs:
 - **local**: a detached process on this machine (`python -m mncloud control NAME`, its own
-  session, output in `layout.control_log`), like the local supervisor.
+  session, output in `layout.control_log`), like the local supervisor, kept alive by a small
+  keeper (`keeper.py`) that restarts it from its journaled state if it dies; `mncloud status`
+  and `up --resume` restart one found dead (`revive`).
 - **SkyPilot**: a small CPU on-demand *managed job* (`templates/control.yaml.j2`, launched
   with SkyPilot's SDK as `<name>-control`), so it survives the laptop closing and SkyPilot's
   jobs controller restarts it if its VM fails. It reads its state from the bucket
@@ -18,6 +20,7 @@ Where the controller runs:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -25,8 +28,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mncloud import layout
-from mncloud.control.state import ControlConfig, ControlState, save_state
-from mncloud.errors import SpecError
+from mncloud.control.state import (
+    ControlConfig,
+    ControlState,
+    clear_stop_request,
+    controller_running,
+    load_state,
+    request_stop,
+    save_state,
+    stop_requested,
+)
+from mncloud.errors import MncloudError, SpecError
 from mncloud.policy import DEFAULT_POLICY
 
 if TYPE_CHECKING:
@@ -168,29 +180,69 @@ def _prices(
 
 
 def start(state: ControlState) -> ControlState:
-    """Save the state and start the controller where it runs (see the module docstring)."""
+    """Save the state and start the controller where it runs (see the module docstring).
+
+    `up --resume` of a local deadline run whose controller died without ending it restarts
+    that controller from its own state (`revive`) instead: the run goes on as decided.
+    """
     name = state.name
+    if state.config.backend == "local" and state.existing == "resume":
+        old = _unfinished(name)
+        if old is not None:
+            if controller_running(name):
+                raise SpecError(
+                    f"run {name!r} has a deadline controller running ({old.controller}); "
+                    f"follow it with `mncloud status {name}` or stop it with `mncloud down {name}`"
+                )
+            revive(name, force=True)
+            return load_state(name, fresh=False)
     if state.existing == "refuse":  # here, where the user sees it, not in the controller's log
         from mncloud.launch import Existing, settle_existing
         from mncloud.spec import JobSpec
 
         settle_existing(JobSpec.model_validate(state.spec), Existing.REFUSE)
     if state.config.backend == "local":
+        clear_stop_request(name)
         save_state(state)
-        state.pid = _spawn_local(name)
-        state.controller = f"this machine, pid {state.pid}"
-    else:
-        state.controller = f"SkyPilot managed job {_launch_sky(state)} ({name}-control)"
+        keeper = _spawn_local(name)
+        state.controller = f"this machine, keeper pid {keeper}"
+        return state  # the controller writes the state from now on
+    state.controller = f"SkyPilot managed job {_launch_sky(state)} ({name}-control)"
     save_state(state)
     return state
 
 
+def _unfinished(name: str) -> ControlState | None:
+    try:
+        state = load_state(name, fresh=False)
+    except MncloudError:
+        return None
+    return None if state.final else state
+
+
+def revive(name: str, *, force: bool = False) -> int | None:
+    """Restart a local controller that died before its run ended; its keeper's pid, or None
+    when nothing was to do (no controller state, a final one, one running, or `down` asked
+    it to stop). `force` (`up --resume`): even one `down` asked to stop."""
+    state = _unfinished(name)
+    if state is None or state.config.backend != "local" or controller_running(name):
+        return None
+    if stop_requested(name) is not None:
+        if not force:
+            return None
+        clear_stop_request(name)
+    return _spawn_local(name)
+
+
 def _spawn_local(name: str) -> int:
+    """Start the controller's keeper (which starts the controller), detached."""
+    from mncloud.control.keeper import command
+
     log_path = layout.control_log(name)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "mncloud", "control", name],
+            command(name),
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -260,19 +312,21 @@ def _api_server() -> str:
     return url
 
 
-#: How long `mncloud down` waits for a local controller to stop its run and exit.
+#: How long `mncloud down` waits for a local controller to stop its run and exit, beyond the
+#: preemption notice it gives the nodes.
 STOP_WAIT_S = 60.0
 
 
-def stop(name: str) -> str:
+def stop(name: str, notice_s: float = 0.0) -> str:
     """Stop a run's deadline controller (`mncloud down`); return what was done.
 
-    Local: SIGTERM, and the controller takes the run down and exits. SkyPilot: the
+    The stop request is written first (nothing restarts the controller after it). Local:
+    SIGTERM, and the controller takes the run down, after a preemption notice of `notice_s`
+    to its nodes, and exits (its keeper with it); `down` waits for both. SkyPilot: the
     controller's managed job is cancelled (`down` then takes the training job down).
     """
-    from mncloud.control.state import load_state
-
     state = load_state(name, fresh=False)
+    request_stop(name, notice_s)
     if state.final:
         return f"controller already {state.phase}"
     if state.config.backend != "local":
@@ -286,23 +340,29 @@ def stop(name: str) -> str:
         return f"controller job {name}-control cancelled"
     import psutil
 
-    try:
-        proc = psutil.Process(state.pid or -1)
-        proc.terminate()
-        proc.wait(STOP_WAIT_S)
-    except psutil.NoSuchProcess:
-        pass
-    except psutil.TimeoutExpired:
-        proc.kill()
+    procs = []
+    for pid in {state.pid, state.keeper_pid} - {None}:
+        with contextlib.suppress(psutil.Error):
+            proc = psutil.Process(pid)
+            if "mncloud" in " ".join(proc.cmdline()) and name in proc.cmdline():
+                procs.append(proc)
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            proc.terminate()
+    _gone, alive = psutil.wait_procs(procs, timeout=notice_s + STOP_WAIT_S)
+    for proc in alive:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    psutil.wait_procs(alive, timeout=5)
     _mark_stopped(name, "stopped by mncloud down")
     return "controller stopped"
 
 
 def _mark_stopped(name: str, why: str) -> None:
-    from mncloud.control.state import load_state
     from mncloud.policy import Mode
 
     state = load_state(name, fresh=False)
     if not state.final:
         state.phase, state.market, state.mode, state.detail = "stopped", Mode.NONE, Mode.NONE, why
+        state.closing = state.launching = None
         save_state(state)

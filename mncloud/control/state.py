@@ -6,13 +6,25 @@ it has seen (the policy's history), the run records of every launch, progress, s
 It lives in the run folder (`layout.control_state_file`) and, for a run with a bucket, beside
 the checkpoints too (`layout.control_state_uri`): a cloud run's controller runs as a SkyPilot
 job, and `mncloud status` on the laptop reads its state there.
+
+The state is a journal too, so a controller that died (`kill -9`, a lost VM) is resumed from
+it without a second launch: an action that touches the run is written down before it starts
+(`closing`: the live launch is being taken down; `launching`: a decision's launch is under
+way) and cleared once it is done; a controller that finds one set finishes that action first
+(`Controller.run`). Beside the state: `controller.lock`, held (flock) by the one controller
+that runs, so a second one started by a restart exits at once, and `stop.json`, written by
+`mncloud down` before it stops the controller, so nothing restarts a controller told to stop.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import json
 import logging
+import os
 import time
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -26,6 +38,8 @@ log = logging.getLogger(__name__)
 
 #: Decisions kept in the state (the newest; the run record keeps every switch).
 KEEP_DECISIONS = 50
+LOCK_FILE = "controller.lock"
+STOP_FILE = "stop.json"
 
 
 class ControlConfig(BaseModel):
@@ -91,6 +105,17 @@ class Decision(BaseModel):
     reason: str = ""
 
 
+class Launching(BaseModel):
+    """A decision's launch under way (written before it starts, cleared once it is recorded)."""
+
+    mode: Mode
+    tick: int
+    reason: str
+    at: float
+    """Wall time the launch began: a run record of the name from then on is this launch's."""
+    decision: Decision
+
+
 class ControlState(BaseModel):
     """What the controller knows; rewritten after every decision."""
 
@@ -143,6 +168,14 @@ class ControlState(BaseModel):
     detail: str = ""
     controller: str = ""
     pid: int | None = None
+    keeper_pid: int | None = None
+    """Local: the process that restarts the controller if it dies (`control/keeper.py`)."""
+    resumes: int = 0
+    """How often a controller took over this state from one that died."""
+    closing: str | None = None
+    """Journal: the live launch is being taken down, for this reason."""
+    launching: Launching | None = None
+    """Journal: a decision's launch is under way."""
     stop_requested: bool = False
     updated_at: float = 0.0
 
@@ -243,3 +276,57 @@ def controlled_runs() -> list[str]:
     if not root.is_dir():
         return []
     return sorted(p.name for p in root.iterdir() if layout.control_state_file(p.name).is_file())
+
+
+def stop_request_file(name: str) -> Path:
+    """`mncloud down`'s word to the controller (and to whatever would restart it)."""
+    return layout.control_dir(name) / STOP_FILE
+
+
+def request_stop(name: str, notice_s: float) -> None:
+    """Write down that the run is to stop, with the preemption notice its nodes get."""
+    from mncloud.storage import write_atomic
+
+    payload = json.dumps({"t": time.time(), "notice_s": notice_s})
+    write_atomic(stop_request_file(name), payload.encode())
+
+
+def stop_requested(name: str) -> dict[str, Any] | None:
+    """The stop request of a run (`notice_s`), or None."""
+    with contextlib.suppress(OSError, ValueError):
+        value = json.loads(stop_request_file(name).read_text())
+        return value if isinstance(value, dict) else {}
+    return None
+
+
+def clear_stop_request(name: str) -> None:
+    """A fresh start of the name: an old `down` no longer applies."""
+    stop_request_file(name).unlink(missing_ok=True)
+
+
+def hold_lock(name: str, wait: float = 0.0) -> int | None:
+    """Take the controller lock of a run for this process's lifetime; its fd, or None when
+    another controller still holds it after `wait` seconds. The kernel releases it when the
+    process dies, however it dies."""
+    path = layout.control_dir(name) / LOCK_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except OSError:
+            if time.monotonic() >= deadline:
+                os.close(fd)
+                return None
+            time.sleep(0.05)
+
+
+def controller_running(name: str) -> bool:
+    """True while a controller of the run holds its lock (on this machine)."""
+    fd = hold_lock(name)
+    if fd is None:
+        return True
+    os.close(fd)  # closing the only fd releases the lock
+    return False

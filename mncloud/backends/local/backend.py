@@ -160,13 +160,14 @@ class LocalBackend:
         path = folder / (RUN_LOG if node is None else node_log(node))
         yield from tail_lines(path, follow=follow, done=lambda: lifecycle.run_ended(folder))
 
-    def down(self, run_name: str) -> RunStatus:
+    def down(self, run_name: str, *, notice_s: float = 0.0, by: str = "mncloud down") -> RunStatus:
         """Stop the run and wait (bounded) until none of its processes is left; the status's
-        detail says how that went."""
+        detail says how that went. With `notice_s`, the nodes first get a preemption notice
+        and that long to save the step they reached (`lifecycle.stop_folder`)."""
         folder = layout.run_dir(run_name)
         load_state(folder)  # RunNotFoundError for an unknown run
         lifecycle.stop_folder(folder / REFERENCE_DIR)
-        report = lifecycle.stop_folder(folder)
+        report = lifecycle.stop_folder(folder, notice_s=notice_s, by=by)
         status = self.status(run_name)
         status.detail = f"{status.detail}; {report.describe()}" if status.detail else (
             report.describe())  # fmt: skip

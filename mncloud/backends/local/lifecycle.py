@@ -1,14 +1,31 @@
 """Start, watch and stop a local run folder: write it, start its supervisor, take it down.
 
-`stop_folder` is what `mncloud down` does: SIGTERM to the supervisor (it SIGKILLs every node
-process and records CANCELLED), then it waits, bounded, until no process of the run is left,
-SIGKILLing whatever still runs after `STOP_GRACE_S`, so no process survives `down`.
+`stop_folder` is what `mncloud down` does. Gracefully (`notice_s` > 0, `down`'s default), it
+first gives the run a preemption notice: a `stop` request in chaos.jsonl and SIGUSR1 to the
+supervisor, which announces the notice to every node through the run's metadata server, so
+every rank saves the step it reached (the emergency checkpoint path) and exits 115; the
+supervisor records CANCELLED and exits. Example, 2 nodes training, `mncloud down demo`:
+
+    t=0     stop request (notice 30 s); SIGUSR1 → the supervisor flips every node's metadata
+    t=0.5   the ranks' watchers see it; at the next step all ranks save that step, exit 115
+    t=2     every node gone: "stopped by mncloud down after a preemption notice; newest
+            complete checkpoint: step 137"; the supervisor exits
+    t=30    (only for a node that ignored the notice) the notice's deadline: SIGKILL
+
+Nodes that never asked their metadata (a script without a CheckpointManager, node recovery,
+where the watch is off, or a run still starting) are not waited for: the stop is immediate.
+Then, as `down --now` does at once: SIGTERM to the supervisor (it SIGKILLs every node process
+and records CANCELLED), a bounded wait until no process of the run is left, and SIGKILL to
+whatever still runs after `STOP_GRACE_S` (found by the run's tag, the supervisor's included),
+so no process survives `down`, whatever phase the run was in.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -19,15 +36,17 @@ from pathlib import Path
 import psutil
 from pydantic import BaseModel
 
-from mncloud import layout
+from mncloud import constants, layout
 from mncloud.backends.base import RunState
 from mncloud.backends.local import processes
 from mncloud.backends.local.state import (
+    CHAOS_FILE,
     REFERENCE_DIR,
     SUPERVISOR_LOG,
     TASK_FILE,
     LocalLaunch,
     LocalState,
+    append_jsonl,
     load_launch,
     load_state,
     save_launch,
@@ -37,6 +56,10 @@ from mncloud.errors import BackendError, RunNotFoundError
 
 STOP_GRACE_S = 10.0
 """How long `down` lets the run's processes exit before it SIGKILLs them."""
+NOTICE_S = 30.0
+"""`down`'s preemption notice: how long the ranks get to save the step they reached."""
+GRACEFUL_STOP_SIGNAL = signal.SIGUSR1
+"""Tells the supervisor to read the stop request in chaos.jsonl (SIGTERM stops at once)."""
 _KEEP = ("backend.json", layout.LOCAL_CKPT_DIR, layout.CONTROL_DIR)
 """What a fresh launch leaves in the run folder: the backend choice, local checkpoints
 (`up --resume` continues from them; `up --replace` sets them aside first) and the deadline
@@ -55,6 +78,8 @@ class StopReport(BaseModel):
     seconds: float = 0.0
     left: list[int] = []
     """Pids that survived even SIGKILL (should never happen)."""
+    notice_s: float = 0.0
+    """The preemption notice the run was given before it was stopped (0: none)."""
 
     def describe(self) -> str:
         if self.left:
@@ -62,11 +87,33 @@ class StopReport(BaseModel):
         if not self.processes:
             return "no process of the run was running"
         killed = f"; {len(self.killed)} SIGKILLed after {STOP_GRACE_S:g}s" if self.killed else ""
-        return f"all {self.processes} process(es) of the run gone in {self.seconds:.1f}s{killed}"
+        notice = f" (after a {self.notice_s:g}s preemption notice)" if self.notice_s else ""
+        return (
+            f"all {self.processes} process(es) of the run gone in {self.seconds:.1f}s"
+            f"{notice}{killed}"
+        )
 
 
 def supervisor_alive(state: LocalState) -> bool:
     return processes.is_supervisor(state.supervisor_pid)
+
+
+def supervisor_pids(state: LocalState) -> set[int]:
+    """The run's live supervisor: by its pid in state.json, or by its tag (one that has not
+    written its pid yet)."""
+    found = set(processes.tagged_pids(state.token, processes.SUPERVISOR_NODE))
+    if supervisor_alive(state):
+        found.add(state.supervisor_pid or 0)
+    return found
+
+
+def launch_alive(folder: Path) -> bool:
+    """True while the run in `folder` is not final and its supervisor runs (or is starting)."""
+    try:
+        state = load_state(folder)
+    except RunNotFoundError:
+        return False
+    return not state.state.is_final and bool(supervisor_pids(state))
 
 
 def run_ended(folder: Path) -> bool:
@@ -118,9 +165,13 @@ def prepare_run(
 def start_supervised(folder: Path) -> LocalState:
     """Start the supervisor of a prepared run folder (detached, so `up --detach` can
     return); return its first state."""
+    token = load_launch(folder).token
+    env = dict(os.environ)
+    env[constants.LOCAL_NODE_TAG_ENV] = processes.node_tag(token, processes.SUPERVISOR_NODE)
     with open(folder / SUPERVISOR_LOG, "ab") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", processes.SUPERVISOR_MODULE, "supervise", str(folder)],
+            env=env,
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -150,33 +201,59 @@ def wait_for_running(folder: Path, timeout: float = 600.0) -> LocalState:
         time.sleep(0.05)
 
 
-def stop_folder(folder: Path, grace: float = STOP_GRACE_S) -> StopReport:
+def stop_folder(
+    folder: Path, grace: float = STOP_GRACE_S, *, notice_s: float = 0.0, by: str = "mncloud down"
+) -> StopReport:
     """Stop the supervisor and every process of a run folder; return once none is left.
 
-    SIGTERM to the supervisor, up to `grace` seconds for it and the nodes to go, then SIGKILL
-    to whatever of the run still runs (found by tag again: nothing escapes by forking late).
+    With `notice_s`, a preemption notice first (see the module docstring): up to `notice_s`
+    + `grace` for the supervisor to stop the nodes that way and exit. Then SIGTERM to the
+    supervisor, up to `grace` seconds for it and the nodes to go, then SIGKILL to whatever of
+    the run still runs (found by tag again: nothing escapes by forking late).
     """
     try:
         state = load_state(folder)
     except RunNotFoundError:
         return StopReport()
     t0 = time.monotonic()
-    supervisor = state.supervisor_pid if supervisor_alive(state) else None
-    pids = set(processes.tagged_pids(state.token)) | ({supervisor} if supervisor else set())
-    if supervisor:
+    supervisors = supervisor_pids(state)
+    pids = set(processes.tagged_pids(state.token)) | supervisors
+    given = 0.0
+    if notice_s > 0 and supervisors and not state.state.is_final:
+        asked = time.time()
+        _request_graceful_stop(folder, supervisors, notice_s, by)
+        processes.wait_gone(supervisors, notice_s + grace)
+        after = load_state(folder)
+        supervisors = supervisor_pids(after) & supervisors
+        # The supervisor gives the notice only when some node watches for one.
+        if any(e.kind == "notice" and e.t >= asked - 1 for e in after.events):
+            given = notice_s
+    for pid in supervisors:
         with contextlib.suppress(psutil.Error):
-            psutil.Process(supervisor).terminate()
+            psutil.Process(pid).terminate()
     left = set(processes.wait_gone(pids, grace))
-    if supervisor in left:
+    for pid in left & supervisors:
         with contextlib.suppress(psutil.Error):
-            psutil.Process(supervisor).kill()
+            psutil.Process(pid).kill()
     killed = left | set(processes.kill_tagged(state.token))
     survivors = processes.wait_gone(killed | pids, 5.0)
     _reap_children()
-    _mark_cancelled(folder)
-    report = StopReport(processes=len(pids), killed=sorted(killed), left=survivors)
+    _mark_cancelled(folder, by)
+    report = StopReport(processes=len(pids), killed=sorted(killed), left=survivors, notice_s=given)
     report.seconds = round(time.monotonic() - t0, 2)
     return report
+
+
+def _request_graceful_stop(folder: Path, supervisors: set[int], notice_s: float, by: str) -> None:
+    """The stop request the supervisor reads (chaos.jsonl), then the signal that wakes it."""
+    now = time.time()
+    append_jsonl(folder / CHAOS_FILE, {
+        "t": now, "action": "stop", "notice_s": notice_s, "deadline": now + notice_s, "by": by,
+        "message": f"{by}: a preemption notice to every node; they stop in {notice_s:g}s",
+    })  # fmt: skip
+    for pid in supervisors:
+        with contextlib.suppress(psutil.Error):
+            psutil.Process(pid).send_signal(GRACEFUL_STOP_SIGNAL)
 
 
 def _reap_children() -> None:
@@ -186,11 +263,11 @@ def _reap_children() -> None:
             _CHILDREN.remove(proc)
 
 
-def _mark_cancelled(folder: Path) -> None:
+def _mark_cancelled(folder: Path, by: str = "mncloud down") -> None:
     state = load_state(folder)
     if not state.state.is_final:
         state.state, state.ended_at = RunState.CANCELLED, time.time()
-        state.detail = "stopped by mncloud down"
+        state.detail = f"stopped by {by}"
         save_state(folder, state)
 
 

@@ -49,6 +49,8 @@ class MetadataServer:
         self._stopped = False
         self.requests: Counter[tuple[int, str]] = Counter()
         """Answered requests per (node, protocol), so tests can await polls."""
+        self._asked: set[int] = set()
+        """Nodes that asked for their metadata since the last `clear` (they watch notices)."""
         self._httpd = ThreadingHTTPServer((host, port), _handler(self))
         self._httpd.daemon_threads = True
         self._thread = threading.Thread(
@@ -92,10 +94,17 @@ class MetadataServer:
             self._incarnation += 1
             self._cond.notify_all()
 
+    def watching(self) -> set[int]:
+        """The nodes that asked for their metadata since the last `clear`: they would see a
+        notice (a script without a CheckpointManager, or with its watch off, never asks)."""
+        with self._cond:
+            return set(self._asked)
+
     def clear(self) -> None:
         """No node has a notice (a relaunched cluster is a fresh set of VMs)."""
         with self._cond:
             self._notices.clear()
+            self._asked.clear()
             self._incarnation += 1
             self._cond.notify_all()
 
@@ -123,6 +132,8 @@ class MetadataServer:
             protocol, answer = "", (404, "not found\n", {})
         with self._cond:
             self.requests[node, protocol] += 1
+            if protocol:
+                self._asked.add(node)
             self._cond.notify_all()
         return answer
 

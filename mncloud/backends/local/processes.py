@@ -3,7 +3,9 @@
 Every process of a local node carries `MNCLOUD_LOCAL_NODE=<run token>/<node>` in its
 environment, inherited from the node's launcher. That tag, not the process tree, is how the
 supervisor, `mncloud chaos` and `mncloud down` find a node's processes: torchrun puts its
-workers in sessions of their own, and a worker whose torchrun died is reparented.
+workers in sessions of their own, and a worker whose torchrun died is reparented. The
+supervisor carries `<run token>/supervisor` (set before it starts, so `down` finds even one
+that has not written its pid yet) and node recovery's lighthouse `<run token>/lighthouse`.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from mncloud import constants
 LOCALHOST = "127.0.0.1"
 SUPERVISOR_MODULE = "mncloud.backends.local"
 """What the supervisor's command line contains (`python -m mncloud.backends.local supervise`)."""
+SUPERVISOR_NODE = "supervisor"
+"""The supervisor's process tag suffix (`<token>/supervisor`)."""
 _DEAD = (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
 _PR_SET_CHILD_SUBREAPER = 36
 
@@ -66,7 +70,7 @@ def _tag_of(proc: psutil.Process) -> str | None:
         return None
 
 
-def tagged_processes(token: str, node: int | None = None) -> list[psutil.Process]:
+def tagged_processes(token: str, node: int | str | None = None) -> list[psutil.Process]:
     """Live processes of one node of a run (or of all its nodes), found by their env tag."""
     want = node_tag(token, node) if node is not None else None
     me = os.getpid()
@@ -80,11 +84,11 @@ def tagged_processes(token: str, node: int | None = None) -> list[psutil.Process
     return found
 
 
-def tagged_pids(token: str, node: int | None = None) -> list[int]:
+def tagged_pids(token: str, node: int | str | None = None) -> list[int]:
     return sorted(p.pid for p in tagged_processes(token, node))
 
 
-def kill_tagged(token: str, node: int | None = None, sig: int = signal.SIGKILL) -> list[int]:
+def kill_tagged(token: str, node: int | str | None = None, sig: int = signal.SIGKILL) -> list[int]:
     """Signal every process of a node (or of the run) until none is left; return their pids.
 
     Rescans after each round: a process forked between the scan and the kill is caught by

@@ -23,14 +23,18 @@ before the preemption is counted. Each relaunch resets the metadata (fresh VMs).
 `--chaos-preempt-after D` does what `chaos preempt` does to the last node, once, D after the
 first training step the script reports in `$MNCLOUD_PROGRESS_FILE` (or D + 60 s after the
 launch when it reports none), so the preemption lands mid-training however long start-up takes.
-On SIGTERM (`mncloud down`) it SIGKILLs every node process and records CANCELLED.
+On SIGTERM (`mncloud down --now`) it SIGKILLs every node process and records CANCELLED. On
+SIGUSR1 with a `stop` request in chaos.jsonl (`mncloud down`, and the deadline controller's
+stops) it stops gracefully: a preemption notice to every node that watches its metadata, up to
+the request's `notice_s` for the nodes to save the step they reached and exit (115), SIGKILL
+to any node left at that deadline, then CANCELLED with the newest complete checkpoint, and no
+relaunch. During setup, a recovery wait or while no node watches, the stop is immediate.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import queue
 import signal
 import subprocess
 import threading
@@ -46,6 +50,7 @@ from mncloud.backends.local.chaos import preempt_node
 from mncloud.backends.local.ckptdir import CkptDirSync
 from mncloud.backends.local.metadata import MetadataServer
 from mncloud.backends.local.nodes import RunLogs, node_env, start_node
+from mncloud.backends.local.recordwriter import RecordWriter
 from mncloud.backends.local.replacing import NodeReplacer
 from mncloud.backends.local.state import (
     CHAOS_FILE,
@@ -73,44 +78,6 @@ def plural(n: int, word: str) -> str:
     return f"{n} {word}{'' if n == 1 else 's'}"
 
 
-class RecordWriter:
-    """Run-record events, written by one thread from a queue: a bucket write can stall for
-    seconds during a storage outage, and supervision must never wait for it."""
-
-    def __init__(
-        self, name: str, procs_per_node: int, log: RunLogs, spot: bool = False, price: float = 0.0
-    ) -> None:
-        self.name, self.procs_per_node, self.log = name, procs_per_node, log
-        self.spot, self.price = spot, price
-        self._queue: queue.Queue[dict[str, Any] | None] = queue.Queue()
-        self._thread = threading.Thread(target=self._write, name="mncloud-records", daemon=True)
-        self._thread.start()
-
-    def put(
-        self, kind: str, message: str, node: int | None, at: float, price: float | None = None
-    ) -> None:
-        self._queue.put({"kind": kind, "node": node, "detail": message, "at": at,
-                         "price": self.price if price is None else price})  # fmt: skip
-
-    def _write(self) -> None:
-        from mncloud.records import append_event
-
-        while (item := self._queue.get()) is not None:
-            try:
-                append_event(
-                    self.name, item["kind"], node=item["node"], cloud="local",
-                    instance_type=f"cpu:{self.procs_per_node}", spot=self.spot,
-                    hourly_price=item["price"], detail=item["detail"], at=item["at"],
-                )  # fmt: skip
-            except Exception as err:  # a record must never break supervision
-                self.log.write(f"[mncloud] run record event not written: {err}")
-
-    def flush(self, timeout: float = 60.0) -> None:
-        """Let the writer finish what is queued (bounded: a bucket may be down)."""
-        self._queue.put(None)
-        self._thread.join(timeout)
-
-
 class Supervisor:
     """Runs the nodes of one run, relaunching them after a preemption (see module docstring)."""
 
@@ -119,6 +86,10 @@ class Supervisor:
         self.launch = load_launch(folder)
         self.state = load_state(folder)
         self.stop = threading.Event()
+        """Set by SIGTERM (stop now) and SIGUSR1 (stop after a preemption notice)."""
+        self.stop_now = threading.Event()
+        self._stop_request: dict[str, Any] | None = None
+        self._stop_note = ""
         self.logs = RunLogs(folder, self.launch.num_nodes)
         self._records = RecordWriter(self.launch.name, self.launch.procs_per_node, self.logs,
                                      self.launch.spot, self.launch.hourly_price)  # fmt: skip
@@ -212,6 +183,10 @@ class Supervisor:
                 node, deadline = int(record["node"]), float(record["deadline"])
                 self._metadata.announce(node, str(record["protocol"]), deadline)
                 self._notice_kills.append((deadline, node, self.state.attempt))
+            if record.get("action") == "stop":
+                self._stop_request = record
+                self.event("stopping", str(record.get("message", "")), t=record.get("t"))
+                continue
             data = {k: v for k, v in record.items() if k not in ("t", "message", "node")}
             self.event(f"chaos-{record.get('action')}", str(record.get("message", "")),
                        node=record.get("node"), t=record.get("t"), **data)  # fmt: skip
@@ -221,7 +196,8 @@ class Supervisor:
     def main(self) -> int:
         """Run setup, then attempts until success, failure or `down`; return an exit code."""
         for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: self.stop.set())
+            signal.signal(sig, lambda *_: (self.stop_now.set(), self.stop.set()))
+        signal.signal(signal.SIGUSR1, lambda *_: self.stop.set())
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
         processes.become_subreaper()
         st = self.state
@@ -262,7 +238,8 @@ class Supervisor:
         elif final is RunState.SUCCEEDED:
             self.event("succeeded", f"succeeded after {tail}")
         else:
-            self.event(final.value.lower(), f"stopped by mncloud down after {tail}")
+            by = str((self._stop_request or {}).get("by") or "mncloud down")
+            self.event(final.value.lower(), f"stopped by {by}{self._stop_note} after {tail}")
 
     def _run(self) -> RunState:
         if self.launch.setup and not self._setup():
@@ -340,7 +317,7 @@ class Supervisor:
         started = self._launch_nodes()
         codes = self._watch(started)
         if codes is None:
-            self._end_ckpt_dir({})
+            self._end_ckpt_dir(self._stopped_codes())
             return "stopped", "stopped"
         self._ingest_chaos()  # a request written just before the kill we noticed
         for n, code in codes.items():
@@ -379,9 +356,17 @@ class Supervisor:
         chaos_pending = self.launch.chaos_preempt_after is not None and self.state.attempt == 1
         last_scan = 0.0
         stopping_until: float | None = None  # nodes stopping for a notice: let the rest follow
+        stop_deadline: float | None = None  # stopping after a notice: nodes gone by then
         while True:
-            if self.stop.wait(POLL_S):
-                return None
+            if stop_deadline is None and self.stop.wait(POLL_S):
+                self._ingest_chaos()  # the stop request, if `down` wrote one
+                stop_deadline = self._notify_stop()
+                if stop_deadline is None:
+                    return None
+            if stop_deadline is not None:
+                if self.stop_now.wait(POLL_S) or self._stopped_by(stop_deadline):
+                    return None
+                continue
             self._ingest_chaos()
             now = time.time()
             if chaos_pending and self._chaos_due(started, now):
@@ -402,6 +387,42 @@ class Supervisor:
                 last_scan = now
                 self._refresh_pids()
                 processes.reap_orphans({p.pid for p in self._procs.values()})
+
+    def _notify_stop(self) -> float | None:
+        """A graceful stop: a preemption notice to every node, if any of them watches its
+        metadata; return the notice's deadline (None: stop now)."""
+        request = self._stop_request
+        watching = self._metadata.watching()
+        if self.stop_now.is_set() or request is None or not watching:
+            if request is not None and not self.stop_now.is_set():
+                self.logs.write("[mncloud] no node watches for a preemption notice: stopping now")
+            return None
+        deadline = time.time() + float(request.get("notice_s") or 0.0)
+        for node in range(self.launch.num_nodes):  # AWS's notice carries its deadline
+            self._metadata.announce(node, "aws", deadline)
+        self.event("notice", f"preemption notice to every node ({len(watching)} watching); "
+                   f"they save the step they reached and stop within "
+                   f"{deadline - time.time():.0f}s")  # fmt: skip
+        return deadline
+
+    def _stopped_by(self, deadline: float) -> bool:
+        """Stopping after a notice: True once every node exited or the deadline passed."""
+        codes = {n: p.poll() for n, p in self._procs.items()}
+        if any(c is None for c in codes.values()) and time.time() < deadline:
+            return False
+        left = [n for n, c in codes.items() if c is None]
+        self._kill_all()  # first: no commit may land after we look at the bucket
+        latest = self._latest_checkpoint()
+        where = f"step {latest}" if latest is not None else "none"
+        killed = f"; node(s) {left} SIGKILLed at the notice's deadline" if left else ""
+        self._stop_note = (
+            f" after a preemption notice (newest complete checkpoint: {where}{killed})"
+        )
+        return True
+
+    def _stopped_codes(self) -> dict[int, int | None]:
+        """The exit codes of nodes that stopped on their own (for --ckpt-dir's flush)."""
+        return {n: p.returncode for n, p in self._procs.items()}
 
     def _node_recovery(self, codes: dict[int, int | None], now: float) -> dict[int, int | None]:
         """Node recovery: replace preempted nodes alone while enough others live, start the

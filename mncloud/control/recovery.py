@@ -1,0 +1,125 @@
+"""Resuming a deadline controller that died: finish the action its state journaled, once.
+
+The controller writes an action on the run into its state before it starts it and clears it
+once it is done (`ControlState.closing`, `ControlState.launching`). A controller started on a
+state with one set (its keeper restarted it, `mncloud status` or `up --resume` did, or
+SkyPilot restarted its managed job) finishes it before it decides anything:
+
+    closing     the live launch was being taken down: `down` again (idempotent)
+    launching   a decision's launch was under way. Made already (a run record of the name
+                from the launch's start on, not yet in the state, whose launch got as far as
+                its supervisor, or whose backend knows the run): adopted, its `launch`
+                event written only if the record lacks it. Not made, or cut short before its
+                supervisor started: what it left is marked over and the launch is made again.
+
+Example: `kill -9` during a switch from spot to on-demand, after the spot launch went down
+and while the on-demand one was being launched; the keeper restarts the controller, which
+finds `launching` (on-demand, tick 9) and a record made since, whose supervisor runs: it
+adopts it. The ledger has two launches, one per decision; the tick is not decided again.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from mncloud import layout
+from mncloud.control.state import Launching, save_state
+from mncloud.errors import MncloudError, RunNotFoundError
+from mncloud.policy import Mode
+
+if TYPE_CHECKING:
+    from mncloud.control.loop import Controller
+
+log = logging.getLogger(__name__)
+
+
+def recover(ctl: Controller) -> None:
+    """Finish what the controller before `ctl` left half done (see the module docstring)."""
+    st = ctl.state
+    if st.closing is not None:
+        log.info("resuming: the launch was being taken down (%s); again", st.closing)
+        ctl._down(0.0 if st.mode is Mode.NONE else ctl.stop_notice_s())
+        st.market, st.closing = Mode.NONE, None
+        save_state(st)
+    pending = st.launching
+    if pending is None:
+        return
+    found = launch_made(ctl, pending)
+    if found is not None:
+        run_id, record = found
+        log.info("resuming: the launch of tick %d was made (%s); adopted", pending.tick, run_id)
+        choice = (record.plan or {}).get("choice") or {}
+        placement = {k: choice.get(k) for k in ("cloud", "region", "instance_type")}
+        placement["hourly_price"] = choice.get("hourly_total")
+        ctl._launched(pending.mode, pending.tick, pending.reason, run_id, record.ckpt_uri,
+                      placement)  # fmt: skip
+    else:
+        log.info("resuming: the launch of tick %d was not made; launching", pending.tick)
+        if st.market is not Mode.NONE:
+            ctl._take_down(f"switching to {pending.mode.value}: {pending.reason}")
+        _clear_half_launch(ctl)
+        ctl._launch(pending.mode, pending.tick, pending.reason, again=True)
+    ctl._decided(pending.decision)
+    save_state(st)
+
+
+def launch_made(ctl: Controller, pending: Launching) -> tuple[str, Any] | None:
+    """The run id and record of the launch `pending` made before a crash, or None."""
+    from mncloud.records import list_records
+
+    st = ctl.state
+    fresh = [
+        r for r in list_records(st.name)
+        if r.created_at >= pending.at - 1.0 and r.run_id not in st.run_ids
+    ]  # fmt: skip
+    if not fresh:
+        return None
+    record = fresh[-1]
+    try:
+        ctl.backend.status(st.name)
+    except RunNotFoundError:
+        return None
+    if st.config.backend == "local" and not _local_launch_took(st.name, record.run_id):
+        return None
+    return record.run_id, record
+
+
+def _clear_half_launch(ctl: Controller) -> None:
+    """A launch cut short (a record, a run folder, no supervisor): mark it over."""
+    try:
+        status = ctl.backend.status(ctl.state.name)
+    except RunNotFoundError:
+        return
+    if not status.state.is_final:
+        ctl.backend.down(ctl.state.name)
+
+
+def has_launch_event(run_id: str | None) -> bool:
+    """Whether the record `run_id` already has the controller's `launch` event."""
+    from mncloud.records import find_record
+
+    if not run_id:
+        return False
+    try:
+        record = find_record(run_id)
+    except MncloudError:
+        return False
+    return any(
+        e.kind == "launch" and e.detail.startswith("deadline controller") for e in record.events
+    )
+
+
+def _local_launch_took(name: str, run_id: str) -> bool:
+    """A local launch of record `run_id` got as far as its supervisor (alive or over)."""
+    from mncloud.backends.local import lifecycle
+    from mncloud.backends.local.state import load_launch, load_state
+
+    folder = layout.run_dir(name)
+    try:
+        launch, local = load_launch(folder), load_state(folder)
+    except (OSError, ValueError, MncloudError):
+        return False
+    if launch.run_id != run_id:
+        return False
+    return local.supervisor_pid is not None or lifecycle.launch_alive(folder)
