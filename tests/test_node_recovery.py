@@ -197,6 +197,13 @@ def test_lost_node_is_replaced_alone_and_heals_from_a_live_peer() -> None:
     record_kinds = [e.kind for e in load_current("ft").events]
     for kind in ("node-lost", "node-joined", "node-healed"):
         assert kind in record_kinds, record_kinds
+    from mncloud.backends.local.figures import recovery_figures
+    from mncloud.cli.follow import node_recovery_line
+
+    figures = recovery_figures(run_dir("ft"))
+    assert figures.node_losses == 1 and len(figures.heal_s) >= 1
+    assert sorted(figures.replica_weights) == [0, 1, 2]
+    assert "every replica's final weights equal" in node_recovery_line(figures)
     status = json.loads(cli("status", "ft", "--json").output)[0]
     assert status["recovery"] == "node" and set(status["node_states"].values()) == {"finished"}
     assert status["quorum"] == [0, 1, 2]

@@ -19,7 +19,7 @@ from rich.text import Text
 
 from mncloud.backends.base import RunState, RunStatus
 from mncloud.backends.local import LocalBackend
-from mncloud.backends.local.figures import ReferenceResult, RunProgress
+from mncloud.backends.local.figures import RecoveryFigures, ReferenceResult, RunProgress
 from mncloud.cli._common import console
 from mncloud.errors import MncloudError
 
@@ -117,12 +117,29 @@ def follow_local_run(name: str) -> RunStatus:
     return status
 
 
+def node_recovery_line(fig: RecoveryFigures) -> str:
+    """Node recovery in one line: losses, heals, and whether the replicas ended equal."""
+    hashes = set(fig.replica_weights.values())
+    same = (
+        f"every replica's final weights equal (sha256 {next(iter(hashes))[:16]}…)"
+        if len(hashes) == 1
+        else f"[red]replicas' final weights differ ({len(hashes)} versions)[/]"
+    )
+    heals = ", ".join(f"{s:.2f} s" for s in fig.heal_s) or "none needed"
+    return (
+        f"node recovery: {fig.node_losses} node(s) lost and replaced alone while the others "
+        f"trained on; heals from a live peer: {heals}; {same}"
+    )
+
+
 def _summary(backend: LocalBackend, name: str) -> None:
     progress = backend.progress(name, summary=True)
     console.rule(f"[bold]{name}[/]: summary")
     console.print(summary_table(progress))
     fig = progress.figures
     sha = (fig.final or {}).get("weights_sha256") if fig else None
+    if fig and fig.node_losses:
+        console.print(node_recovery_line(fig))
     if not sha or not fig or fig.restarts == 0:
         if sha:
             console.print("no restart happened: nothing to compare with a reference run")

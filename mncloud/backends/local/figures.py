@@ -50,6 +50,12 @@ class RecoveryFigures(BaseModel):
     steps_per_attempt: list[list[int]] = Field(default_factory=list)
     final: dict[str, Any] | None = None
     """The script's final.json, when it wrote one."""
+    node_losses: int = 0
+    """Node recovery: nodes lost and replaced alone (the others trained on)."""
+    heal_s: list[float] = Field(default_factory=list)
+    """Node recovery: per heal of a replacement, seconds to take the state from a live peer."""
+    replica_weights: dict[int, str] = Field(default_factory=dict)
+    """Node recovery: each node's final weights sha256 (from its `done` line)."""
 
 
 class RunProgress(BaseModel):
@@ -109,9 +115,9 @@ def _attempt_steps(
     resumed: list[int | None] = [None for _ in launches]
     for rec in progress:
         k = next((i for i in range(len(launches)) if bounds[i] <= rec["t"] < bounds[i + 1]), None)
-        if k is None:
+        if k is None or rec.get("node", 0) != 0:  # node recovery: node 0's lines speak for all
             continue
-        if rec.get("event") == "start":
+        if rec.get("event") == "start" and resumed[k] is None:
             resumed[k] = int(rec.get("resumed_from") or 0)
         elif is_step(rec):
             steps[k].append(int(rec["step"]))
@@ -139,7 +145,19 @@ def recovery_figures(folder: Path) -> RecoveryFigures:
     final = None
     with contextlib.suppress(Exception):
         final = read_final(state.ckpt_uri)
+    progress = read_jsonl(folder / PROGRESS_FILE)
     return RecoveryFigures(
+        node_losses=sum(e.kind == "node-lost" for e in state.events),
+        heal_s=[
+            float(e.data["seconds"])
+            for e in state.events
+            if e.kind == "node-healed" and e.data.get("seconds") is not None
+        ],
+        replica_weights={
+            int(r["node"]): str(r["weights_sha256"])
+            for r in progress
+            if r.get("event") == "done" and "node" in r and "weights_sha256" in r
+        },
         attempts=len(launches),
         restarts=state.restarts,
         preemptions=state.preemptions,
