@@ -12,20 +12,20 @@ runtime folder (`SKY_RUNTIME_DIR`) where SkyPilot finds them and never re-downlo
 
 from __future__ import annotations
 
-import contextlib
 import difflib
 import hashlib
 import math
 import os
 import re
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from mncloud import constants, layout
+from mncloud import catalog_index, constants, layout, skycache
+from mncloud.catalog_index import quiet_sky, unsupported_reason
 from mncloud.errors import CatalogError, SpecError
 
 CATALOG_SCHEMA_VERSION = "v8"
@@ -41,9 +41,13 @@ def use_catalog_dir(catalog_dir: str | Path | None = None) -> Path | None:
     chosen = catalog_dir or os.environ.get(constants.CATALOG_DIR_ENV)
     if not chosen:
         return None
-    root = Path(chosen).expanduser().resolve()
-    versioned = root if root.name == CATALOG_SCHEMA_VERSION else root / CATALOG_SCHEMA_VERSION
-    if not versioned.is_dir():
+    try:
+        root = Path(chosen).expanduser().resolve()
+        versioned = root if root.name == CATALOG_SCHEMA_VERSION else root / CATALOG_SCHEMA_VERSION
+        found = versioned.is_dir()
+    except (OSError, RuntimeError):  # a name too long, a symlink loop
+        found = False
+    if not found:
         raise CatalogError(
             f"catalog folder {str(chosen)!r} has no {CATALOG_SCHEMA_VERSION}/ inside; point it at "
             f"a snapshot laid out as {CATALOG_SCHEMA_VERSION}/<cloud>/vms.csv"
@@ -72,50 +76,12 @@ def use_catalog_dir(catalog_dir: str | Path | None = None) -> Path | None:
     return versioned
 
 
-@contextlib.contextmanager
-def quiet_sky() -> Iterator[None]:
-    """Keep SkyPilot's own output (catalog download spinners, its logger) off the terminal.
-
-    Offline, a catalog fetch prints rich markup and a failure line before raising; only
-    mncloud's one-line error may reach the user. SkyPilot's handlers hold the process's
-    original streams, so the file descriptors themselves point at /dev/null meanwhile.
-    """
-    from sky import sky_logging
-
-    with sky_logging.silent(), _descriptors_to_devnull(1, 2):
-        yield
-
-
-@contextlib.contextmanager
-def _descriptors_to_devnull(*fds: int) -> Iterator[None]:
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    saved: list[tuple[int, int]] = []
-    with open(os.devnull, "w") as devnull:
-        try:
-            for fd in fds:
-                with contextlib.suppress(OSError):
-                    saved.append((fd, os.dup(fd)))
-                    os.dup2(devnull.fileno(), fd)
-            yield
-        finally:
-            for stream in (sys.stdout, sys.stderr):
-                with contextlib.suppress(Exception):
-                    stream.flush()
-            for fd, copy in saved:
-                os.dup2(copy, fd)
-                os.close(copy)
-
-
 def accelerator_names() -> list[str]:
     """Every accelerator name SkyPilot's catalog knows (`common/accelerators.csv`).
 
     From the offers index (`catalog_index`) unless it is stale or `MNCLOUD_SKY_CACHE=0`.
     """
     use_catalog_dir()
-    from mncloud import catalog_index, skycache
-
     try:
         if skycache.enabled():
             return catalog_index.accelerator_names()
@@ -303,7 +269,7 @@ class _LiveSource:
         return _list_accelerator(accelerator, clouds)
 
     def unsupported(self, cloud: str, instance_type: str, spot: bool, nodes: int) -> str | None:
-        return _unsupported_reason(cloud, instance_type, spot, nodes)
+        return unsupported_reason(cloud, instance_type, spot, nodes)
 
     def ranks(self, cloud: str, instance_types: set[str], spot: bool) -> dict[tuple[str, str], int]:
         return _region_ranks(cloud, instance_types, spot)
@@ -318,8 +284,6 @@ class _IndexSource:
     def rows(
         self, accelerator: str, clouds: list[str]
     ) -> tuple[dict[str, list[Any]], list[Exclusion]]:
-        from mncloud import catalog_index
-
         by_cloud: dict[str, list[Any]] = {}
         for cloud in clouds:
             for row in catalog_index.rows_for(self.sections[cloud], accelerator):
@@ -327,20 +291,14 @@ class _IndexSource:
         return by_cloud, []
 
     def unsupported(self, cloud: str, instance_type: str, spot: bool, nodes: int) -> str | None:
-        from mncloud import catalog_index
-
         return catalog_index.unsupported(self.sections[cloud], instance_type, spot, nodes)
 
     def ranks(self, cloud: str, instance_types: set[str], spot: bool) -> dict[tuple[str, str], int]:
-        from mncloud import catalog_index
-
         return catalog_index.ranks(self.sections[cloud], instance_types, spot)
 
 
 def _source(clouds: list[str]) -> _LiveSource | _IndexSource:
     """The offers index if every cloud in `clouds` has a fresh (or rebuilt) entry; else SkyPilot."""
-    from mncloud import catalog_index, skycache
-
     if skycache.enabled():
         sections = catalog_index.sections(clouds)
         if sections is not None:
@@ -398,39 +356,6 @@ def _list_rows(
     for info in rows:
         by_cloud.setdefault(str(info.cloud).lower(), []).append(info)
     return by_cloud, excluded
-
-
-def _unsupported_reason(cloud: str, instance_type: str, spot: bool, nodes: int) -> str | None:
-    """SkyPilot's reason why `cloud` cannot run this request, or None if it can.
-
-    Applies the check SkyPilot's optimizer applies: the features the resources need (spot
-    among them) plus MULTI_NODE for more than one node, through `check_features_are_supported`.
-    """
-    import sky
-    from sky import exceptions
-    from sky.clouds import cloud as cloud_lib
-    from sky.utils import registry
-
-    cloud_obj = registry.CLOUD_REGISTRY.from_str(cloud)
-    resources = sky.Resources(infra=cloud, instance_type=instance_type, use_spot=spot)
-    required = set(resources.get_required_cloud_features())
-    if nodes > 1:
-        required.add(cloud_lib.CloudImplementationFeatures.MULTI_NODE)
-    try:
-        cloud_obj.check_features_are_supported(resources, required)
-    except exceptions.NotSupportedError:
-        pass
-    else:
-        return None
-    # The public check raised; its per-feature reasons are in the cloud's (private) table.
-    table = getattr(cloud_obj, "_unsupported_features_for_resources", None)
-    reasons = table(resources) if table else {}
-    parts = [
-        f"{feature.value}: {reasons[feature]}"
-        for feature in sorted(required, key=lambda f: f.value)
-        if feature in reasons
-    ]
-    return "; ".join(parts) or f"SkyPilot rejects {_market(spot)} on {nodes} node(s)"
 
 
 def _region_ranks(cloud: str, instance_types: set[str], spot: bool) -> dict[tuple[str, str], int]:

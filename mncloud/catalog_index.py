@@ -5,18 +5,25 @@ One entry per cloud (`skycache`), built with SkyPilot's own code and nothing of 
 - `rows`: every GPU row of `sky.catalog.list_accelerators(gpus_only=True, all_regions=True)`
   for the cloud, in SkyPilot's order (cloud, instance type, accelerator, count, prices, region);
 - `unsupported`: for every instance type in `rows`, SkyPilot's feature-check verdict
-  (`catalog._unsupported_reason`) on one node and on several, on-demand and spot;
+  (`unsupported_reason`) on one node and on several, on-demand and spot;
 - `ranks`: SkyPilot's region order for every instance type and market
   (`get_region_zones_for_instance_type`);
 - `regions`: the regions of the cloud's `vms.csv` that `validate_region_zone` accepts.
 
 The key is SkyPilot's version, the catalog folder and the size and mtime of every CSV in the
 cloud's folder and in `common/`. Building imports SkyPilot; reading does not.
+
+`catalog` reads this index and never the other way round: what both ask SkyPilot live
+(`quiet_sky`, `unsupported_reason`) lives here.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import os
+import sys
+from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 from mncloud import skycache
@@ -98,10 +105,8 @@ def _build_section(cloud: str) -> Section:
     """Ask SkyPilot everything `offers` may ask about `cloud` (imports SkyPilot)."""
     from sky import catalog as sky_catalog
 
-    from mncloud import catalog
-
     try:
-        with catalog.quiet_sky():
+        with quiet_sky():
             listed = sky_catalog.list_accelerators(
                 clouds=[cloud], gpus_only=True, all_regions=True, case_sensitive=False
             )
@@ -121,7 +126,7 @@ def _build_section(cloud: str) -> Section:
             instance_types = sorted({row[1] for row in rows})
             verdicts = {
                 it: [
-                    catalog._unsupported_reason(cloud, it, spot, 2 if multi else 1)
+                    unsupported_reason(cloud, it, spot, 2 if multi else 1)
                     for multi, spot in VERDICTS
                 ]
                 for it in instance_types
@@ -168,9 +173,7 @@ def accelerator_names() -> list[str]:
 def _read_accelerator_names() -> list[str]:
     from sky.catalog import common as catalog_common
 
-    from mncloud import catalog
-
-    with catalog.quiet_sky():  # the frame is lazy: reading a column may download it
+    with quiet_sky():  # the frame is lazy: reading a column may download it
         frame = catalog_common.read_catalog("common/accelerators.csv")
         return [str(name) for name in frame["AcceleratorName"]]
 
@@ -193,3 +196,73 @@ def _read_cloud_names() -> list[str]:
     from sky.utils import registry
 
     return sorted(registry.CLOUD_REGISTRY.keys())
+
+
+@contextlib.contextmanager
+def quiet_sky() -> Iterator[None]:
+    """Keep SkyPilot's own output (catalog download spinners, its logger) off the terminal.
+
+    Offline, a catalog fetch prints rich markup and a failure line before raising; only
+    mncloud's one-line error may reach the user. SkyPilot's handlers hold the process's
+    original streams, so the file descriptors themselves point at /dev/null meanwhile.
+    """
+    from sky import sky_logging
+
+    with sky_logging.silent(), _descriptors_to_devnull(1, 2):
+        yield
+
+
+@contextlib.contextmanager
+def _descriptors_to_devnull(*fds: int) -> Iterator[None]:
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    saved: list[tuple[int, int]] = []
+    with open(os.devnull, "w") as devnull:
+        try:
+            for fd in fds:
+                with contextlib.suppress(OSError):
+                    saved.append((fd, os.dup(fd)))
+                    os.dup2(devnull.fileno(), fd)
+            yield
+        finally:
+            for stream in (sys.stdout, sys.stderr):
+                with contextlib.suppress(Exception):
+                    stream.flush()
+            for fd, copy in saved:
+                os.dup2(copy, fd)
+                os.close(copy)
+
+
+def unsupported_reason(cloud: str, instance_type: str, spot: bool, nodes: int) -> str | None:
+    """SkyPilot's reason why `cloud` cannot run this request, or None if it can.
+
+    Applies the check SkyPilot's optimizer applies: the features the resources need (spot
+    among them) plus MULTI_NODE for more than one node, through `check_features_are_supported`.
+    """
+    import sky
+    from sky import exceptions
+    from sky.clouds import cloud as cloud_lib
+    from sky.utils import registry
+
+    cloud_obj = registry.CLOUD_REGISTRY.from_str(cloud)
+    resources = sky.Resources(infra=cloud, instance_type=instance_type, use_spot=spot)
+    required = set(resources.get_required_cloud_features())
+    if nodes > 1:
+        required.add(cloud_lib.CloudImplementationFeatures.MULTI_NODE)
+    try:
+        cloud_obj.check_features_are_supported(resources, required)
+    except exceptions.NotSupportedError:
+        pass
+    else:
+        return None
+    # The public check raised; its per-feature reasons are in the cloud's (private) table.
+    table = getattr(cloud_obj, "_unsupported_features_for_resources", None)
+    reasons = table(resources) if table else {}
+    parts = [
+        f"{feature.value}: {reasons[feature]}"
+        for feature in sorted(required, key=lambda f: f.value)
+        if feature in reasons
+    ]
+    market = "spot" if spot else "on-demand"
+    return "; ".join(parts) or f"SkyPilot rejects {market} on {nodes} node(s)"

@@ -36,7 +36,7 @@ from mncloud.costmodel import (
     learn_hazards,
     spot_hazard_at,
 )
-from mncloud.errors import CatalogError, SpecError
+from mncloud.errors import CatalogError, SpecError, first_error
 from mncloud.hazards import Evidence, TraceHazard
 from mncloud.spec import (
     DEFAULT_HOURS,
@@ -164,12 +164,7 @@ class PlanRequest(BaseModel):
         try:
             return cls(**fields)
         except ValidationError as err:
-            first = err.errors()[0]
-            message = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
-            if not message.startswith("--"):
-                where = ".".join(str(p) for p in first.get("loc", ()))
-                message = f"--{where.replace('_', '-')}: {message}"
-            raise SpecError(message) from None
+            raise SpecError(first_error(err)) from None
 
     @classmethod
     def from_spec(

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from mncloud.errors import SpecError
+from mncloud.errors import SpecError, first_error
 from mncloud.policy import Job, Mode, Observation, Policy, ticks_floor
 
 
@@ -77,9 +77,7 @@ def load_trace(path: str | Path) -> Trace:
     try:
         return Trace.model_validate(raw)
     except ValidationError as err:
-        first = err.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "file"
-        raise SpecError(f"trace {path}: field {where!r}: {first['msg']}") from None
+        raise SpecError(first_error(err, f"trace {path}")) from None
 
 
 def window_starts(trace: Trace, job: Job, every_s: float | None, start_s: float = 0) -> list[int]:

@@ -12,7 +12,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from mncloud import constants
-from mncloud.errors import SpecError
+from mncloud.errors import SpecError, first_error
 from mncloud.spec import (
     BUCKET_MOUNT_PATH,
     LOCAL_CLOUD,
@@ -22,7 +22,6 @@ from mncloud.spec import (
     Launcher,
     Recovery,
     SpotPolicy,
-    first_error,
 )
 from mncloud.storage.url import BucketURL
 
@@ -36,6 +35,22 @@ def parse_key_values(items: list[str], flag: str) -> dict[str, str]:
             raise SpecError(f"{flag} {item!r}: write KEY=VALUE")
         result[key] = value
     return result
+
+
+def is_file(path: Path) -> bool:
+    """`path.is_file()`, False for a path the system cannot even look up (a name too long)."""
+    try:
+        return path.is_file()
+    except (OSError, ValueError):
+        return False
+
+
+def user_path(text: str | Path, flag: str) -> Path:
+    """A path as a user typed it, `~` expanded; SpecError for `~name` of no such user."""
+    try:
+        return Path(text).expanduser()
+    except RuntimeError:
+        raise SpecError(f"{flag} {str(text)!r}: no such user's home folder") from None
 
 
 def find_workdir(script: Path) -> Path:
@@ -56,7 +71,7 @@ def find_workdir(script: Path) -> Path:
 def load_project_config(workdir: Path) -> dict[str, Any]:
     """Read `mncloud.yaml` in the project (a team's committed defaults), or {}."""
     path = workdir / constants.PROJECT_CONFIG_FILE
-    if not path.is_file():
+    if not is_file(path):
         return {}
     try:
         data = yaml.safe_load(path.read_text()) or {}
@@ -69,15 +84,13 @@ def load_project_config(workdir: Path) -> dict[str, Any]:
     try:
         config = ProjectConfig.model_validate(data)
     except ValidationError as err:
-        first = err.errors()[0]
-        key = ".".join(str(part) for part in first.get("loc", ()))
-        if first.get("type") == "extra_forbidden":
+        if err.errors()[0].get("type") == "extra_forbidden":
             unknown = sorted(set(data) - set(ProjectConfig.model_fields))
             raise SpecError(
                 f"{path}: unknown option(s) {', '.join(unknown)}; "
                 f"allowed: {', '.join(ProjectConfig.model_fields)}"
             ) from None
-        raise SpecError(f"{path}: {key}: {first.get('msg', 'invalid value')}") from None
+        raise SpecError(first_error(err, str(path))) from None
     return config.model_dump(exclude_unset=True)
 
 
@@ -91,7 +104,7 @@ class ProjectConfig(BaseModel):
     Flags override it; an unknown key is an error that lists the allowed ones.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     gpus: str | None = None
     nodes: int | None = None
@@ -140,8 +153,8 @@ def build_spec(script: str | Path, script_args: list[str] | None = None, **flags
     unknown = sorted(set(flags) - set(flag_names()))
     if unknown:
         raise TypeError(f"build_spec() got unknown option(s): {', '.join(unknown)}")
-    script_path = Path(script).expanduser()
-    if not script_path.is_file():
+    script_path = user_path(script, "script")
+    if not is_file(script_path):
         raise SpecError(
             f"script {str(script)!r} does not exist; give the path of your training script"
         )
@@ -277,8 +290,8 @@ def _requirements(value: Any, workdir: Path) -> Path | None:
     """--requirements as a path inside the workdir (it is synced to every node)."""
     if not value:
         return None
-    path = (Path.cwd() / Path(str(value)).expanduser()).resolve()
-    if not path.is_file():
+    path = (Path.cwd() / user_path(str(value), "--requirements")).resolve()
+    if not is_file(path):
         raise SpecError(f"--requirements {value!r} does not exist")
     if not path.is_relative_to(workdir):
         raise SpecError(f"--requirements {value!r} must be inside {workdir}")

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from mncloud import constants, layout
 from mncloud.errors import SpecError
+from mncloud.errors import first_error as first_error  # re-exported: its old home
 from mncloud.storage.url import BucketURL
 
 #: Clouds a request may name: SkyPilot's registry names plus our own local backend.
@@ -115,12 +116,21 @@ class Accelerator(BaseModel):
 #: The most nodes one run may ask for: beyond any single offer (the largest clusters SkyPilot
 #: documents are hundreds of nodes) and a guard against a typo that would cost a fortune.
 MAX_NODES = 1024
+#: The longest a job's work, a deadline or any other duration an option takes may be: a year.
+#: Longer is a typo (or `1e308`), and the models' tick counts would overflow.
+MAX_HOURS = 24 * 365
+#: The most USD any money option (a budget, a price per hour) may name.
+MAX_USD = 1e9
+#: The fastest a local rehearsal's run time may pass (`--time-scale`): an hour a second.
+MAX_TIME_SCALE = 3600.0
+#: Numbers are finite everywhere: `nan` and `inf` are refused, never compared.
+NUMBERS = ConfigDict(frozen=True, allow_inf_nan=False)
 
 
 class JobSpec(BaseModel):
     """One validated training request; the input of plan, render and every backend."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = NUMBERS
 
     script: Path
     """The training script, absolute."""
@@ -146,12 +156,12 @@ class JobSpec(BaseModel):
     """A user setup command (shell), run once per node before training."""
     requirements: Path | None = None
     """A requirements file, relative to workdir, pip-installed in setup."""
-    disk_size: int | None = Field(None, ge=1)
+    disk_size: int | None = Field(None, ge=1, le=65536)
     image: str | None = None
     labels: dict[str, str] = Field(default_factory=dict)
-    max_hourly: float | None = Field(None, gt=0)
+    max_hourly: float | None = Field(None, gt=0, le=MAX_USD)
     """Budget: the most the whole job may cost per hour, in USD."""
-    max_restarts: int = Field(3, ge=0)
+    max_restarts: int = Field(3, ge=0, le=1000)
     """Restart budget. Cloud: SkyPilot's `max_restarts_on_errors` (a managed job always
     recovers from preemptions). Local: every relaunch counts against it."""
     master_port: int | None = Field(None, ge=1024, le=65535)
@@ -251,16 +261,6 @@ def canonical_cloud(value: str) -> str:
     return name
 
 
-def first_error(err: ValidationError) -> str:
-    """The first validation error as one line naming the option."""
-    first = err.errors()[0]
-    where = ".".join(str(p) for p in first.get("loc", ()))
-    message = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
-    if message.startswith("--"):
-        return message
-    return f"--{where.replace('_', '-')}: {message}"
-
-
 #: Hours of work the planner assumes when the user gives none (`plan`, `render --plan`, `up`).
 DEFAULT_HOURS = 24.0
 
@@ -272,26 +272,51 @@ class LaunchOptions(BaseModel):
     options (no round trip through CLI strings).
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = NUMBERS | ConfigDict(extra="forbid")
 
-    hours: float = Field(DEFAULT_HOURS, gt=0)
+    hours: float = Field(DEFAULT_HOURS, gt=0, le=MAX_HOURS)
     """The user's estimate of the work, in hours at full speed (for the plan)."""
-    max_cost: float | None = Field(None, gt=0)
-    preemption_rate: float | None = Field(None, ge=0)
+    max_cost: float | None = Field(None, gt=0, le=MAX_USD)
+    preemption_rate: float | None = Field(None, ge=0, le=60)
+    """Spot preemptions per node-hour; more than one a minute is no spot market."""
     learn: bool = False
-    recovery_minutes: float | None = Field(None, ge=0)
-    ckpt_seconds: float | None = Field(None, ge=0)
+    recovery_minutes: float | None = Field(None, ge=0, le=7 * 24 * 60)
+    ckpt_seconds: float | None = Field(None, ge=0, le=24 * 3600)
     template: Path | None = None
     """A user's own Jinja2 task template."""
     hazards_from: tuple[Path, ...] = ()
     """Spot traces whose measured preemption hazards the plan uses (`--hazards-from`)."""
-    recovery_delay: float = Field(2.0, ge=0)
+    recovery_delay: float = Field(2.0, ge=0, le=24 * 3600)
     """Local: the modeled seconds to provision a replacement (one node, or the whole gang)
     before it is started (`--provision-delay`)."""
-    retry_on_error: int = Field(0, ge=0)
+    retry_on_error: int = Field(0, ge=0, le=1000)
     """Local: relaunches after errors in the user's code."""
-    chaos_preempt_after: float | None = Field(None, ge=0)
+    chaos_preempt_after: float | None = Field(None, ge=0, le=MAX_HOURS * 3600)
     """Local: preempt the last node once, this many seconds after the first step."""
-    hourly_price: float | None = Field(None, ge=0)
+    hourly_price: float | None = Field(None, ge=0, le=MAX_USD)
     """Local: USD per hour for the whole run in its ledger (a deadline rehearsal's prices);
     a cloud run's price comes from the plan."""
+
+
+class DeadlineOptions(BaseModel):
+    """The numbers of a deadline request beside `--deadline` itself (`up`, `plan`, `replay`),
+    checked once: finite, and within what makes sense."""
+
+    model_config = NUMBERS | ConfigDict(extra="forbid")
+
+    budget: float | None = Field(None, gt=0, le=MAX_USD)
+    """USD: a hard cap (`up`), or the most the run may be expected to cost (`plan`)."""
+    time_scale: float | None = Field(None, gt=0, le=MAX_TIME_SCALE)
+    """Local rehearsal: run time passes this many times faster than wall time."""
+    spot_price: float | None = Field(None, ge=0, le=MAX_USD)
+    """USD per node-hour on spot."""
+    on_demand_price: float | None = Field(None, gt=0, le=MAX_USD)
+    """USD per node-hour on-demand."""
+
+    @classmethod
+    def build(cls, **fields: float | None) -> DeadlineOptions:
+        """Validate like the constructor, but raise SpecError with a one-line message."""
+        try:
+            return cls(**fields)
+        except ValidationError as err:
+            raise SpecError(first_error(err)) from None

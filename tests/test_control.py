@@ -282,7 +282,7 @@ def test_bad_deadline_input_is_one_line_and_exit_2(
     [
         ("{not json", "not JSON"),
         ('{"metadata": {}, "data": [1]}', "metadata.gap_seconds"),
-        ('{"metadata": {"gap_seconds": 60}, "data": []}', "'data'"),
+        ('{"metadata": {"gap_seconds": 60}, "data": []}', "data: "),
     ],
 )
 def test_malformed_trace_names_the_problem(

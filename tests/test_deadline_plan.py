@@ -182,7 +182,7 @@ def test_json_carries_the_deadline_figures_per_candidate() -> None:
         (("--deadline", "0h"), "--deadline '0h': it must be longer than 0"),
         (("--deadline", "soon"), "--deadline 'soon': write a duration"),
         (("--deadline", "-3h"), "--deadline '-3h': write a duration"),
-        (("--deadline", "30h", "--budget", "0"), "--budget 0: it must be positive"),
+        (("--deadline", "30h", "--budget", "0"), "--budget 0: it must be greater than 0"),
         (("--deadline", "30h", "--budget", "100"), "below the least expected cost by the 30 h"),
         (("--budget", "900"), "--budget needs --deadline"),
         (("--deadline", "30h", "--spot"), "drop --spot / --on-demand"),

@@ -76,8 +76,8 @@ def test_load_trace_names_the_bad_field(tmp_path: Path) -> None:
     cases = {
         "metadata.gap_seconds": {"metadata": {}, "data": [1]},
         "data.2": {"metadata": {"gap_seconds": 60}, "data": [1, 0, "x"]},
-        "'data'": {"metadata": {"gap_seconds": 60}, "data": []},
-        "'metadata'": {"data": [1]},
+        "data: ": {"metadata": {"gap_seconds": 60}, "data": []},
+        "metadata: ": {"data": [1]},
     }
     for field, body in cases.items():
         with pytest.raises(SpecError, match=field.replace(".", r"\.")):

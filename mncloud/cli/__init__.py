@@ -26,6 +26,7 @@ from mncloud.cli import render as render_cli
 from mncloud.cli import replay as replay_cli
 from mncloud.cli import runs as runs_cli
 from mncloud.cli import up as up_cli
+from mncloud.cli._common import one_line
 from mncloud.errors import MncloudError
 
 
@@ -71,7 +72,7 @@ class _Group(TyperGroup):
 
 
 def _fail(message: str, code: int = 2) -> int:
-    print(f"error: {message}", file=sys.stderr)
+    print(f"error: {one_line(message)}", file=sys.stderr)
     return code
 
 

@@ -19,9 +19,14 @@ console = Console()
 err_console = Console(stderr=True)
 
 
+def one_line(message: str) -> str:
+    """A message as one line, whatever a user's value inside it holds (a newline, a CR)."""
+    return message.replace("\r", "\\r").replace("\n", "\\n")
+
+
 def fail(message: str) -> typer.Exit:
     """Print one line on stderr and return the Exit(2) to raise."""
-    print(f"error: {message}", file=sys.stderr)
+    print(f"error: {one_line(message)}", file=sys.stderr)
     return typer.Exit(code=2)
 
 

@@ -13,6 +13,7 @@ Only runs of `--cloud local`; the supervisor notices the lost node and recovers.
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from collections.abc import Iterator
@@ -23,7 +24,7 @@ import typer
 
 from mncloud.cli._common import console, handle_errors, print_json
 from mncloud.cli.options import parse_duration
-from mncloud.errors import BackendError
+from mncloud.errors import BackendError, SpecError
 
 app = typer.Typer(
     no_args_is_help=True, help="Preempt nodes or take the bucket away from a local run."
@@ -79,12 +80,12 @@ def preempt_command(
     from mncloud.backends.local.chaos import notify_node, preempt_node
     from mncloud.backends.local.state import load_state
 
+    interval = parse_duration(every, "--every", positive=True)
+    notice_s = parse_duration(notice, "--notice")
     folder = _local_folder(name)
     state = load_state(folder)
     if node is not None and not 0 <= node < state.num_nodes:
         raise BackendError(f"--node {node}: run {name} has nodes 0..{state.num_nodes - 1}")
-    interval = parse_duration(every, "--every")
-    notice_s = parse_duration(notice, "--notice")
     count = times or (1 if interval is None else 1_000_000)
     records = []
     try:
@@ -130,12 +131,17 @@ def _rounds(folder: Path, name: str, count: int, interval: float | None) -> Iter
 def storage_outage_command(
     name: NameArg,
     seconds: Annotated[
-        float, typer.Option("--seconds", min=0.1, help="How long the bucket stays unreachable.")
+        float,
+        typer.Option(
+            "--seconds", min=0.1, max=86400.0, help="How long the bucket stays unreachable."
+        ),
     ] = 30.0,
 ) -> None:
     """Make the run's bucket unreachable for a while (file:// or a storage server on this host)."""
     from mncloud.backends.local.chaos import storage_outage
 
+    if not math.isfinite(seconds):
+        raise SpecError(f"--seconds {seconds:g}: give a number of seconds, e.g. 30")
     folder = _local_folder(name)
     for message in storage_outage(folder, seconds):
         console.print(message)

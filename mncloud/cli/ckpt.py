@@ -31,6 +31,13 @@ def _store(where: str) -> CheckpointStore:
     return CheckpointStore(checkpoint_location(where))
 
 
+def _is_dir(path: str) -> bool:
+    try:
+        return Path(path).is_dir()
+    except (OSError, ValueError):  # a name too long
+        return False
+
+
 def checkpoint_location(where: str) -> str:
     """The checkpoint URL that RUN|URL|DIR names: a URL as given, a directory as `file://`,
     a run's name as the run's recorded checkpoint URL. CheckpointError when it names nothing
@@ -43,13 +50,13 @@ def checkpoint_location(where: str) -> str:
         try:
             return _run_location(where)
         except RunNotFoundError as err:
-            if not Path(where).is_dir():
+            if not _is_dir(where):
                 raise CheckpointError(
                     f"{err}, and there is no directory {where!r}; give a run name, a URL "
                     "(s3://…, gs://…, file://…) or a directory"
                 ) from None
             url = BucketURL.directory(where)
-    if url.scheme == "file" and not Path(url.name).is_dir():
+    if url.scheme == "file" and not _is_dir(url.name):
         raise CheckpointError(f"no checkpoints at {where}: {url.name} does not exist")
     return str(url)
 
@@ -133,7 +140,7 @@ def ls(uri: UriArg, json_out: JsonOpt = False) -> None:
             folder.add_row(f.key, _human(f.size), _age(f.mtime))
         console.print(folder)
     if not steps:
-        console.print(f"no checkpoints at {store.uri}")
+        console.print(f"no checkpoints at {store.uri}", markup=False, highlight=False)
         return
     table = Table("step", "complete", "files", "size", "age")
     for s in steps:
@@ -170,7 +177,7 @@ def verify(
     if json_out:
         print_json([{"step": v.step, "ok": v.ok, "reason": v.reason} for v in verdicts])
     elif not verdicts:
-        console.print(f"no checkpoints at {store.uri}")
+        console.print(f"no checkpoints at {store.uri}", markup=False, highlight=False)
     else:
         for v in verdicts:
             mark = "[green]ok[/]" if v.ok else f"[red]bad[/]: {v.reason}"

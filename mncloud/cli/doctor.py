@@ -5,14 +5,17 @@ The node-side half runs inside the job (`python -m mncloud.doctor node`, see mnc
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from mncloud.cli import options as opts
 from mncloud.cli._common import console, handle_errors, print_json
+from mncloud.errors import SpecError
 
 if TYPE_CHECKING:
     from mncloud.doctor import Check
@@ -33,7 +36,13 @@ def doctor_command(
     bucket: opts.Bucket = None,
     require_path: opts.RequirePath = None,
     timeout: Annotated[
-        float, typer.Option("--timeout", help="Seconds allowed for each cloud's credential check.")
+        float,
+        typer.Option(
+            "--timeout",
+            min=0.1,
+            max=600.0,
+            help="Seconds allowed for each cloud's credential check.",
+        ),
     ] = 20.0,
     as_json: opts.Json = False,
 ) -> None:
@@ -43,6 +52,8 @@ def doctor_command(
     """
     from mncloud import doctor
 
+    if not math.isfinite(timeout):
+        raise SpecError(f"--timeout {timeout:g}: give a number of seconds, e.g. 20")
     checks = _laptop_checks(script, gpus, cloud, bucket, require_path or [], timeout)
     bad = doctor.failures(checks)
     if as_json:
@@ -52,10 +63,12 @@ def doctor_command(
         for col in ("", "check", "detail"):
             table.add_column(col)
         for c in checks:
-            table.add_row("[green]ok[/]" if c.ok else "[red]FAIL[/]", c.name, c.detail)
+            table.add_row(
+                "[green]ok[/]" if c.ok else "[red]FAIL[/]", escape(c.name), escape(c.detail)
+            )
         console.print(table)
         for c in bad:
-            console.print(f"[red]✗[/] {c.detail}")
+            console.print(f"[red]✗[/] {escape(c.detail)}")
     if bad:
         raise typer.Exit(code=1)
 
@@ -70,13 +83,13 @@ def _laptop_checks(
 ) -> list[Check]:
     """Every check `mncloud doctor` runs, with the project's mncloud.yaml as defaults."""
     from mncloud import doctor
-    from mncloud.request import as_list, find_workdir, load_project_config
+    from mncloud.request import as_list, find_workdir, is_file, load_project_config
     from mncloud.spec import Accelerator
 
     checks: list[Check] = []
     config: dict[str, Any] = {}
     if script is not None:
-        if not script.is_file():
+        if not is_file(script):
             checks.append(doctor.Check("script", False, f"{script} does not exist"))
         else:
             workdir = find_workdir(script.resolve())

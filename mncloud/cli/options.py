@@ -8,6 +8,7 @@ command's parameters into the core's models.
 from __future__ import annotations
 
 import inspect
+import math
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -16,9 +17,10 @@ import typer
 
 from mncloud.errors import SpecError
 from mncloud.spec import DEFAULT_HOURS as DEFAULT_HOURS  # re-exported: commands default to it
+from mncloud.spec import MAX_HOURS
 
 if TYPE_CHECKING:
-    from mncloud.spec import JobSpec, LaunchOptions
+    from mncloud.spec import DeadlineOptions, JobSpec, LaunchOptions
 
 # Job options (render, up): everything a JobSpec is built from.
 Gpus = Annotated[
@@ -193,22 +195,46 @@ ChaosPreemptAfter = Annotated[
 ]
 
 
-def parse_duration(text: str | None, flag: str) -> float | None:
-    """`90`, `90s`, `5m`, `1h` → seconds; None stays None."""
+_DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", re.ASCII)
+
+
+def parse_duration(text: str | None, flag: str, *, positive: bool = False) -> float | None:
+    """`90`, `90s`, `5m`, `1h` → seconds, at most `MAX_HOURS`; None stays None. `positive`:
+    0 is refused too."""
     if text is None:
         return None
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", text)
+    match = _DURATION.fullmatch(text)
+    shown = repr(text) if len(text) <= 40 else f"{text[:40]!r}…"
     if not match:
-        raise SpecError(f"{flag} {text!r}: write a duration like 30s, 5m or 1h")
-    value = float(match.group(1))
-    return value * {"": 1, "s": 1, "m": 60, "h": 3600}[match.group(2)]
+        raise SpecError(f"{flag} {shown}: write a duration like 30s, 5m or 1h")
+    value = float(match.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[match.group(2)]
+    if not math.isfinite(value) or value > MAX_HOURS * 3600:
+        raise SpecError(f"{flag} {shown}: at most a year ({MAX_HOURS} h), e.g. 30h")
+    if positive and value <= 0:
+        raise SpecError(f"{flag} {shown}: it must be longer than 0, e.g. 30h")
+    return value
+
+
+def deadline_seconds(text: str | None) -> float | None:
+    """`--deadline` in seconds (None without it): one reading for `up`, `plan` and `replay`."""
+    return parse_duration(text, "--deadline", positive=True)
+
+
+def deadline_options(values: dict[str, Any]) -> DeadlineOptions:
+    """The numbers beside `--deadline` in a command's parameters, checked (`DeadlineOptions`)."""
+    from mncloud.spec import DeadlineOptions
+
+    return DeadlineOptions.build(
+        **{k: values.get(k) for k in DeadlineOptions.model_fields if values.get(k) is not None}
+    )
 
 
 def launch_options_from(values: dict[str, Any]) -> LaunchOptions:
     """The LaunchOptions from a command's parameters (its `locals()`); absent ones default."""
     from pydantic import ValidationError
 
-    from mncloud.spec import LaunchOptions, first_error
+    from mncloud.errors import first_error
+    from mncloud.spec import LaunchOptions
 
     fields = dict(values)
     for name, flag in (
@@ -246,13 +272,14 @@ def spec_from_options(values: dict[str, Any]) -> JobSpec:
     return build_spec(values["script"], values["script_args"], **options)
 
 
-# Deadline runs (`up --deadline`; the controller is `mncloud control`).
+# Deadline runs (`up --deadline`, the controller is `mncloud control`; `plan --deadline`, its
+# estimate; `replay --deadline`, a policy over a trace). One option, read by `deadline_seconds`.
 Deadline = Annotated[
     str | None,
     typer.Option(
         "--deadline",
-        help="Finish within this long of the start (e.g. 30h); a controller switches the run "
-        "between spot and on-demand to meet it at the least cost. Needs --hours.",
+        help="Finish within this long of the start (e.g. 30h, 90m) at the least cost: a policy "
+        "switches between spot and on-demand to meet it.",
     ),
 ]
 Budget = Annotated[
@@ -293,15 +320,7 @@ OnDemandPrice = Annotated[
         help="With --deadline: USD per node-hour on-demand (local: 3.06; clouds: the plan's).",
     ),
 ]
-# `plan --deadline` (the estimate of what `up --deadline` would cost) and its hazards.
-PlanDeadline = Annotated[
-    str | None,
-    typer.Option(
-        "--deadline",
-        help="Finish within this long of the start (e.g. 30h): also show each offer's expected "
-        "cost when a policy switches between spot and on-demand to meet it.",
-    ),
-]
+# `plan --deadline`'s budget (a warning, where `up`'s is a hard cap) and its hazards.
 PlanBudget = Annotated[
     float | None,
     typer.Option(

@@ -34,7 +34,7 @@ def plan_command(
         ),
     ] = None,
     recovery: opts.Recovery = None,
-    deadline: opts.PlanDeadline = None,
+    deadline: opts.Deadline = None,
     budget: opts.PlanBudget = None,
     top: Annotated[
         int | None, typer.Option("--top", min=1, help="Show only the N cheapest.")
@@ -109,15 +109,10 @@ def _request(values: dict[str, Any], script: Path | None, recovery: str | None) 
 
 def _deadline_seconds(deadline: str | None, budget: float | None) -> float | None:
     """`--deadline` in seconds (None without it); --budget alone is refused."""
-    if deadline is None:
-        if budget is not None:
-            raise opts.SpecError("--budget needs --deadline (without one, use --max-cost)")
-        return None
-    seconds = opts.parse_duration(deadline, "--deadline")
-    if seconds is None or seconds <= 0:
-        raise opts.SpecError(f"--deadline {deadline!r}: it must be longer than 0, e.g. 30h")
-    if budget is not None and budget <= 0:
-        raise opts.SpecError(f"--budget {budget:g}: it must be positive")
+    if deadline is None and budget is not None:
+        raise opts.SpecError("--budget needs --deadline (without one, use --max-cost)")
+    seconds = opts.deadline_seconds(deadline)
+    opts.deadline_options({"budget": budget})
     return seconds
 
 

@@ -46,7 +46,11 @@ def render_command(
         task = render(spec, template=launch_options.template)
     text = task.to_json() + "\n" if as_json else task.yaml_text
     if output is not None:
-        output.write_text(text)
+        try:
+            output.write_text(text)
+        except OSError as err:  # a folder, a missing parent, a name too long
+            message = f"--output {str(output)!r}: cannot write it ({err.strerror})"
+            raise opts.SpecError(message) from None
         console.print(f"wrote {output}", highlight=False)
     elif as_json:
         print_json(list(task.documents) or task.config)  # a job group: every document

@@ -7,9 +7,11 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from mncloud.cli import options as opts
 from mncloud.cli._common import console, handle_errors, print_json
 from mncloud.cli.options import parse_duration
 from mncloud.errors import SpecError
+from mncloud.spec import MAX_NODES
 
 if TYPE_CHECKING:
     from mncloud.replay import Result
@@ -32,13 +34,13 @@ def replay_command(
         Path,
         typer.Argument(help="Spot trace JSON (../shared/traces/README.md).", show_default=False),
     ],
-    nodes: Annotated[int, typer.Option("--nodes", min=1, help="Number of nodes.")] = 1,
+    nodes: Annotated[
+        int, typer.Option("--nodes", min=1, max=MAX_NODES, help="Number of nodes.")
+    ] = 1,
     hours: Annotated[
         float, typer.Option("--hours", help="Hours of work the job needs without interruptions.")
     ] = 12.0,
-    deadline: Annotated[
-        str, typer.Option("--deadline", help="Finish within this long of the start: 30h, 90m.")
-    ] = "24h",
+    deadline: opts.Deadline = "24h",
     restart_overhead: Annotated[
         str, typer.Option("--restart-overhead", help="Billed time without progress per launch.")
     ] = "10m",
@@ -67,9 +69,10 @@ def replay_command(
     name = policy or DEFAULT_POLICY
     if name not in POLICIES:
         raise SpecError(f"--policy {name!r}: choose one of {', '.join(POLICIES)}")
-    if hours <= 0:
-        raise SpecError(f"--hours {hours:g}: it must be positive")
-    deadline_s = _seconds(deadline, "--deadline")
+    opts.launch_options_from({"hours": hours})  # the same check as up's and plan's
+    opts.deadline_options({"spot_price": spot_price, "on_demand_price": on_demand_price})
+    deadline_s = opts.deadline_seconds(deadline or "")  # "": refused as no duration
+    assert deadline_s is not None
     overhead_s = _seconds(restart_overhead, "--restart-overhead")
     start_s = _seconds(start, "--start")
     every_s = parse_duration(every, "--every")

@@ -70,11 +70,16 @@ def _up_deadline(values: dict[str, Any], existing: Existing) -> None:
 
     if values["deadline"] is None:
         raise opts.SpecError("--budget, --spot-trace, --time-scale and the prices need --deadline")
+    deadline_s = opts.deadline_seconds(values["deadline"])
+    assert deadline_s is not None
+    numbers = opts.deadline_options(values)
     source = values["ctx"].get_parameter_source("hours")
     start_deadline_run(
         opts.spec_from_options(values),
         opts.launch_options_from(values),
-        values,
+        deadline_s=deadline_s,
+        numbers=numbers,
+        spot_trace=values["spot_trace"],
         hours_given=source is not None and source.name != "DEFAULT",
         existing=existing.value,
         dryrun=values["dryrun"],

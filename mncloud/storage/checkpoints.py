@@ -40,7 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 from mncloud import __version__
-from mncloud.errors import CheckpointError, StorageError
+from mncloud.errors import CheckpointError, StorageError, first_error
 from mncloud.storage.buckets import Bucket, ObjectInfo, ObjectNotFoundError, open_bucket
 from mncloud.storage.url import join_key
 
@@ -168,9 +168,7 @@ class Manifest(BaseModel):
         try:
             return cls.model_validate_json(raw)
         except ValidationError as err:
-            first = err.errors()[0]
-            where = ".".join(str(part) for part in first["loc"]) or "the file"
-            raise CheckpointError(f"{MANIFEST} is not valid: {where}: {first['msg']}") from None
+            raise CheckpointError(first_error(err, f"{MANIFEST} is not valid")) from None
 
 
 @dataclass(frozen=True)
