@@ -24,6 +24,7 @@ from mncloud.errors import SpecError
 from mncloud.plan import Plan, PlanRequest, make_plan, recovery_note
 from mncloud.request import build_spec
 from mncloud.spec import Accelerator, Recovery, SpotPolicy, min_replicas
+from tests.test_plan_cli import _app
 
 R_10M = 10 / 60
 C_60S = 60 / 3600
@@ -230,17 +231,6 @@ def test_up_prices_the_runs_recovery_mode(tmp_path: Path, monkeypatch: pytest.Mo
 @pytest.fixture
 def console80(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(plan_cli, "console", Console(width=80))
-
-
-def _app() -> typer.Typer:
-    app = typer.Typer()
-
-    @app.callback()
-    def _root() -> None:
-        """Test app: one command, called the way users call it."""
-
-    plan_cli.register(app)
-    return app
 
 
 def _run(*args: str) -> tuple[int, str, str]:
