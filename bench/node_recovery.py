@@ -118,6 +118,7 @@ def _figures(folder: Path, kills: list[float], back: list[float], steps: int) ->
     else:
         trained = NODES * steps
         twice = len(lines) - len({r["step"] for r in lines})
+    done = [r["weights_sha256"] for r in _progress(folder) if r.get("event") == "done"]
     step_s = _step_s(lines)
     span = max(r["t"] for r in lines) - min(r["t"] for r in lines)
     lost = NODES * span - trained * step_s  # node-seconds that trained nothing kept
@@ -128,6 +129,7 @@ def _figures(folder: Path, kills: list[float], back: list[float], steps: int) ->
         "node_s_lost_per_preemption": round(lost / len(kills), 1),
         "replica_steps_not_trained": NODES * steps - trained,
         "steps_trained_twice": twice,
+        "replicas_end_equal": len(set(done)) == 1,
         "kill_to_replacement_first_step_s": [
             round(b - k, 1) for k, b in zip(kills, back, strict=True)
         ],
@@ -177,7 +179,8 @@ def _print(result: dict, as_json: bool) -> None:
               f"{r['node_s_lost_per_preemption']:6.1f} node-s  trained twice "
               f"{r['steps_trained_twice']:4d}  never trained {r['replica_steps_not_trained']:5d} "
               f"replica-steps  kill→replacement's first step "
-              f"{r['kill_to_replacement_first_step_s']} s")  # fmt: skip
+              f"{r['kill_to_replacement_first_step_s']} s  replicas end equal: "
+              f"{r['replicas_end_equal']}")  # fmt: skip
     ok = result["node_vs_gang_lost"] <= 0.25 and result["node"]["steps_trained_twice"] <= 3
     print(
         f"node / gang node-seconds lost per preemption: {result['node_vs_gang_lost']} "
