@@ -43,6 +43,8 @@ def checkpoint_location(where: str) -> str:
     a run's name as the run's recorded checkpoint URL. CheckpointError when it names nothing
     that exists (a missing directory, an unknown run that is no directory either)."""
     if "://" in where:
+        # Any bucket the cloud still serves, legacy S3 names (capitals, underscores) too; a
+        # name no bucket can have (300 characters) is refused here, in one line.
         url = BucketURL.parse(where, check_name=False)
     elif "/" in where or where.startswith((".", "~")):
         url = BucketURL.directory(where)

@@ -5,22 +5,43 @@
 `mncloud.control.keeper`, which restarts it if it dies; on SkyPilot as a CPU managed job,
 which SkyPilot restarts). A controller started on a state another one left resumes it
 (`Controller.run`); one started while another holds the run's controller lock exits at once.
+
+Its exit status is what SkyPilot's `job_recovery.max_restarts_on_errors` (and the keeper)
+go by, so it says whether the controller is done:
+
+- 0: done, on purpose: the run finished, failed (a refused launch, a backend gone: the
+  controller recorded it as final), was stopped by `mncloud down` (SIGTERM, or a stop request
+  found at start) or hit its budget; or there was nothing to do (the state already final,
+  another controller holds the run). Nothing restarts it; a restart would only read the
+  final state and exit 0 again.
+- `CRASHED` (1): an unexpected exception (a bug); the traceback is logged and the state in
+  the run folder and the bucket is left as it was, for a restarted controller to resume.
+- 2: an `MncloudError` before the loop ran (its state unreadable or missing, a bucket
+  unreachable): one line, and a restart may succeed.
+- killed by a signal (an out-of-memory kill): not 0 either. Every status but 0 is restarted.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from mncloud.cli._common import console, handle_errors, print_json
-from mncloud.errors import SpecError
+from mncloud.errors import MncloudError, SpecError
 
 #: How long a starting controller waits for the run's controller lock (one dying frees it).
 LOCK_WAIT_S = 3.0
+#: The exit status of a controller that crashed (an unexpected exception): not 0, so SkyPilot
+#: (`max_restarts_on_errors`) and the local keeper restart it.
+CRASHED = 1
+
+log = logging.getLogger("mncloud.control")
 
 if TYPE_CHECKING:
     from mncloud.control import ControlState
@@ -45,16 +66,44 @@ def control_command(
     ] = None,
 ) -> None:
     """Steer a deadline run between spot and on-demand until it ends (started by up)."""
+    with _logging_to_stderr(), _own_sigterm():
+        _control(name, state_uri, workdir)
+
+
+@contextlib.contextmanager
+def _logging_to_stderr() -> Iterator[None]:
+    """mncloud's log on stderr (the controller's log file) while the command runs; the logger
+    as it was afterwards (the command also runs in-process, under tests)."""
+    logger = logging.getLogger("mncloud")
+    saved = logger.level, logger.propagate
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.level, logger.propagate = saved
+
+
+@contextlib.contextmanager
+def _own_sigterm() -> Iterator[None]:
+    """SIGTERM's handler as it was, once the command is over."""
+    saved = signal.getsignal(signal.SIGTERM)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, saved)
+
+
+def _control(name: str, state_uri: str | None, workdir: Path | None) -> None:
     import os
 
     from mncloud import control
     from mncloud.control.keeper import KEEPER_ENV
 
-    handler = logging.StreamHandler()
-    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
-    logging.getLogger("mncloud").addHandler(handler)
-    logging.getLogger("mncloud").setLevel(logging.INFO)
-    logging.getLogger("mncloud").propagate = False
     if state_uri is not None:
         state = control.load_uri(state_uri)
         if state is None:
@@ -88,7 +137,17 @@ def control_command(
     signal.signal(signal.SIGTERM, lambda *_: controller.request_stop())
     if control.stop_requested(name) is not None:  # `down` came while no controller ran
         controller.request_stop()
-    final = controller.run()
+    try:
+        final = controller.run()
+    except MncloudError:
+        raise  # one line, exit 2 (not 0: restarted)
+    except Exception:
+        log.exception(
+            "%s: the deadline controller crashed; its state is kept and a restarted "
+            "controller resumes from it",
+            name,
+        )
+        raise typer.Exit(code=CRASHED) from None
     console.print(f"{name}: {final.phase}; {final.detail}", highlight=False)
 
 

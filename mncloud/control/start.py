@@ -12,10 +12,12 @@ Where the controller runs:
   and `up --resume` restart one found dead (`revive`).
 - **SkyPilot**: a small CPU on-demand *managed job* (`templates/control.yaml.j2`, launched
   with SkyPilot's SDK as `<name>-control`), so it survives the laptop closing and SkyPilot's
-  jobs controller restarts it if its VM fails. It reads its state from the bucket
-  (`layout.control_state_uri`), launches the training job through the same API server (which
-  must therefore be reachable from the cloud: a remote one, `sky api login`), and writes its
-  state back there, where `mncloud status` on the laptop reads it.
+  jobs controller restarts it if its VM fails, or if its process dies with a non-zero exit
+  status (`job_recovery.max_restarts_on_errors`, `CONTROL_MAX_RESTARTS` times at most; it
+  exits 0 only when the run is over or stopped, see `mncloud.cli.control`). It reads its
+  state from the bucket (`layout.control_state_uri`), launches the training job through the
+  same API server (which must therefore be reachable from the cloud: a remote one, `sky api
+  login`), and writes its state back there, where `mncloud status` on the laptop reads it.
 """
 
 from __future__ import annotations
@@ -53,6 +55,11 @@ DEFAULT_OVERHEAD_MIN = 10.0
 LOCAL_SPOT_PRICE = 0.918
 LOCAL_ON_DEMAND_PRICE = 3.06
 CONTROL_TEMPLATE = "control.yaml.j2"
+#: SkyPilot restarts of the cloud controller after its process crashed, over the job's life
+#: (its `job_recovery.max_restarts_on_errors`; restarts after a VM failure are not counted):
+#: sporadic crashes over a run of days are survived, a crash at every start is not retried
+#: for ever. Each restart resumes from the state in the bucket.
+CONTROL_MAX_RESTARTS = 10
 
 
 def deadline_state(
@@ -276,6 +283,7 @@ def render_control_task(state: ControlState, api_server: str) -> str:
         "state_uri": state.config.state_uri,
         "api_server": api_server,
         "version": __version__,
+        "max_restarts": CONTROL_MAX_RESTARTS,
         "source": str(source) if (source / "pyproject.toml").is_file() else None,
     }
     return env.get_template(CONTROL_TEMPLATE).render(**values)

@@ -14,10 +14,19 @@ from typing import Any
 
 from mncloud.errors import StorageError
 from mncloud.storage.buckets import ObjectInfo, ObjectNotFoundError, RetryingBucket, atomic_path
-from mncloud.storage.retry import DEFAULT_RETRY_SECONDS, error_chain, isolate_sdk_random
+from mncloud.storage.retry import (
+    DEFAULT_RETRY_SECONDS,
+    error_chain,
+    isolate_sdk_random,
+    raised_by,
+    refused_locally,
+)
 
 MiB = 1024 * 1024
 EMULATOR_PROJECT = "mncloud-emulator"
+#: Where google-cloud-storage checks arguments before sending a request (a ValueError or
+#: TypeError raised there is never transient; one from json or requests below it may be).
+_SDK_MODULES = ("google.cloud.storage", "google.resumable_media")
 
 
 def make_client() -> Any:
@@ -69,13 +78,19 @@ class GCSBucket(RetryingBucket):
     def bucket(self) -> Any:
         """The google.cloud.storage Bucket (created on first use)."""
         if self._bucket is None:
-            self._bucket = make_client().bucket(self.name)
+            client = make_client()
+            try:
+                self._bucket = client.bucket(self.name)
+            except ValueError as err:  # its own check of the name, before any request
+                raise StorageError(f"{self.url}: {refused_locally(err)}") from None
         return self._bucket
 
     def _classify(self, err: BaseException) -> str | None:
         from google.api_core import exceptions as gexc
 
         for e in error_chain(err):
+            if isinstance(e, (ValueError, TypeError)) and raised_by(e, *_SDK_MODULES):
+                return refused_locally(e)  # an argument the SDK refused before sending it
             if isinstance(e, (gexc.TooManyRequests, gexc.ServerError)):
                 return None
             if isinstance(e, gexc.NotFound):

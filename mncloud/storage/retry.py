@@ -5,7 +5,9 @@ call; google-cloud-storage: none), and `call_with_retry` keeps trying transient 
 (connection refused or reset, timeouts, 5xx, throttling) with jittered exponential backoff
 until `budget` seconds have passed (default 60 s, or `MNCLOUD_STORAGE_RETRY_SECONDS`), then
 raises `StorageError`. A permanent failure (no such bucket, access denied, no credentials)
-raises at once.
+raises at once, and so does a request the SDK refused before sending it (botocore's
+`ParamValidationError` for a bucket name it rejects, a `ValueError` from google-cloud-storage):
+the same call would be refused again, so it is never retried (`refused_locally`).
 
 The jitter draws from a private generator, and the SDKs' module-level `random` is pointed at
 it too (`isolate_sdk_random`): they draw from the global `random` in upload threads, at
@@ -138,6 +140,27 @@ def short_error(err: BaseException) -> str:
     """`Type: first line` of an error, at most 200 characters of text."""
     text = str(err).splitlines()[0] if str(err) else ""
     return f"{type(err).__name__}: {text[:200]}" if text else type(err).__name__
+
+
+def refused_locally(err: BaseException) -> str:
+    """The permanent-failure message for a request an SDK refused before sending it."""
+    text = " ".join(str(err).split())
+    return (
+        f"refused before anything was sent ({type(err).__name__}: {text[:300]}); "
+        "retrying would not help"
+    )
+
+
+def raised_by(err: BaseException, *modules: str) -> bool:
+    """Whether the error was raised by code in one of the `modules` (or a module below one):
+    the innermost frame of its traceback, so an error from a library they call is not."""
+    tb = err.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    where = str(tb.tb_frame.f_globals.get("__name__", ""))
+    return any(where == m or where.startswith(m + ".") for m in modules)
 
 
 def error_chain(err: BaseException) -> Iterator[BaseException]:

@@ -16,7 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from mncloud.storage.buckets import ObjectInfo, ObjectNotFoundError, RetryingBucket, atomic_path
-from mncloud.storage.retry import DEFAULT_RETRY_SECONDS, error_chain, isolate_sdk_random
+from mncloud.storage.retry import (
+    DEFAULT_RETRY_SECONDS,
+    error_chain,
+    isolate_sdk_random,
+    refused_locally,
+)
 
 MiB = 1024 * 1024
 DEFAULT_REGION = "us-east-1"
@@ -69,6 +74,23 @@ def make_client(
     return session.client("s3", endpoint_url=endpoint_url, region_name=region, config=config)
 
 
+def client_side_errors() -> tuple[type[BaseException], ...]:
+    """botocore's errors for a request it refuses before sending it (a bad parameter, such as
+    a bucket name outside `[a-zA-Z0-9.-_]{1,255}`, or a bad configuration): never transient."""
+    from botocore import exceptions as bx
+
+    return (
+        bx.ParamValidationError,  # the parameters, the bucket name among them
+        bx.ValidationError,  # UnknownParameterError, RangeError, InvalidRegionError, …
+        bx.MissingParametersError,
+        bx.UnknownClientMethodError,
+        bx.InvalidS3AddressingStyleError,
+        bx.UnsupportedS3ArnError,
+        bx.InvalidHostLabelError,
+        bx.InvalidEndpointConfigurationError,
+    )
+
+
 class S3Bucket(RetryingBucket):
     """An S3 (or S3-compatible) bucket through boto3."""
 
@@ -111,6 +133,8 @@ class S3Bucket(RetryingBucket):
         for e in error_chain(err):
             if isinstance(e, (NoCredentialsError, PartialCredentialsError)):
                 return NO_CREDENTIALS
+            if isinstance(e, client_side_errors()):
+                return refused_locally(e)
             if isinstance(e, ClientError):
                 code = error_code(e)
                 status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0

@@ -5,17 +5,26 @@ so a URL means the same everywhere. The rules:
 
 - the scheme is `s3`, `gs` or `file` (any case); a bare path is not a URL (the CLI turns a
   directory into `file://` explicitly, see `BucketURL.directory`);
-- `s3`/`gs`: a bucket name, then an optional prefix without empty, `.` or `..` parts; the name
-  follows the cloud's own rules, checked by SkyPilot's validators (`check_name=True`);
+- `s3`/`gs`: a bucket name, then an optional prefix without empty, `.` or `..` parts. With
+  `check_name=True` (a new run's `--bucket`) the name follows the cloud's rules for new
+  buckets, SkyPilot's (S3: 3–63 characters, lower-case letters, digits, dots, hyphens; GCS:
+  3–63, or up to 222 with dots, underscores too). With `check_name=False` (`ckpt`, which reads
+  any existing bucket, and `open_bucket`) it need only be one the cloud may still serve
+  (`served_name_error`): S3's legacy us-east-1 names (up to 255 letters of either case, digits,
+  dots, hyphens, underscores: botocore's own check) or GCS's (up to 222 characters, starting
+  and ending with a letter or digit). A name beyond those is refused here, in one line, never
+  sent to an SDK that would refuse it locally;
 - `file`: an absolute directory (`~` expands), resolved; it has no prefix.
 
 SkyPilot's name rules are restated in `mncloud.storage.names` (SkyPilot takes seconds to
-import; a test compares the two), and `open_bucket` (which every training rank calls) skips the
-check: the names it sees were checked when the run was specified.
+import; a test compares the two), and `open_bucket` (which every training rank calls) skips
+the new-bucket check: the names it sees were checked when the run was specified (it still
+refuses, at no cost, a name no bucket can have).
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
@@ -24,6 +33,18 @@ from mncloud.errors import SpecError, StorageError
 
 SCHEMES = ("s3", "gs", "file")
 _USAGE = "use s3://bucket[/prefix], gs://bucket[/prefix] or file:///absolute/dir"
+#: The longest names a cloud serves: S3's legacy us-east-1 names, GCS's names with dots.
+MAX_SERVED_LENGTH = {"s3": 255, "gs": 222}
+_SERVED = {
+    "s3": re.compile(r"[A-Za-z0-9._-]+"),  # botocore's VALID_BUCKET, but for the length
+    "gs": re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?"),  # google-cloud-storage's
+}
+_RULES = {
+    "s3": "S3 bucket names are 3-63 lower-case letters, digits, dots and hyphens (legacy "
+    "us-east-1 names: up to 255, upper case and underscores too)",
+    "gs": "GCS bucket names are 3-63 lower-case letters, digits, dots, hyphens and "
+    "underscores (up to 222 with dots), starting and ending with a letter or digit",
+}
 
 
 class BucketURLError(SpecError, StorageError):
@@ -58,8 +79,9 @@ class BucketURL(BaseModel):
 
     @classmethod
     def parse(cls, text: str, *, check_name: bool = True) -> BucketURL:
-        """Validate a URL. `check_name`: also apply the cloud's bucket-name rules (SkyPilot's
-        own rules). BucketURLError names what is wrong."""
+        """Validate a URL. `check_name`: the cloud's rules for a new bucket's name (SkyPilot's
+        own rules); without it, only that the cloud may still serve the name (legacy S3 names
+        too, see the module docstring). BucketURLError names what is wrong."""
         scheme, sep, rest = text.strip().partition("://")
         scheme = scheme.lower()
         if not sep or scheme not in SCHEMES:
@@ -77,6 +99,10 @@ class BucketURL(BaseModel):
             raise BucketURLError(f"bucket URL {text!r}: no bucket name; use {scheme}://NAME")
         if check_name:
             check_bucket_name(scheme, name, text)
+        else:
+            reason = served_name_error(scheme, name)
+            if reason is not None:
+                raise BucketURLError(f"bucket URL {_shown(text)}: {reason}")
         prefix = prefix.strip("/")
         if prefix and any(part in ("", ".", "..") for part in prefix.split("/")):
             raise BucketURLError(f"bucket URL {text!r}: the prefix has an empty, '.' or '..' part")
@@ -93,9 +119,35 @@ def check_bucket_name(scheme: str, name: str, text: str) -> None:
     `mncloud.storage.names`, so no SkyPilot import; a test compares the two)."""
     from mncloud.storage.names import name_error
 
-    reason = name_error(scheme, name)
+    if len(name) > MAX_SERVED_LENGTH[scheme]:  # said shortly, not the name twice in full
+        reason = served_name_error(scheme, name)
+    else:
+        reason = name_error(scheme, name)
     if reason is not None:
-        raise BucketURLError(f"bucket URL {text!r}: {reason}")
+        raise BucketURLError(f"bucket URL {_shown(text)}: {reason}")
+
+
+def served_name_error(scheme: str, name: str) -> str | None:
+    """Why no `s3`/`gs` bucket can have this name, old or new, or None when one may.
+
+    S3: what botocore sends at all (up to 255 letters of either case, digits, dots, hyphens,
+    underscores: the legacy us-east-1 names, still served); GCS: up to 222 characters, which
+    start and end with a letter or digit (google-cloud-storage's own check). Short names are
+    left to the server, which answers at once.
+    """
+    longest = MAX_SERVED_LENGTH[scheme]
+    if len(name) > longest:
+        return f"the bucket name is {len(name)} characters long; {_RULES[scheme]}"
+    if not _SERVED[scheme].fullmatch(name):
+        return f"the bucket name {_shown(name)} is not valid; {_RULES[scheme]}"
+    return None
+
+
+def _shown(text: str, most: int = 80) -> str:
+    """`text` quoted, its middle cut when it is longer than `most` characters."""
+    if len(text) <= most:
+        return repr(text)
+    return repr(f"{text[: most // 2]}…{text[-most // 4 :]}")
 
 
 def join_key(*parts: str) -> str:
