@@ -324,3 +324,31 @@ def test_without_node_recovery_replicas_is_the_plain_loop(monkeypatch: pytest.Mo
     assert seen == [(5, 10), (6, 11), (7, 12), (8, 10), (9, 11)] and replicas.committed_step == 9
     with pytest.raises(MncloudError, match="no batch"):
         list(Replicas({}).steps([], start=0, total=3))
+
+
+def test_a_resume_at_the_very_end_of_an_epoch_goes_on_with_the_next(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A checkpoint taken after an epoch's last batch holds the sampler at the epoch's end: the
+    first pass after the resume is empty, and the loop moves on to the next epoch."""
+    torch = pytest.importorskip("torch")
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from mncloud.train import Replicas, ResumableSampler
+
+    monkeypatch.delenv(constants.RECOVERY_ENV, raising=False)
+    data = TensorDataset(torch.arange(8.0))
+
+    def loader() -> tuple[ResumableSampler, DataLoader]:
+        sampler = ResumableSampler(data, seed=0, num_replicas=1, rank=0, drop_last=True)
+        batches = DataLoader(data, batch_size=4, sampler=sampler, generator=torch.Generator())
+        return sampler, batches
+
+    first, batches = loader()
+    seen = [step for step, _ in Replicas({}).steps(batches, start=0, total=2)]  # one epoch
+    assert seen == [1, 2] and (first.epoch, first.position) == (0, 8)
+    resumed, batches = loader()
+    resumed.load_state_dict(first.state_dict())
+    steps = [(step, batch[0].tolist()) for step, batch in Replicas({}).steps(batches, start=2,
+                                                                              total=4)]  # fmt: skip
+    assert [s for s, _ in steps] == [3, 4] and resumed.epoch == 1

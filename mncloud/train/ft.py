@@ -194,6 +194,7 @@ class Replicas:
 
     def _plain_steps(self, loader: Iterable[Any], total: int) -> Iterator[tuple[int, Any]]:
         """Gang mode: the loader's batches, epoch after epoch, numbered on from the start."""
+        empty = 0
         while self.committed_step < total:
             before = self.committed_step
             for batch in loader:
@@ -201,7 +202,10 @@ class Replicas:
                 yield self.committed_step, batch
                 if self.committed_step >= total:
                     return
-            if self.committed_step == before:
+            # One empty pass is a resume at the very end of an epoch (the sampler moves on to
+            # the next one); two in a row is a loader with nothing in it.
+            empty = empty + 1 if self.committed_step == before else 0
+            if empty >= 2:
                 raise MncloudError("the data loader gave no batch for a whole epoch")
 
     # ------------------------------------------------------------------ torchft
