@@ -72,6 +72,9 @@ class _NoFlightRecorderNews(logging.Filter):
         return "flight recorder" not in record.getMessage()
 
 
+_NO_FLIGHT_RECORDER_NEWS = _NoFlightRecorderNews()
+
+
 def _quiet_torchft() -> None:
     """torchft's per-step logs off: its Rust side's info lines and its empty per-step records
     (quorum and commit loggers); warnings and errors stay."""
@@ -79,8 +82,9 @@ def _quiet_torchft() -> None:
     for name in ("torchft_commits", "torchft_quorums"):
         logging.getLogger(name).setLevel(logging.WARNING)
     logging.getLogger("torchft").setLevel(logging.WARNING)
-    for handler_owner in ("torchft.manager", "torchft"):
-        logging.getLogger(handler_owner).addFilter(_NoFlightRecorderNews())
+    # A logger's filter sees only its own records: the warning is logged by torchft.manager.
+    # One shared instance, so a second Replicas adds nothing (addFilter skips a present one).
+    logging.getLogger("torchft.manager").addFilter(_NO_FLIGHT_RECORDER_NEWS)
 
 
 def node_recovery() -> bool:
