@@ -29,8 +29,10 @@ from tests.test_local import EXAMPLE, cli, run_log, runner, state_of, up, wait_f
 pytestmark = pytest.mark.catalog
 
 NODES = ["--nodes", "3", "--gpus", "cpu:2", "--recovery", "node", "--provision-delay", "2s"]
-# Long enough that the replacement (a cold start of ~15 s on 2 cores) joins mid-run.
-TRAIN = ["--steps", "1500", "--ckpt-interval", "50", "--log-every", "500"]
+# Provisioning long enough that survivors waiting on the lost node (not going on) would show.
+SLOW_NODES = [*NODES[:-1], "8s"]
+# Long enough that the replacement (8 s + a cold start of ~15 s on 2 cores) joins mid-run.
+TRAIN = ["--steps", "2500", "--ckpt-interval", "50", "--log-every", "500"]
 
 
 def progress(name: str) -> list[dict[str, Any]]:
@@ -43,6 +45,14 @@ def events_of(name: str, kind: str, node: int | None = None) -> list[dict[str, A
 
 def steps_of(name: str, node: int) -> list[tuple[float, int]]:
     return [(r["t"], r["step"]) for r in progress(name) if "loss" in r and r["node"] == node]
+
+
+def all_three_stepping(name: str) -> bool:
+    """Every node stepped 20 times since the last quorum change: a loss now is one mid-run,
+    not one during a late joiner's heal (that case has its own test below)."""
+    changes = [r["t"] for r in events_of(name, "quorum")]
+    since = max(changes, default=0.0)
+    return all(len([t for t, _ in steps_of(name, n) if t > since]) >= 20 for n in range(3))
 
 
 # --------------------------------------------------------------------------- fast
@@ -153,8 +163,9 @@ def app_of() -> Any:
 def test_lost_node_is_replaced_alone_and_heals_from_a_live_peer() -> None:
     """SIGKILL node 1 mid-run: nodes 0 and 2 keep their processes and keep stepping, node 1 is
     relaunched alone, joins and heals; every replica ends with the same bits."""
-    up("ft", EXAMPLE, *NODES, script_args=TRAIN)
+    up("ft", EXAMPLE, *SLOW_NODES, script_args=TRAIN)
     wait_until(lambda: len(steps_of("ft", 0)) >= 100, 180, "100 steps on node 0")
+    wait_until(lambda: all_three_stepping("ft"), 60, "a quorum of all three, stepping")
     before = state_of("ft")
     survivors = {n: set(before.nodes[n].pids) for n in (0, 2)}
     assert all(len(p) >= 4 for p in survivors.values()), survivors  # bash, torchrun, 2 workers
@@ -179,16 +190,19 @@ def test_lost_node_is_replaced_alone_and_heals_from_a_live_peer() -> None:
     healed = next(h for h in events_of("ft", "heal", 1) if h["t"] > killed_at)
     joins = {n: len(events_of("ft", "join", n)) for n in range(3)}
     assert joins == {0: 1, 1: 2, 2: 1}  # survivors joined once: never restarted
-    # Survivors stepped while node 1 was gone: between the kill and the heal.
+    # Survivors stepped while node 1 was gone, before its replacement even started: they
+    # never wait for it (nor for each other's collective timeout).
+    replaced_at = next(e.t for e in state_of("ft").events if e.kind == "node-start")
     for n in (0, 2):
         outage = [s for t, s in steps_of("ft", n) if killed_at < t < healed["t"]]
         assert len(outage) >= 5 and outage == sorted(outage), (n, outage)
+        assert len([t for t, _ in steps_of("ft", n) if killed_at < t < replaced_at]) >= 5
         retries = [r for r in events_of("ft", "retry", n) if r["t"] > killed_at]
         assert len(retries) <= 1, retries  # at most the step in flight is redone
     # Node 1 took a step from a peer that is ahead of anything it had, then trained on.
-    assert healed["step"] > healed["from_step"] and max(s for _, s in steps_of("ft", 1)) == 1500
+    assert healed["step"] > healed["from_step"] and max(s for _, s in steps_of("ft", 1)) == 2500
     done = {r["node"]: r for r in events_of("ft", "done")}
-    assert sorted(done) == [0, 1, 2] and {d["steps"] for d in done.values()} == {1500}
+    assert sorted(done) == [0, 1, 2] and {d["steps"] for d in done.values()} == {2500}
     assert len({d["weights_sha256"] for d in done.values()}) == 1  # bitwise equal replicas
 
     kinds = [e.kind for e in state_of("ft").events]
@@ -207,6 +221,39 @@ def test_lost_node_is_replaced_alone_and_heals_from_a_live_peer() -> None:
     status = json.loads(cli("status", "ft", "--json").output)[0]
     assert status["recovery"] == "node" and set(status["node_states"].values()) == {"finished"}
     assert status["quorum"] == [0, 1, 2]
+
+
+@pytest.mark.slow
+def test_a_replacement_lost_as_it_joins_does_not_hold_the_survivors() -> None:
+    """Node 1's replacement is killed the moment it joins (before its first quorum, or while
+    the group that includes it is being made): the survivors give up on it (within
+    `CONFIGURE_TIMEOUT_S` at worst) and go on as two, before the second replacement starts."""
+    from mncloud.train.ft import CONFIGURE_TIMEOUT_S
+
+    delay = CONFIGURE_TIMEOUT_S + 15
+    flags = [*NODES[:-1], f"{delay:g}s"]
+    up("rj", EXAMPLE, *flags, script_args=["--steps", "6000", "--ckpt-interval", "100"])
+    wait_until(lambda: all_three_stepping("rj"), 180, "a quorum of all three, stepping")
+    cli("chaos", "preempt", "rj", "--node", "1")
+    lost_at = wait_until(
+        lambda: [e.t for e in state_of("rj").events if e.kind == "node-lost"], 30, "node-lost"
+    )[0]
+    deadline = time.monotonic() + delay + 120
+    while not [r for r in events_of("rj", "join", 1) if r["t"] > lost_at]:
+        assert time.monotonic() < deadline, "node 1's replacement never joined"
+        time.sleep(0.01)
+    cli("chaos", "preempt", "rj", "--node", "1")
+    second = wait_until(lambda: node_events("rj", "node-lost")[1:], 30, "second node-lost")[0]
+    wait_until(lambda: node_events("rj", "node-start")[1:], delay + 30, "second replacement")
+    restarted = node_events("rj", "node-start")[1]
+    for n in (0, 2):
+        went_on = [s for t, s in steps_of("rj", n) if second < t < restarted]
+        assert len(went_on) >= 5 and went_on == sorted(went_on), (n, went_on)
+    cli("down", "rj", "--now", "--yes")
+
+
+def node_events(name: str, kind: str) -> list[float]:
+    return [e.t for e in state_of(name).events if e.kind == kind]
 
 
 @pytest.mark.slow
@@ -352,3 +399,47 @@ def test_a_resume_at_the_very_end_of_an_epoch_goes_on_with_the_next(
     steps = [(step, batch[0].tolist()) for step, batch in Replicas({}).steps(batches, start=2,
                                                                               total=4)]  # fmt: skip
     assert [s for s, _ in steps] == [3, 4] and resumed.epoch == 1
+
+
+def test_a_quorum_group_waits_for_an_absent_peer_only_the_configure_timeout() -> None:
+    """A peer that died after the quorum formed never writes its address: making the group
+    fails after the short configure timeout (not the hour-long collective one), and a group
+    that does form keeps the collective timeout for its collectives."""
+    torch = pytest.importorskip("torch")
+    import threading
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    from mncloud.train.ft import quorum_group
+
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    hour, second = timedelta(hours=1), timedelta(seconds=1)
+    members: list[int] = []
+    alone = quorum_group(members, timeout=hour, configure_timeout=second)
+    outcome: list[BaseException] = []
+
+    def configure_alone() -> None:
+        try:
+            alone.configure(f"127.0.0.1:{store.port}/a", "node0", 0, 2, 1, 0, 1, [0, 3])
+        except Exception as err:
+            outcome.append(err)
+
+    thread = threading.Thread(target=configure_alone, daemon=True)
+    thread.start()
+    thread.join(120)  # liveness, not speed: the old hour-long wait would still be going
+    assert not thread.is_alive() and outcome and "timeout" in str(outcome[0])
+    assert members == [0, 3]  # global ranks 0 and 3 with one rank per node: nodes 0 and 3
+
+    pair = [quorum_group([], timeout=hour, configure_timeout=second * 30) for _ in range(2)]
+    threads = [
+        threading.Thread(target=g.configure,
+                         args=(f"127.0.0.1:{store.port}/b", f"node{r}", r, 2, 2, 0, 1, [0, 1]))
+        for r, g in enumerate(pair)
+    ]  # fmt: skip
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    backend = pair[0]._pg._get_backend(torch.device("cpu"))
+    assert backend.options._timeout == hour and pair[0]._timeout == hour

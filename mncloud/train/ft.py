@@ -39,6 +39,7 @@ their replacements). Bucket checkpoints keep running, written by the quorum's fi
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import logging
@@ -58,6 +59,10 @@ log = logging.getLogger(__name__)
 
 QUORUM_TIMEOUT_S = 1800.0
 """How long a step waits for a quorum: a replacement's provisioning fits in it."""
+CONFIGURE_TIMEOUT_S = 15.0
+"""How long making a quorum's group waits for a peer's store and connections. A peer that dies
+in the middle of it (a replacement lost right after it joined) costs the survivors this, not
+the collective timeout; a live peer connects in well under a second."""
 
 
 _CONFIGURE_ARGS = ("store_addr", "replica_id", "rank", "world_size", "quorum_id", "group_rank",
@@ -77,9 +82,9 @@ _NO_FLIGHT_RECORDER_NEWS = _NoFlightRecorderNews()
 
 def _quiet_torchft() -> None:
     """torchft's per-step logs off: its Rust side's info lines and its empty per-step records
-    (quorum and commit loggers); warnings and errors stay."""
+    (quorum, commit and error loggers); warnings and errors stay."""
     os.environ.setdefault("RUST_LOG", "warn")
-    for name in ("torchft_commits", "torchft_quorums"):
+    for name in ("torchft_commits", "torchft_quorums", "torchft_errors"):
         logging.getLogger(name).setLevel(logging.WARNING)
     logging.getLogger("torchft").setLevel(logging.WARNING)
     # A logger's filter sees only its own records: the warning is logged by torchft.manager.
@@ -92,6 +97,36 @@ def node_recovery() -> bool:
     return os.environ.get(constants.RECOVERY_ENV, "") == "node"
 
 
+def quorum_group(members: list[int], *, timeout: timedelta, configure_timeout: timedelta) -> Any:
+    """torchft's reconfigurable group (NCCL on GPUs, else Gloo) that learns each quorum's nodes
+    into `members` and gives a peer `configure_timeout` to show up while it is being made."""
+    from torchft import ProcessGroupGloo, ProcessGroupNCCL
+
+    base = ProcessGroupNCCL if torch.cuda.is_available() else ProcessGroupGloo
+
+    class _Group(base):  # type: ignore[misc,valid-type]
+        def configure(self, *args: Any, **kwargs: Any) -> None:
+            # (store_addr, replica_id, rank, world_size, quorum_id, group_rank,
+            #  group_world_size, global_ranks): global rank = node × group size + rank.
+            named = dict(zip(_CONFIGURE_ARGS, args, strict=False)) | kwargs
+            size = named.get("group_world_size") or 1
+            members[:] = sorted({r // size for r in named.get("global_ranks") or []})
+            collective, self._timeout = self._timeout, configure_timeout
+            try:
+                super().configure(*args, **kwargs)
+            finally:
+                self._timeout = collective
+            _set_collective_timeout(self._pg, collective)
+
+    return _Group(timeout=timeout)
+
+
+def _set_collective_timeout(pg: Any, timeout: timedelta) -> None:
+    """Gloo keeps the timeout it was made with for its collectives: give it back theirs."""
+    with contextlib.suppress(AttributeError, RuntimeError):
+        pg._get_backend(torch.device("cpu"))._set_default_timeout(timeout)
+
+
 def _state_of(value: Any) -> Any:
     return value.state_dict() if hasattr(value, "state_dict") else value
 
@@ -101,16 +136,25 @@ class Replicas:
 
     `state` is the dict given to `CheckpointManager`: what a healing replica receives (model,
     optimizer, sampler position, plain values). `timeout_s` bounds a cross-node all-reduce and
-    a heal; a quorum waits up to `QUORUM_TIMEOUT_S`.
+    a heal; making a quorum's group, `configure_timeout_s`; a quorum waits up to
+    `QUORUM_TIMEOUT_S`.
     """
 
-    def __init__(self, state: MutableMapping[str, Any], *, timeout_s: float = 60.0) -> None:
+    def __init__(
+        self,
+        state: MutableMapping[str, Any],
+        *,
+        timeout_s: float = 60.0,
+        configure_timeout_s: float = CONFIGURE_TIMEOUT_S,
+    ) -> None:
         self.state = state
         self.enabled = node_recovery()
         self.timeout_s = timeout_s
+        self.configure_timeout_s = configure_timeout_s
         self.replica = int(os.environ.get(constants.REPLICA_ID_ENV, "0"))
         self.num_replicas = int(os.environ.get(constants.NUM_REPLICAS_ENV, "1"))
         self._manager: Any = None
+        self._group: Any = None
         self._committed_extras: dict[str, Any] | None = None
         self._quorum: tuple[int, ...] = ()
         self._members: list[int] = []
@@ -165,6 +209,12 @@ class Replicas:
         grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
         flat = torch.cat([g.reshape(-1) for g in grads]) if grads else torch.zeros(1)
         self._manager.allreduce(flat).wait()
+        if self._manager.errored() is not None:
+            # A peer is gone. Close this replica's connections now: a survivor still blocked
+            # on them fails at once and joins the next quorum, instead of waiting out the
+            # collective timeout while this one waits for it there (the next quorum, new
+            # after a failed commit, makes a fresh group).
+            self._group.abort()
         if not self._manager.should_commit():
             self.retries += 1
             self._report(event="retry", step=self._manager.current_step() + 1)
@@ -217,7 +267,7 @@ class Replicas:
         """Create the Manager (only now: a replica heartbeats once it can step)."""
         _quiet_torchft()
         try:
-            from torchft import Manager, ProcessGroupGloo, ProcessGroupNCCL
+            from torchft import Manager
             from torchft.checkpointing import HTTPTransport
         except ImportError as err:
             raise MncloudError(
@@ -231,20 +281,12 @@ class Replicas:
                 port = self._server.socket.getsockname()[1]
                 return f"http://{host}:{port}/checkpoint/"
 
-        base = ProcessGroupNCCL if torch.cuda.is_available() else ProcessGroupGloo
-        members = self._members
-
-        class _Group(base):  # type: ignore[misc,valid-type]
-            def configure(self, *args: Any, **kwargs: Any) -> None:  # learn the quorum's nodes
-                # (store_addr, replica_id, rank, world_size, quorum_id, group_rank,
-                #  group_world_size, global_ranks): global rank = node × group size + rank.
-                named = dict(zip(_CONFIGURE_ARGS, args, strict=False)) | kwargs
-                size = named.get("group_world_size") or 1
-                members[:] = sorted({r // size for r in named.get("global_ranks") or []})
-                super().configure(*args, **kwargs)
-
+        self._group = quorum_group(
+            self._members, timeout=timeout,
+            configure_timeout=timedelta(seconds=self.configure_timeout_s),
+        )  # fmt: skip
         self._manager = Manager(
-            pg=_Group(timeout=timeout),
+            pg=self._group,
             load_state_dict=self._load_healed,
             state_dict=self._heal_payload,
             min_replica_size=min_replicas(self.num_replicas),
