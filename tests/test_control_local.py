@@ -103,3 +103,21 @@ def test_budget_stops_the_run_cleanly_and_keeps_its_checkpoint(tmp_path: Path) -
     status = json.loads(runner.invoke(app, ["status", "pay", "--json"]).stdout)[0]
     assert status["state"] == "CANCELLED" and status["ckpt_step"] and status["ckpt_step"] >= 20
     assert "budget" in status["detail"]
+
+
+def test_a_node_lost_while_spot_is_offered_is_launched_again(tmp_path: Path) -> None:
+    """A spot node killed outside the trace (spot still offered): the held gang is taken as
+    preempted and launched again on spot from its checkpoint, and the run finishes."""
+    trace = _trace(tmp_path, [2] * 200)
+    _deadline_up("held", trace, "--deadline", "2h", "--hours", "0.2", steps=TRAIN)
+    first = wait_until(lambda: (s := control.load_state("held")).run_ids and s, 120, "a launch")
+    wait_until(lambda: any(local_ckpt_dir("held").rglob("COMPLETE")), 120, "a checkpoint")
+    killed = runner.invoke(app, ["chaos", "preempt", "held", "--node", "1"])
+    assert killed.exit_code == 0, killed.output
+    state = _wait_controller("held", 240)
+    assert state.phase == "finished", (state.detail, run_log("held"))
+    assert state.preemptions >= 1 and len(state.run_ids) >= 2, state.run_ids
+    assert state.run_ids[0] == first.run_ids[0]
+    assert all(d.chose.value == "spot" for d in state.decisions), state.decisions
+    relaunch = find_record(state.run_ids[1])
+    assert any("deadline controller" in e.detail for e in relaunch.events)

@@ -149,7 +149,7 @@ class Controller:
             st.spot_missing_since = st.spot_missing_since or now
         elif st.market is Mode.SPOT:
             st.spot_missing_since = None
-        if st.mode is Mode.SPOT and not spot_now:
+        if st.mode is Mode.SPOT and (not spot_now or self._held_after_loss(status)):
             self._preempted(tick)
         elif st.mode is Mode.NONE and st.market is Mode.SPOT and spot_now:
             st.mode, st.entered_tick = Mode.SPOT, tick  # the queued spot job got its VMs
@@ -224,7 +224,7 @@ class Controller:
     def _launch(self, mode: Mode, tick: int, reason: str, *, again: bool = False) -> None:
         """Launch the spec in `mode` (`again`: after a launch cut short by a crash)."""
         from mncloud.launch import Existing
-        from mncloud.spec import JobSpec, LaunchOptions, SpotPolicy
+        from mncloud.spec import JobSpec, LaunchOptions, Recovery, SpotPolicy
 
         st, cfg = self.state, self.state.config
         spec = JobSpec.model_validate(st.spec)
@@ -235,7 +235,9 @@ class Controller:
         if cfg.backend == "local":
             # The ledger bills wall time; a rehearsal's $/h is per hour of run time.
             update["hourly_price"] = cfg.price(mode) * cfg.time_scale
-            if mode is Mode.SPOT:
+            if mode is Mode.SPOT and spec.recovery is not Recovery.NODE:
+                # The gang waits for the controller; under node recovery a lost node is
+                # replaced after the modeled provisioning while the others train on.
                 update["recovery_delay"] = SPOT_RECOVERY_HOLD_S
         options = LaunchOptions.model_validate(st.options).model_copy(update=update)
         first = not st.run_ids and not again
@@ -322,6 +324,17 @@ class Controller:
         """What a stop's notice costs in the live market (kept inside the budget)."""
         cfg = self.state.config
         return cfg.price(self.state.market) * cfg.time_scale * self.stop_notice_s() / 3600
+
+    def _held_after_loss(self, status: RunStatus | None) -> bool:
+        """A local spot launch that lost a node the trace did not take (a kill, a crash of the
+        host): its supervisor holds it for the controller (`SPOT_RECOVERY_HOLD_S`), so it is
+        lost like a preemption and the policy launches again from the newest checkpoint."""
+        return (
+            self.state.config.backend == "local"
+            and self.state.spec.get("recovery") != "node"  # its supervisor replaces the node
+            and status is not None
+            and status.state is RunState.RECOVERING
+        )
 
     def _preempted(self, tick: int) -> None:
         st = self.state
