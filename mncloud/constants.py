@@ -45,6 +45,8 @@ METADATA_URL_ENV = "MNCLOUD_METADATA_URL"
 METADATA_PROTOCOL_ENV = "MNCLOUD_METADATA_PROTOCOL"
 # Seconds between two polls of a polled endpoint (AWS: 5, Azure: 1; GCP long-polls).
 METADATA_POLL_ENV = "MNCLOUD_METADATA_POLL_SECONDS"
+# Seconds between two looks for a stop request in the bucket (mncloud/storage/stoprequest.py).
+STOP_POLL_ENV = "MNCLOUD_STOP_POLL_SECONDS"
 # Seconds a rank assumes it has left after SIGTERM/SIGUSR1 (default 30: torchrun's shutdown
 # timeout before its SIGKILL, and GCP's notice).
 SIGNAL_NOTICE_ENV = "MNCLOUD_SIGNAL_NOTICE_SECONDS"

@@ -15,6 +15,7 @@ the caller says what to do with the earlier run (`Existing`):
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -152,6 +153,7 @@ def launch(
         _state, warning = prepare_bucket(spec.bucket, choice.cloud, choice.region, notify)
         if warning:
             notify(f"warning: {warning}")
+        _clear_leftover_stop(spec)
     if run_id is not None:
         from mncloud.records import create_record
 
@@ -174,6 +176,17 @@ def launch(
         dryrun=dryrun,
     )
     return Launched(prepared=prepared, run_id=run_id, status=backend.launch(request))
+
+
+def _clear_leftover_stop(spec: JobSpec) -> None:
+    """A stop request a `down` left behind (it died before clearing it) must not stop this
+    launch's nodes (see `storage/stoprequest.py`)."""
+    from mncloud.storage import CheckpointStore
+    from mncloud.storage.stoprequest import clear_stop_request
+
+    if spec.ckpt_uri:
+        with contextlib.suppress(MncloudError):
+            clear_stop_request(CheckpointStore(spec.ckpt_uri, retry_seconds=5))
 
 
 def _new_run_id(name: str) -> str:

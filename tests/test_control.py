@@ -199,7 +199,7 @@ def test_a_budget_the_first_tick_would_cross_launches_nothing(tmp_path: Path) ->
         def status(self, name: str) -> RunStatus:
             return RunStatus(name=name, backend="fake", state=RunState.RUNNING, nodes=2)
 
-        def down(self, name: str) -> RunStatus:
+        def down(self, name: str, **notice: Any) -> RunStatus:
             Backend.downs += 1
             return RunStatus(name=name, backend="fake", state=RunState.CANCELLED, nodes=2)
 

@@ -496,3 +496,49 @@ def test_down_managed_job_cancels_it(script: Path, fake_sky: FakeSky) -> None:
 def test_unknown_run_has_no_record() -> None:
     with pytest.raises(RunNotFoundError):
         SkyPilotBackend().status("never-launched")
+
+
+def test_down_gives_a_running_job_a_stop_notice_and_keeps_the_step_it_saved(
+    script: Path, fake_sky: FakeSky, tmp_path: Path
+) -> None:
+    """`down` of a running managed job: a stop request in the bucket, read by a real training
+    process (as on a node), which saves the step it reached and exits; then the job is
+    cancelled and the request cleared. The cloud's VMs are the only thing faked."""
+    import subprocess
+    import sys
+
+    from mncloud.storage import CheckpointStore
+    from mncloud.storage.stoprequest import read_stop_request
+    from tests.test_stop_request import NODE, node_env
+
+    backend = _launched(script, fake_sky, spot=True, bucket=f"file://{tmp_path / 'b'}")
+    running = _job_records("jobs_queue_recovering.json")
+    running[0].status = running[0].status.__class__("RUNNING")
+    fake_sky.answers["jobs.queue_v2"] = (running, 1, {}, 1)
+    ckpt_uri = backend.status("llm").ckpt_uri
+    assert ckpt_uri and backend.status("llm").state is RunState.RUNNING
+    node = subprocess.Popen(
+        [sys.executable, "-c", NODE], env=node_env(ckpt_uri, tmp_path), text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    assert node.stdout is not None and node.stdout.readline().strip() == "ready"
+
+    status = backend.down("llm", notice_s=30)
+
+    _, err = node.communicate(timeout=60)
+    assert node.returncode == 115, err  # it had saved when down cancelled the job
+    step, _ = CheckpointStore(ckpt_uri).latest()
+    assert step is not None and f"stopped after a 30s notice (step {step} saved)" in status.detail
+    assert fake_sky.called("jobs.cancel") == [((), {"job_ids": [7]})]
+    assert read_stop_request(CheckpointStore(ckpt_uri)) is None  # nothing left to stop a rerun
+
+
+def test_down_now_gives_no_notice(script: Path, fake_sky: FakeSky, tmp_path: Path) -> None:
+    from mncloud.storage import CheckpointStore
+    from mncloud.storage.stoprequest import read_stop_request
+
+    backend = _launched(script, fake_sky, spot=False, bucket=f"file://{tmp_path / 'b'}")
+    ckpt_uri = backend.status("llm").ckpt_uri
+    status = backend.down("llm")  # notice_s 0: `down --now`
+    assert "notice" not in status.detail and fake_sky.called("down") == [(("llm",), {})]
+    assert ckpt_uri and read_stop_request(CheckpointStore(ckpt_uri)) is None

@@ -145,6 +145,7 @@ class Backend(Protocol):
         """Lines of output, each prefixed with its node (and rank where known)."""
         ...
 
-    def down(self, run_name: str) -> RunStatus:
-        """Stop the run and release what it holds; idempotent."""
+    def down(self, run_name: str, *, notice_s: float = 0.0, by: str = "mncloud down") -> RunStatus:
+        """Stop the run and release what it holds; idempotent. With `notice_s`, the nodes
+        first get a preemption notice of that many seconds to save the step they reached."""
         ...

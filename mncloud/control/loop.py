@@ -301,14 +301,9 @@ class Controller:
         save_state(st)
 
     def _down(self, notice_s: float) -> None:
-        """`down` the run; a local one after a preemption notice of `notice_s` wall seconds
-        (SkyPilot's `down` gives none: its managed job is cancelled)."""
-        from mncloud.backends.local.backend import LocalBackend
-
-        if notice_s > 0 and isinstance(self.backend, LocalBackend):
-            self.backend.down(self.state.name, notice_s=notice_s, by="the deadline controller")
-        else:
-            self.backend.down(self.state.name)
+        """`down` the run after a preemption notice of `notice_s` wall seconds (a cloud run's
+        through its bucket: see `backends/skypilot/notice.py`)."""
+        self.backend.down(self.state.name, notice_s=notice_s, by="the deadline controller")
 
     def stop_notice_s(self, budget_left: float | None = None) -> float:
         """The notice a controller's stop gives (see the constants); with `budget_left`, no

@@ -75,7 +75,12 @@ from mncloud.constants import CKPT_STAGING_ENV, CKPT_URI_ENV, PREEMPTION_WATCH_E
 from mncloud.errors import CheckpointError, MncloudError
 from mncloud.storage.checkpoints import CheckpointStore, Manifest
 from mncloud.train.collectives import Collectives
-from mncloud.train.emergency import agreed_notice, emergency_save, leave_marker
+from mncloud.train.emergency import (
+    agreed_notice,
+    emergency_save,
+    leave_marker,
+    watch_stop_requests,
+)
 from mncloud.train.ft import Replicas
 from mncloud.train.preempt import Notice, Preempted, PreemptionWatcher
 from mncloud.train.saving import PendingSave, SavePipeline
@@ -166,6 +171,7 @@ class CheckpointManager:
         """Watches for a preemption notice (None unless `watch_preemption`)."""
         if watch_preemption:
             self.watcher = PreemptionWatcher.from_env().start()
+            watch_stop_requests(self.watcher, store)
         self._warm_checked = False
         self._closed = False
         self.last_stall_s = 0.0

@@ -18,13 +18,16 @@ from collections.abc import MutableMapping
 from concurrent.futures import CancelledError
 from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from mncloud.constants import PREEMPT_MARKER_ENV
+from mncloud.constants import PREEMPT_MARKER_ENV, STOP_POLL_ENV
 from mncloud.errors import MncloudError
 from mncloud.train.collectives import Collectives
 from mncloud.train.preempt import Notice, PreemptionWatcher
 from mncloud.train.saving import PendingSave, SavePipeline
+
+if TYPE_CHECKING:
+    from mncloud.storage.checkpoints import CheckpointStore
 
 log = logging.getLogger("mncloud.train.ckpt")  # one logger for every checkpoint message
 
@@ -33,6 +36,20 @@ def agreed_notice(watcher: PreemptionWatcher | None, deadline: float, now: float
     """This rank's own notice, else one that stands for another rank's (`deadline`)."""
     own = watcher.notice if watcher is not None else None
     return own or Notice("peer", deadline, now, detail="another rank's notice")
+
+
+def watch_stop_requests(watcher: PreemptionWatcher, store: CheckpointStore) -> None:
+    """Take a stop request in the run's bucket (`mncloud down` of a cloud run) as a notice."""
+    from mncloud.storage.stoprequest import POLL_S, read_stop_request
+
+    def check() -> Notice | None:
+        request = read_stop_request(store)
+        if request is None:
+            return None
+        return Notice("stop-request", request.deadline, time.time(), detail=request.by)
+
+    poll_s = float(os.environ.get(STOP_POLL_ENV) or POLL_S)
+    watcher.watch_source("stop-request", check, poll_s)
 
 
 def leave_marker() -> None:

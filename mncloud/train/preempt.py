@@ -54,6 +54,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from email.utils import parsedate_to_datetime
@@ -315,6 +316,15 @@ def protocols_from_env(env: dict[str, str] | None = None) -> list[str] | None:
 # --------------------------------------------------------------------------- watcher
 
 
+@dataclass(frozen=True)
+class _Source:
+    """A notice source polled beside the cloud's metadata service (e.g. a stop request)."""
+
+    name: str
+    check: Callable[[], Notice | None]
+    poll_s: float
+
+
 class PreemptionWatcher:
     """Watches for a notice in daemon threads and through signals; `notice` is set once.
 
@@ -401,6 +411,34 @@ class PreemptionWatcher:
                 thread.start()
                 self._threads.append(thread)
         return self
+
+    def watch_source(self, name: str, check: Callable[[], Notice | None], poll_s: float) -> None:
+        """Also poll `check` (a notice or None) every `poll_s` seconds in a daemon thread, on
+        the node's first process only (`poll`); a failing check is tried again."""
+        if not self.poll:
+            return
+        source = _Source(name, check, poll_s)
+        thread = threading.Thread(
+            target=self._watch_source, args=(source,), daemon=True, name=f"mncloud-{name}"
+        )
+        thread.start()
+        self._threads.append(thread)
+
+    def _watch_source(self, source: _Source) -> None:
+        failures = 0
+        while not self._stop.is_set() and self._notice is None:
+            try:
+                notice = source.check()
+                failures = 0
+            except Exception as err:  # any failure of a check: try again at the next poll
+                failures += 1
+                if failures == 3:
+                    log.warning("preemption watcher (%s): %s; still trying", source.name, err)
+                notice = None
+            if notice is not None:
+                self.notify(notice)
+                return
+            self._stop.wait(source.poll_s)
 
     def stop(self) -> None:
         """Restore the signal handlers; the threads end at their next poll."""

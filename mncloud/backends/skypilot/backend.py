@@ -22,6 +22,7 @@ from mncloud.backends.skypilot.meta import (
     save_meta,
     status_from_meta,
 )
+from mncloud.backends.skypilot.notice import give_notice, withdraw_notice
 from mncloud.backends.skypilot.status import cluster_status, managed_job_status
 from mncloud.backends.skypilot.task import build_dag, build_task
 from mncloud.errors import BackendError, MncloudError, RunNotFoundError
@@ -147,11 +148,14 @@ class SkyPilotBackend:
         else:
             yield from tail_logs(meta, node, follow)
 
-    def down(self, run_name: str) -> RunStatus:
-        """Tear the cluster down, or cancel the managed job; idempotent."""
+    def down(self, run_name: str, *, notice_s: float = 0.0, by: str = "mncloud down") -> RunStatus:
+        """Tear the cluster down, or cancel the managed job; idempotent. With `notice_s`, a
+        running job's nodes first get a stop notice through the bucket and save the step they
+        reached (`notice.py`)."""
         import sky
 
         meta = require_meta(run_name)
+        noticed = self._notice(meta, notice_s, by)
         if meta.error is None:
             try:
                 with sky_errors(f"tear down {run_name}"):
@@ -164,8 +168,29 @@ class SkyPilotBackend:
                 pass  # SkyPilot has no such cluster: already gone, down is idempotent
         meta.downed_at = meta.downed_at or time.time()
         save_meta(meta)
+        if noticed is not None and meta.ckpt_uri:
+            withdraw_notice(meta.ckpt_uri)
         if meta.kind in (MANAGED_JOB, JOB_GROUP) and meta.error is None:
-            return self.status(run_name)
-        final = meta.last_state if meta.last_state and meta.last_state.is_final else None
-        state = final or RunState.CANCELLED
-        return status_from_meta(meta, state, "cluster torn down; checkpoints stay")
+            status = self.status(run_name)
+        else:
+            final = meta.last_state if meta.last_state and meta.last_state.is_final else None
+            state = final or RunState.CANCELLED
+            status = status_from_meta(meta, state, "cluster torn down; checkpoints stay")
+        if noticed is None:
+            return status
+        saved = f"step {noticed[1]} saved" if noticed[1] is not None else "no new step saved"
+        note = f"stopped after a {noticed[0]:g}s notice ({saved})"
+        return status.model_copy(update={"detail": f"{status.detail}; {note}".lstrip("; ")})
+
+    def _notice(self, meta: RunMeta, notice_s: float, by: str) -> tuple[float, int | None] | None:
+        """Give a running job its stop notice: (the notice, the step saved), or None if none
+        was given (no notice asked, no bucket, or the job is not running)."""
+        if notice_s <= 0 or meta.error is not None or not meta.ckpt_uri:
+            return None
+        try:
+            if self.status(meta.name).state is not RunState.RUNNING:
+                return None
+        except MncloudError:
+            return None
+        saved = give_notice(meta.ckpt_uri, notice_s, lambda: self.status(meta.name).state, by)
+        return notice_s, saved
