@@ -1,19 +1,21 @@
 """bench/node_recovery: the same three preemptions under gang and under node recovery.
 
-    .venv/bin/python bench/node_recovery.py [--provision-delay 10s] [--steps 20000] [--json]
+    .venv/bin/python bench/node_recovery.py [--provision-delay 10s] [--steps 20000] [--nodes 3]
+                                            [--json]
 
 Launches `examples/train_ddp.py` on the local backend, 3 nodes × 1 process (`cpu:1`, so the
-2-core machine is not oversubscribed), checkpoint every 100 steps, twice: `--recovery gang` (the
-baseline) and `--recovery node`, with the same modeled `--provision-delay` and the same three
-SIGKILLs (node 1, node 2, node 1 again) at 15 %, 40 % and 65 % of the steps, each once the run
-is whole again after the previous one (else a second loss during a replacement would be two at
-once: a gang relaunch). Reports per run:
+2-core machine is not oversubscribed; `--nodes` for more), checkpoint every 100 steps, twice:
+`--recovery gang` (the baseline) and `--recovery node`, with the same modeled
+`--provision-delay` and the same three SIGKILLs (node 1, node 2, node 1 again) at 15 %, 40 %
+and 65 % of the steps, each once the run is whole again after the previous one (else a second
+loss during a replacement would be two at once: a gang relaunch). Reports per run:
 
 - node-seconds lost per preemption: N × the training span (first step to last) less the
   replica-steps kept × the run's own seconds per step (the median gap between steps), divided
   by 3. Each run is measured against its own speed, so a busy machine moves both alike. Under
   gang it is the relaunch and the steps done again; under node, the replaced node's absence and
-  any stall of the survivors. Goal: node ≤ 0.25 × gang;
+  any stall of the survivors. Goal: node ≤ 0.25 × gang (the floor is about 1/N: the replaced
+  node is out for the provisioning the whole gang is out for);
 - steps trained twice: gang, steps rank 0 reported more than once; node, the steps a survivor
   tried and did not commit (the all-reduce that met the dead peer). Goal: node ≤ 1 per
   preemption;
@@ -35,11 +37,11 @@ from typing import Any
 
 from _local import EXAMPLE, fresh_home, mncloud, wait
 
-NODES, INTERVAL, KILLS = 3, 100, ((0.15, 1), (0.40, 2), (0.65, 1))
+INTERVAL, KILLS = 100, ((0.15, 1), (0.40, 2), (0.65, 1))
 
 
-def launch(name: str, recovery: str, delay: str, steps: int) -> None:
-    mncloud("up", str(EXAMPLE), "--cloud", "local", "--nodes", str(NODES), "--gpus", "cpu:1",
+def launch(name: str, recovery: str, delay: str, steps: int, nodes: int) -> None:
+    mncloud("up", str(EXAMPLE), "--cloud", "local", "--nodes", str(nodes), "--gpus", "cpu:1",
             "--name", name, "--detach", "--yes", "--recovery", recovery,
             "--provision-delay", delay, "--max-restarts", "10", "--",
             "--steps", str(steps), "--ckpt-interval", str(INTERVAL),
@@ -108,26 +110,26 @@ def _step_s(lines: list[dict[str, Any]]) -> float:
     return statistics.median(gaps) if gaps else float("nan")
 
 
-def _figures(folder: Path, kills: list[float], back: list[float], steps: int) -> dict:
+def _figures(folder: Path, kills: list[float], back: list[float], steps: int, nodes: int) -> dict:
     lines = _steps(folder)
     node_mode = any("node" in r for r in lines)
     if node_mode:
-        trained = sum(len({r["step"] for r in lines if r["node"] == n}) for n in range(NODES))
+        trained = sum(len({r["step"] for r in lines if r["node"] == n}) for n in range(nodes))
         retries = [r for r in _progress(folder) if r.get("event") == "retry" and r["t"] > kills[0]]
         twice = len({r["step"] for r in retries})  # every survivor redoes the same step
     else:
-        trained = NODES * steps
+        trained = nodes * steps
         twice = len(lines) - len({r["step"] for r in lines})
     done = [r["weights_sha256"] for r in _progress(folder) if r.get("event") == "done"]
     step_s = _step_s(lines)
     span = max(r["t"] for r in lines) - min(r["t"] for r in lines)
-    lost = NODES * span - trained * step_s  # node-seconds that trained nothing kept
+    lost = nodes * span - trained * step_s  # node-seconds that trained nothing kept
     return {
         "state": _state(folder).state.value,
         "train_span_s": round(span, 1),
         "step_s": round(step_s, 4),
         "node_s_lost_per_preemption": round(lost / len(kills), 1),
-        "replica_steps_not_trained": NODES * steps - trained,
+        "replica_steps_not_trained": nodes * steps - trained,
         "steps_trained_twice": twice,
         "replicas_end_equal": len(set(done)) == 1,
         "kill_to_replacement_first_step_s": [
@@ -146,6 +148,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description="Gang vs node recovery under the same preemptions.")
     p.add_argument("--provision-delay", default="10s")
     p.add_argument("--steps", type=int, default=20000)
+    p.add_argument("--nodes", type=int, default=3, help="nodes of one process each (≥ 3)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
     fresh_home()
@@ -155,12 +158,14 @@ def main() -> None:
     def final(name: str):  # type: ignore[no-untyped-def]
         return wait(lambda: (s := load_state(run_dir(name))).state.is_final and s, 1800, name)
 
-    result: dict[str, Any] = {"provision_delay": args.provision_delay, "steps": args.steps}
+    result: dict[str, Any] = {
+        "provision_delay": args.provision_delay, "steps": args.steps, "nodes": args.nodes,
+    }  # fmt: skip
     for recovery in ("gang", "node"):
-        launch(recovery, recovery, args.provision_delay, args.steps)
+        launch(recovery, recovery, args.provision_delay, args.steps, args.nodes)
         kills, back = _preempt(run_dir(recovery), args.steps)
         final(recovery)
-        result[recovery] = _figures(run_dir(recovery), kills, back, args.steps)
+        result[recovery] = _figures(run_dir(recovery), kills, back, args.steps, args.nodes)
     gang, node = result["gang"]["node_s_lost_per_preemption"], result["node"]
     result["node_vs_gang_lost"] = round(node["node_s_lost_per_preemption"] / gang, 3)
     _print(result, args.json)
@@ -170,7 +175,8 @@ def _print(result: dict, as_json: bool) -> None:
     if as_json:
         print(json.dumps(result, indent=2))
         return
-    print(f"{result['steps']} steps, 3 nodes × 1 process, 3 preemptions; provisioning modeled "
+    print(f"{result['steps']} steps, {result['nodes']} nodes × 1 process, 3 preemptions; "
+          f"provisioning modeled "
           f"as {result['provision_delay']}")  # fmt: skip
     for mode in ("gang", "node"):
         r = result[mode]
