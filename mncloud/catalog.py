@@ -99,8 +99,13 @@ def canonical_accelerator(name: str) -> str:
     by_lower = {k.lower(): k for k in known}
     if name.lower() in by_lower:
         return by_lower[name.lower()]
-    close = difflib.get_close_matches(name.upper(), known, n=3, cutoff=0.5)
-    hint = f"did you mean {', '.join(close)}?" if close else "see `sky show-gpus` for the names"
+    close = difflib.get_close_matches(name.lower(), list(by_lower), n=3, cutoff=0.5)
+    names = ", ".join(by_lower[c] for c in close)
+    hint = (
+        f"did you mean {names}? (`mncloud gpus` lists them)"
+        if close
+        else "`mncloud gpus` lists them"
+    )
     raise SpecError(f"--gpus {name!r}: SkyPilot knows no accelerator of that name; {hint}")
 
 

@@ -16,6 +16,7 @@ One owner for each location, so two modules can never disagree on where a thing 
     <bucket>/<name>/runs/<run-id>/steps   per-rank step-time telemetry
     <bucket>/<name>/ckpt-dir              what a script saves in its `--ckpt-dir` folder
     <bucket>/<name>/control/state.json    the deadline controller's state (cloud runs)
+    <bucket>/<name>/export                `up --export-on-finish`: the exported model
 
 Pure path arithmetic: no I/O, no imports beyond the standard library.
 """
@@ -39,6 +40,7 @@ CKPT_DIR_NAME = "ckpt-dir"
 CONTROL_DIR = "control"
 CONTROL_STATE = "state.json"
 CONTROL_LOG = "controller.log"
+EXPORT_DIR = "export"
 
 
 def home() -> Path:

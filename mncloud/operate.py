@@ -6,15 +6,26 @@ controller died is given a new one here (`control.revive`), which resumes from i
 
 `stop_run` is `mncloud down`: the deadline controller first (it takes the run down), then
 whatever of the run is left; on the local backend after a preemption notice, so every rank
-saves the step it reached (`notice_s`; 0 stops at once)."""
+saves the step it reached (`notice_s`; 0 stops at once).
+
+`all_statuses` is a bare `mncloud status`: a run whose files cannot be read (a torn
+state.json, a launch that stopped before its run started, an unreadable controller state)
+is one `UnreadableRun` row with the reason, never an error that hides the other runs."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import collections
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
 
+from pydantic import BaseModel
+
+from mncloud import layout
 from mncloud.backends.base import RunState, RunStatus
 from mncloud.backends.registry import backend_for_run
-from mncloud.errors import MncloudError, RunNotFoundError
+from mncloud.errors import BackendError, MncloudError, RunNotFoundError, first_error
 
 if TYPE_CHECKING:
     from mncloud.control.state import ControlState
@@ -48,15 +59,56 @@ def known_run_names() -> list[str]:
     return names + [n for n in controlled_runs() if n not in names]
 
 
+class UnreadableRun(BaseModel):
+    """A run `status` lists but cannot read: one row, with the reason."""
+
+    name: str
+    backend: str | None = None
+    state: Literal["UNREADABLE"] = "UNREADABLE"
+    detail: str
+
+
+#: Errors of a run folder's own files (torn JSON, a schema they do not match, a lost file).
+_FILE_ERRORS = (OSError, ValueError, KeyError, TypeError)
+
+
+def all_statuses() -> list[RunStatus | UnreadableRun]:
+    """Every run `status` lists, oldest first; a run that cannot be read is an UnreadableRun
+    (a run removed meanwhile is left out)."""
+    found: list[RunStatus | UnreadableRun] = []
+    for name in known_run_names():
+        try:
+            found.append(run_status(name))
+        except (MncloudError, *_FILE_ERRORS) as err:
+            folder = layout.run_dir(name)
+            if folder.is_dir():
+                reason = _diagnose(folder) or " ".join(str(err).split())
+                found.append(UnreadableRun(name=name, backend=_backend_word(folder), detail=reason))
+    return found
+
+
 def run_status(run_name: str) -> RunStatus:
     """A run's status from its backend, with the newest checkpoint read from its bucket,
     the straggling ranks from its newest run record (none without a record) and, for a
-    deadline run, its controller's view."""
-    control = _control_state(run_name)
+    deadline run, its controller's view. MncloudError when it cannot be read."""
+    try:
+        return _run_status(run_name)
+    except (MncloudError, *_FILE_ERRORS) as err:
+        reason = _diagnose(layout.run_dir(run_name))
+        if reason is None and isinstance(err, MncloudError):
+            raise
+        reason = reason or f"{type(err).__name__}: {' '.join(str(err).split())[:200]}"
+        raise BackendError(f"run {run_name!r} cannot be read: {reason}") from None
+
+
+def _run_status(run_name: str) -> RunStatus:
+    control, control_error = _control_state(run_name)
     revived = _revive(control)
     try:
         status = backend_for_run(run_name).status(run_name)
     except RunNotFoundError:
+        if control is None and control_error:
+            raise MncloudError(control_error) from None
         if control is None:
             raise
         status = RunStatus(
@@ -74,9 +126,48 @@ def run_status(run_name: str) -> RunStatus:
     _add_stragglers(status)
     if control is not None:
         _add_deadline(status, control)
+    if control_error:
+        _prepend(status, control_error)
     if revived:
         _prepend(status, f"its deadline controller had died: restarted (keeper pid {revived})")
     return status
+
+
+def run_logs(
+    run_name: str,
+    node: int | None = None,
+    *,
+    follow: bool = False,
+    tail: int | None = None,
+    since: float | None = None,
+) -> Iterator[str]:
+    """`mncloud logs`: the run's lines from every node (or `node`'s); with `since` (a time),
+    only those written since then (local runs: to the second); with `tail`, only the last
+    `tail` of those, then, with `follow`, the new ones as they come."""
+    from mncloud.backends.local.backend import LocalBackend
+
+    backend = backend_for_run(run_name)
+    if since is not None and not isinstance(backend, LocalBackend):
+        raise BackendError(f"--since: {backend.name} logs carry no times; use --tail N")
+
+    def lines(follow_now: bool) -> Iterator[str]:
+        if isinstance(backend, LocalBackend) and since is not None:
+            return backend.logs(run_name, node=node, follow=follow_now, since=since)
+        return backend.logs(run_name, node=node, follow=follow_now)
+
+    if tail is None:
+        yield from lines(follow)
+        return
+    last: collections.deque[str] = collections.deque(maxlen=tail)
+    seen = 0
+    for line in lines(False):
+        last.append(line)
+        seen += 1
+    yield from last
+    if follow:  # the same lines again, then the new ones: skip those already counted
+        for index, line in enumerate(lines(True)):
+            if index >= seen:
+                yield line
 
 
 def _revive(control: ControlState | None) -> int | None:
@@ -90,10 +181,9 @@ def _revive(control: ControlState | None) -> int | None:
 
 def stop_run(run_name: str, notice_s: float = 0.0) -> RunStatus:
     """Stop a run (`mncloud down`) and return once nothing of it is left: its deadline
-    controller (which takes the run down itself), then the run; a local run after a
-    preemption notice of `notice_s` seconds to its nodes (none under node recovery, where the
-    ranks do not watch for one: they are stopped at once)."""
-    from mncloud.backends.local.backend import LocalBackend
+    controller (which takes the run down itself), then the run, after a preemption notice of
+    `notice_s` seconds to its nodes (none under node recovery, where the ranks do not watch
+    for one: they are stopped at once). A cloud run's notice goes through its bucket."""
     from mncloud.backends.registry import known_runs
     from mncloud.control.state import controlled_runs
 
@@ -103,19 +193,54 @@ def stop_run(run_name: str, notice_s: float = 0.0) -> RunStatus:
         stop(run_name, notice_s)
     if run_name not in known_runs():
         return run_status(run_name)
-    backend = backend_for_run(run_name)
-    if isinstance(backend, LocalBackend):
-        return backend.down(run_name, notice_s=notice_s)
-    return backend.down(run_name)
+    return backend_for_run(run_name).down(run_name, notice_s=notice_s)
 
 
-def _control_state(run_name: str) -> ControlState | None:
+def _control_state(run_name: str) -> tuple[ControlState | None, str | None]:
+    """The run's controller state, or None with why when it has one that cannot be read."""
     from mncloud.control.state import load_state
 
     try:
-        return load_state(run_name)
-    except MncloudError:
+        return load_state(run_name), None
+    except RunNotFoundError:
+        return None, None
+    except MncloudError as err:
+        return None, str(err)
+
+
+def _diagnose(folder: Path) -> str | None:
+    """Which file of a run folder cannot be read, and why; None when all can."""
+    from mncloud.backends.local.state import LAUNCH_FILE, STATE_FILE, LocalLaunch, LocalState
+    from mncloud.control.state import ControlState
+
+    if not folder.is_dir():
         return None
+    models = {STATE_FILE: LocalState, LAUNCH_FILE: LocalLaunch}
+    control = layout.control_state_file(folder.name)
+    for path in [*sorted(folder.glob("*.json")), *([control] if control.is_file() else [])]:
+        model = ControlState if path == control else models.get(path.name)
+        try:
+            data = path.read_bytes()
+            model.model_validate_json(data) if model else json.loads(data)
+        except (OSError, ValueError) as err:
+            where = path.relative_to(folder)
+            if hasattr(err, "errors"):
+                return f"{first_error(err, str(where))} (in {folder})"
+            return f"{where}: {type(err).__name__} (in {folder})"
+    if _backend_word(folder) == "local" and not (folder / STATE_FILE).is_file():
+        return f"{STATE_FILE} is missing: its launch stopped before the run started ({folder})"
+    return None
+
+
+def _backend_word(folder: Path) -> str | None:
+    """The backend a run folder names, if its backend.json says."""
+    from mncloud.backends.registry import BACKEND_FILE
+
+    try:
+        value = json.loads((folder / BACKEND_FILE).read_text()).get("backend")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, str) else None
 
 
 def _add_deadline(status: RunStatus, control: ControlState) -> None:

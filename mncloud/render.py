@@ -23,6 +23,7 @@ Template variables (also what a `--template PATH` of your own receives):
 | `requirements`, `user_setup` | pip requirements file (relative) and the `--setup` command |
 | `preempted_exit_code`, `c` | the preemption exit code and `mncloud.constants` |
 | `preflight`, `preflight_gpus`, `require_paths` | node checks before torchrun (`mncloud.doctor`) |
+| `export_on_finish`, `export_dir` | `up --export-on-finish` format (or None), its folder name |
 
 Filters: `q` (shell-quote), `yaml` (one safe YAML value), `yaml_block` (a multi-line string
 as a YAML block). The shell templates `setup.sh.j2` and `run.sh.j2` can be included.
@@ -191,6 +192,8 @@ def template_variables(
         "preflight": spec.preflight,
         "preflight_gpus": "0" if spec.accelerator.is_cpu else gpus_per_node,
         "require_paths": list(spec.require_paths),
+        "export_on_finish": spec.export_on_finish.value if spec.export_on_finish else None,
+        "export_dir": layout.EXPORT_DIR,
         "c": constants,
     }
 

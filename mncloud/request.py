@@ -4,14 +4,18 @@ validated `JobSpec` (`build_spec`). Nothing downstream sees flags or the config 
 
 from __future__ import annotations
 
+import difflib
+import os
 import re
+import secrets
+from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from mncloud import constants
+from mncloud import constants, layout
 from mncloud.errors import SpecError, first_error
 from mncloud.spec import (
     BUCKET_MOUNT_PATH,
@@ -85,13 +89,19 @@ def load_project_config(workdir: Path) -> dict[str, Any]:
         config = ProjectConfig.model_validate(data)
     except ValidationError as err:
         if err.errors()[0].get("type") == "extra_forbidden":
-            unknown = sorted(set(data) - set(ProjectConfig.model_fields))
-            raise SpecError(
-                f"{path}: unknown option(s) {', '.join(unknown)}; "
-                f"allowed: {', '.join(ProjectConfig.model_fields)}"
-            ) from None
+            raise SpecError(_unknown_keys_message(path, data)) from None
         raise SpecError(first_error(err, str(path))) from None
     return config.model_dump(exclude_unset=True)
+
+
+def _unknown_keys_message(path: Path, data: dict[Any, Any]) -> str:
+    """The unknown keys of a mncloud.yaml, each with the nearest valid one, and every valid key."""
+    valid = list(ProjectConfig.model_fields)
+    named = []
+    for key in sorted((k for k in data if k not in valid), key=str):
+        close = difflib.get_close_matches(str(key).replace("-", "_"), valid, n=1, cutoff=0.6)
+        named.append(f"{str(key)!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+    return f"{path}: unknown option {', '.join(named)}; allowed: {', '.join(valid)}"
 
 
 _Words = str | list[str] | None
@@ -142,12 +152,22 @@ def flag_names() -> tuple[str, ...]:
     return (*ProjectConfig.model_fields, *FLAG_ONLY)
 
 
-def build_spec(script: str | Path, script_args: list[str] | None = None, **flags: Any) -> JobSpec:
+def build_spec(
+    script: str | Path,
+    script_args: list[str] | None = None,
+    *,
+    default_name: Callable[[str], str] | None = None,
+    on_local: Callable[[str], None] | None = None,
+    **flags: Any,
+) -> JobSpec:
     """Build a JobSpec from CLI-style options (`flag_names()`, named like the flags with '_'
     for '-') over the project's `mncloud.yaml` defaults; an option left None or empty keeps
     the project's value.
 
     `spot`: True = spot only, False = on-demand only, None = either (the planner decides).
+    `default_name(stem)`: the run name when neither flags nor mncloud.yaml give one (default:
+    the script's stem; `up` passes `unique_name`). `on_local(notice)`: run on this machine when
+    no cloud is named and SkyPilot has none enabled (`local_when_no_cloud`), and say so.
     Raises SpecError with a one-line, actionable message.
     """
     unknown = sorted(set(flags) - set(flag_names()))
@@ -162,7 +182,43 @@ def build_spec(script: str | Path, script_args: list[str] | None = None, **flags
     workdir = find_workdir(script_path)
     merged = load_project_config(workdir)
     merged.update({k: v for k, v in flags.items() if v is not None and v != []})
+    if on_local is not None:
+        notice = local_when_no_cloud(merged)
+        if notice:
+            on_local(notice)
+    if not merged.get("name"):
+        merged["name"] = (default_name or (lambda stem: stem))(script_stem(script_path))
     return _spec_from_options(merged, script_path, workdir, list(script_args or []))
+
+
+#: Local CPU nodes when no cloud is enabled: two processes per node, or one on a 1-core machine.
+LOCAL_CPUS = max(1, min(2, os.cpu_count() or 1))
+
+
+def local_when_no_cloud(options: dict[str, Any]) -> str | None:
+    """Where no cloud is named (flag or mncloud.yaml), no GPU is asked for and SkyPilot has no
+    cloud enabled: set `cloud` local and `gpus` cpu:N in `options` and return the one-line
+    notice; else change nothing and return None."""
+    gpus = str(options.get("gpus") or "").strip()
+    if as_list(options.get("cloud")) or (gpus and not gpus.lower().startswith("cpu")):
+        return None
+    from mncloud.skycheck import enabled_clouds
+
+    if enabled_clouds() != []:  # some enabled, or SkyPilot's state is elsewhere: unknown
+        return None
+    options["cloud"] = [LOCAL_CLOUD]
+    options["gpus"] = gpus or f"cpu:{LOCAL_CPUS}"
+    return (
+        "no cloud is enabled in SkyPilot (`sky check` found none): running on this machine, "
+        f"--cloud local --gpus {options['gpus']}"
+    )
+
+
+def checked_nodes(nodes: Any) -> int:
+    """`--nodes` (or mncloud.yaml's `nodes`): a whole number from 1 to MAX_NODES."""
+    if not isinstance(nodes, int) or isinstance(nodes, bool) or not 1 <= nodes <= MAX_NODES:
+        raise SpecError(f"--nodes {nodes!r}: give a whole number of nodes from 1 to {MAX_NODES}")
+    return nodes
 
 
 def as_list(value: Any) -> list[str]:
@@ -186,9 +242,7 @@ def _spec_from_options(
     if not opts.get("gpus"):
         raise SpecError("--gpus is required, e.g. --gpus H100:8 (or cpu:2 for local CPU nodes)")
     accelerator = Accelerator.parse(str(opts["gpus"]))
-    nodes = opts.get("nodes", 1)
-    if not isinstance(nodes, int) or isinstance(nodes, bool) or not 1 <= nodes <= MAX_NODES:
-        raise SpecError(f"--nodes {nodes!r}: give a whole number of nodes from 1 to {MAX_NODES}")
+    nodes = checked_nodes(opts.get("nodes", 1))
     spot = _spot_policy(opts.get("spot"))
     bucket = BucketURL.parse(str(opts["bucket"])) if opts.get("bucket") else None
     requirements = _requirements(opts.get("requirements"), workdir)
@@ -196,7 +250,7 @@ def _spec_from_options(
         raise SpecError("--mount-bucket needs --bucket s3://… or gs://…")
     if opts.get("mount_bucket") and bucket is not None and bucket.scheme == "file":
         raise SpecError("--mount-bucket works with s3:// or gs:// buckets, not file://")
-    name = opts.get("name") or _default_name(script)
+    name = opts.get("name") or script_stem(script)
     try:
         return JobSpec(
             script=script,
@@ -337,8 +391,35 @@ def _checked_envs(opts: dict[str, Any]) -> dict[str, str]:
     return envs
 
 
-def _default_name(script: Path) -> str:
+def script_stem(script: Path) -> str:
+    """The script's stem as a run name: `train.py` → `train`, `My Model.py` → `my-model`."""
     stem = re.sub(r"[^a-z0-9-]+", "-", script.stem.lower()).strip("-") or "run"
     if not stem[0].isalpha():
         stem = f"run-{stem}"
     return stem[:63].rstrip("-")
+
+
+def unique_name(stem: str) -> str:
+    """A new run name: the stem and a short random suffix (`train-3f9a`), as SkyPilot and
+    dstack name runs; never one this machine has a run of."""
+    base = stem[:58].rstrip("-")
+    while True:
+        name = f"{base}-{secrets.token_hex(2)}"
+        if not layout.run_dir(name).exists():
+            return name
+
+
+_SUFFIX = re.compile(r"-[0-9a-f]{4}")
+
+
+def newest_default_run(stem: str, known: list[str], flag: str) -> str:
+    """The newest of `known` (oldest first) named by default after `stem` (`train`, as older
+    versions named runs, or `train-3f9a`): the run `--resume`/`--replace` without --name means."""
+    base = stem[:58].rstrip("-")
+    for name in reversed(known):
+        if name == stem or (name.startswith(base) and _SUFFIX.fullmatch(name[len(base) :])):
+            return name
+    raise SpecError(
+        f"{flag}: no earlier run of this script ({stem} or {base}-…) on this machine; give "
+        "--name NAME (`mncloud status` lists the runs)"
+    )

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from mncloud import constants, layout
 from mncloud.errors import SpecError
 from mncloud.errors import first_error as first_error  # re-exported: its old home
+from mncloud.export import ExportFormat
 from mncloud.storage.url import BucketURL
 
 #: Clouds a request may name: SkyPilot's registry names plus our own local backend.
@@ -162,8 +163,9 @@ class JobSpec(BaseModel):
     max_hourly: float | None = Field(None, gt=0, le=MAX_USD)
     """Budget: the most the whole job may cost per hour, in USD."""
     max_restarts: int = Field(3, ge=0, le=1000)
-    """Restart budget. Cloud: SkyPilot's `max_restarts_on_errors` (a managed job always
-    recovers from preemptions). Local: every relaunch counts against it."""
+    """Retries after errors in the user's code, on every backend: SkyPilot's
+    `max_restarts_on_errors`, the local supervisor's error budget. Preemptions are always
+    recovered and never count against it."""
     master_port: int | None = Field(None, ge=1024, le=65535)
     """Rendezvous port on the head node; None: 29500 on clouds, a free port for a local run
     (chosen at launch, so local runs side by side never collide)."""
@@ -179,6 +181,9 @@ class JobSpec(BaseModel):
     """An absolute path on every node backed by `<ckpt uri>/ckpt-dir` (`MNCLOUD_CKPT_DIR`)."""
     recovery: Recovery = Recovery.GANG
     """Gang (relaunch every node) or node (replace the lost node only)."""
+    export_on_finish: ExportFormat | None = None
+    """`up --export-on-finish`: once the run succeeds, node 0 exports the model of the last
+    checkpoint into `<ckpt uri>/export` (`mncloud export`)."""
 
     @field_validator("name")
     @classmethod
@@ -290,7 +295,8 @@ class LaunchOptions(BaseModel):
     """Local: the modeled seconds to provision a replacement (one node, or the whole gang)
     before it is started (`--provision-delay`)."""
     retry_on_error: int = Field(0, ge=0, le=1000)
-    """Local: relaunches after errors in the user's code."""
+    """Deprecated and unused: read from older run records only. `--retry-on-error` is an alias
+    of `--max-restarts` (`JobSpec.max_restarts`) now."""
     chaos_preempt_after: float | None = Field(None, ge=0, le=MAX_HOURS * 3600)
     """Local: preempt the last node once, this many seconds after the first step."""
     hourly_price: float | None = Field(None, ge=0, le=MAX_USD)

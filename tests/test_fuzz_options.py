@@ -93,10 +93,10 @@ def _kind(param: Any) -> list[str]:
 
 
 def _walk(command: Any, path: tuple[str, ...] = ()) -> dict[tuple[str, ...], Any]:
+    """Every command, hidden ones too: `control` is out of the help, not out of reach."""
     found = {path: command}
     for name, sub in sorted(getattr(command, "commands", {}).items()):
-        if not sub.hidden:
-            found.update(_walk(sub, (*path, name)))
+        found.update(_walk(sub, (*path, name)))
     return found
 
 
@@ -137,6 +137,7 @@ SCENARIOS: dict[str, tuple[list[str], int]] = {
     "runs cost": (["runs", "cost", "no-such-run"], 8),
     "status": (["status", "no-such-run"], 6),
     "logs": (["logs", "no-such-run"], 6),
+    "gpus": (["gpus"], 10),
     "control": (["control", "no-such-run"], 10),
     "chaos preempt": (["chaos", "preempt", "no-such-run"], 15),
     "chaos storage-outage": (["chaos", "storage-outage", "no-such-run"], 10),
@@ -145,6 +146,7 @@ SCENARIOS: dict[str, tuple[list[str], int]] = {
     "ckpt verify": (["ckpt", "verify", "{ckpts}", "1"], 8),
     "ckpt pull": (["ckpt", "pull", "{ckpts}", "1", "pulled"], 8),
     "ckpt rm": (["ckpt", "rm", "{ckpts}", "1"], 8),
+    "export": (["export", "{ckpts}", "1", "--out", "exported"], 10),
 }
 #: Exit codes a command documents besides 0 and 2 (`doctor`: a check failed).
 OTHER_CODES = {"doctor": {1}}

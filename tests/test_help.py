@@ -139,3 +139,64 @@ def test_the_console_script_completes_a_command() -> None:
         [_script()], capture_output=True, text=True, env={**env, "COMP_CWORD": "1"}
     )
     assert done.returncode == 0 and done.stdout.split() == ["ckpt"], done.stderr
+
+
+#: The help panels of the commands that take the shared options, in the order they are shown.
+PANELS = {
+    ("up",): ["Essentials", "Planning & cost", "Deadline", "Local rehearsal", "Advanced"],
+    ("render",): ["Essentials", "Planning & cost", "Advanced"],
+    ("plan",): ["Essentials", "Planning & cost", "Deadline", "Advanced"],
+    ("replay",): ["Essentials", "Deadline"],
+}
+
+
+def _headings(out: str) -> list[str]:
+    return [line[:-1] for line in out.splitlines() if line.endswith(":") and line[0].isupper()]
+
+
+@pytest.mark.parametrize("path", list(PANELS), ids=[" ".join(p) for p in PANELS])
+def test_options_are_grouped_in_help_panels(
+    path: tuple[str, ...], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Plain-text help (rich markup off) still shows the panels, in order, `--help` last."""
+    code, out, _ = _run([*path, "--help"], capsys)
+    assert code == 0
+    headings = _headings(out)
+    assert [h for h in headings if h not in ("Usage", "Arguments", "Options")] == PANELS[path]
+    assert headings[-1] == "Options" and out.rstrip().endswith("Show this message and exit.")
+    essentials = out.split("Essentials:")[1].split("\n\n")[0]
+    assert "--help" not in essentials
+
+
+def test_up_puts_the_first_options_a_user_needs_first(capsys: pytest.CaptureFixture[str]) -> None:
+    _, out, _ = _run(["up", "--help"], capsys)
+    essentials = out.split("Essentials:")[1].split("Planning & cost:")[0]
+    for flag in ("--gpus", "--nodes", "--cloud", "--bucket", "--name", "--resume", "--yes"):
+        assert flag in essentials, flag
+    local = out.split("Local rehearsal:")[1].split("Advanced:")[0]
+    assert "--chaos-preempt-after" in local and "--spot-trace" in local
+    assert "--retry-on-error" not in out  # a hidden, deprecated alias of --max-restarts
+
+
+@pytest.mark.parametrize("path", [p for p, _ in COMMANDS], ids=IDS)
+def test_every_option_is_shown_once(
+    path: tuple[str, ...], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A panel never loses or repeats an option: each visible option's flag is listed once."""
+    command = dict(zip(IDS, [c for _, c in COMMANDS], strict=True))[" ".join(path) or "mncloud"]
+    _, out, _ = _run([*path, "--help"], capsys)
+    listed = [line.split()[0].rstrip(",") for line in out.splitlines() if line.startswith("  -")]
+    for param in command.params:
+        if param.param_type_name == "option" and not param.hidden:
+            assert listed.count(param.opts[0]) + listed.count(param.opts[-1]) >= 1, param.opts
+
+
+def test_control_is_hidden_but_still_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    """`up --deadline` starts `python -m mncloud control NAME`: out of the help, still there."""
+    code, out, _ = _run(["--help"], capsys)
+    assert code == 0 and "up" in out.split("Commands:")[1]
+    assert "control" not in out.split("Commands:")[1]
+    code, out, err = _run(["control", "--help"], capsys)
+    assert code == 0 and "Steer a deadline run" in out, err
+    code, out, err = _run(["control", "no-such-run"], capsys)
+    assert code == 2 and err.startswith("error: ") and err.count("\n") == 1

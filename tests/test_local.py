@@ -285,24 +285,6 @@ def test_rank_0_runs_on_node_0(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_user_errors_are_retried_only_when_asked(tmp_path: Path) -> None:
-    (tmp_path / "pyproject.toml").write_text("[project]\nname='crash'\n")
-    script = tmp_path / "crash.py"
-    script.write_text("import sys\nprint('about to fail', flush=True)\nsys.exit(1)\n")
-    flags = ["--nodes", "2", "--gpus", "cpu:1", "--recovery-delay", "0s"]
-    up("crash", script, *flags)
-    up("crash-retry", script, *flags, "--retry-on-error", "1")
-    once, twice = wait_final("crash"), wait_final("crash-retry")
-    assert once.state is RunState.FAILED and twice.state is RunState.FAILED
-    assert (once.attempt, once.restarts, once.preemptions) == (1, 0, 0)
-    assert "not retried" in once.detail and "exited with code 1" in once.detail
-    assert (twice.attempt, twice.restarts, twice.errors_retried) == (2, 1, 1)
-    assert "about to fail" in run_log("crash")
-    result = runner.invoke(app, ["status", "crash", "--json"])
-    assert json.loads(result.output)[0]["state"] == "FAILED"
-
-
-@pytest.mark.slow
 def test_storage_outage_mid_run_is_survived() -> None:
     from mncloud.storage import CheckpointStore
 

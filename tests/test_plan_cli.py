@@ -19,6 +19,7 @@ from mncloud import records as runs
 from mncloud.cli import plan as plan_cli
 from mncloud.constants import CATALOG_DIR_ENV as CATALOG_ENV
 from mncloud.request import build_spec
+from tests.skyseed import sky_enabled_clouds  # noqa: F401 - a fixture
 
 runner = CliRunner()
 
@@ -234,6 +235,7 @@ def test_learn_without_history_says_so() -> None:
         (("--gpus", "cpu:2"), "nothing to plan"),
     ],
 )
+@pytest.mark.usefixtures("sky_enabled_clouds")  # with none, `plan` says it runs locally, exit 0
 def test_errors_are_one_line_exit_2(args: tuple[str, ...], message: str) -> None:
     code, out, err = _run(*args)
     assert code == 2

@@ -501,6 +501,44 @@ def test_cli_ls_show_cost(repo: Path) -> None:
     assert code == 2 and "no run record 'missing'" in err
 
 
+def test_cli_cost_report_across_runs(repo: Path) -> None:
+    """`runs cost` without a run: a row per run (where, state, hours, cost) and the total."""
+    code, out, _ = cli("runs", "cost", "--json")
+    assert code == 0 and json.loads(out) == {"runs": [], "total": 0, "hours": 0}
+    first = records.create_record(make_spec(repo), "a: 1\n", now=500.0)
+    records.append_event("exp", "launch", cloud="aws", spot=True, hourly_price=3.6, at=1000.0)
+    records.append_event("exp", "preemption", node=1, at=1000.0 + H)
+    records.append_event("exp", "recovery", at=1000.0 + 2 * H)
+    records.append_event("exp", "finish", at=1000.0 + 3 * H)
+    second = records.create_record(make_spec(repo, name="other"), "a: 1\n", now=600.0)
+    records.append_event("other", "launch", cloud="gcp", spot=False, hourly_price=10.0, at=1000.0)
+    records.append_event("other", "failure", at=1000.0 + 0.5 * H)
+    code, out, _ = cli("runs", "cost", "--json")
+    report = json.loads(out)
+    assert code == 0
+    rows = {r["run_id"]: r for r in report["runs"]}
+    assert list(rows) == [first.run_id, second.run_id]
+    assert rows[first.run_id]["cost"] == pytest.approx(7.2) and rows[first.run_id]["hours"] == 2
+    assert rows[first.run_id]["state"] == "finished" and rows[first.run_id]["cloud"] == "aws"
+    assert rows[second.run_id]["cost"] == pytest.approx(5.0)
+    assert rows[second.run_id]["state"] == "failed" and rows[second.run_id]["on_demand"] == 5.0
+    assert report["total"] == pytest.approx(12.2) and report["hours"] == pytest.approx(2.5)
+    # The same figures as `runs cost ID` gives for each run.
+    for run_id, row in rows.items():
+        summary = json.loads(cli("runs", "cost", run_id, "--json")[1])
+        assert summary["total"] == pytest.approx(row["cost"])
+    code, out, _ = cli("runs", "cost")
+    assert code == 0 and first.run_id in out and second.run_id in out
+    assert "aws/local" in out and "gcp/local" in out and "failed" in out
+    assert "total (2 runs)" in out and "$12.20" in out
+    # A run still going is priced until now, and says so.
+    records.create_record(make_spec(repo, name="live"), "a: 1\n")
+    records.append_event("live", "launch", cloud="local", hourly_price=0.0)
+    code, out, _ = cli("runs", "cost", "--json")
+    live = [r for r in json.loads(out)["runs"] if r["name"] == "live"]
+    assert code == 0 and live[0]["state"] == "running" and live[0]["cost"] == 0.0
+
+
 # --------------------------------------------------------------------------- rerun
 
 
@@ -636,7 +674,7 @@ def test_rerun_keeps_every_option(
     )
     # Node recovery needs torchrun, which this spec's launcher is not: set the field directly,
     # for the round trip through the record only.
-    spec = spec.model_copy(update={"recovery": Recovery.NODE})
+    spec = spec.model_copy(update={"recovery": Recovery.NODE, "export_on_finish": "torch"})
     options = LaunchOptions(
         hours=5.5, max_cost=100.0, preemption_rate=0.2, learn=True, recovery_minutes=7.0,
         ckpt_seconds=45.0, template=repo / "task.yaml.j2", recovery_delay=0.5,

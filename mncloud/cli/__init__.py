@@ -20,6 +20,8 @@ from mncloud import __version__
 from mncloud.cli import chaos as chaos_cli
 from mncloud.cli import ckpt as ckpt_cli
 from mncloud.cli import control as control_cli
+from mncloud.cli import export as export_cli
+from mncloud.cli import gpus as gpus_cli
 from mncloud.cli import ops as ops_cli
 from mncloud.cli import plan as plan_cli
 from mncloud.cli import render as render_cli
@@ -27,6 +29,7 @@ from mncloud.cli import replay as replay_cli
 from mncloud.cli import runs as runs_cli
 from mncloud.cli import up as up_cli
 from mncloud.cli._common import one_line
+from mncloud.cli.params import use_panels
 from mncloud.errors import MncloudError
 
 
@@ -103,13 +106,16 @@ def _root(
 
 render_cli.register(app)
 plan_cli.register(app)
+gpus_cli.register(app)
 up_cli.register(app)
 ops_cli.register(app)
 runs_cli.register(app)
 control_cli.register(app)
 replay_cli.register(app)
+export_cli.register(app)
 app.add_typer(ckpt_cli.app, name="ckpt", help="List, verify, pull and remove checkpoints.")
 app.add_typer(chaos_cli.app, name="chaos", help="Preempt nodes or cut storage (local runs).")
+use_panels(app)  # last: every command registered above lists its options in help panels
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -49,8 +49,9 @@ if TYPE_CHECKING:
 
 
 def register(app: typer.Typer) -> None:
-    """Add `control` to the app."""
-    app.command("control")(control_command)
+    """Add `control` to the app, hidden from its help: `up --deadline` starts it
+    (`python -m mncloud control NAME`), a user never does."""
+    app.command("control", hidden=True)(control_command)
 
 
 @handle_errors

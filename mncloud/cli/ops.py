@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import sys
 import time
 from typing import TYPE_CHECKING, Annotated
 
@@ -13,6 +15,7 @@ from mncloud.cli._common import console, handle_errors, print_json
 
 if TYPE_CHECKING:
     from mncloud.backends.base import RunStatus
+    from mncloud.operate import UnreadableRun
     from mncloud.storage import ObjectInfo
 
 
@@ -38,30 +41,88 @@ def _duration(seconds: float | None) -> str:
 def status_command(
     name: Annotated[str | None, typer.Argument(help="A run name; all runs when omitted.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    watch: Annotated[
+        bool, typer.Option("--watch", "-w", help="Refresh until Ctrl-C (see --every).")
+    ] = False,
+    every: Annotated[
+        str, typer.Option("--every", help="With --watch: time between refreshes, e.g. 5s, 1m.")
+    ] = "2s",
+    watch_count: Annotated[
+        int | None, typer.Option("--watch-count", min=1, hidden=True, help="Refreshes, then stop.")
+    ] = None,
 ) -> None:
-    """Show runs: state, where, nodes, restarts, newest checkpoint, cost so far, stragglers."""
-    from mncloud.operate import known_run_names, run_status
+    """Show runs: state, where, nodes, restarts, newest checkpoint, cost so far, stragglers.
+    A run whose files cannot be read is one UNREADABLE row with the reason."""
+    from mncloud.cli.options import parse_duration
 
-    names = [name] if name else known_run_names()
-    statuses = [run_status(n) for n in names]
+    interval = parse_duration(every, "--every", positive=True) or 2.0
+    if not watch:
+        _show_status(name, as_json)
+        return
+    refreshes = 0
+    try:
+        while True:
+            if console.is_terminal and not as_json:
+                console.clear()
+                stamp = time.strftime("%H:%M:%S")
+                console.print(f"[dim]{stamp}, every {every.strip()}; Ctrl-C to stop[/]")
+            _show_status(name, as_json, one_line_json=True)
+            refreshes += 1
+            if watch_count is not None and refreshes >= watch_count:
+                return
+            time.sleep(interval)
+    except KeyboardInterrupt:
+        return
+
+
+def _show_status(name: str | None, as_json: bool, *, one_line_json: bool = False) -> None:
+    """Print the status of one run, or of all (a run that cannot be read: one row)."""
+    from mncloud.operate import UnreadableRun, all_statuses, run_status
+
+    shown = [run_status(name)] if name else all_statuses()
+    statuses = [s for s in shown if not isinstance(s, UnreadableRun)]
     folders = {s.name: _ckpt_dir_files(s) for s in statuses}
     if as_json:
-        print_json(
-            [
-                {**s.model_dump(mode="json"), "ckpt_dir_files": [vars(f) for f in folders[s.name]]}
-                for s in statuses
-            ]
-        )
+        data = [
+            {
+                **s.model_dump(mode="json"),
+                "ckpt_dir_files": [vars(f) for f in folders.get(s.name, [])],
+            }
+            for s in shown
+        ]
+        if one_line_json:
+            sys.stdout.write(json.dumps(data, default=str) + "\n")
+            sys.stdout.flush()
+        else:
+            print_json(data)
         return
-    if not statuses:
+    if not shown:
         console.print("No runs yet. Start one: mncloud up train.py --cloud local --gpus cpu:2")
         return
+    console.print(_status_table(shown))
+    _deadline_table(statuses)
+    _detail_lines(shown, folders)
+
+
+def _status_table(shown: list[RunStatus | UnreadableRun]) -> Table:
+    from mncloud.operate import UnreadableRun
+
     table = Table(title="mncloud runs", title_justify="left")
     # "started": how long ago the run began; "ran": how long it has run (to its end, if over).
     for column in ("name", "state", "where", "restarts", "ckpt", "started", "ran", "cost"):
-        table.add_column(column, no_wrap=column != "where")
+        wraps = column in ("where", "restarts")  # the others stay whole at 80 columns
+        table.add_column(
+            column,
+            no_wrap=not wraps,
+            overflow="fold" if wraps else "ellipsis",
+            min_width=9 if column == "where" else None,
+        )
     now = time.time()
-    for s in statuses:
+    for s in shown:
+        if isinstance(s, UnreadableRun):
+            state = Text(s.state, style="bold red")
+            table.add_row(s.name, state, s.backend or "-", "-", "-", "-", "-", "-")
+            continue
         where = "/".join(p for p in (s.cloud, s.region, s.instance_type) if p) or s.backend
         where = f"{s.nodes}× {where}" + (" spot" if s.spot else "")
         cost = f"${s.cost_so_far:,.2f}" if s.cost_so_far is not None else "-"
@@ -77,13 +138,22 @@ def status_command(
             _duration(ran),
             cost,
         )
-    console.print(table)
-    _deadline_table(statuses)
-    # The free-text detail goes below the table, one line a run, where it has the full width.
-    for s in statuses:
-        if s.detail:
+    return table
+
+
+def _detail_lines(
+    shown: list[RunStatus | UnreadableRun], folders: dict[str, list[ObjectInfo]]
+) -> None:
+    """The free-text detail below the table, one line a run, where it has the full width."""
+    from mncloud.operate import UnreadableRun
+
+    for s in shown:
+        if isinstance(s, UnreadableRun):
+            console.print(Text(f"{s.name}: ", style="bold") + Text(s.detail, style="red"))
+        elif s.detail:
             style = "yellow" if s.stragglers else "dim"
             console.print(Text(f"{s.name}: ", style="bold") + Text(s.detail, style=style))
+    statuses = [s for s in shown if not isinstance(s, UnreadableRun)]
     for s in statuses:
         if s.recovery == "node" and s.node_states:
             nodes = ", ".join(f"{n} {state}" for n, state in sorted(s.node_states.items()))
@@ -149,15 +219,50 @@ def logs_command(
     follow: Annotated[
         bool, typer.Option("--follow", "-f", help="Keep printing new lines.")
     ] = False,
+    tail: Annotated[
+        int | None,
+        typer.Option("--tail", "-n", min=0, help="Only the last N lines (then new ones with -f)."),
+    ] = None,
+    since: Annotated[
+        str | None,
+        typer.Option(
+            "--since",
+            help="Only lines written since a time ago (10m, 2h) or a time (14:30, "
+            "2026-05-01T14:30); local runs, to the second.",
+        ),
+    ] = None,
 ) -> None:
     """Print the run's output from all nodes, each line prefixed with node and rank."""
-    from mncloud.backends.registry import backend_for_run
+    from mncloud.operate import run_logs
 
     try:
-        for line in backend_for_run(name).logs(name, node=node, follow=follow):
+        for line in run_logs(name, node, follow=follow, tail=tail, since=_since(since)):
             typer.echo(line)
     except KeyboardInterrupt:
         raise typer.Exit(code=130) from None
+
+
+def _since(text: str | None) -> float | None:
+    """`--since`: a duration ago (`10m`) or a time (`14:30` today, `2026-05-01T14:30`)."""
+    import datetime as dt
+
+    from mncloud.cli.options import parse_duration
+    from mncloud.errors import SpecError
+
+    if text is None:
+        return None
+    if text.strip()[-1:].isalpha() or text.strip().isdigit():
+        return time.time() - (parse_duration(text, "--since", positive=True) or 0.0)
+    try:
+        if len(text.strip()) <= 8:  # HH:MM[:SS] today
+            clock = dt.time.fromisoformat(text.strip())
+            return dt.datetime.combine(dt.date.today(), clock).timestamp()
+        return dt.datetime.fromisoformat(text.strip()).timestamp()
+    except (ValueError, OverflowError, OSError):
+        shown = repr(text) if len(text) <= 40 else f"{text[:40]!r}…"
+        raise SpecError(
+            f"--since {shown}: give a duration (10m, 2h) or a time (14:30, 2026-05-01T14:30)"
+        ) from None
 
 
 @handle_errors
@@ -181,8 +286,9 @@ def down_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Stop the run and release its nodes; returns once nothing of the run is left. The ranks
-    first get a preemption notice and save the step they reached (local runs; --now skips
-    it); checkpoints stay in the bucket. A deadline run's controller stops first."""
+    first get a preemption notice and save the step they reached (a cloud run's through its
+    bucket; --now skips it); checkpoints stay in the bucket. A deadline run's controller stops
+    first."""
     from mncloud.cli.options import parse_duration
     from mncloud.operate import stop_run
 

@@ -8,93 +8,183 @@ command's parameters into the core's models.
 from __future__ import annotations
 
 import inspect
-import math
-import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated
 
 import typer
 
-from mncloud.errors import SpecError
+from mncloud.cli.params import ADVANCED, DEADLINE_PANEL, ESSENTIALS, LOCAL_PANEL, PLAN_PANEL
+from mncloud.cli.params import command as command
+from mncloud.cli.params import group as _group
+from mncloud.cli.values import deadline_options as deadline_options
+from mncloud.cli.values import deadline_seconds as deadline_seconds
+from mncloud.cli.values import launch_options_from as launch_options_from
+from mncloud.cli.values import parse_duration as parse_duration
+from mncloud.cli.values import print_notices as print_notices
+from mncloud.cli.values import retry_alias as retry_alias
+from mncloud.cli.values import spec_from_options as spec_from_options
+from mncloud.errors import SpecError as SpecError  # re-exported: commands raise it
 from mncloud.spec import DEFAULT_HOURS as DEFAULT_HOURS  # re-exported: commands default to it
-from mncloud.spec import MAX_HOURS
-
-if TYPE_CHECKING:
-    from mncloud.spec import DeadlineOptions, JobSpec, LaunchOptions
 
 # Job options (render, up): everything a JobSpec is built from.
 Gpus = Annotated[
     str | None,
-    typer.Option("--gpus", help="Accelerators per node: H100:8, A100-80GB:4, L4, cpu:2."),
+    typer.Option(
+        "--gpus",
+        rich_help_panel=ESSENTIALS,
+        help="Accelerators per node: H100:8, A100-80GB:4, L4, cpu:2.",
+    ),
 ]
-Nodes = Annotated[int | None, typer.Option("--nodes", help="Number of nodes (default 1).")]
+Nodes = Annotated[
+    int | None,
+    typer.Option("--nodes", rich_help_panel=ESSENTIALS, help="Number of nodes (default 1)."),
+]
 Spot = Annotated[
     bool | None,
     typer.Option(
-        "--spot/--on-demand", help="Force spot or on-demand; default: either, the plan decides."
+        "--spot/--on-demand",
+        rich_help_panel=ESSENTIALS,
+        help="Force spot or on-demand; default: either, the plan decides.",
     ),
 ]
 Cloud = Annotated[
     list[str] | None,
-    typer.Option("--cloud", help="Allowed cloud (repeatable): aws, gcp, lambda, … or local."),
+    typer.Option(
+        "--cloud",
+        rich_help_panel=ESSENTIALS,
+        help="Allowed cloud (repeatable): aws, gcp, lambda, … or local.",
+    ),
 ]
-Region = Annotated[list[str] | None, typer.Option("--region", help="Allowed region (repeatable).")]
+Region = Annotated[
+    list[str] | None,
+    typer.Option("--region", rich_help_panel=ESSENTIALS, help="Allowed region (repeatable)."),
+]
 Bucket = Annotated[
     str | None,
-    typer.Option("--bucket", help="Checkpoint bucket: s3://name[/prefix], gs://…, file:///dir."),
+    typer.Option(
+        "--bucket",
+        rich_help_panel=ESSENTIALS,
+        help="Checkpoint bucket: s3://name[/prefix], gs://…, file:///dir.",
+    ),
 ]
 MountBucket = Annotated[
     bool | None,
-    typer.Option("--mount-bucket", help="Also mount the bucket (MOUNT_CACHED) on every node."),
+    typer.Option(
+        "--mount-bucket",
+        rich_help_panel=ADVANCED,
+        help="Also mount the bucket (MOUNT_CACHED) on every node.",
+    ),
 ]
 Env = Annotated[
-    list[str] | None, typer.Option("--env", help="Environment variable K=V (repeatable).")
+    list[str] | None,
+    typer.Option(
+        "--env", rich_help_panel=ESSENTIALS, help="Environment variable K=V (repeatable)."
+    ),
 ]
 AllowSecretEnv = Annotated[
     bool | None,
-    typer.Option("--allow-secret-env", help="Accept an --env value that looks like a credential."),
+    typer.Option(
+        "--allow-secret-env",
+        rich_help_panel=ADVANCED,
+        help="Accept an --env value that looks like a credential.",
+    ),
 ]
 Secret = Annotated[
     list[str] | None,
-    typer.Option("--secret", help="Secret env var name, value read from your environment."),
+    typer.Option(
+        "--secret",
+        rich_help_panel=ESSENTIALS,
+        help="Secret env var name, value read from your environment.",
+    ),
 ]
-Setup = Annotated[str | None, typer.Option("--setup", help="Shell command run once per node.")]
+Setup = Annotated[
+    str | None,
+    typer.Option("--setup", rich_help_panel=ESSENTIALS, help="Shell command run once per node."),
+]
 Requirements = Annotated[
-    str | None, typer.Option("--requirements", help="pip requirements file inside the project.")
+    str | None,
+    typer.Option(
+        "--requirements",
+        rich_help_panel=ESSENTIALS,
+        help="pip requirements file inside the project.",
+    ),
 ]
-DiskSize = Annotated[int | None, typer.Option("--disk-size", help="Disk per node in GB.")]
-Image = Annotated[str | None, typer.Option("--image", help="VM or Docker image (image_id).")]
-Label = Annotated[list[str] | None, typer.Option("--label", help="Label K=V (repeatable).")]
+DiskSize = Annotated[
+    int | None, typer.Option("--disk-size", rich_help_panel=ADVANCED, help="Disk per node in GB.")
+]
+Image = Annotated[
+    str | None,
+    typer.Option("--image", rich_help_panel=ADVANCED, help="VM or Docker image (image_id)."),
+]
+Label = Annotated[
+    list[str] | None,
+    typer.Option("--label", rich_help_panel=ADVANCED, help="Label K=V (repeatable)."),
+]
 MaxHourly = Annotated[
-    float | None, typer.Option("--max-hourly", help="Budget: most USD per hour for the job.")
+    float | None,
+    typer.Option(
+        "--max-hourly", rich_help_panel=PLAN_PANEL, help="Budget: most USD per hour for the job."
+    ),
 ]
 MaxRestarts = Annotated[
     int | None,
-    typer.Option("--max-restarts", help="Restarts after errors in your code (default 3)."),
+    typer.Option(
+        "--max-restarts",
+        rich_help_panel=ADVANCED,
+        help="Retries after errors in your code, on every backend (default 3). Preemptions are "
+        "always recovered and never count against it.",
+    ),
 ]
 MasterPort = Annotated[
-    int | None, typer.Option("--master-port", help="Rendezvous port on the head node (29500).")
+    int | None,
+    typer.Option(
+        "--master-port", rich_help_panel=ADVANCED, help="Rendezvous port on the head node (29500)."
+    ),
 ]
 NcclDebug = Annotated[
-    str | None, typer.Option("--nccl-debug", help="NCCL_DEBUG level, e.g. INFO or WARN.")
+    str | None,
+    typer.Option(
+        "--nccl-debug", rich_help_panel=ADVANCED, help="NCCL_DEBUG level, e.g. INFO or WARN."
+    ),
 ]
 NcclIfname = Annotated[
     str | None,
-    typer.Option("--nccl-socket-ifname", help="NCCL_SOCKET_IFNAME; default: the default route's."),
+    typer.Option(
+        "--nccl-socket-ifname",
+        rich_help_panel=ADVANCED,
+        help="NCCL_SOCKET_IFNAME; default: the default route's.",
+    ),
 ]
-Name = Annotated[str | None, typer.Option("--name", help="Run name (DNS-safe).")]
+Name = Annotated[
+    str | None,
+    typer.Option(
+        "--name",
+        rich_help_panel=ESSENTIALS,
+        help="Run name (DNS-safe); default: the script's name and a new suffix per up, "
+        "e.g. train-3f9a.",
+    ),
+]
 RequirePath = Annotated[
     list[str] | None,
-    typer.Option("--require-path", help="A path or bucket URL every node must see (repeatable)."),
+    typer.Option(
+        "--require-path",
+        rich_help_panel=ADVANCED,
+        help="A path or bucket URL every node must see (repeatable).",
+    ),
 ]
 Preflight = Annotated[
     bool | None,
-    typer.Option("--preflight/--no-preflight", help="Check every node before torchrun (on)."),
+    typer.Option(
+        "--preflight/--no-preflight",
+        rich_help_panel=ADVANCED,
+        help="Check every node before torchrun (on).",
+    ),
 ]
 Launcher = Annotated[
     str | None,
     typer.Option(
         "--launcher",
+        rich_help_panel=ADVANCED,
         help="What starts the script on every node: torchrun (default), accelerate, deepspeed, "
         "or none (the script itself, MASTER_ADDR/NODE_RANK/NNODES exported).",
     ),
@@ -103,6 +193,7 @@ CkptDir = Annotated[
     str | None,
     typer.Option(
         "--ckpt-dir",
+        rich_help_panel=ADVANCED,
         help="An absolute folder on every node, kept in the bucket across preemptions "
         "(MNCLOUD_CKPT_DIR), for scripts that save their own checkpoints, e.g. /ckpt.",
     ),
@@ -111,6 +202,7 @@ Recovery = Annotated[
     str | None,
     typer.Option(
         "--recovery",
+        rich_help_panel=ADVANCED,
         help="What a lost node costs: gang (relaunch every node from the bucket checkpoint) or "
         "node (replace that node only; the others train on and it heals from a live one; the "
         "script must use mncloud.train.Replicas). Default: node when the script does and runs "
@@ -118,24 +210,43 @@ Recovery = Annotated[
     ),
 ]
 # Launch options shared by `up` and `rerun`.
-Yes = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask before launching.")]
+Yes = Annotated[
+    bool,
+    typer.Option("--yes", "-y", rich_help_panel=ESSENTIALS, help="Do not ask before launching."),
+]
 Detach = Annotated[
-    bool, typer.Option("--detach", "-d", help="Return once launched; do not follow logs.")
+    bool,
+    typer.Option(
+        "--detach",
+        "-d",
+        rich_help_panel=ESSENTIALS,
+        help="Return once launched; do not follow logs.",
+    ),
 ]
 Dryrun = Annotated[
-    bool, typer.Option("--dryrun", help="Plan, render and dry-run; provision nothing.")
+    bool,
+    typer.Option(
+        "--dryrun", rich_help_panel=ESSENTIALS, help="Plan, render and dry-run; provision nothing."
+    ),
 ]
-StatusJson = Annotated[bool, typer.Option("--json", help="Print the final status as JSON.")]
+StatusJson = Annotated[
+    bool, typer.Option("--json", rich_help_panel=ESSENTIALS, help="Print the final status as JSON.")
+]
 
 # Planning options shared by `plan` and `up`.
 MaxCost = Annotated[
     float | None,
-    typer.Option("--max-cost", help="Budget: most USD the job may be expected to cost."),
+    typer.Option(
+        "--max-cost",
+        rich_help_panel=PLAN_PANEL,
+        help="Budget: most USD the job may be expected to cost.",
+    ),
 ]
 PreemptionRate = Annotated[
     float | None,
     typer.Option(
         "--preemption-rate",
+        rich_help_panel=PLAN_PANEL,
         help="Spot preemptions per node-hour for every cloud (default: per-cloud priors).",
     ),
 ]
@@ -143,34 +254,71 @@ Learn = Annotated[
     bool,
     typer.Option(
         "--learn",
+        rich_help_panel=PLAN_PANEL,
         help="Blend the spot preemptions seen in this machine's run records into the priors.",
     ),
 ]
 RecoveryMinutes = Annotated[
     float | None,
-    typer.Option("--recovery-minutes", help="Minutes from a preemption to training again (10)."),
+    typer.Option(
+        "--recovery-minutes",
+        rich_help_panel=PLAN_PANEL,
+        help="Minutes from a preemption to training again (10).",
+    ),
 ]
 CkptSeconds = Annotated[
     float | None,
-    typer.Option("--ckpt-seconds", help="Seconds training stalls to save a checkpoint (60)."),
+    typer.Option(
+        "--ckpt-seconds",
+        rich_help_panel=PLAN_PANEL,
+        help="Seconds training stalls to save a checkpoint (60).",
+    ),
 ]
 Template = Annotated[
-    Path | None, typer.Option("--template", help="Render your own Jinja2 task template.")
+    Path | None,
+    typer.Option(
+        "--template", rich_help_panel=ADVANCED, help="Render your own Jinja2 task template."
+    ),
 ]
 Hours = Annotated[
     float,
     typer.Option(
-        "--hours", min=0.0, help="Hours of work the job needs without interruptions (for the plan)."
+        "--hours",
+        rich_help_panel=PLAN_PANEL,
+        min=0.0,
+        show_default=False,
+        help=f"Hours of work the job needs without interruptions, for the plan (without it: "
+        f"{DEFAULT_HOURS:g}); up --deadline needs it given.",
     ),
 ]
-Json = Annotated[bool, typer.Option("--json", help="Print JSON.")]
+Json = Annotated[bool, typer.Option("--json", rich_help_panel=ESSENTIALS, help="Print JSON.")]
 Resume = Annotated[
     bool,
-    typer.Option("--resume", help="The name has an earlier run: continue from its checkpoint."),
+    typer.Option(
+        "--resume",
+        rich_help_panel=ESSENTIALS,
+        help="The name has an earlier run: continue from its newest complete checkpoint "
+        "(without --name: this script's newest run).",
+    ),
 ]
 Replace = Annotated[
     bool,
-    typer.Option("--replace", help="The name has an earlier run: start over (keeps checkpoints)."),
+    typer.Option(
+        "--replace",
+        rich_help_panel=ESSENTIALS,
+        help="The name has an earlier run (without --name: this script's newest): start over "
+        "from step 0. Its local checkpoints are "
+        "set aside, never deleted; a --bucket that holds checkpoints for the name is refused.",
+    ),
+]
+ExportOnFinish = Annotated[
+    str | None,
+    typer.Option(
+        "--export-on-finish",
+        rich_help_panel=ADVANCED,
+        help="When the run succeeds, node 0 exports the last checkpoint's model (safetensors or "
+        "torch) into <bucket>/<name>/export, recorded in the run record (mncloud export).",
+    ),
 ]
 # Local backend only.
 RecoveryDelay = Annotated[
@@ -178,76 +326,27 @@ RecoveryDelay = Annotated[
     typer.Option(
         "--provision-delay",
         "--recovery-delay",
+        rich_help_panel=LOCAL_PANEL,
         help="Local: the modeled time a cloud takes to provision a replacement (one node, or "
         "the whole gang) before it starts, e.g. 30s. A model, not a measurement.",
     ),
 ]
 RetryOnError = Annotated[
     int | None,
-    typer.Option("--retry-on-error", help="Local: retries after errors in your code (default 0)."),
+    typer.Option(
+        "--retry-on-error",
+        hidden=True,
+        help="Deprecated: --max-restarts (retries after errors in your code, every backend).",
+    ),
 ]
 ChaosPreemptAfter = Annotated[
     str | None,
     typer.Option(
         "--chaos-preempt-after",
+        rich_help_panel=LOCAL_PANEL,
         help="Local: preempt the last node once, this long after the first step (e.g. 10s).",
     ),
 ]
-
-
-_DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", re.ASCII)
-
-
-def parse_duration(text: str | None, flag: str, *, positive: bool = False) -> float | None:
-    """`90`, `90s`, `5m`, `1h` → seconds, at most `MAX_HOURS`; None stays None. `positive`:
-    0 is refused too."""
-    if text is None:
-        return None
-    match = _DURATION.fullmatch(text)
-    shown = repr(text) if len(text) <= 40 else f"{text[:40]!r}…"
-    if not match:
-        raise SpecError(f"{flag} {shown}: write a duration like 30s, 5m or 1h")
-    value = float(match.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[match.group(2)]
-    if not math.isfinite(value) or value > MAX_HOURS * 3600:
-        raise SpecError(f"{flag} {shown}: at most a year ({MAX_HOURS} h), e.g. 30h")
-    if positive and value <= 0:
-        raise SpecError(f"{flag} {shown}: it must be longer than 0, e.g. 30h")
-    return value
-
-
-def deadline_seconds(text: str | None) -> float | None:
-    """`--deadline` in seconds (None without it): one reading for `up`, `plan` and `replay`."""
-    return parse_duration(text, "--deadline", positive=True)
-
-
-def deadline_options(values: dict[str, Any]) -> DeadlineOptions:
-    """The numbers beside `--deadline` in a command's parameters, checked (`DeadlineOptions`)."""
-    from mncloud.spec import DeadlineOptions
-
-    return DeadlineOptions.build(
-        **{k: values.get(k) for k in DeadlineOptions.model_fields if values.get(k) is not None}
-    )
-
-
-def launch_options_from(values: dict[str, Any]) -> LaunchOptions:
-    """The LaunchOptions from a command's parameters (its `locals()`); absent ones default."""
-    from pydantic import ValidationError
-
-    from mncloud.errors import first_error
-    from mncloud.spec import LaunchOptions
-
-    fields = dict(values)
-    for name, flag in (
-        ("recovery_delay", "--provision-delay"),
-        ("chaos_preempt_after", "--chaos-preempt-after"),
-    ):
-        if isinstance(fields.get(name), str):
-            fields[name] = parse_duration(fields[name], flag)
-    known = {k: v for k, v in fields.items() if k in LaunchOptions.model_fields and v is not None}
-    try:
-        return LaunchOptions(**known)
-    except ValidationError as err:
-        raise SpecError(first_error(err)) from None
 
 
 Script = Annotated[Path, typer.Argument(help="The training script.", show_default=False)]
@@ -258,18 +357,11 @@ Catalog = Annotated[
     str | None,
     typer.Option(
         "--catalog",
+        rich_help_panel=PLAN_PANEL,
         envvar="MNCLOUD_CATALOG_DIR",
         help="Offline SkyPilot catalog snapshot (a folder holding v8/<cloud>/vms.csv).",
     ),
 ]
-
-
-def spec_from_options(values: dict[str, Any]) -> JobSpec:
-    """Build the JobSpec from a command's parameters, by the names `build_spec` takes."""
-    from mncloud.request import build_spec, flag_names
-
-    options = {name: values[name] for name in flag_names()}
-    return build_spec(values["script"], values["script_args"], **options)
 
 
 # Deadline runs (`up --deadline`, the controller is `mncloud control`; `plan --deadline`, its
@@ -278,6 +370,7 @@ Deadline = Annotated[
     str | None,
     typer.Option(
         "--deadline",
+        rich_help_panel=DEADLINE_PANEL,
         help="Finish within this long of the start (e.g. 30h, 90m) at the least cost: a policy "
         "switches between spot and on-demand to meet it.",
     ),
@@ -286,14 +379,17 @@ Budget = Annotated[
     float | None,
     typer.Option(
         "--budget",
-        help="With --deadline: a hard cap in USD; the run stops cleanly (checkpoint kept) "
-        "before it would cross it.",
+        rich_help_panel=DEADLINE_PANEL,
+        help="With --deadline: a hard cap in USD. A cloud run expected to cost more is refused, "
+        "and a run stops cleanly (checkpoint kept) before it would cross it. (`plan --budget` "
+        "only warns.)",
     ),
 ]
 SpotTrace = Annotated[
     Path | None,
     typer.Option(
         "--spot-trace",
+        rich_help_panel=LOCAL_PANEL,
         help="Local rehearsal: spot capacity follows this trace "
         '({"metadata": {"gap_seconds": N}, "data": [nodes per tick]}).',
     ),
@@ -302,6 +398,7 @@ TimeScale = Annotated[
     float | None,
     typer.Option(
         "--time-scale",
+        rich_help_panel=LOCAL_PANEL,
         help="Local rehearsal: run time passes this many times faster than wall time "
         "(trace, deadline, --hours).",
     ),
@@ -310,6 +407,7 @@ SpotPrice = Annotated[
     float | None,
     typer.Option(
         "--spot-price",
+        rich_help_panel=DEADLINE_PANEL,
         help="With --deadline: USD per node-hour on spot (local: 0.918; clouds: the plan's).",
     ),
 ]
@@ -317,6 +415,7 @@ OnDemandPrice = Annotated[
     float | None,
     typer.Option(
         "--on-demand-price",
+        rich_help_panel=DEADLINE_PANEL,
         help="With --deadline: USD per node-hour on-demand (local: 3.06; clouds: the plan's).",
     ),
 ]
@@ -325,13 +424,16 @@ PlanBudget = Annotated[
     float | None,
     typer.Option(
         "--budget",
-        help="With --deadline: most USD the run may be expected to cost; warns above it.",
+        rich_help_panel=DEADLINE_PANEL,
+        help="With --deadline: most USD the run may be expected to cost; the plan warns above "
+        "it. (`up --budget` is a hard cap: refused above it, stopped before crossing it.)",
     ),
 ]
 HazardsFrom = Annotated[
     list[Path] | None,
     typer.Option(
         "--hazards-from",
+        rich_help_panel=PLAN_PANEL,
         help="Spot trace JSON to measure preemption hazards from (repeatable); its metadata "
         "`cloud`/`region` or its path says where it applies.",
     ),
@@ -342,15 +444,7 @@ HazardsFrom = Annotated[
 # Which options a command takes is declared here once, by group; `command(...)` gives a
 # command function the groups' parameters, so no parameter list is written twice.
 
-_EMPTY = inspect.Parameter.empty
-
-
-def _group(*items: tuple[str, Any, Any]) -> tuple[inspect.Parameter, ...]:
-    kind = inspect.Parameter.KEYWORD_ONLY
-    return tuple(inspect.Parameter(n, kind, annotation=a, default=d) for n, a, d in items)
-
-
-SCRIPT = _group(("script", Script, _EMPTY), ("script_args", ScriptArgs, None))
+SCRIPT = _group(("script", Script, inspect.Parameter.empty), ("script_args", ScriptArgs, None))
 #: What to run on and where: the part of a job `plan` needs too.
 MARKET = _group(
     ("gpus", Gpus, None),
@@ -395,6 +489,8 @@ PLANNING = _group(
     ("ckpt_seconds", CkptSeconds, None),
     ("hazards_from", HazardsFrom, None),
 )
+#: What `up` does when the name already has a run.
+EXISTING = _group(("resume", Resume, False), ("replace", Replace, False))
 #: How `up` and `rerun` launch.
 LAUNCH = _group(
     ("yes", Yes, False),
@@ -417,23 +513,3 @@ DEADLINE = _group(
     ("spot_price", SpotPrice, None),
     ("on_demand_price", OnDemandPrice, None),
 )
-
-
-def command(*groups: tuple[inspect.Parameter, ...]) -> Any:
-    """Decorator: the command function takes its own parameters, then the groups' ones.
-
-    The function declares its own options as usual and `**values` for the shared ones; Typer
-    reads the combined signature, so `mncloud up --help` lists every option of every group.
-    """
-
-    def wrap(func: Any) -> Any:
-        own = [
-            p
-            for p in inspect.signature(func, eval_str=True).parameters.values()
-            if p.kind is not inspect.Parameter.VAR_KEYWORD
-        ]
-        shared = [p for group in groups for p in group]
-        func.__signature__ = inspect.Signature([*own, *shared])
-        return func
-
-    return wrap

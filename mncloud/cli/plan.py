@@ -10,7 +10,8 @@ from rich import box
 from rich.table import Table
 
 from mncloud.cli import options as opts
-from mncloud.cli._common import console, handle_errors, print_json
+from mncloud.cli._common import console, err_console, handle_errors, print_json
+from mncloud.cli.params import ESSENTIALS
 
 if TYPE_CHECKING:
     from mncloud.deadline import DeadlineReport, PlaceEstimate
@@ -37,12 +38,24 @@ def plan_command(
     deadline: opts.Deadline = None,
     budget: opts.PlanBudget = None,
     top: Annotated[
-        int | None, typer.Option("--top", min=1, help="Show only the N cheapest.")
+        int | None,
+        typer.Option(
+            "--top",
+            min=1,
+            rich_help_panel=ESSENTIALS,
+            help="Show only the N cheapest offers (a row is one offer; regions at the same price "
+            "share its row).",
+        ),
     ] = None,
     as_json: opts.Json = False,
     verbose: Annotated[
         bool,
-        typer.Option("--verbose", "-v", help="Also show excluded clouds and the model inputs."),
+        typer.Option(
+            "--verbose",
+            "-v",
+            rich_help_panel=ESSENTIALS,
+            help="Also show excluded clouds and the model inputs.",
+        ),
     ] = False,
     **values: Any,
 ) -> None:
@@ -53,6 +66,8 @@ def plan_command(
     from mncloud.plan import make_plan
 
     deadline_s = _deadline_seconds(deadline, budget)
+    if _runs_locally(values, script, recovery, as_json):
+        return
     request = _request(values, script, recovery)
     if deadline_s is not None:
         from mncloud.deadline import deadline_job
@@ -75,8 +90,65 @@ def plan_command(
     show_plan(plan, top=top, verbose=verbose)
     if values["learn"] and not request.learned:
         console.print(NOTHING_LEARNED, style="dim", highlight=False)
+    if not values["cloud"] and _no_cloud_enabled():
+        console.print(NO_CLOUD_PRICES, style="dim", highlight=False)
     if report is not None:
         show_deadline(report, top=top)
+
+
+NO_CLOUD_PRICES = (
+    "no cloud is enabled in SkyPilot yet (`sky check` found none): these are the catalog's "
+    "prices; `up` needs one enabled to run there"
+)
+
+
+def _no_cloud_enabled() -> bool:
+    from mncloud.skycheck import enabled_clouds
+
+    return enabled_clouds() == []
+
+
+def _runs_locally(
+    values: dict[str, Any], script: Path | None, recovery: str | None, as_json: bool
+) -> bool:
+    """No cloud named, no GPU asked for and none enabled: `up` would run on this machine, so
+    there is nothing to plan; say so (the notice on stderr) and return True."""
+    from mncloud.request import build_spec, local_when_no_cloud
+
+    notices: list[str] = []
+    market = {k: values[k] for k in ("gpus", "nodes", "spot", "cloud", "region", "max_hourly")}
+    if script is not None:
+        spec = build_spec(script, recovery=recovery, on_local=notices.append, **market)
+        gpus = str(spec.accelerator)
+    else:
+        options = {"gpus": values["gpus"], "cloud": values["cloud"]}
+        notices += filter(None, [local_when_no_cloud(options)])
+        gpus = str(options["gpus"])
+        if notices:  # the checks a plan would make of the same options
+            _check_market(values)
+    if not notices:
+        return False
+    err_console.print(f"notice: {notices[0]}", highlight=False, soft_wrap=True)
+    if as_json:
+        print_json({"backend": "local", "gpus": gpus, "candidates": []})
+    else:
+        console.print(
+            f"nothing to plan: `up` runs it on this machine ({gpus}) at no cloud cost; give "
+            "--gpus NAME (e.g. H100:8) to see what a cloud would cost",
+            highlight=False,
+        )
+    return True
+
+
+def _check_market(values: dict[str, Any]) -> None:
+    from mncloud.request import checked_nodes
+    from mncloud.spec import MAX_USD
+
+    checked_nodes(1 if values["nodes"] is None else values["nodes"])
+    hourly = values["max_hourly"]
+    if hourly is not None and not 0 < hourly <= MAX_USD:
+        raise opts.SpecError(f"--max-hourly {hourly!r}: give USD per hour above 0")
+    opts.launch_options_from(values)
 
 
 def _request(values: dict[str, Any], script: Path | None, recovery: str | None) -> PlanRequest:
@@ -140,7 +212,9 @@ def show_plan(plan: Plan, *, top: int | None = None, verbose: bool = False) -> N
     only in region, at the same price, share one row ("lambda us-east-1 +16 regions").
     """
     request = plan.request
-    rows = plan.candidates[:top] if top else plan.candidates
+    groups = _same_offer_groups(plan.candidates)
+    shown = groups[:top] if top else groups
+    rows = [c for group in shown for c in group]
     title = f"{request.nodes} × {request.accelerator}, {request.hours:g} h of work"
     if request.recovery.value == "node":
         title += ", node recovery"
@@ -149,7 +223,7 @@ def show_plan(plan: Plan, *, top: int | None = None, verbose: bool = False) -> N
     table.add_column("offer", no_wrap=True)
     for header in ("$/h\nnode\njob", "exp.\nhours", "exp.\ncost", "exp.\npreempt.", "ckpt\nevery"):
         table.add_column(header, justify="right", no_wrap=True)
-    for group in _same_offer_groups(rows):
+    for group in shown:
         c = group[0]
         where = f"{c.cloud} {c.region}" + (f" +{len(group) - 1} regions" if len(group) > 1 else "")
         table.add_row(
@@ -162,12 +236,22 @@ def show_plan(plan: Plan, *, top: int | None = None, verbose: bool = False) -> N
             style="bold green" if plan.choice in group else None,
         )
     console.print(table)
-    if top and len(plan.candidates) > top:
-        console.print(f"({len(plan.candidates) - top} more; drop --top to see all)", style="dim")
+    note = _top_note(len(groups), top) if top else None
+    if note:
+        console.print(note, style="dim", highlight=False)
     console.print(plan.explanation, highlight=False)
     if verbose:
         _show_details(plan)
         show_recovery(plan, rows)
+
+
+def _top_note(rows: int, top: int) -> str | None:
+    """What `--top` left out, or that fewer offers fit than it asked for."""
+    if rows > top:
+        return f"({rows - top} more; drop --top to see all)"
+    if rows < top:
+        return f"(only {rows} offer(s) fit, fewer than --top {top}: all are shown)"
+    return None
 
 
 def show_recovery(plan: Plan, rows: list[Candidate]) -> None:

@@ -9,6 +9,7 @@ import typer
 
 from mncloud.cli import options as opts
 from mncloud.cli._common import console, handle_errors, print_json
+from mncloud.cli.params import ESSENTIALS
 
 
 def register(app: typer.Typer) -> None:
@@ -20,13 +21,18 @@ def register(app: typer.Typer) -> None:
 @handle_errors
 def render_command(
     output: Annotated[
-        Path | None, typer.Option("-o", "--output", help="Write the YAML to this file.")
+        Path | None,
+        typer.Option(
+            "-o", "--output", rich_help_panel=ESSENTIALS, help="Write the YAML to this file."
+        ),
     ] = None,
     as_json: opts.Json = False,
     with_plan: Annotated[
         bool,
         typer.Option(
-            "--plan", help="Plan first; the winner and its fallbacks become `ordered` resources."
+            "--plan",
+            rich_help_panel=ESSENTIALS,
+            help="Plan first; the winner and its fallbacks become `ordered` resources.",
         ),
     ] = False,
     **values: Any,
@@ -38,12 +44,14 @@ def render_command(
     from mncloud.launch import prepare
     from mncloud.render import render
 
-    spec = opts.spec_from_options(values)
+    notices: list[str] = []  # no cloud enabled: rendered for this machine, and said so
+    spec = opts.spec_from_options(values, notices=notices)
     launch_options = opts.launch_options_from(values)
     if with_plan:
         task = prepare(spec, launch_options).task
     else:
         task = render(spec, template=launch_options.template)
+    opts.print_notices(notices)
     text = task.to_json() + "\n" if as_json else task.yaml_text
     if output is not None:
         try:

@@ -10,6 +10,7 @@ import typer
 from mncloud.cli import options as opts
 from mncloud.cli._common import console, handle_errors, print_json
 from mncloud.cli.options import parse_duration
+from mncloud.cli.params import DEADLINE_PANEL, ESSENTIALS
 from mncloud.errors import SpecError
 from mncloud.spec import MAX_NODES
 
@@ -35,32 +36,64 @@ def replay_command(
         typer.Argument(help="Spot trace JSON (../shared/traces/README.md).", show_default=False),
     ],
     nodes: Annotated[
-        int, typer.Option("--nodes", min=1, max=MAX_NODES, help="Number of nodes.")
+        int,
+        typer.Option(
+            "--nodes", rich_help_panel=ESSENTIALS, min=1, max=MAX_NODES, help="Number of nodes."
+        ),
     ] = 1,
     hours: Annotated[
-        float, typer.Option("--hours", help="Hours of work the job needs without interruptions.")
+        float,
+        typer.Option(
+            "--hours",
+            rich_help_panel=ESSENTIALS,
+            help="Hours of work the job needs without interruptions.",
+        ),
     ] = 12.0,
     deadline: opts.Deadline = "24h",
     restart_overhead: Annotated[
-        str, typer.Option("--restart-overhead", help="Billed time without progress per launch.")
+        str,
+        typer.Option(
+            "--restart-overhead",
+            rich_help_panel=DEADLINE_PANEL,
+            help="Billed time without progress per launch.",
+        ),
     ] = "10m",
     spot_price: Annotated[
-        float, typer.Option("--spot-price", help="Spot $ per node-hour.")
+        float,
+        typer.Option("--spot-price", rich_help_panel=DEADLINE_PANEL, help="Spot $ per node-hour."),
     ] = 0.918,
     on_demand_price: Annotated[
-        float, typer.Option("--on-demand-price", help="On-demand $ per node-hour.")
+        float,
+        typer.Option(
+            "--on-demand-price", rich_help_panel=DEADLINE_PANEL, help="On-demand $ per node-hour."
+        ),
     ] = 3.06,
     start: Annotated[
-        str, typer.Option("--start", help="Start this long into the trace (e.g. 48h).")
+        str,
+        typer.Option(
+            "--start", rich_help_panel=ESSENTIALS, help="Start this long into the trace (e.g. 48h)."
+        ),
     ] = "0h",
     every: Annotated[
-        str | None, typer.Option("--every", help="Replay a window starting every H (e.g. 24h).")
+        str | None,
+        typer.Option(
+            "--every",
+            rich_help_panel=ESSENTIALS,
+            help="Replay a window starting every H (e.g. 24h).",
+        ),
     ] = None,
     policy: Annotated[
         str | None,
-        typer.Option("--policy", help="on-demand, greedy, uniform-progress or adaptive (default)."),
+        typer.Option(
+            "--policy",
+            rich_help_panel=DEADLINE_PANEL,
+            help="on-demand, greedy, uniform-progress or adaptive (default).",
+        ),
     ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the result(s) as JSON.")] = False,
+    as_json: Annotated[
+        bool,
+        typer.Option("--json", rich_help_panel=ESSENTIALS, help="Print the result(s) as JSON."),
+    ] = False,
 ) -> None:
     """Replay a deadline policy on a spot trace: cost, hours per market, preemptions."""
     from mncloud.policy import DEFAULT_POLICY, POLICIES, Job, make_policy

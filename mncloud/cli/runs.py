@@ -36,6 +36,18 @@ def register(main: typer.Typer) -> None:
     doctor_cli.register(main)
 
 
+def _all_records(bucket: str | None) -> list[RunRecord]:
+    """The run records on this machine and, with `bucket`, in it; oldest first."""
+    from mncloud.records import list_bucket_records, list_records
+
+    records = list_records()
+    if bucket:
+        known = {r.run_id for r in records}
+        records += [r for r in list_bucket_records(bucket) if r.run_id not in known]
+        records.sort(key=lambda r: r.created_at)
+    return records
+
+
 def _when(ts: float | None) -> str:
     if ts is None:
         return "-"
@@ -50,13 +62,9 @@ def _money(value: float | None) -> str:
 @handle_errors
 def ls_command(bucket: BucketOpt = None, as_json: JsonOpt = False) -> None:
     """List run records on this machine (and in --bucket)."""
-    from mncloud.records import cost_summary, list_bucket_records, list_records
+    from mncloud.records import cost_summary
 
-    records = list_records()
-    if bucket:
-        known = {r.run_id for r in records}
-        records += [r for r in list_bucket_records(bucket) if r.run_id not in known]
-        records.sort(key=lambda r: r.created_at)
+    records = _all_records(bucket)
     if as_json:
         print_json(
             [
@@ -168,10 +176,23 @@ def _events_table(record: RunRecord) -> Table:
 
 @app.command("cost")
 @handle_errors
-def cost_command(ref: RefArg, bucket: BucketOpt = None, as_json: JsonOpt = False) -> None:
-    """Cost so far by segment (each launch until its end), spot vs on-demand, vs the plan."""
+def cost_command(
+    ref: Annotated[
+        str | None,
+        typer.Argument(
+            help="A run id, a unique prefix of one, or a run name; all runs if omitted."
+        ),
+    ] = None,
+    bucket: BucketOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Cost so far by segment (each launch until its end), spot vs on-demand, vs the plan.
+    Without a run: one row per run (where, state, hours, cost so far) and the total."""
     from mncloud import records
 
+    if ref is None:
+        _cost_report(_all_records(bucket), as_json)
+        return
     record = records.find_record(ref, bucket)
     summary = records.cost_summary(record)
     if as_json:
@@ -204,6 +225,63 @@ def cost_command(ref: RefArg, bucket: BucketOpt = None, as_json: JsonOpt = False
         console.print(f"[yellow]{summary.unpriced_hours:.2f} h without a known price[/]")
     if summary.estimate is not None:
         console.print(f"plan's estimate for the whole job: {_money(summary.estimate)}")
+
+
+def _record_state(record: RunRecord, open_segment: bool) -> str:
+    """A run's state as its record tells it: running (billed now), or its last event."""
+    if open_segment:
+        return "running"
+    if not record.events:
+        return "-"
+    last = record.events[-1].kind
+    return {"finish": "finished", "failure": "failed", "preemption": "preempted"}.get(last, last)
+
+
+def _cost_rows(records: list[RunRecord]) -> list[dict[str, Any]]:
+    from mncloud.records import cost_summary
+
+    rows = []
+    for r in records:
+        summary = cost_summary(r)
+        segments = summary.segments
+        cloud = next((s.cloud for s in reversed(segments) if s.cloud), None)
+        rows.append({
+            "run_id": r.run_id, "name": r.name, "backend": r.backend, "cloud": cloud,
+            "state": _record_state(r, bool(segments) and segments[-1].open),
+            "hours": sum(s.hours for s in segments), "cost": summary.total,
+            "spot": summary.spot, "on_demand": summary.on_demand,
+            "unpriced_hours": summary.unpriced_hours,
+        })  # fmt: skip
+    return rows
+
+
+def _cost_report(records: list[RunRecord], as_json: bool) -> None:
+    """`runs cost` without a run: one row per run record and the total, like sky cost-report."""
+    rows = _cost_rows(records)
+    total = sum(r["cost"] for r in rows)
+    hours = sum(r["hours"] for r in rows)
+    if as_json:
+        print_json({"runs": rows, "total": total, "hours": hours})
+        return
+    if not rows:
+        console.print("No run records yet; `mncloud up` writes one for every run.")
+        return
+    table = Table(title="cost of every run", title_justify="left", box=box.SIMPLE_HEAD)
+    for col in ("run / id", "where", "state", "hours", "cost"):
+        table.add_column(col, justify="right" if col in ("hours", "cost") else "left")
+    for r in rows:
+        where = (
+            r["backend"] if r["cloud"] in (None, r["backend"]) else f"{r['cloud']}/{r['backend']}"
+        )
+        table.add_row(
+            f"{r['name']}\n{r['run_id']}", where, r["state"], f"{r['hours']:.2f}", _money(r["cost"])
+        )
+    table.add_section()
+    table.add_row(f"total ({len(rows)} runs)", "", "", f"{hours:.2f}", _money(total))
+    console.print(table)
+    unpriced = sum(r["unpriced_hours"] for r in rows)
+    if unpriced:
+        console.print(f"[yellow]{unpriced:.2f} h without a known price (not in the total)[/]")
 
 
 def _rerun_name(name: str) -> str:

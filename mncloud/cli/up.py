@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import typer
@@ -22,17 +23,22 @@ def register(app: typer.Typer) -> None:
 
 
 @opts.command(
-    opts.SCRIPT, opts.MARKET, opts.JOB, opts.PLANNING, opts.LAUNCH, opts.LOCAL, opts.DEADLINE
+    opts.SCRIPT,
+    opts.MARKET,
+    opts.JOB,
+    opts.EXISTING,
+    opts.PLANNING,
+    opts.LAUNCH,
+    opts.LOCAL,
+    opts.DEADLINE,
 )
 @handle_errors
 def up_command(
-    ctx: typer.Context,
-    resume: opts.Resume = False,
-    replace: opts.Replace = False,
-    **values: Any,
+    ctx: typer.Context, export_on_finish: opts.ExportOnFinish = None, **values: Any
 ) -> None:
     """Plan, render and launch SCRIPT on the cheapest fitting cloud (or --cloud local).
 
+    With no --cloud and no cloud enabled in SkyPilot (`sky check`), it runs on this machine.
     With --deadline, a controller steers the run between spot and on-demand to finish in time.
     """
     from mncloud import catalog as catalog_mod
@@ -40,21 +46,50 @@ def up_command(
     catalog_mod.use_catalog_dir(values["catalog"])
     from mncloud.launch import Existing
 
+    resume, replace = values["resume"], values["replace"]
     if resume and replace:
         raise opts.SpecError("--resume and --replace exclude each other; pick one")
     existing = Existing.RESUME if resume else Existing.REPLACE if replace else Existing.REFUSE
+    values["export_on_finish"] = export_on_finish
+    deprecated = opts.retry_alias(values)
     if values["deadline"] is not None or _deadline_only(values):
         _up_deadline({**values, "ctx": ctx}, existing)
-        return
-    launch_and_follow(
-        opts.spec_from_options(values),
-        opts.launch_options_from(values),
-        existing=existing,
-        yes=values["yes"],
-        detach=values["detach"],
-        dryrun=values["dryrun"],
-        as_json=values["as_json"],
+    else:
+        notices: list[str] = []
+        spec = _spec(values, existing, notices)
+        launch_options = opts.launch_options_from(values)
+        opts.print_notices(notices)
+        launch_and_follow(
+            spec,
+            launch_options,
+            existing=existing,
+            yes=values["yes"],
+            detach=values["detach"],
+            dryrun=values["dryrun"],
+            as_json=values["as_json"],
+        )
+    opts.print_notices([deprecated] if deprecated else [])  # last: never before a one-line error
+
+
+def _spec(values: dict[str, Any], existing: Existing, notices: list[str]) -> JobSpec:
+    """The JobSpec of `up`'s options, with `--export-on-finish` (an `up`-only option).
+
+    Without a name (flag or mncloud.yaml), a new run gets a new one (`train-3f9a`), and
+    `--resume` / `--replace` take the newest run of the script; `notices` gets what to say."""
+    spec = opts.spec_from_options(
+        values, default_name=_default_name(existing, notices), notices=notices
     )
+    if values.get("export_on_finish") is None:
+        return spec
+    from mncloud.export import ExportFormat
+
+    fmt = ExportFormat.parse(values["export_on_finish"], "--export-on-finish")
+    if spec.bucket is None and not spec.is_local:
+        raise opts.SpecError(
+            "--export-on-finish needs --bucket on a cloud: the export goes to "
+            "<bucket>/<name>/export beside the checkpoints"
+        )
+    return spec.model_copy(update={"export_on_finish": fmt})
 
 
 _DEADLINE_ONLY = ("budget", "spot_trace", "time_scale", "spot_price", "on_demand_price")
@@ -62,6 +97,26 @@ _DEADLINE_ONLY = ("budget", "spot_trace", "time_scale", "spot_price", "on_demand
 
 def _deadline_only(values: dict[str, Any]) -> bool:
     return any(values.get(name) is not None for name in _DEADLINE_ONLY)
+
+
+def _default_name(existing: Existing, notices: list[str]) -> Callable[[str], str]:
+    """The run name `up` takes when none is given: a new unique one, or for `--resume` /
+    `--replace` the newest run named after the script (`train-3f9a`, or an older `train`)."""
+    from mncloud.launch import Existing
+    from mncloud.request import newest_default_run, unique_name
+
+    if existing is Existing.REFUSE:
+        return unique_name
+
+    def newest(stem: str) -> str:
+        from mncloud.backends.registry import known_runs
+
+        flag = f"--{existing.value}"
+        name = newest_default_run(stem, known_runs(), flag)
+        notices.append(f"{flag}: {name}, the newest run of this script (--name picks another)")
+        return name
+
+    return newest
 
 
 def _up_deadline(values: dict[str, Any], existing: Existing) -> None:
@@ -74,9 +129,13 @@ def _up_deadline(values: dict[str, Any], existing: Existing) -> None:
     assert deadline_s is not None
     numbers = opts.deadline_options(values)
     source = values["ctx"].get_parameter_source("hours")
+    notices: list[str] = []
+    spec = _spec(values, existing, notices)
+    launch_options = opts.launch_options_from(values)
+    opts.print_notices(notices)
     start_deadline_run(
-        opts.spec_from_options(values),
-        opts.launch_options_from(values),
+        spec,
+        launch_options,
         deadline_s=deadline_s,
         numbers=numbers,
         spot_trace=values["spot_trace"],

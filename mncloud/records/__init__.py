@@ -29,7 +29,7 @@ _EXPORTS = {
     "lineage": ("capture_git", "installed_packages"),
     "store": (
         "append_event", "create_record", "find_record", "list_bucket_records", "list_records",
-        "load_current", "load_diff", "new_run_id", "save_record",
+        "load_current", "load_diff", "new_run_id", "record_export", "save_record",
     ),
     "ledger": ("CostSummary", "Segment", "cost_segments", "cost_summary", "observed_spot_hazard"),
     "rerun": ("RerunSetup", "prepare_rerun"),

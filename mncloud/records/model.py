@@ -17,7 +17,7 @@ SCHEMA_VERSION = 1
 
 EventKind = Literal[
     "launch", "preemption", "recovery", "restart", "checkpoint", "finish", "failure",
-    "node-lost", "node-joined", "node-healed",
+    "node-lost", "node-joined", "node-healed", "export",
 ]  # fmt: skip
 #: Events that start a stretch of billed time, and those that end one (see `ledger.py`). Under
 #: node recovery a lost node and its replacement's start change the price (N−1 nodes, then N).
@@ -115,8 +115,10 @@ class RunRecord(BaseModel):
 
     @property
     def finished(self) -> bool:
-        """The last event ended the run (finish, or a failure not followed by a restart)."""
-        return bool(self.events) and self.events[-1].kind in ("finish", "failure")
+        """The last event ended the run (finish, or a failure not followed by a restart); an
+        export (`up --export-on-finish`, recorded from the run's node) changes nothing."""
+        last = next((e for e in reversed(self.events) if e.kind != "export"), None)
+        return last is not None and last.kind in ("finish", "failure")
 
     @property
     def estimate(self) -> float | None:

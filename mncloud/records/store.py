@@ -299,3 +299,28 @@ def append_event(
     except MncloudError as err:
         log.warning("event %s not recorded for run %s: %s", kind, name, err)
         return None
+
+
+def record_export(name: str, run_id: str, ckpt_uri: str, *, step: int, detail: str) -> None:
+    """An `export` event (`up --export-on-finish`) in run `run_id`'s record: appended to this
+    machine's copy when it holds that record (the local backend; the bucket copy follows),
+    else to the bucket copy beside the checkpoints (a cloud node). Best effort, like every
+    record write: a failure is logged, never raised."""
+    try:
+        local = load_current(name)
+    except MncloudError:
+        local = None
+    if local is not None and local.run_id == run_id:
+        append_event(name, "export", step=step, detail=detail)
+        return
+    from mncloud.storage import join_key, open_bucket
+
+    uri = layout.record_uri(ckpt_uri, run_id)
+    try:
+        bucket, prefix = open_bucket(uri, retry_seconds=BUCKET_RETRY_SECONDS)
+        key = join_key(prefix, RECORD_FILE)
+        record = RunRecord.model_validate_json(bucket.get_bytes(key))
+        record.events.append(Event(kind="export", time=time.time(), step=step, detail=detail))
+        bucket.put_bytes(key, _serialize(record))
+    except Exception as err:  # the record must never fail an export
+        log.warning("export not recorded in run record %s: %s", uri, err)

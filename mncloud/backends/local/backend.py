@@ -23,6 +23,7 @@ from mncloud.backends.base import LaunchRequest, RunState, RunStatus
 from mncloud.backends.local import figures, lifecycle
 from mncloud.backends.local.processes import port_is_free
 from mncloud.backends.local.state import (
+    LOG_MARKS,
     REFERENCE_DIR,
     RUN_LOG,
     SUPERVISOR_LOG,
@@ -31,6 +32,7 @@ from mncloud.backends.local.state import (
     load_launch,
     load_state,
     node_log,
+    read_jsonl,
 )
 from mncloud.errors import BackendError, RunNotFoundError
 from mncloud.spec import min_replicas
@@ -152,13 +154,32 @@ class LocalBackend:
             ckpt_uri=state.ckpt_uri, detail=state.detail, **_node_view(folder, state),
         )  # fmt: skip
 
-    def logs(self, run_name: str, node: int | None = None, follow: bool = False) -> Iterator[str]:
+    def logs(
+        self,
+        run_name: str,
+        node: int | None = None,
+        follow: bool = False,
+        *,
+        since: float | None = None,
+    ) -> Iterator[str]:
+        """The run's lines (one node's with `node`); with `since` (a time), those written
+        from then on, to the second (run.log's marks), a node's picked out of run.log."""
         folder = layout.run_dir(run_name)
         state = load_state(folder)
         if node is not None and not 0 <= node < state.num_nodes:
             raise BackendError(f"--node {node}: run {run_name} has nodes 0..{state.num_nodes - 1}")
-        path = folder / (RUN_LOG if node is None else node_log(node))
-        yield from tail_lines(path, follow=follow, done=lambda: lifecycle.run_ended(folder))
+        done = lambda: lifecycle.run_ended(folder)  # noqa: E731
+        if since is None:
+            path = folder / (RUN_LOG if node is None else node_log(node))
+            yield from tail_lines(path, follow=follow, done=done)
+            return
+        lines = tail_lines(
+            folder / RUN_LOG, follow=follow, done=done, start=_offset_at(folder, since)
+        )
+        prefixes = (f"[node {node}]", f"[node {node} ")
+        for line in lines:
+            if node is None or line.startswith(prefixes):
+                yield line
 
     def down(self, run_name: str, *, notice_s: float = 0.0, by: str = "mncloud down") -> RunStatus:
         """Stop the run and wait (bounded) until none of its processes is left; the status's
@@ -186,15 +207,36 @@ class LocalBackend:
         return figures.run_reference(run_name, on_progress)
 
 
+def _offset_at(folder: Path, since: float) -> int:
+    """Where in run.log the lines written at `since` or later start: the newest mark at or
+    before `since` (so up to a second of older lines), 0 without marks; past the end when
+    nothing was written since."""
+    marks = read_jsonl(folder / LOG_MARKS)
+    if not marks:  # a run from before marks were kept: its lines' times are unknown
+        return 0
+    offset, marked_at = 0, None
+    for mark in marks:
+        if mark.get("t", 0) > since + 1e-3:  # a time written from a mark's own reads back as it
+            return offset
+        offset, marked_at = int(mark.get("offset", 0)), float(mark.get("t", 0))
+    if marked_at is not None and since - marked_at < 1.0:  # lines after it: within a second
+        return offset
+    path = folder / RUN_LOG
+    return path.stat().st_size if path.is_file() else 0
+
+
 def tail_lines(
-    path: Path, *, follow: bool, done: Callable[[], bool], poll: float = 0.2
+    path: Path, *, follow: bool, done: Callable[[], bool], poll: float = 0.2, start: int = 0
 ) -> Iterator[str]:
-    """Lines of a growing file; with `follow`, until `done()` and the file stops growing."""
+    """Lines of a growing file from byte `start`; with `follow`, until `done()` and the file
+    stops growing."""
     while follow and not path.exists() and not done():
         time.sleep(poll)
     if not path.exists():
         return
-    with open(path, errors="replace") as f:
+    with open(path, errors="replace", encoding="utf-8") as f:
+        if start:
+            f.seek(start)  # a byte offset at a line's start (UTF-8 keeps no decoder state)
         buffer = ""
         while True:
             chunk = f.readline()

@@ -10,17 +10,20 @@ torchrun's own lines, `[mncloud …]` for the supervisor's events.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import IO
 
 from mncloud import constants
 from mncloud.backends.local.processes import LOCALHOST, node_tag
 from mncloud.backends.local.state import (
+    LOG_MARKS,
     PROGRESS_FILE,
     RUN_LOG,
     LocalLaunch,
@@ -86,16 +89,25 @@ class RunLogs:
 
     def __init__(self, folder: Path, num_nodes: int) -> None:
         self._lock = threading.Lock()
-        self._run_log = open(folder / RUN_LOG, "a", buffering=1)  # noqa: SIM115
+        self._run_log = open(folder / RUN_LOG, "a", buffering=1, encoding="utf-8")  # noqa: SIM115
         self._node_logs = {
             n: open(folder / node_log(n), "a", buffering=1)  # noqa: SIM115
             for n in range(num_nodes)
         }
+        self._marks = open(folder / LOG_MARKS, "a", buffering=1)  # noqa: SIM115
+        self._offset = (folder / RUN_LOG).stat().st_size
+        self._marked_at = 0.0
         self._pumps: list[threading.Thread] = []
 
     def write(self, line: str, node: int | None = None) -> None:
         with self._lock:
-            self._run_log.write(line + "\n")
+            now = time.time()
+            if now - self._marked_at >= 1.0:  # run.log's size now, for `logs --since`
+                self._marks.write(json.dumps({"t": now, "offset": self._offset}) + "\n")
+                self._marked_at = now
+            data = line + "\n"
+            self._offset += len(data.encode("utf-8", errors="replace"))
+            self._run_log.write(data)
             if node is not None:
                 self._node_logs[node].write(line + "\n")
 
@@ -122,7 +134,7 @@ class RunLogs:
         self._pumps.clear()
 
     def close(self) -> None:
-        for f in (self._run_log, *self._node_logs.values()):
+        for f in (self._run_log, self._marks, *self._node_logs.values()):
             f.close()
 
 

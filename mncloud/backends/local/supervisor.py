@@ -2,9 +2,10 @@
 
 It mirrors SkyPilot's managed-job recovery. A node that *vanishes* (its launcher killed by a
 signal, as `chaos preempt` does) or exits with `PREEMPTED_EXIT_CODE` is a preemption and is
-recovered; a node that exits non-zero on its own is an error in the user's code and is retried
-only with `--retry-on-error` (SkyPilot's `max_restarts_on_errors`). Every relaunch counts
-against `--max-restarts`. Example, 2 nodes, `--recovery-delay 2s`:
+recovered, always, and counted apart (`preemptions`); a node that exits non-zero on its own is
+an error in the user's code and is retried `--max-restarts` times (SkyPilot's
+`max_restarts_on_errors`, the same meaning on a cloud). `restarts` counts every relaunch, of
+either kind. Example, 2 nodes, `--recovery-delay 2s`:
 
     t=0     setup.sh on node 0, then node 1 (same folder, like a shared image)
     t=1     attempt 1: run.sh on both nodes; torchrun rendezvous on 127.0.0.1:<free port>
@@ -251,26 +252,21 @@ class Supervisor:
                 return RunState.SUCCEEDED
             if outcome == "stopped":
                 return RunState.CANCELLED
-            if st.restarts >= la.max_restarts:
-                st.detail = f"failed: {message}; --max-restarts {la.max_restarts} reached"
-                return RunState.FAILED
-            if outcome == "preempted":
+            if outcome == "preempted":  # always recovered; never spends the error budget
                 st.preemptions += 1
-            elif st.errors_retried >= la.retry_on_error:
+                why = f"preemption {st.preemptions}"
+            elif st.errors_retried >= la.max_restarts:
                 st.detail = (
-                    f"failed: {message} (an error in your code; not retried: "
-                    f"--retry-on-error {la.retry_on_error})"
+                    f"failed: {message} (an error in your code; retried {st.errors_retried} "
+                    f"of --max-restarts {la.max_restarts} times)"
                 )
                 return RunState.FAILED
             else:
                 st.errors_retried += 1
+                why = f"error retry {st.errors_retried}/{la.max_restarts}"
             st.restarts += 1
             st.state = RunState.RECOVERING
-            self.event(
-                "recovering",
-                f"relaunching all nodes in {la.recovery_delay:g}s "
-                f"(restart {st.restarts}/{la.max_restarts})",
-            )
+            self.event("recovering", f"relaunching all nodes in {la.recovery_delay:g}s ({why})")
             if self.stop.wait(la.recovery_delay):
                 return RunState.CANCELLED
 

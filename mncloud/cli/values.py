@@ -1,0 +1,122 @@
+"""Option values turned into the core's models and checked: durations, the deadline's numbers,
+`LaunchOptions` and the `JobSpec` (through `mncloud.request`), and the notices a command prints.
+
+`mncloud.cli.options` re-exports them; commands call them as `opts.spec_from_options(…)`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from mncloud.errors import SpecError
+from mncloud.spec import MAX_HOURS
+
+if TYPE_CHECKING:
+    from mncloud.spec import DeadlineOptions, JobSpec, LaunchOptions
+
+
+_DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", re.ASCII)
+
+
+def parse_duration(text: str | None, flag: str, *, positive: bool = False) -> float | None:
+    """`90`, `90s`, `5m`, `1h` → seconds, at most `MAX_HOURS`; None stays None. `positive`:
+    0 is refused too."""
+    if text is None:
+        return None
+    match = _DURATION.fullmatch(text)
+    shown = repr(text) if len(text) <= 40 else f"{text[:40]!r}…"
+    if not match:
+        raise SpecError(f"{flag} {shown}: write a duration like 30s, 5m or 1h")
+    value = float(match.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[match.group(2)]
+    if not math.isfinite(value) or value > MAX_HOURS * 3600:
+        raise SpecError(f"{flag} {shown}: at most a year ({MAX_HOURS} h), e.g. 30h")
+    if positive and value <= 0:
+        raise SpecError(f"{flag} {shown}: it must be longer than 0, e.g. 30h")
+    return value
+
+
+def deadline_seconds(text: str | None) -> float | None:
+    """`--deadline` in seconds (None without it): one reading for `up`, `plan` and `replay`."""
+    return parse_duration(text, "--deadline", positive=True)
+
+
+def deadline_options(values: dict[str, Any]) -> DeadlineOptions:
+    """The numbers beside `--deadline` in a command's parameters, checked (`DeadlineOptions`)."""
+    from mncloud.spec import DeadlineOptions
+
+    return DeadlineOptions.build(
+        **{k: values.get(k) for k in DeadlineOptions.model_fields if values.get(k) is not None}
+    )
+
+
+def launch_options_from(values: dict[str, Any]) -> LaunchOptions:
+    """The LaunchOptions from a command's parameters (its `locals()`); absent ones default."""
+    from pydantic import ValidationError
+
+    from mncloud.errors import first_error
+    from mncloud.spec import LaunchOptions
+
+    fields = dict(values)
+    for name, flag in (
+        ("recovery_delay", "--provision-delay"),
+        ("chaos_preempt_after", "--chaos-preempt-after"),
+    ):
+        if isinstance(fields.get(name), str):
+            fields[name] = parse_duration(fields[name], flag)
+    fields.pop("retry_on_error", None)  # deprecated: `retry_alias` made it --max-restarts
+    known = {k: v for k, v in fields.items() if k in LaunchOptions.model_fields and v is not None}
+    try:
+        return LaunchOptions(**known)
+    except ValidationError as err:
+        raise SpecError(first_error(err)) from None
+
+
+def spec_from_options(
+    values: dict[str, Any],
+    *,
+    default_name: Callable[[str], str] | None = None,
+    notices: list[str] | None = None,
+) -> JobSpec:
+    """Build the JobSpec from a command's parameters, by the names `build_spec` takes.
+
+    With `notices`, a request that names no cloud runs locally when SkyPilot has none enabled,
+    and the notice saying so is appended (print it with `print_notices` once all is checked).
+    """
+    from mncloud.request import build_spec, flag_names
+
+    options = {name: values[name] for name in flag_names()}
+    on_local = None if notices is None else notices.append
+    return build_spec(
+        values["script"],
+        values["script_args"],
+        default_name=default_name,
+        on_local=on_local,
+        **options,
+    )
+
+
+def retry_alias(values: dict[str, Any]) -> str | None:
+    """`--retry-on-error N`, deprecated: it is `--max-restarts N` now (one meaning on every
+    backend). Sets `max_restarts` in `values`; returns the notice to print, or None."""
+    retries = values.get("retry_on_error")
+    if retries is None:
+        return None
+    if values.get("max_restarts") not in (None, retries):
+        raise SpecError("--retry-on-error is the old name of --max-restarts; give only one")
+    values["max_restarts"] = retries
+    return (
+        "--retry-on-error is deprecated: use --max-restarts (errors in your code are retried "
+        "that many times on every backend; preemptions are always recovered)"
+    )
+
+
+def print_notices(notices: list[str]) -> None:
+    """Each notice as one line on stderr: what mncloud decided for the user, not an error."""
+    from mncloud.cli._common import one_line
+
+    for notice in notices:
+        print(f"notice: {one_line(notice)}", file=sys.stderr)
