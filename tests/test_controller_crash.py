@@ -161,3 +161,16 @@ def test_kill_9_mid_run_and_during_a_switch_still_meets_the_deadline(tmp_path: P
     assert [r.run_id for r in records] == state.run_ids
     assert len(_controller_launches("dl")) == len(state.run_ids) == state.switches + 1
     assert "restarting it from its state" in control_log("dl").read_text()
+
+
+def test_the_keeper_gives_up_only_on_a_crash_loop() -> None:
+    """Twenty quick deaths in a row end the keeping; a controller that ran a while before it
+    was killed starts the count over, so a week-long run is always kept."""
+    from mncloud.control.keeper import HEALTHY_S, MAX_RESTARTS, restarts_after
+
+    count = 0
+    for _ in range(MAX_RESTARTS):
+        count = restarts_after(count, lived_s=2.0)
+    assert count == MAX_RESTARTS  # the next quick death is one too many
+    assert restarts_after(count, lived_s=2.0) > MAX_RESTARTS
+    assert restarts_after(count, lived_s=HEALTHY_S) == 1

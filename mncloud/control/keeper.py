@@ -14,7 +14,10 @@ kill, a crash). The new controller resumes from the state the old one journaled
 
 It stops keeping when the controller exits 0 (the run ended, or another controller holds the
 lock), when the state is final, when `mncloud down` wrote its stop request, or after
-`MAX_RESTARTS` restarts. SIGTERM is passed on to the controller (which stops the run).
+`MAX_RESTARTS` restarts in a row, each of a controller that lived less than `HEALTHY_S` (a
+crash loop: `mncloud status` or `up --resume` starts a new keeper once it is mended; a
+controller killed now and then over a week-long run is always restarted). SIGTERM is passed
+on to the controller (which stops the run).
 On SkyPilot no keeper runs: SkyPilot's jobs controller restarts the controller's managed job.
 """
 
@@ -33,7 +36,14 @@ from mncloud.control.state import controller_running, load_state, stop_requested
 KEEPER_ENV = "MNCLOUD_CONTROL_KEEPER"
 """Set to the keeper's pid in the controller's environment (it records it in its state)."""
 MAX_RESTARTS = 20
+HEALTHY_S = 600.0
+"""A controller that lived this long was not crash-looping: the restart count starts over."""
 RESTART_DELAY_S = 1.0
+
+
+def restarts_after(restarts: int, lived_s: float) -> int:
+    """The crash-loop count after a controller that lived `lived_s` seconds died."""
+    return 1 if lived_s >= HEALTHY_S else restarts + 1
 
 
 def command(name: str) -> list[str]:
@@ -63,10 +73,11 @@ def keep(name: str) -> int:
                 [sys.executable, "-m", "mncloud", "control", name],
                 env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
             )  # fmt: skip
+        started = time.monotonic()
         code = child.wait()
-        if stopping or code == 0 or restarts >= MAX_RESTARTS or not _keep_going(name):
+        restarts = restarts_after(restarts, time.monotonic() - started)
+        if stopping or code == 0 or restarts > MAX_RESTARTS or not _keep_going(name):
             return code
-        restarts += 1
         _note(name, f"the controller (pid {child.pid}) died ({_exit(code)}); restarting it "
               f"from its state ({restarts}/{MAX_RESTARTS})")  # fmt: skip
         time.sleep(RESTART_DELAY_S)
