@@ -119,8 +119,9 @@ def main() -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
     loss_fn = nn.CrossEntropyLoss()
     state = {"model": model, "optimizer": opt, "sampler": sampler, "loss": 0.0}
-    # Node recovery (`mncloud up --recovery node`): each node a replica group that survives the
-    # loss of another; under gang recovery (the default) a plain loop.
+    # Node recovery (`--recovery node`, the default for this script on 2+ nodes locally or on
+    # Kubernetes): each node a replica group that survives the loss of another; under gang
+    # recovery (`--recovery gang`, or plain torchrun) a plain loop.
     replicas = Replicas(state)
     ckpt = CheckpointManager(interval_steps=args.ckpt_interval, keep=2, replicas=replicas)
     start = ckpt.load(state) or 0
