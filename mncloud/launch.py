@@ -219,8 +219,8 @@ def settle_existing(spec: JobSpec, existing: Existing) -> None:
     if existing is Existing.REFUSE:
         raise SpecError(
             f"a run named {spec.name!r} exists ({status.state.value}); pass --resume to continue "
-            "from its newest complete checkpoint, --replace to start over (checkpoints are "
-            "kept), or another --name"
+            "from its newest complete checkpoint, --replace to start over (local checkpoints "
+            "are set aside, never deleted; a bucket that holds some is refused), or another --name"
         )
     if existing is Existing.REPLACE:
         _set_checkpoints_aside(spec)
