@@ -140,8 +140,9 @@ def main() -> None:
             continue
         loss = out.item()
         state["loss"] = loss
-        ckpt.maybe_save(step, state)
-        progress.write(step=step, loss=round(loss, 6))
+        saved = ckpt.maybe_save(step, state)
+        stall = {"ckpt_s": round(ckpt.last_stall_s, 4)} if saved else {}  # for the goodput ledger
+        progress.write(step=step, loss=round(loss, 6), **stall)
         if d.rank == 0 and (step % args.log_every == 0 or step == args.steps):
             print(f"step {step:5d}  loss {loss:.4f}", flush=True)
     step, loss = replicas.committed_step, float(state["loss"])

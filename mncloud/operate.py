@@ -29,6 +29,8 @@ from mncloud.errors import BackendError, MncloudError, RunNotFoundError, first_e
 
 if TYPE_CHECKING:
     from mncloud.control.state import ControlState
+    from mncloud.records.goodput import GoodputLedger, StepMark, Telemetry
+    from mncloud.records.model import RunRecord
 
 #: How long `status` keeps trying a bucket before it reports it unreadable.
 CKPT_LOOKUP_SECONDS = 5.0
@@ -270,3 +272,83 @@ def _add_stragglers(status: RunStatus) -> None:
 
 def _prepend(status: RunStatus, note: str) -> None:
     status.detail = f"{note}; {status.detail}" if status.detail else note
+
+
+def run_telemetry(
+    record: RunRecord, ckpt_step: int | None = None, *, bucket: bool = True
+) -> Telemetry:
+    """What `records.goodput` needs beyond the record: a local run's step lines (from its
+    folder, while it still holds this run), the newest complete checkpoint (`ckpt_step` when
+    the caller read it already) and the final step; `bucket=False` reads no bucket. A cloud
+    run has no step lines."""
+    from mncloud.backends.local.state import load_state
+    from mncloud.records.goodput import Telemetry
+
+    folder = layout.run_dir(record.name)
+    steps, uri = None, record.ckpt_uri
+    if record.backend == "local" and _local_run_id(folder) == record.run_id:
+        steps = _step_marks(folder)
+        try:
+            uri = uri or load_state(folder).ckpt_uri
+        except (MncloudError, *_FILE_ERRORS):
+            pass
+    newest, final = ckpt_step, None
+    if uri is not None and bucket:
+        from mncloud.backends.local.figures import read_final
+
+        try:
+            newest = newest_checkpoint_step(uri) if newest is None else newest
+            final = (read_final(uri) or {}).get("steps")
+        except (MncloudError, OSError, ValueError):
+            pass
+    checkpoints = None if newest is None else [newest]
+    return Telemetry(steps=steps, checkpoints=checkpoints, final_step=final)
+
+
+def run_goodput(
+    record: RunRecord, ckpt_step: int | None = None, *, bucket: bool = True
+) -> GoodputLedger:
+    """A run record's goodput ledger (`records/goodput.py`) over its telemetry."""
+    from mncloud.records.goodput import goodput_ledger
+
+    return goodput_ledger(record, run_telemetry(record, ckpt_step, bucket=bucket))
+
+
+def _step_marks(folder: Path) -> list[StepMark]:
+    """A local run's finished steps from its progress lines (a malformed line is skipped)."""
+    from pydantic import ValidationError
+
+    from mncloud.backends.local.state import PROGRESS_FILE, is_step, read_jsonl
+    from mncloud.records.goodput import StepMark
+
+    marks = []
+    for line in read_jsonl(folder / PROGRESS_FILE):
+        if isinstance(line, dict) and is_step(line):
+            try:
+                marks.append(StepMark.model_validate(line))
+            except ValidationError:
+                continue
+    return marks
+
+
+def _local_run_id(folder: Path) -> str | None:
+    from mncloud.backends.local.state import load_launch
+
+    try:
+        return load_launch(folder).run_id
+    except (OSError, ValueError):
+        return None
+
+
+def status_goodput(status: RunStatus) -> float | None:
+    """The goodput `status` shows for a run: of its newest record, over its telemetry; None
+    without a record or per-step telemetry (a cloud run), or when they cannot be read. The
+    bucket is read again only where `run_status` found a checkpoint in it (it answered)."""
+    from mncloud import records
+
+    try:
+        record = records.load_current(status.name)
+        found = status.ckpt_step is not None
+        return run_goodput(record, status.ckpt_step, bucket=found).goodput
+    except (MncloudError, *_FILE_ERRORS):
+        return None

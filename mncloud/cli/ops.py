@@ -77,16 +77,18 @@ def status_command(
 
 def _show_status(name: str | None, as_json: bool, *, one_line_json: bool = False) -> None:
     """Print the status of one run, or of all (a run that cannot be read: one row)."""
-    from mncloud.operate import UnreadableRun, all_statuses, run_status
+    from mncloud.operate import UnreadableRun, all_statuses, run_status, status_goodput
 
     shown = [run_status(name)] if name else all_statuses()
     statuses = [s for s in shown if not isinstance(s, UnreadableRun)]
     folders = {s.name: _ckpt_dir_files(s) for s in statuses}
+    goodput = {s.name: status_goodput(s) for s in statuses}
     if as_json:
         data = [
             {
                 **s.model_dump(mode="json"),
                 "ckpt_dir_files": [vars(f) for f in folders.get(s.name, [])],
+                **({} if isinstance(s, UnreadableRun) else {"goodput": goodput[s.name]}),
             }
             for s in shown
         ]
@@ -99,16 +101,20 @@ def _show_status(name: str | None, as_json: bool, *, one_line_json: bool = False
     if not shown:
         console.print("No runs yet. Start one: mncloud up train.py --cloud local --gpus cpu:2")
         return
-    console.print(_status_table(shown))
+    console.print(_status_table(shown, goodput))
     _deadline_table(statuses)
     _detail_lines(shown, folders)
 
 
-def _status_table(shown: list[RunStatus | UnreadableRun]) -> Table:
+def _status_table(
+    shown: list[RunStatus | UnreadableRun], goodput: dict[str, float | None]
+) -> Table:
     from mncloud.operate import UnreadableRun
 
     table = Table(title="mncloud runs", title_justify="left")
-    # "started": how long ago the run began; "ran": how long it has run (to its end, if over).
+    # "started": how long ago the run began; "ran": how long it has run (to its end, if over);
+    # "cost" over its goodput (the share of its node-hours in useful steps: `runs cost
+    # --breakdown`), stacked so the table stays whole at 80 columns.
     for column in ("name", "state", "where", "restarts", "ckpt", "started", "ran", "cost"):
         wraps = column in ("where", "restarts")  # the others stay whole at 80 columns
         table.add_column(
@@ -126,6 +132,8 @@ def _status_table(shown: list[RunStatus | UnreadableRun]) -> Table:
         where = "/".join(p for p in (s.cloud, s.region, s.instance_type) if p) or s.backend
         where = f"{s.nodes}× {where}" + (" spot" if s.spot else "")
         cost = f"${s.cost_so_far:,.2f}" if s.cost_so_far is not None else "-"
+        if (good := goodput.get(s.name)) is not None:
+            cost += f"\n{good:.0%} good"
         ran = None if s.started_at is None else (s.ended_at or now) - s.started_at
         ago = None if s.started_at is None else now - s.started_at
         table.add_row(

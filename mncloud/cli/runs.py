@@ -12,7 +12,7 @@ from rich.table import Table
 
 from mncloud import layout
 from mncloud.cli import options as opts
-from mncloud.cli._common import console, handle_errors, print_json
+from mncloud.cli._common import console, fail, handle_errors, print_json
 
 if TYPE_CHECKING:
     from mncloud.records.model import RunRecord
@@ -25,6 +25,14 @@ BucketOpt = Annotated[
     typer.Option("--bucket", help="Also look in this bucket (s3://…, gs://…, file://…)."),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
+BreakdownOpt = Annotated[
+    bool,
+    typer.Option(
+        "--breakdown",
+        help="Split a run's node-hours and cost by what they bought: useful steps, redone "
+        "steps, recovery, checkpoint stalls, waiting, idle (the goodput ledger).",
+    ),
+]
 
 
 def register(main: typer.Typer) -> None:
@@ -185,15 +193,22 @@ def cost_command(
     ] = None,
     bucket: BucketOpt = None,
     as_json: JsonOpt = False,
+    breakdown: BreakdownOpt = False,
 ) -> None:
     """Cost so far by segment (each launch until its end), spot vs on-demand, vs the plan.
-    Without a run: one row per run (where, state, hours, cost so far) and the total."""
+    Without a run: one row per run (where, state, hours, cost so far) and the total.
+    With --breakdown: the goodput ledger (where each node-hour and dollar went)."""
     from mncloud import records
 
     if ref is None:
+        if breakdown:
+            raise fail("--breakdown needs a run: mncloud runs cost RUN --breakdown")
         _cost_report(_all_records(bucket), as_json)
         return
     record = records.find_record(ref, bucket)
+    if breakdown:
+        _breakdown(record, as_json)
+        return
     summary = records.cost_summary(record)
     if as_json:
         print_json(summary.model_dump(mode="json"))
@@ -225,6 +240,46 @@ def cost_command(
         console.print(f"[yellow]{summary.unpriced_hours:.2f} h without a known price[/]")
     if summary.estimate is not None:
         console.print(f"plan's estimate for the whole job: {_money(summary.estimate)}")
+
+
+def _breakdown(record: RunRecord, as_json: bool) -> None:
+    """`runs cost RUN --breakdown`: the goodput ledger (`records/goodput.py`)."""
+    from mncloud.operate import run_goodput
+
+    ledger = run_goodput(record)
+    if as_json:
+        print_json(ledger.model_dump(mode="json"))
+        return
+    total = ledger.total_node_seconds
+    unit, scale = ("node-hours", 3600.0) if total >= 3600 else ("node-seconds", 1.0)
+    table = Table(title=f"goodput of {record.run_id}", title_justify="left", box=box.SIMPLE_HEAD)
+    for col in ("part", unit, "share", "cost", "steps"):
+        table.add_column(col, justify="left" if col == "part" else "right")
+    for name, part in ledger.parts.items():
+        if not part.node_seconds and not part.steps and name != "useful":
+            continue
+        share = f"{part.node_seconds / total:.1%}" if total else "-"
+        steps = str(part.steps) if name in ("useful", "redone", "unsaved") else ""
+        table.add_row(
+            name.replace("_", " "), f"{part.node_seconds / scale:,.2f}", share,
+            _money(part.cents / 100), steps,
+        )  # fmt: skip
+    table.add_section()
+    table.add_row("total", f"{total / scale:,.2f}", "", _money(ledger.total_cost), "")
+    console.print(table)
+    good = "unknown" if ledger.goodput is None else f"{ledger.goodput:.1%}"
+    per_k = ledger.cost_per_1k_useful_steps
+    console.print(
+        f"goodput {good} over {ledger.launches} launch(es)"
+        + ("" if per_k is None else f"; {_money(per_k)} per 1,000 useful steps")
+    )
+    if ledger.unbilled_node_seconds:
+        waited = ledger.unbilled_node_seconds / scale
+        console.print(f"waited {waited:,.2f} {unit} with nothing billed (not in the total)")
+    if ledger.unmeasured:
+        console.print(f"[yellow]not measured: {', '.join(ledger.unmeasured)}[/]")
+    for note in ledger.notes:
+        console.print(f"[yellow]{note}[/]")
 
 
 def _record_state(record: RunRecord, open_segment: bool) -> str:

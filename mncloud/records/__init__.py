@@ -7,6 +7,7 @@ One module per job, each importable alone:
     lineage.py    git capture (commit, diff hash and copy, untracked files), packages
     store.py      the locked record store (this machine + the bucket copy), events
     ledger.py     billed segments, cost summary, spot hazards learned for `plan --learn`
+    goodput.py    the goodput ledger: billed node-seconds and dollars split by what they bought
     rerun.py      rebuild a recorded run's tree in a worktree, with its spec and options
     telemetry.py  per-rank step times and stragglers; torch-free and light, imported by
                   every training process (`mncloud.train.steptime`)
@@ -32,6 +33,7 @@ _EXPORTS = {
         "load_current", "load_diff", "new_run_id", "record_export", "save_record",
     ),
     "ledger": ("CostSummary", "Segment", "cost_segments", "cost_summary", "observed_spot_hazard"),
+    "goodput": ("GoodputLedger", "StepMark", "Telemetry", "goodput_ledger"),
     "rerun": ("RerunSetup", "prepare_rerun"),
     "telemetry": (
         "STRAGGLER_FACTOR", "publish_step_time", "step_times", "straggler_note",

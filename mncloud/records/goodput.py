@@ -1,0 +1,352 @@
+"""The goodput ledger: of what a run paid, how much trained the model, and where the rest went.
+
+A pure function (`goodput_ledger`) over a run record and its telemetry (`Telemetry`: the
+training steps with their times, the complete checkpoint steps, the final step); `operate.py`
+gathers the telemetry, `runs cost --breakdown`, `status` and the web view show the result.
+
+The billed time is the ledger's (`ledger.cost_segments`): each segment at its price, with
+`record.nodes` nodes (one fewer per node lost and not yet joined again, under node recovery).
+A launch (`launch`, `recovery`, `restart`) runs until the next one; its wall time is cut into
+stretches, each given to one part, and every segment's node-seconds and dollars are split by
+the stretches it overlaps. An example, one node, a checkpoint every 10 steps:
+
+    launch 1  t=0    ┐ recovery: to the first step's start (its time less one median step)
+              t=30   │ steps 1..14 (step 10 checkpointed); steps 1..10 useful, 11..14 redone
+    preempted t=45   ┘ the step in flight when the nodes went: redone
+    (gap)            waiting, unbilled: nothing ran (deadline mode; a new cluster)
+    launch 2  t=60   ┐ recovery: provisioning, setup, start, loading step 10
+              t=80   │ steps 11..30: useful (in the final model)
+    finish    t=100  ┘ idle: after the last step until teardown
+
+The parts, in node-seconds and dollars, add up to the ledger's total:
+- useful: steps in the final model (or, before the end, in the newest complete checkpoint)
+  and not trained again later;
+- redone: steps trained again by a later launch, and a preempted launch's step in flight;
+- unsaved: steps past the newest complete checkpoint, not (yet) trained again: at risk while
+  the run lives, lost if it ended without saving them;
+- recovery: from a launch to its first step (less that step's own time);
+- checkpoint_stall: the seconds a step's progress line says its save blocked (`ckpt_s`);
+  without it, a save's stall is inside that step's time (and `unmeasured` says so);
+- waiting: a replacement node from its start until it healed from a live peer (node
+  recovery). Time with nothing billed (a deadline run waiting for its market, the gap between
+  clusters, a node being provisioned) costs nothing: `unbilled_node_seconds` counts it;
+- idle: after the last step until the launch ended (final save, exit, teardown);
+- unknown: billed time no telemetry explains (a cloud run without per-step telemetry).
+Goodput = useful ÷ total node-seconds; and dollars per 1,000 useful steps.
+"""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+import time
+from collections.abc import Iterable
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from mncloud.records.ledger import Segment, cost_segments
+from mncloud.records.model import OPENS_SEGMENT, Event, RunRecord
+
+PartName = Literal[
+    "useful", "redone", "unsaved", "recovery", "checkpoint_stall", "waiting", "idle", "unknown"
+]
+PARTS: tuple[PartName, ...] = (
+    "useful", "redone", "unsaved", "recovery", "checkpoint_stall", "waiting", "idle", "unknown"
+)  # fmt: skip
+#: Parts measured only with per-step telemetry.
+STEP_PARTS: tuple[PartName, ...] = (
+    "useful", "redone", "unsaved", "recovery", "checkpoint_stall", "idle"
+)  # fmt: skip
+LAUNCHES = ("launch", "recovery", "restart")
+
+
+class StepMark(BaseModel):
+    """One finished training step, as the script reported it."""
+
+    t: float
+    """When the step finished (seconds since the epoch)."""
+    step: int
+    ckpt_s: float = 0.0
+    """Seconds this step blocked on saving a checkpoint (0 when not reported)."""
+
+
+class Telemetry(BaseModel):
+    """What the run's scripts and bucket say beyond the record's events."""
+
+    steps: list[StepMark] | None = None
+    """Every finished step, all launches; None when the run has no per-step telemetry."""
+    checkpoints: list[int] | None = None
+    """Complete checkpoint steps now in the bucket; None when unknown."""
+    final_step: int | None = None
+    """The step of the final model, when the script wrote one."""
+
+
+class Part(BaseModel):
+    """One part of the ledger."""
+
+    node_seconds: float = 0.0
+    cost: float = 0.0
+    """USD, at each segment's price (0 for unpriced segments)."""
+    cents: int = 0
+    """`cost` in whole cents, rounded so that the parts' cents add up to the total's."""
+    steps: int = 0
+    """Training steps in it (useful, redone, unsaved)."""
+
+
+class GoodputLedger(BaseModel):
+    """A run's billed node-seconds and dollars split by what they bought (module docstring)."""
+
+    run_id: str
+    launches: int
+    parts: dict[str, Part]
+    total_node_seconds: float
+    total_cost: float
+    """The cost ledger's total (`cost_summary(...).total`); the parts' costs add up to it."""
+    goodput: float | None
+    """useful ÷ total node-seconds; None without per-step telemetry or billed time."""
+    cost_per_1k_useful_steps: float | None
+    unbilled_node_seconds: float = 0.0
+    """Node-seconds the run waited with nothing billed (see `waiting`)."""
+    kept_step: int | None = None
+    """The newest step in the final model or a complete checkpoint (the useful horizon)."""
+    unmeasured: list[str] = Field(default_factory=list)
+    """Parts the telemetry could not measure (their time is in `unknown` or in the steps)."""
+    notes: list[str] = Field(default_factory=list)
+
+
+Stretch = tuple[float, float, PartName]
+
+
+def goodput_ledger(
+    record: RunRecord, telemetry: Telemetry | None = None, now: float | None = None
+) -> GoodputLedger:
+    """The goodput ledger of a run (module docstring); pure: reads nothing but its arguments."""
+    now = time.time() if now is None else now
+    telemetry = telemetry or Telemetry()
+    segments = cost_segments(record, now)
+    opens = [e for e in sorted(record.events, key=lambda e: e.time) if e.kind in OPENS_SEGMENT]
+    launch_idx = [i for i, e in enumerate(opens) if e.kind in LAUNCHES]
+    parts = {name: Part() for name in PARTS}
+    notes: list[str] = []
+    kept = _kept_step(telemetry)
+    stretches: list[Stretch] = []
+    if telemetry.steps is not None:
+        marks = _by_launch(telemetry.steps, [opens[i].time for i in launch_idx])
+        retrained = _retrained(marks)
+        for k, i in enumerate(launch_idx):
+            last = launch_idx[k + 1] - 1 if k + 1 < len(launch_idx) else len(segments) - 1
+            seg_end = segments[last]
+            stretches += _launch_stretches(
+                opens[i].time, seg_end.end, seg_end.ended_by, seg_end.open, marks[k],
+                retrained[k], kept, telemetry.final_step, parts,
+            )  # fmt: skip
+    heals = _heal_windows(record, opens, segments)
+    for seg, active in zip(segments, _active_nodes(record, opens), strict=False):
+        _split_segment(seg, active, stretches, heals.get(seg.index), parts)
+    unbilled = _unbilled(record, segments, opens, now)
+    total_ns = sum(p.node_seconds for p in parts.values())
+    total_cost = sum(s.cost or 0.0 for s in segments)
+    if any(s.cost is None for s in segments):
+        notes.append("some segments have no known price: their node-seconds cost $0 here")
+    unmeasured = _unmeasured(telemetry, kept, notes)
+    _round_to_cents(parts, total_cost)
+    useful = parts["useful"]
+    has_steps = telemetry.steps is not None and total_ns > 0
+    return GoodputLedger(
+        run_id=record.run_id,
+        launches=len(launch_idx),
+        parts=parts,
+        total_node_seconds=total_ns,
+        total_cost=total_cost,
+        goodput=useful.node_seconds / total_ns if has_steps else None,
+        cost_per_1k_useful_steps=(
+            total_cost / useful.steps * 1000 if has_steps and useful.steps else None
+        ),
+        unbilled_node_seconds=unbilled,
+        kept_step=kept,
+        unmeasured=unmeasured,
+        notes=notes,
+    )
+
+
+def _round_to_cents(parts: dict[str, Part], total: float) -> None:
+    """Whole cents per part that add up to the total's (largest remainder first)."""
+    exact = {name: max(0.0, p.cost) * 100 for name, p in parts.items()}
+    for name, value in exact.items():
+        parts[name].cents = int(value)
+    short = max(0, round(total * 100) - sum(p.cents for p in parts.values()))
+    for name in sorted(exact, key=lambda n: exact[n] - int(exact[n]), reverse=True)[:short]:
+        parts[name].cents += 1
+
+
+def _kept_step(telemetry: Telemetry) -> int | None:
+    """The useful horizon: the final model's step, or the newest complete checkpoint."""
+    known = [s for s in (*(telemetry.checkpoints or []), telemetry.final_step) if s is not None]
+    return max(known) if known else None
+
+
+def _unmeasured(telemetry: Telemetry, kept: int | None, notes: list[str]) -> list[str]:
+    if telemetry.steps is None:
+        notes.append("no per-step telemetry: only waiting is measured, the rest is unknown")
+        return list(STEP_PARTS)
+    out = []
+    if not any(m.ckpt_s for m in telemetry.steps):
+        out.append("checkpoint_stall")
+        notes.append("steps carry no ckpt_s: a save's stall is inside its step's time")
+    if kept is None:
+        notes.append("no checkpoint or final step known: every step not redone counts useful")
+    return out
+
+
+def _by_launch(steps: Iterable[StepMark], starts: list[float]) -> list[list[StepMark]]:
+    """The marks of each launch (by time), one per step (the earliest), in time order."""
+    out: list[dict[int, StepMark]] = [{} for _ in starts]
+    for mark in sorted(steps, key=lambda m: m.t):
+        k = max((i for i, s in enumerate(starts) if s <= mark.t), default=None)
+        if k is None:
+            continue
+        seen = out[k].get(mark.step)
+        if seen is None:
+            out[k][mark.step] = mark
+        elif mark.ckpt_s > seen.ckpt_s:  # node recovery: several replicas report a step
+            out[k][mark.step] = seen.model_copy(update={"ckpt_s": mark.ckpt_s})
+    return [sorted(d.values(), key=lambda m: m.t) for d in out]
+
+
+def _retrained(marks: list[list[StepMark]]) -> list[set[int]]:
+    """Per launch, the steps a later launch trained again."""
+    later: set[int] = set()
+    out: list[set[int]] = []
+    for launch in reversed(marks):
+        steps = {m.step for m in launch}
+        out.append(steps & later)
+        later |= steps
+    return out[::-1]
+
+
+def _step_part(step: int, retrained: set[int], kept: int | None) -> PartName:
+    if step in retrained:
+        return "redone"
+    return "useful" if kept is None or step <= kept else "unsaved"
+
+
+def _launch_stretches(
+    start: float,
+    end: float,
+    ended_by: str | None,
+    is_open: bool,
+    marks: list[StepMark],
+    retrained: set[int],
+    kept: int | None,
+    final: int | None,
+    parts: dict[str, Part],
+) -> list[Stretch]:
+    """One launch's wall time [start, end) cut into parts; counts the steps into `parts`.
+    A preempted launch's time after its last step is the step in flight (redone), unless that
+    step was the final one (`final`): then it is the final save and teardown (idle)."""
+    if not marks:
+        return [(start, end, "recovery")]
+    gaps = [b.t - a.t for a, b in itertools.pairwise(marks)]
+    first = max(start, marks[0].t - (statistics.median(gaps) if gaps else 0.0))
+    out: list[Stretch] = [(start, first, "recovery")]
+    prev = first
+    for mark in marks:
+        part = _step_part(mark.step, retrained, kept)
+        parts[part].steps += 1
+        stall = min(max(0.0, mark.ckpt_s), max(0.0, mark.t - prev))
+        out += [(prev, mark.t - stall, part), (mark.t - stall, mark.t, "checkpoint_stall")]
+        prev = mark.t
+    if is_open:
+        tail: PartName = "unsaved"  # the step being trained now
+    elif ended_by == "preemption" and (final is None or marks[-1].step < final):
+        tail = "redone"  # the step in flight when the nodes went
+    else:
+        tail = "idle"
+    out.append((prev, max(prev, end), tail))
+    return [s for s in out if s[1] > s[0]]
+
+
+def _active_nodes(record: RunRecord, opens: list[Event]) -> list[int]:
+    """Per segment (one per opening event): the nodes billed in it."""
+    missing, out = 0, []
+    for event in opens:
+        if event.kind in LAUNCHES:
+            missing = 0
+        elif event.kind == "node-lost":
+            missing = min(record.nodes - 1, missing + 1)
+        elif event.kind == "node-joined":
+            missing = max(0, missing - 1)
+        out.append(record.nodes - missing)
+    return out
+
+
+def _heal_windows(
+    record: RunRecord, opens: list[Event], segments: list[Segment]
+) -> dict[int, tuple[float, float]]:
+    """Per segment opened by a `node-joined`: the replacement's time until it healed."""
+    out: dict[int, tuple[float, float]] = {}
+    events = sorted(record.events, key=lambda e: e.time)
+    for event, seg in zip(opens, segments, strict=False):
+        if event.kind != "node-joined":
+            continue
+        healed = next(
+            (e.time for e in events
+             if e.kind == "node-healed" and e.time >= event.time and e.node == event.node),
+            seg.end,
+        )  # fmt: skip
+        out[seg.index] = (seg.start, min(healed, seg.end))
+    return out
+
+
+def _split_segment(
+    seg: Segment,
+    active: int,
+    stretches: list[Stretch],
+    heal: tuple[float, float] | None,
+    parts: dict[str, Part],
+) -> None:
+    """Add a segment's node-seconds and cost to the parts of the stretches it overlaps."""
+    length = seg.end - seg.start
+    if length <= 0:
+        return
+    per_node_s = (seg.cost or 0.0) / length / active  # dollars per node-second
+
+    def add(part: str, seconds: float, nodes: float) -> None:
+        parts[part].node_seconds += seconds * nodes
+        parts[part].cost += seconds * nodes * per_node_s
+
+    covered = 0.0
+    for a, b, part in stretches:
+        lo, hi = max(a, seg.start), min(b, seg.end)
+        if hi > lo:
+            add(part, hi - lo, active)
+            covered += hi - lo
+    if length - covered > 1e-9:
+        add("unknown", length - covered, active)
+    if heal is not None and heal[1] > heal[0]:  # one node waits: move it from where it was
+        moved = 0.0
+        for a, b, part in stretches:
+            lo, hi = max(a, heal[0]), min(b, heal[1])
+            if hi > lo:
+                add(part, lo - hi, 1)
+                add("waiting", hi - lo, 1)
+                moved += hi - lo
+        rest = heal[1] - heal[0] - moved
+        if rest > 1e-9:  # not covered by a stretch: it was in unknown
+            add("unknown", -rest, 1)
+            add("waiting", rest, 1)
+
+
+def _unbilled(record: RunRecord, segments: list[Segment], opens: list[Event], now: float) -> float:
+    """Node-seconds with nothing billed: gaps between launches (and after a preemption of a
+    run that is not over), and lost nodes until their replacement joined."""
+    total = 0.0
+    for a, b in itertools.pairwise(segments):
+        total += max(0.0, b.start - a.end) * record.nodes
+    last = segments[-1] if segments else None
+    if last and not last.open and last.ended_by == "preemption" and not record.finished:
+        total += max(0.0, now - segments[-1].end) * record.nodes
+    for seg, active in zip(segments, _active_nodes(record, opens), strict=False):
+        total += (record.nodes - active) * (seg.end - seg.start)
+    return total
