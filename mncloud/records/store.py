@@ -16,8 +16,11 @@ never reach a record: every string is scrubbed (`redact.py`) when it is written.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
+import functools
 import getpass
+import itertools
 import json
 import logging
 import os
@@ -178,12 +181,34 @@ def list_records(name: str | None = None) -> list[RunRecord]:
     if not root.is_dir():
         return []
     records = []
-    for path in root.glob(f"*/{RECORD_FILE}"):
-        if name is not None and not _id_of_name(name).match(path.parent.name):
-            continue
-        with contextlib.suppress(RecordError):
-            records.append(_load_file(path))
+    for folder in _folders_of(root, name):
+        path = root / folder / RECORD_FILE
+        if path.is_file():
+            with contextlib.suppress(RecordError):
+                records.append(_load_file(path))
     return sorted(records, key=lambda r: (r.created_at, r.run_id))
+
+
+def _folders_of(root: Path, name: str | None) -> Iterator[str]:
+    """The record folders (of run `name` only: `<name>-<stamp>-<hex>`, found by bisection)."""
+    folders = _record_folders(str(root), root.stat().st_mtime_ns)
+    if name is None:
+        yield from folders
+        return
+    of_name, prefix = _id_of_name(name), f"{name}-"
+    for folder in itertools.islice(folders, bisect.bisect_left(folders, prefix), None):
+        if not folder.startswith(prefix):
+            return
+        if of_name.match(folder):
+            yield folder
+
+
+@functools.lru_cache(maxsize=8)
+def _record_folders(root: str, mtime_ns: int) -> tuple[str, ...]:
+    """The record folders' names, listed once per change of the folder (a new record changes
+    its mtime): `status` and the web view ask for each run's records, one run at a time."""
+    del mtime_ns  # the cache key only
+    return tuple(sorted(os.listdir(root)))
 
 
 def list_bucket_records(uri: str) -> list[RunRecord]:
