@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from mncloud import constants, layout, records
 from mncloud.errors import RunNotFoundError
+from mncloud.export import ExportFormat
 from mncloud.records import Event, Redactor, RunRecord, store, telemetry
 from mncloud.request import build_spec
 from mncloud.spec import JobSpec, LaunchOptions, Recovery
@@ -674,7 +675,9 @@ def test_rerun_keeps_every_option(
     )
     # Node recovery needs torchrun, which this spec's launcher is not: set the field directly,
     # for the round trip through the record only.
-    spec = spec.model_copy(update={"recovery": Recovery.NODE, "export_on_finish": "torch"})
+    spec = spec.model_copy(
+        update={"recovery": Recovery.NODE, "export_on_finish": ExportFormat.TORCH}
+    )
     options = LaunchOptions(
         hours=5.5, max_cost=100.0, preemption_rate=0.2, learn=True, recovery_minutes=7.0,
         ckpt_seconds=45.0, template=repo / "task.yaml.j2", recovery_delay=0.5,
