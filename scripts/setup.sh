@@ -20,6 +20,18 @@ if ! command -v rsync >/dev/null 2>&1; then
   fi
 fi
 
+# The web view's browser tests (tests/test_ui.py) drive Debian's chromium with Playwright (its own
+# browser download is not used). Best effort: setup never fails for it, and says so.
+if ! command -v chromium >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 &&
+    { apt-get update -qq && apt-get install -y -qq chromium; } >/dev/null 2>&1; then
+    :
+  else
+    echo "note: chromium is missing and could not be installed (e.g. sudo apt-get install" \
+      "chromium); the browser tests of tests/test_ui.py will be skipped" >&2
+  fi
+fi
+
 PYTHON="${PYTHON:-python3}"
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 constraints=(-c "$LOCK")

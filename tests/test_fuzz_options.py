@@ -147,6 +147,8 @@ SCENARIOS: dict[str, tuple[list[str], int]] = {
     "ckpt pull": (["ckpt", "pull", "{ckpts}", "1", "pulled"], 8),
     "ckpt rm": (["ckpt", "rm", "{ckpts}", "1"], 8),
     "export": (["export", "{ckpts}", "1", "--out", "exported"], 10),
+    # --check: the options checked and the app built, no server started.
+    "ui": (["ui", "--check"], 15),
 }
 #: Exit codes a command documents besides 0 and 2 (`doctor`: a check failed).
 OTHER_CODES = {"doctor": {1}}

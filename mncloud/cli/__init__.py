@@ -27,6 +27,7 @@ from mncloud.cli import plan as plan_cli
 from mncloud.cli import render as render_cli
 from mncloud.cli import replay as replay_cli
 from mncloud.cli import runs as runs_cli
+from mncloud.cli import ui as ui_cli
 from mncloud.cli import up as up_cli
 from mncloud.cli._common import one_line
 from mncloud.cli.params import use_panels
@@ -113,6 +114,7 @@ runs_cli.register(app)
 control_cli.register(app)
 replay_cli.register(app)
 export_cli.register(app)
+ui_cli.register(app)
 app.add_typer(ckpt_cli.app, name="ckpt", help="List, verify, pull and remove checkpoints.")
 app.add_typer(chaos_cli.app, name="chaos", help="Preempt nodes or cut storage (local runs).")
 use_panels(app)  # last: every command registered above lists its options in help panels
