@@ -221,6 +221,11 @@ def test_a_local_run_preempted_once() -> None:
     assert GoodputLedger.model_validate(shown) == ledger
     status = json.loads(cli("status", "gp", "--json").output)[0]
     assert status["goodput"] == pytest.approx(ledger.goodput)
+    from mncloud.cli.follow import goodput_line  # the demo's summary line
+
+    line = goodput_line("gp") or ""
+    assert line.startswith(f"goodput {ledger.goodput:.0%} of ")
+    assert line.endswith(f"mncloud runs cost {record.run_id} --breakdown")
 
 
 def _steps_with_times(name: str) -> list[tuple[int, float]]:

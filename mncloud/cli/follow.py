@@ -132,6 +132,31 @@ def node_recovery_line(fig: RecoveryFigures) -> str:
     )
 
 
+def goodput_line(name: str) -> str | None:
+    """Where the run's node-seconds went, in one line (`runs cost ID --breakdown` in full)."""
+    from mncloud import records
+    from mncloud.errors import MncloudError
+    from mncloud.operate import run_goodput
+
+    try:
+        record = records.load_current(name)
+        ledger = run_goodput(record)
+    except MncloudError:
+        return None
+    if ledger.goodput is None or ledger.total_node_seconds <= 0:
+        return None
+    shares = sorted(
+        ((part.node_seconds / ledger.total_node_seconds, key) for key, part in
+         ledger.parts.items() if key != "useful" and part.node_seconds > 0),
+        reverse=True,
+    )  # fmt: skip
+    rest = ", ".join(f"{key.replace('_', ' ')} {share:.0%}" for share, key in shares[:3])
+    return (
+        f"goodput {ledger.goodput:.0%} of {ledger.total_node_seconds:,.0f} node-seconds "
+        f"({rest}): mncloud runs cost {record.run_id} --breakdown"
+    )
+
+
 def _summary(backend: LocalBackend, name: str) -> None:
     progress = backend.progress(name, summary=True)
     console.rule(f"[bold]{name}[/]: summary")
@@ -140,6 +165,9 @@ def _summary(backend: LocalBackend, name: str) -> None:
     sha = (fig.final or {}).get("weights_sha256") if fig else None
     if fig and fig.node_losses:
         console.print(node_recovery_line(fig))
+    goodput = goodput_line(name)
+    if goodput:
+        console.print(goodput)
     if not sha or not fig or fig.restarts == 0:
         if sha:
             console.print("no restart happened: nothing to compare with a reference run")
