@@ -145,9 +145,10 @@ def goodput_line(name: str) -> str | None:
         return None
     if ledger.goodput is None or ledger.total_node_seconds <= 0:
         return None
+    total = ledger.total_node_seconds
     shares = sorted(
-        ((part.node_seconds / ledger.total_node_seconds, key) for key, part in
-         ledger.parts.items() if key != "useful" and part.node_seconds > 0),
+        ((part.node_seconds / total, key) for key, part in ledger.parts.items()
+         if key != "useful" and part.node_seconds >= total / 200),  # 0.5 % or more
         reverse=True,
     )  # fmt: skip
     rest = ", ".join(f"{key.replace('_', ' ')} {share:.0%}" for share, key in shares[:3])
