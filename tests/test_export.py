@@ -25,6 +25,7 @@ from mncloud.records import load_current
 from mncloud.storage import CheckpointStore, open_bucket
 from mncloud.storage.checkpoints import COMPLETE, sha256_file, step_dir
 from mncloud.train import CheckpointManager
+from tests.test_local import cli as succeeded
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "train_ddp.py"
@@ -47,10 +48,7 @@ def run_cli(*args: str) -> Any:
     return runner.invoke(app, list(args))
 
 
-def ok(*args: str) -> Any:
-    result = run_cli(*args)
-    assert result.exit_code == 0, f"mncloud {' '.join(args)}: {result.output}"
-    return result
+ok = succeeded  # tests/test_local.py's: `mncloud ARGS`, asserted to exit 0
 
 
 def restored(uri: str, step: int | None = None) -> dict[str, torch.Tensor]:

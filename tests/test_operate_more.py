@@ -22,6 +22,7 @@ from typer.testing import CliRunner
 
 from mncloud import layout
 from mncloud.backends.local.state import LOG_MARKS, RUN_LOG, load_state, read_jsonl
+from tests.test_local import cli as succeeded
 
 pytestmark = pytest.mark.catalog
 runner = CliRunner()
@@ -33,10 +34,7 @@ def cli(*args: str) -> Any:
     return runner.invoke(app, list(args))
 
 
-def ok(*args: str) -> Any:
-    result = cli(*args)
-    assert result.exit_code == 0, f"mncloud {' '.join(args)}: {result.output}"
-    return result
+ok = succeeded  # tests/test_local.py's: `mncloud ARGS`, asserted to exit 0
 
 
 def one_line_error(result: Any, *needles: str) -> str:
