@@ -80,26 +80,32 @@ def load_trace(path: str | Path) -> Trace:
         raise SpecError(first_error(err, f"trace {path}")) from None
 
 
-def window_starts(trace: Trace, job: Job, every_s: float | None, start_s: float = 0) -> list[int]:
-    """Start ticks of the windows to replay: one at `start_s`, or one every `every_s`.
+def window_starts(
+    trace: Trace,
+    job: Job,
+    every_s: float | None,
+    start_s: float = 0,
+    length: int | None = None,
+) -> list[int]:
+    """Start ticks of the windows to replay: one at `start_s`, or one every `every_s`, within
+    the trace's first `length` ticks (all of them by default: traces cut to a common span).
 
     A window needs `deadline_ticks` ticks of trace; SpecError when none fits.
     """
-    n = len(trace.data)
+    n = len(trace.data) if length is None else length
+    hours = n * trace.gap / 3600
     first = ticks_floor(start_s, trace.gap)
     if every_s is not None:
         step = ticks_floor(every_s, trace.gap)
         if every_s <= 0 or step < 1:
             raise SpecError(f"--every {every_s / 3600:g} h: it must be at least one tick")
         if step > n:
-            raise SpecError(
-                f"--every {every_s / 3600:g} h is longer than the trace ({trace.hours:g} h)"
-            )
+            raise SpecError(f"--every {every_s / 3600:g} h is longer than the trace ({hours:g} h)")
     if first + job.deadline_ticks > n:
         raise SpecError(
             f"a window from {start_s / 3600:g} h to the deadline "
             f"({job.hours(job.deadline_ticks):g} h later) does not fit in the trace "
-            f"({trace.hours:g} h)"
+            f"({hours:g} h)"
         )
     if every_s is None:
         return [first]
