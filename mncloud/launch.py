@@ -150,8 +150,12 @@ def launch(
         from mncloud.storage import prepare_bucket
 
         choice = prepared.plan.choice
-        _state, warning = prepare_bucket(spec.bucket, choice.cloud, choice.region, notify)
+        state, warning = prepare_bucket(spec.bucket, choice.cloud, choice.region, notify)
         if warning:
+            from mncloud.storage import egress_warning
+
+            size = newest_checkpoint_gb(spec.ckpt_uri)  # the warning names a launch's $
+            warning = egress_warning(state, choice.cloud, choice.region, size) or warning
             notify(f"warning: {warning}")
         _clear_leftover_stop(spec)
     if run_id is not None:
@@ -243,3 +247,17 @@ def _set_checkpoints_aside(spec: JobSpec) -> None:
             f"run would resume from; mncloud never deletes them: remove them with `mncloud ckpt "
             f"rm {uri} STEP`, or pick another --name"
         )
+
+
+def newest_checkpoint_gb(ckpt_uri: str | None) -> float | None:
+    """GB of the newest complete checkpoint under `ckpt_uri` (what a launch elsewhere reads
+    from the bucket), or None when there is none or the bucket cannot be listed now."""
+    from mncloud.storage import CheckpointStore
+
+    if not ckpt_uri:
+        return None
+    try:
+        steps = [s for s in CheckpointStore(ckpt_uri, retry_seconds=2.0).steps() if s.complete]
+    except Exception:  # best effort: only a warning's figure depends on it
+        return None
+    return steps[-1].size / 1e9 if steps else None

@@ -65,6 +65,10 @@ class DeadlineStatus(BaseModel):
     """Where the controller runs (a pid here, or a SkyPilot job)."""
     reason: str = ""
     """The newest decision's reason."""
+    place: str | None = None
+    """Across places: where the live launch runs."""
+    place_costs: dict[str, float] = Field(default_factory=dict)
+    """Across places: USD so far by place."""
 
 
 class RunStatus(BaseModel):

@@ -134,7 +134,7 @@ def _control(name: str, state_uri: str | None, workdir: Path | None) -> None:
         state.controller = f"this machine, pid {state.pid}"
         if state.resumes:
             state.controller += f" (restarted {state.resumes}×)"
-    controller = control.Controller(state, _market(state))
+    controller = _controller(state)
     signal.signal(signal.SIGTERM, lambda *_: controller.request_stop())
     if control.stop_requested(name) is not None:  # `down` came while no controller ran
         controller.request_stop()
@@ -150,6 +150,17 @@ def _control(name: str, state_uri: str | None, workdir: Path | None) -> None:
         )
         raise typer.Exit(code=CRASHED) from None
     console.print(f"{name}: {final.phase}; {final.detail}", highlight=False)
+
+
+def _controller(state: ControlState) -> Any:
+    """The controller of the run: across places when its config has several."""
+    from mncloud import control
+
+    if state.config.places:
+        from mncloud.control.places import PlacesController, places_market
+
+        return PlacesController(state, places_market(state))
+    return control.Controller(state, _market(state))
 
 
 def _market(state: ControlState) -> Any:
@@ -182,7 +193,8 @@ def start_deadline_run(
     *,
     deadline_s: float,
     numbers: DeadlineOptions,
-    spot_trace: Path | None,
+    spot_prices: list[float],
+    spot_traces: list[Path],
     hours_given: bool,
     existing: str,
     dryrun: bool,
@@ -196,9 +208,9 @@ def start_deadline_run(
         options,
         deadline_s=deadline_s,
         hours_given=hours_given,
-        spot_trace=spot_trace,
+        spot_trace=spot_traces,
         existing=existing,
-        **numbers.model_dump(),
+        **{**numbers.model_dump(), "spot_price": spot_prices or None},
     )
     if not dryrun:
         state = start(state)
@@ -214,6 +226,9 @@ def start_deadline_run(
         f" per node-hour{budget}{scale}",
         highlight=False,
     )
+    if cfg.places:
+        where = ", ".join(f"{p.name} (spot ${p.spot_price:g})" for p in cfg.places)
+        console.print(f"spot in any of {where}; on-demand in {cfg.places[0].name}", highlight=False)
     if dryrun:
         console.print("dry run: the request is valid; no controller started", highlight=False)
         return

@@ -203,6 +203,9 @@ def _deadline_table(statuses: list[RunStatus]) -> None:
         assert d is not None
         split = f"spot ${d.spot_cost:,.2f} + on-demand ${d.on_demand_cost:,.2f}"
         line = f"{split}; {d.switches} switch(es), {d.preemptions} preemption(s); {d.controller}"
+        if d.place_costs:  # across places: where the money went, and where it runs now
+            by_place = ", ".join(f"{name} ${cost:,.2f}" for name, cost in d.place_costs.items())
+            line += f"; by place: {by_place}" + (f"; now in {d.place}" if d.place else "")
         console.print(Text(f"{s.name}: ", style="bold") + Text(line, style="dim"))
 
 

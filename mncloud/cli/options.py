@@ -386,12 +386,13 @@ Budget = Annotated[
     ),
 ]
 SpotTrace = Annotated[
-    Path | None,
+    list[Path] | None,
     typer.Option(
         "--spot-trace",
         rich_help_panel=LOCAL_PANEL,
         help="Local rehearsal: spot capacity follows this trace "
-        '({"metadata": {"gap_seconds": N}, "data": [nodes per tick]}).',
+        '({"metadata": {"gap_seconds": N}, "data": [nodes per tick]}); repeatable: one '
+        "place per trace, named by its file name.",
     ),
 ]
 TimeScale = Annotated[
@@ -404,11 +405,12 @@ TimeScale = Annotated[
     ),
 ]
 SpotPrice = Annotated[
-    float | None,
+    list[float] | None,
     typer.Option(
         "--spot-price",
         rich_help_panel=DEADLINE_PANEL,
-        help="With --deadline: USD per node-hour on spot (local: 0.918; clouds: the plan's).",
+        help="With --deadline: USD per node-hour on spot (local: 0.918; clouds: the plan's); "
+        "once, or once per place.",
     ),
 ]
 OnDemandPrice = Annotated[

@@ -96,7 +96,7 @@ _DEADLINE_ONLY = ("budget", "spot_trace", "time_scale", "spot_price", "on_demand
 
 
 def _deadline_only(values: dict[str, Any]) -> bool:
-    return any(values.get(name) is not None for name in _DEADLINE_ONLY)
+    return any(values.get(name) not in (None, []) for name in _DEADLINE_ONLY)
 
 
 def _default_name(existing: Existing, notices: list[str]) -> Callable[[str], str]:
@@ -127,7 +127,10 @@ def _up_deadline(values: dict[str, Any], existing: Existing) -> None:
         raise opts.SpecError("--budget, --spot-trace, --time-scale and the prices need --deadline")
     deadline_s = opts.deadline_seconds(values["deadline"])
     assert deadline_s is not None
-    numbers = opts.deadline_options(values)
+    prices = list(values["spot_price"] or [])
+    for price in prices:  # each checked as one would be
+        opts.deadline_options({"spot_price": price})
+    numbers = opts.deadline_options({**values, "spot_price": None})
     source = values["ctx"].get_parameter_source("hours")
     notices: list[str] = []
     spec = _spec(values, existing, notices)
@@ -138,7 +141,8 @@ def _up_deadline(values: dict[str, Any], existing: Existing) -> None:
         launch_options,
         deadline_s=deadline_s,
         numbers=numbers,
-        spot_trace=values["spot_trace"],
+        spot_prices=prices,
+        spot_traces=list(values["spot_trace"] or []),
         hours_given=source is not None and source.name != "DEFAULT",
         existing=existing.value,
         dryrun=values["dryrun"],

@@ -50,6 +50,7 @@ from mncloud.policy import Mode, Observation, Slack, make_policy
 if TYPE_CHECKING:
     from mncloud.backends.base import Backend, RunStatus
     from mncloud.launch import Launched
+    from mncloud.spec import JobSpec
 
 log = logging.getLogger(__name__)
 
@@ -142,6 +143,19 @@ class Controller:
         tick = self.tick_at(now)
         if tick <= st.last_tick:
             return
+        spot_here, spot_now = self._learn(tick, status, now)
+        if st.mode is Mode.SPOT and (not spot_here or self._held_after_loss(status)):
+            self._preempted(tick)
+        elif st.mode is Mode.NONE and st.market is Mode.SPOT and spot_here:
+            st.mode, st.entered_tick = Mode.SPOT, tick  # the queued spot job got its VMs
+        # Only a cluster the backend reports RUNNING does work: a managed job still PENDING
+        # for VMs (SkyPilot looks for capacity for a while) makes no progress.
+        running = status is not None and status.state is RunState.RUNNING
+        self._decide(tick, spot_now, now, running=running)
+
+    def _learn(self, tick: int, status: RunStatus | None, now: float) -> tuple[bool, bool]:
+        """Spot capacity up to `tick`: (there for the live launch, there at all)."""
+        st = self.state
         while len(st.history) <= tick:
             st.history.append(self.market.spot_at(st, len(st.history), status, now))
         spot_now = st.history[tick]
@@ -149,14 +163,23 @@ class Controller:
             st.spot_missing_since = st.spot_missing_since or now
         elif st.market is Mode.SPOT:
             st.spot_missing_since = None
-        if st.mode is Mode.SPOT and (not spot_now or self._held_after_loss(status)):
-            self._preempted(tick)
-        elif st.mode is Mode.NONE and st.market is Mode.SPOT and spot_now:
-            st.mode, st.entered_tick = Mode.SPOT, tick  # the queued spot job got its VMs
-        # Only a cluster the backend reports RUNNING does work: a managed job still PENDING
-        # for VMs (SkyPilot looks for capacity for a while) makes no progress.
-        running = status is not None and status.state is RunState.RUNNING
-        self._decide(tick, spot_now, now, running=running)
+        return spot_now, spot_now
+
+    def _choose(self, obs: Observation) -> Mode:
+        """The policy's answer (`control/places.py` also picks a place)."""
+        return self.policy.decide(obs)
+
+    def _place_of(self, choice: Mode) -> int | None:
+        """Across places: where `choice` runs (None: one place)."""
+        return None
+
+    def _price(self, mode: Mode, place: int | None = None) -> float:
+        """USD per hour (run time) of the whole run in `mode` (at `place`, across places)."""
+        return self.state.config.price(mode)
+
+    def _pinned(self, spec: JobSpec, mode: Mode) -> JobSpec:
+        """The spec a launch in `mode` runs (across places: pinned to the place)."""
+        return spec
 
     def _decide(self, tick: int, spot_now: bool, now: float, *, running: bool) -> None:
         st, job = self.state, self.job
@@ -169,14 +192,15 @@ class Controller:
         if tick >= job.deadline_ticks:
             choice, reason = Mode.ON_DEMAND, "past the deadline: finishing on on-demand"
         else:
-            choice = self.policy.decide(obs)
+            choice = self._choose(obs)
             reason = _reason(choice, obs, slack, job.gap_seconds)
         st.work_hours, st.hours_left = work * job.gap_seconds / 3600, slack.time_left * job.hours(1)
         st.slack_hours = slack.slack * job.hours(1)
         self._refresh_costs()
         budget = st.config.budget
         spent = st.cost + st.spent_before
-        if budget is not None and spent + job.tick_cost(choice) + self._stop_cost() > budget:
+        tick_cost = self._price(choice, self._place_of(choice)) * job.hours(1)
+        if budget is not None and spent + tick_cost + self._stop_cost() > budget:
             self._stop(
                 f"budget ${budget:,.2f}: ${spent:,.2f} spent and the next "
                 f"{job.hours(1) * 60:g} min {choice.value} would cross it",
@@ -213,9 +237,8 @@ class Controller:
             st.mode, st.entered_tick, st.phase = Mode.SPOT, tick, "spot"
             return
         # Journal first: a controller that dies from here on finishes this launch, once.
-        st.launching = Launching(
-            mode=choice, tick=tick, reason=reason, at=self.clock.time(), decision=decision
-        )
+        st.launching = Launching(mode=choice, tick=tick, reason=reason, at=self.clock.time(),
+                                 decision=decision, place=self._place_of(choice))  # fmt: skip
         save_state(st)
         if st.market is not Mode.NONE:
             self._take_down(f"switching to {choice.value}: {reason}")
@@ -234,7 +257,7 @@ class Controller:
         update: dict[str, Any] = {}
         if cfg.backend == "local":
             # The ledger bills wall time; a rehearsal's $/h is per hour of run time.
-            update["hourly_price"] = cfg.price(mode) * cfg.time_scale
+            update["hourly_price"] = self._price(mode) * cfg.time_scale
             if mode is Mode.SPOT and spec.recovery is not Recovery.NODE:
                 # The gang waits for the controller; under node recovery a lost node is
                 # replaced after the modeled provisioning while the others train on.
@@ -242,6 +265,7 @@ class Controller:
         options = LaunchOptions.model_validate(st.options).model_copy(update=update)
         first = not st.run_ids and not again
         existing = Existing(st.existing) if first else Existing.RESUME
+        spec = self._pinned(spec, mode)
         launched = self.launcher(
             spec, options, existing=existing, approve=lambda _plan: True, notify=log.info
         )
@@ -272,7 +296,7 @@ class Controller:
         switched = st.last_launch is not None and st.last_launch is not mode
         st.switches += switched
         if placement.get("hourly_price") is None:
-            placement["hourly_price"] = cfg.price(mode) * cfg.time_scale
+            placement["hourly_price"] = self._price(mode) * cfg.time_scale
         from mncloud.control.recovery import has_launch_event
 
         if not has_launch_event(run_id):
@@ -310,7 +334,7 @@ class Controller:
         longer than the budget pays for in the live market."""
         cfg = self.state.config
         notice = min(STOP_NOTICE_S, max(MIN_NOTICE_S, cfg.gap_s / cfg.time_scale))
-        hourly = cfg.price(self.state.market) * cfg.time_scale  # USD per wall hour
+        hourly = self._price(self.state.market, self.state.place) * cfg.time_scale  # per wall h
         if budget_left is not None and hourly > 0:
             notice = min(notice, max(0.0, budget_left) / hourly * 3600)
         return notice
@@ -318,7 +342,8 @@ class Controller:
     def _stop_cost(self) -> float:
         """What a stop's notice costs in the live market (kept inside the budget)."""
         cfg = self.state.config
-        return cfg.price(self.state.market) * cfg.time_scale * self.stop_notice_s() / 3600
+        hourly = self._price(self.state.market, self.state.place)
+        return hourly * cfg.time_scale * self.stop_notice_s() / 3600
 
     def _held_after_loss(self, status: RunStatus | None) -> bool:
         """A local spot launch that lost a node the trace did not take (a kill, a crash of the

@@ -26,13 +26,16 @@ import contextlib
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mncloud import layout
+from mncloud.control.placing import cloud_places, home_on_demand_price, local_places, per_place
 from mncloud.control.state import (
     ControlConfig,
     ControlState,
+    PlaceConfig,
     clear_stop_request,
     controller_running,
     load_state,
@@ -69,22 +72,32 @@ def deadline_state(
     deadline_s: float,
     hours_given: bool,
     budget: float | None = None,
-    spot_trace: Path | None = None,
+    spot_trace: Path | Sequence[Path] | None = None,
     time_scale: float | None = None,
-    spot_price: float | None = None,
+    spot_price: float | Sequence[float] | None = None,
     on_demand_price: float | None = None,
     existing: str = "refuse",
     policy: str = DEFAULT_POLICY,
 ) -> ControlState:
-    """The controller's first state for `up --deadline`; SpecError on bad input."""
-    _check_flags(spec, hours_given=hours_given, spot_trace=spot_trace, time_scale=time_scale)
+    """The controller's first state for `up --deadline`; SpecError on bad input.
+
+    Several traces (local), or several `--region` / `--cloud` choices (clouds), are several
+    places (`control/placing.py`); `spot_price` is then given once or once per place."""
+    traces, prices = _listed(spot_trace), [float(p) for p in _listed(spot_price)]
+    first_trace = traces[0] if traces else None
+    _check_flags(spec, hours_given=hours_given, spot_trace=first_trace, time_scale=time_scale)
     gap, trace = DECISION_INTERVAL_S, None
-    if spot_trace is not None:
+    places, places_gap, home_od = _places(spec, traces, prices, on_demand_price)
+    if len(traces) == 1:
         from mncloud.replay import load_trace
 
-        gap, trace = load_trace(spot_trace).gap, str(Path(spot_trace).resolve())
+        gap, trace = load_trace(traces[0]).gap, str(Path(traces[0]).resolve())
+    gap = places_gap or gap
+    if not places and len(prices) > 1:
+        per_place(prices, 1, "one place")  # SpecError: one price per place, but one place
+    home_spot = places[0].spot_price if places else (prices[0] if prices else None)
     spot_price, on_demand_price = _prices(
-        spec, options, (spot_price, on_demand_price), deadline_s, budget
+        spec, options, (home_spot, on_demand_price or home_od), deadline_s, budget
     )
     minutes = options.recovery_minutes
     ckpt = spec.ckpt_uri
@@ -102,6 +115,7 @@ def deadline_state(
         trace=trace,
         policy=policy,
         state_uri=layout.control_state_uri(ckpt) if ckpt and not spec.is_local else None,
+        places=places,
     )
     config.job()  # SpecError when the deadline cannot be met
     state = ControlState(
@@ -119,6 +133,34 @@ def deadline_state(
                 f"(${state.spent_before:,.2f}); raise it or drop --budget"
             )
     return state
+
+
+def _listed(value: Any) -> list[Any]:
+    """One value, several, or none, as a list."""
+    if value is None:
+        return []
+    if isinstance(value, (str, Path, int, float)):
+        return [value]
+    return list(value)
+
+
+def _places(
+    spec: JobSpec,
+    traces: list[Path],
+    prices: list[float],
+    on_demand_price: float | None,
+) -> tuple[tuple[PlaceConfig, ...], int | None, float | None]:
+    """Several places (`control/placing.py`), their common gap (local) and the home place's
+    on-demand price (clouds, when not given); ((), None, None) for one place."""
+    if len(traces) > 1:
+        places, gap = local_places(traces, prices, LOCAL_SPOT_PRICE)
+        return places, gap, None
+    if spec.is_local:
+        return (), None, None
+    places = cloud_places(spec, prices)
+    if not places or on_demand_price is not None:
+        return places, None, None
+    return places, None, home_on_demand_price(spec, places[0])
 
 
 def _check_flags(

@@ -42,6 +42,24 @@ LOCK_FILE = "controller.lock"
 STOP_FILE = "stop.json"
 
 
+class PlaceConfig(BaseModel):
+    """A place spot can run in (`up --deadline` with several `--region`/`--cloud` choices, or
+    several `--spot-trace`s locally): where it is and what a launch there costs."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    """The region, the cloud, or locally the trace's stem."""
+    cloud: str | None = None
+    region: str | None = None
+    spot_price: float = Field(ge=0)
+    """USD per node-hour on spot here."""
+    launch_cost: float = Field(0.0, ge=0)
+    """USD per launch here: the checkpoint's egress from the bucket (0 beside it)."""
+    trace: str | None = None
+    """Local rehearsal: the spot trace this place's capacity follows."""
+
+
 class ControlConfig(BaseModel):
     """A deadline run's constants. Durations are *run time*: wall time × `time_scale`."""
 
@@ -74,6 +92,9 @@ class ControlConfig(BaseModel):
     """Clouds: spot is tried again this long after it was last seen missing."""
     state_uri: str | None = None
     """Where the state is mirrored beside the checkpoints (runs with a bucket)."""
+    places: tuple[PlaceConfig, ...] = ()
+    """Two or more: spot in any of them (`control/places.py`); on-demand in the first, the
+    home place. None: one place, as `spot_price` and `trace` say."""
 
     def job(self) -> Job:
         """The policy's view of the job (SpecError when the deadline cannot be met)."""
@@ -103,6 +124,8 @@ class Decision(BaseModel):
     work_hours: float
     slack_hours: float
     reason: str = ""
+    place: str | None = None
+    """Across places: where the choice runs (spot's place, or on-demand's home)."""
 
 
 class Launching(BaseModel):
@@ -114,6 +137,8 @@ class Launching(BaseModel):
     at: float
     """Wall time the launch began: a run record of the name from then on is this launch's."""
     decision: Decision
+    place: int | None = None
+    """Across places: the index of the place launched in."""
 
 
 class ControlState(BaseModel):
@@ -161,6 +186,8 @@ class ControlState(BaseModel):
     spot_cost: float = 0.0
     on_demand_cost: float = 0.0
     switches: int = 0
+    moves: int = 0
+    """Across places: spot launches in another place than the spot launch before."""
     preemptions: int = 0
     spot_missing_since: float | None = None
     """Clouds: wall time spot was last seen missing (it is probed again later)."""
@@ -176,6 +203,16 @@ class ControlState(BaseModel):
     """Journal: the live launch is being taken down, for this reason."""
     launching: Launching | None = None
     """Journal: a decision's launch is under way."""
+    place: int | None = None
+    """Across places: the place of the live launch (an index into `config.places`)."""
+    place_history: list[list[bool]] = Field(default_factory=list)
+    """Across places: spot capacity per tick, per place (`history` is spot anywhere)."""
+    place_missing_since: list[float | None] = Field(default_factory=list)
+    """Clouds, across places: per place, wall time spot was last seen missing there."""
+    run_places: dict[str, str] = Field(default_factory=dict)
+    """Across places: the place of each launch's run record."""
+    place_costs: dict[str, float] = Field(default_factory=dict)
+    """Across places: USD so far by place (the ledgers of its launches)."""
     stop_requested: bool = False
     updated_at: float = 0.0
 
@@ -210,6 +247,8 @@ class ControlState(BaseModel):
             preemptions=self.preemptions,
             controller=self.controller,
             reason=self.decisions[-1].reason if self.decisions else self.detail,
+            place=cfg.places[self.place].name if cfg.places and self.place is not None else None,
+            place_costs={k: round(v, 4) for k, v in self.place_costs.items()},
         )
 
 

@@ -25,11 +25,12 @@ from mncloud.storage.buckets import (
     write_atomic,
 )
 from mncloud.storage.checkpoints import CheckpointStore, Manifest
-from mncloud.storage.prepare import prepare_bucket
+from mncloud.storage.prepare import BucketState, egress_usd_per_gb, egress_warning, prepare_bucket
 from mncloud.storage.url import BucketURL, BucketURLError, join_key
 
 __all__ = [
     "Bucket",
+    "BucketState",
     "BucketURL",
     "BucketURLError",
     "CheckpointStore",
@@ -39,6 +40,8 @@ __all__ = [
     "ObjectNotFoundError",
     "atomic_path",
     "delete_prefix",
+    "egress_usd_per_gb",
+    "egress_warning",
     "join_key",
     "open_bucket",
     "prepare_bucket",

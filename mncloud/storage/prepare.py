@@ -87,23 +87,57 @@ def creation_region(url: BucketURL | str, cloud: str | None, region: str | None)
     return s3.default_region() if url.scheme == "s3" else "us"
 
 
-def egress_warning(state: BucketState, cloud: str | None, region: str | None) -> str | None:
-    """One line when the bucket is on another cloud or in another region than the cluster."""
+#: USD per GB between two regions of one cloud. SkyPilot prices only internet egress
+#: (`Cloud.get_egress_cost`: what leaves a cloud); AWS and GCP list inter-region transfer at
+#: $0.01–0.02/GB within a continent (more across continents): this is the upper of those.
+INTER_REGION_USD_PER_GB = 0.02
+
+
+def egress_usd_per_gb(state: BucketState, cloud: str | None, region: str | None) -> float:
+    """USD per GB a cluster in `cloud`/`region` pays to read the bucket: 0 beside it (or
+    unknown); across clouds, SkyPilot's internet-egress price of the bucket's cloud."""
+    if state.cloud is None or cloud is None:
+        return 0.0
+    if state.cloud != cloud.lower():
+        from sky.utils import registry
+
+        from mncloud.catalog_index import quiet_sky
+
+        with quiet_sky():
+            registered = registry.CLOUD_REGISTRY.from_str(state.cloud)
+            # per GB over 100 GB: SkyPilot's tiers give the first GB free
+            return float(registered.get_egress_cost(100.0)) / 100 if registered else 0.0
+    if region is None or state.region is None or _same_location(state.region, region.lower()):
+        return 0.0
+    return INTER_REGION_USD_PER_GB
+
+
+def egress_warning(
+    state: BucketState, cloud: str | None, region: str | None, gigabytes: float | None = None
+) -> str | None:
+    """One line when the bucket is on another cloud or in another region than the cluster,
+    naming the price per GB and, given the checkpoint's size, what a launch there costs."""
     if state.cloud is None or cloud is None:
         return None
     cloud = cloud.lower()
     where = f"{cloud} {region}" if region else cloud
+    rate = egress_usd_per_gb(state, cloud, region)
+    cost = f" (${rate:.2f}/GB" + (
+        f": ${rate * gigabytes:,.2f} per launch for the newest checkpoint, {gigabytes:,.1f} GB)"
+        if gigabytes
+        else ")"
+    )
     if state.cloud != cloud:
         return (
             f"bucket {state.url} is on {state.cloud} ({state.region or 'unknown region'}) but "
             f"the cluster runs on {where}: every checkpoint crosses clouds and is billed as "
-            "egress; use a bucket on the cluster's cloud to avoid it"
+            f"egress{cost}; use a bucket on the cluster's cloud to avoid it"
         )
-    if region is None or state.region is None or _same_location(state.region, region.lower()):
+    if rate == 0.0:
         return None
     return (
         f"bucket {state.url} is in {state.region} but the cluster runs in {region}: "
-        "cross-region transfer is billed per GB; use a bucket in the cluster's region"
+        f"cross-region transfer is billed per GB{cost}; use a bucket in the cluster's region"
     )
 
 
