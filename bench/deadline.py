@@ -7,8 +7,8 @@ starting every 24 h that fits in the trace, restart overhead 10 min, p3.2xlarge 
 (`mncloud.replay.optimum`, an exact dynamic program over the same tick model) and replays each
 policy (`mncloud.policy.POLICIES`). It prints, per scenario group (trace × N × deadline
 factor), the mean cost relative to all on-demand and to the optimum, and deadlines missed; then
-the totals and the checks: no deadline missed, ours never worse than greedy in any group, mean
-≤ 1.05× the optimum.
+the totals and the checks: no deadline missed, ours never worse than greedy by more than 0.01
+of the optimum in any group (issue #27's hedge), mean ≤ 1.05× the optimum.
 
     .venv/bin/python bench/deadline.py [--workers 2] [--max-windows K] [--overhead-min 10]
 """
@@ -34,6 +34,7 @@ FACTORS = (1.5, 2.0, 2.5, 3.0)
 EVERY_H = 24
 SPOT, ON_DEMAND = 0.918, 3.06
 GOAL = 1.05
+GREEDY_MARGIN = 0.01  #: ours may be worse than greedy by at most this (of the optimum) per group
 
 Case = tuple[str, int, float, float, float, int]  # trace, nodes, work h, factor, overhead s, max
 
@@ -174,22 +175,24 @@ def _checks(groups: dict, policies: list[str]) -> bool:
     all_ours = [x for by in groups.values() for x in by[ours]]
     mean = statistics.fmean(x[1] for x in all_ours)
     missed = sum(not x[2] for x in all_ours)
-    worse = [
-        g
+    margins = {
+        g: statistics.fmean(x[1] for x in by[ours]) - statistics.fmean(x[1] for x in by["greedy"])
         for g, by in groups.items()
-        if statistics.fmean(x[1] for x in by[ours])
-        > statistics.fmean(x[1] for x in by["greedy"]) + 1e-9
-    ]
+    }
+    worse = [g for g, m in margins.items() if m > 1e-9]
+    over = {g: m for g, m in margins.items() if m > GREEDY_MARGIN}
     print(
         f"\n{ours}: mean {mean:.3f}× the optimum (goal ≤ {GOAL}): "
         f"{'met' if mean <= GOAL else 'NOT met'}"
     )
     print(f"{ours}: deadlines missed: {missed}")
     print(
-        f"{ours}: groups worse than greedy: {len(worse)} of {len(groups)}"
-        + "".join(f"\n  {g[0]} N={g[1]} {g[2]:g}x" for g in worse)
+        f"{ours}: worst margin over greedy {max(margins.values()):+.4f} of the optimum (goal ≤ "
+        f"{GREEDY_MARGIN}): {'met' if not over else 'NOT met'}; groups worse than greedy at all: "
+        f"{len(worse)} of {len(groups)}"
+        + "".join(f"\n  {g[0]} N={g[1]} {g[2]:g}x {margins[g]:+.4f}" for g in worse)
     )
-    return mean <= GOAL and not missed and not worse
+    return mean <= GOAL and not missed and not over
 
 
 if __name__ == "__main__":
