@@ -8,25 +8,30 @@ multi-document YAML that SkyPilot's jobs controller runs as one managed job:
     ---                                  header: name, execution: parallel,
     name: llm                            primary_tasks: [llm-node-0, …]
     ---
-    name: llm-lighthouse                 on-demand CPU task: torchft_lighthouse on :29510
+    name: llm-lighthouse                 on-demand CPU task: torchft_lighthouse on :29510,
+                                         its address published beside the checkpoints
     ---
     name: llm-node-0 … llm-node-N-1      one task each, the single task's resources, setup,
                                          run and mounts, with num_nodes 1 and
-                                         MNCLOUD_REPLICA_ID=k, TORCHFT_LIGHTHOUSE=http://…
+                                         MNCLOUD_REPLICA_ID=k
 
 Example sequence: nodes 0-3 train; node 2's spot VM is preempted. The controller recovers
 task `llm-node-2` alone (`sky/jobs/controller.py`, `_monitor_job_group_task`); nodes 0, 1
 and 3 keep stepping, since min_replicas(4) = 2 still holds the quorum the lighthouse issues.
-The new node 2 joins the next quorum and heals from a live peer. The lighthouse runs on
-demand, so a preemption never takes the quorum's memory away. When the node tasks (the
-primaries) end, SkyPilot stops the lighthouse (an auxiliary task).
+The new node 2 reads the lighthouse's address from the bucket, joins the next quorum and
+heals from a live peer. The lighthouse runs on demand, so a preemption never takes the
+quorum's memory away. When the node tasks (the primaries) end, SkyPilot stops the lighthouse
+(an auxiliary task).
 
-Tasks reach each other by hostname `<task>-<node index>.<group name>`
-(`sky/jobs/job_group_networking.py`, `_get_job_address`): the lighthouse is
-`<name>-lighthouse-0.<name>`. SkyPilot 0.14 sets that name up only on Kubernetes (the
-optimizer turns in-group networking off elsewhere), so the header asks for it
-(`inter_connection: true`) and SkyPilot refuses a placement where the nodes could not find
-the lighthouse, before anything is provisioned.
+How the nodes find the lighthouse: SkyPilot 0.14 names a group's tasks for each other
+(`<task>-0.<group>`, `sky/jobs/job_group_networking.py`) on Kubernetes only, so mncloud does
+not rely on it (`inter_connection: false`): the lighthouse task publishes its private address
+next to the checkpoints and every node task reads it before training
+(`mncloud/storage/lighthouse.py`, `python -m mncloud.train.lighthouse`). SkyPilot still puts
+the whole group in one cloud and region (its common-infrastructure search), where its VMs
+reach each other's private addresses: on AWS its clusters share one security group that
+admits traffic from itself (`sky/provision/aws/config.py`), on GCP its firewall admits
+internal traffic (`sky/provision/gcp/constants.py`). So node recovery needs `--bucket`.
 
 This module only names things and checks the documents; `render.py` renders them through
 `templates/jobgroup.yaml.j2` (which includes the single-task template once per node).
@@ -35,12 +40,13 @@ This module only names things and checks the documents; `render.py` renders them
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 import yaml
 
-from mncloud import constants
-from mncloud.errors import RenderError
+from mncloud import __version__, constants
+from mncloud.errors import RenderError, SpecError
 from mncloud.spec import JobSpec, Recovery, min_replicas
 
 TEMPLATE = "jobgroup.yaml.j2"
@@ -58,8 +64,9 @@ is still booting is not waited for; it joins a later quorum."""
 LIGHTHOUSE_RESTARTS = 3
 """Restarts of the lighthouse task after an error (it holds no state worth keeping: the nodes
 re-register on their next heartbeat)."""
-INTER_CONNECTION = True
-"""The header's `inter_connection`: the nodes must reach the lighthouse by hostname."""
+INTER_CONNECTION = False
+"""The header's `inter_connection`: no hostnames needed (the nodes find the lighthouse through
+the bucket), so SkyPilot places the group on any cloud, not only on Kubernetes."""
 
 _HEADER_FIELDS = {"name", "execution", "primary_tasks", "inter_connection"}
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9_-]+$")
@@ -85,15 +92,21 @@ def node_tasks(name: str, nodes: int) -> list[str]:
     return [node_task(name, k) for k in range(nodes)]
 
 
-def task_host(group: str, task: str, node_index: int = 0) -> str:
-    """The hostname a job group's task node has inside the group, as SkyPilot spells it
-    (`sky/jobs/job_group_networking.py`, `_get_job_address`)."""
-    return f"{task}-{node_index}.{group}"
+def require_bucket(spec: JobSpec) -> None:
+    """SpecError unless the run has a bucket its VMs reach: the nodes find the lighthouse there."""
+    if spec.bucket is None or spec.bucket.scheme == "file":
+        raise SpecError(
+            "--recovery node on a cloud needs --bucket s3://… or gs://…: its nodes find "
+            "torchft's lighthouse there (and a whole-gang loss resumes from it); or use "
+            "--recovery gang"
+        )
 
 
-def lighthouse_url(name: str) -> str:
-    """`TORCHFT_LIGHTHOUSE` for run `name`'s nodes."""
-    return f"http://{task_host(name, lighthouse_task(name))}:{LIGHTHOUSE_PORT}"
+def mncloud_source() -> str | None:
+    """This mncloud's source tree when it runs from a checkout (the lighthouse task installs
+    it from there), else None (it installs the same version from the package index)."""
+    source = Path(__file__).resolve().parents[1]
+    return str(source) if (source / "pyproject.toml").is_file() else None
 
 
 def group_variables(
@@ -102,15 +115,16 @@ def group_variables(
     """What `jobgroup.yaml.j2` receives: the single task's variables (each node task renders
     `task_template` with them, `name`, `num_nodes` and `envs` replaced) plus the group's."""
     name = spec.name
+    require_bucket(spec)
     nodes = []
     for k, task_name in enumerate(node_tasks(name, spec.nodes)):
         envs = dict(task_variables["envs"])
         envs[constants.REPLICA_ID_ENV] = str(k)
-        envs[constants.LIGHTHOUSE_ENV] = lighthouse_url(name)
         nodes.append({"name": task_name, "envs": envs})
     lighthouse_envs = {constants.RUN_NAME_ENV: name}
-    if task_variables["envs"].get(constants.RUN_ID_ENV):
-        lighthouse_envs[constants.RUN_ID_ENV] = task_variables["envs"][constants.RUN_ID_ENV]
+    for key in (constants.RUN_ID_ENV, constants.CKPT_URI_ENV):  # where to publish, for whom
+        if task_variables["envs"].get(key):
+            lighthouse_envs[key] = task_variables["envs"][key]
     return {
         **task_variables,
         "group_name": name,
@@ -123,6 +137,9 @@ def group_variables(
             "resources": {"cpus": LIGHTHOUSE_CPUS, "use_spot": False},
             "job_recovery": {"max_restarts_on_errors": LIGHTHOUSE_RESTARTS},
             "envs": lighthouse_envs,
+            "secrets": task_variables.get("secrets") or [],
+            "source": mncloud_source(),
+            "mncloud_version": __version__,
             "torchft_version": TORCHFT_VERSION,
             "port": LIGHTHOUSE_PORT,
             "min_replicas": min_replicas(spec.nodes),
@@ -175,8 +192,10 @@ def check_shape(spec: JobSpec, documents: list[dict[str, Any]], spot: bool) -> N
         envs = doc.get("envs") or {}
         if str(envs.get(constants.REPLICA_ID_ENV)) != str(k):
             raise RenderError(f"{names[k]} must set {constants.REPLICA_ID_ENV}={k}")
-        if envs.get(constants.LIGHTHOUSE_ENV) != lighthouse_url(spec.name):
-            raise RenderError(f"{names[k]} must set {constants.LIGHTHOUSE_ENV}")
+        if not envs.get(constants.CKPT_URI_ENV):
+            raise RenderError(
+                f"{names[k]} must set {constants.CKPT_URI_ENV}: its node finds the lighthouse there"
+            )
 
 
 def _asks_spot(config: dict[str, Any]) -> bool:

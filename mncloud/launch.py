@@ -112,7 +112,11 @@ def prepare(
     else:
         if "local" in spec.clouds:
             raise SpecError("--cloud local runs on this machine alone; do not mix it with clouds")
+        from mncloud import jobgroup
         from mncloud.plan import make_plan
+
+        if jobgroup.applies(spec):
+            jobgroup.require_bucket(spec)  # before the plan is shown and approved
 
         plan = make_plan(plan_request(spec, options))
         backend = "skypilot"

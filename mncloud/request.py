@@ -280,7 +280,7 @@ def _spec_from_options(
             preflight=bool(opts.get("preflight", True)),
             launcher=Launcher.parse(opts.get("launcher") or Launcher.TORCHRUN),
             ckpt_dir=_checked_ckpt_dir(opts, workdir, bucket),
-            recovery=_recovery(opts, script, nodes),
+            recovery=_recovery(opts, script, nodes, bucket),
         )
     except ValidationError as err:
         raise SpecError(first_error(err)) from None
@@ -298,15 +298,15 @@ def opts_in_to_node_recovery(script: Path) -> bool:
         return False
 
 
-def _recovery(opts: dict[str, Any], script: Path, nodes: int) -> Recovery:
+def _recovery(opts: dict[str, Any], script: Path, nodes: int, bucket: BucketURL | None) -> Recovery:
     """`--recovery gang|node`; without it, node when the script opts in and runs on 2+ nodes,
-    locally or on Kubernetes (SkyPilot 0.14 lets a job group's tasks find each other, and so
-    the lighthouse, on Kubernetes only), else gang."""
+    locally or on a cloud with a bucket (where a job group's nodes find the lighthouse), else
+    gang."""
     value, opted_in = opts.get("recovery"), opts_in_to_node_recovery(script)
     launcher = str(getattr(opts.get("launcher"), "value", opts.get("launcher") or "torchrun"))
-    if value is None:  # node where it can run: locally, or where Kubernetes may place it
-        clouds = as_list(opts.get("cloud"))
-        placeable = clouds == [LOCAL_CLOUD] or "kubernetes" in [c.lower() for c in clouds]
+    if value is None:  # node where it can run: locally, or on a cloud with a bucket
+        local = as_list(opts.get("cloud")) == [LOCAL_CLOUD]
+        placeable = local or (bucket is not None and bucket.scheme != "file")
         auto = opted_in and nodes >= 2 and launcher == "torchrun" and placeable
         return Recovery.NODE if auto else Recovery.GANG
     try:

@@ -37,6 +37,7 @@ pytestmark = pytest.mark.catalog
 
 REPO = Path(__file__).resolve().parents[1]
 SECRET_VALUE = "hf_s3cr3t_value_never_in_files"
+BUCKET = "s3://team-ckpt"
 ODD_ARG = "--note=it's; $(rm -rf /)"
 
 
@@ -48,7 +49,7 @@ def script(project: Path) -> Path:
 
 
 def _spec(script: Path, **flags: Any) -> Any:
-    flags = {"gpus": "H100:8", "nodes": 3, "spot": True, "name": "llm", **flags}
+    flags = {"gpus": "H100:8", "nodes": 3, "spot": True, "name": "llm", "bucket": BUCKET, **flags}
     return build_spec(script, recovery="node", **flags)
 
 
@@ -74,7 +75,7 @@ def test_three_node_spot_run_renders_as_a_job_group(
         "name": "llm",
         "execution": "parallel",
         "primary_tasks": names,
-        "inter_connection": True,
+        "inter_connection": False,  # the nodes find the lighthouse through the bucket
     }
     # The lighthouse: a small on-demand CPU task that a spot preemption never takes.
     assert lighthouse["name"] == "llm-lighthouse"
@@ -82,10 +83,16 @@ def test_three_node_spot_run_renders_as_a_job_group(
     assert lighthouse["resources"]["use_spot"] is False
     assert "accelerators" not in lighthouse["resources"] and "num_nodes" not in lighthouse
     assert f"torchft=={jobgroup.TORCHFT_VERSION}" in lighthouse["setup"]
+    assert "pip install --quiet ." in lighthouse["setup"]  # this checkout, as its workdir
+    assert lighthouse["workdir"] == str(REPO)
     run = lighthouse["run"]
-    assert "torchft_lighthouse" in run and f"--min_replicas {min_replicas(3)}" in run
-    assert "--bind '[::]:29510'" in run and "--heartbeat_timeout_ms" in run
-    assert "--join_timeout_ms" in run
+    assert "python -m mncloud.train.lighthouse serve" in run
+    assert f"--min-replicas {min_replicas(3)}" in run and "--port 29510" in run
+    assert "--heartbeat-timeout-ms" in run and "--join-timeout-ms" in run
+    # It publishes its address beside this launch's checkpoints, with the bucket's secrets.
+    assert lighthouse["envs"][constants.CKPT_URI_ENV] == f"{BUCKET}/llm"
+    assert lighthouse["envs"][constants.RUN_ID_ENV] == "r-1"
+    assert lighthouse["secrets"] == {"HF_TOKEN": None}
     # One single-node spot task per node: the single task's resources and run, own envs.
     assert [n["name"] for n in nodes] == names
     for k, node in enumerate(nodes):
@@ -95,7 +102,9 @@ def test_three_node_spot_run_renders_as_a_job_group(
         assert node["resources"]["job_recovery"]["recover_on_exit_codes"] == [115]
         envs = node["envs"]
         assert envs[constants.REPLICA_ID_ENV] == str(k)
-        assert envs[constants.LIGHTHOUSE_ENV] == "http://llm-lighthouse-0.llm:29510"
+        assert constants.LIGHTHOUSE_ENV not in envs  # read from the bucket at the start
+        assert envs[constants.CKPT_URI_ENV] == f"{BUCKET}/llm"
+        assert "python -m mncloud.train.lighthouse find" in node["run"]
         assert envs[constants.RECOVERY_ENV] == "node"
         assert envs[constants.NUM_REPLICAS_ENV] == "3"
         assert envs[constants.RUN_NAME_ENV] == "llm" and envs[constants.RUN_ID_ENV] == "r-1"
@@ -105,14 +114,6 @@ def test_three_node_spot_run_renders_as_a_job_group(
         assert "-- train.py '--note=it'\"'\"'s; $(rm -rf /)' &" in node["run"]
     assert SECRET_VALUE not in task.yaml_text
     assert json.loads(task.to_json()) == [header, lighthouse, *nodes]
-
-
-def test_lighthouse_address_is_skypilots_job_group_hostname() -> None:
-    """The format tasks of a job group reach each other by, in SkyPilot's own source."""
-    from sky.jobs import job_group_networking
-
-    expected = job_group_networking._get_job_address("llm-lighthouse", "llm", 0)
-    assert jobgroup.lighthouse_url("llm") == f"http://{expected}:{jobgroup.LIGHTHOUSE_PORT}"
 
 
 def test_lighthouse_torchft_is_the_locked_version() -> None:
@@ -128,7 +129,7 @@ def test_skypilots_job_group_loader_accepts_it(script: Path) -> None:
     assert dag.name == "llm" and dag.execution == dag_lib.DagExecution.PARALLEL
     assert len(dag.tasks) == 4 and all(t.num_nodes == 1 for t in dag.tasks)
     assert dag.primary_tasks == ["llm-node-0", "llm-node-1", "llm-node-2"]
-    assert dag.inter_connection is True
+    assert dag.inter_connection is False
     lighthouse, *nodes = dag.tasks
     assert all(not r.use_spot for r in lighthouse.resources)
     assert all(r.use_spot for node in nodes for r in node.resources)
@@ -161,7 +162,7 @@ def test_cli_render_prints_the_job_group(script: Path, monkeypatch: pytest.Monke
     from mncloud.cli import app
 
     monkeypatch.chdir(script.parent)
-    args = ["render", "train.py", "--gpus", "H100:8", "--nodes", "3", "--spot"]
+    args = ["render", "train.py", "--gpus", "H100:8", "--nodes", "3", "--spot", "--bucket", BUCKET]
     result = CliRunner().invoke(app, [*args, "--recovery", "node", "--name", "llm"])
     assert result.exit_code == 0, result.output
     docs = _docs(result.stdout)
@@ -183,7 +184,7 @@ def test_render_does_not_import_skypilot_or_torch(script: Path) -> None:
         "from mncloud.request import build_spec\n"
         "from mncloud.render import render\n"
         f"spec = build_spec({str(script)!r}, gpus='H100:8', nodes=3, spot=True, name='llm',"
-        " recovery='node')\n"
+        f" recovery='node', bucket={BUCKET!r})\n"
         "assert len(render(spec).documents) == 5\n"
         "print(sorted(m for m in ('sky', 'torch') if m in sys.modules))\n"
     )
@@ -228,6 +229,21 @@ def test_a_bad_spec_stops_before_render(script: Path) -> None:
     with pytest.raises(MncloudError) as caught:
         _spec(script, name="Bad_Name")
     assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("bucket", [None, "file:///tmp/ckpt"])
+def test_node_recovery_on_a_cloud_needs_a_bucket_its_vms_reach(
+    script: Path, bucket: str | None
+) -> None:
+    """The nodes find the lighthouse in the bucket: without one (or with a folder of this
+    machine) rendering `--recovery node` is one line (`plan` still prices it); without
+    --recovery the run is a gang."""
+    with pytest.raises(MncloudError) as caught:
+        render(_spec(script, bucket=bucket))
+    assert "\n" not in str(caught.value) and "needs --bucket s3://" in str(caught.value)
+    flags = {"gpus": "H100:8", "nodes": 3, "spot": True, "name": "llm", "bucket": bucket}
+    assert build_spec(script, **flags).recovery.value == "gang"
+    assert build_spec(script, **{**flags, "bucket": BUCKET}).recovery.value == "node"
 
 
 def test_group_state_follows_the_node_tasks() -> None:
@@ -399,19 +415,27 @@ def test_dryrun_places_the_group_with_skypilot(
     sky_enabled_clouds: list[str],  # noqa: F811 - the fixture imported above
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Each distinct task passes SkyPilot's dry run; SkyPilot 0.14 then places a job group
-    whose tasks reach each other by hostname on Kubernetes only, which none of the seeded
-    clouds is: the dry run says so in one line, with what to do, and provisions nothing."""
+    """Each distinct task passes SkyPilot's dry run, and SkyPilot's own job-group optimizer
+    places the whole group on a VM cloud of the seeded ones, every task in one cloud and
+    region (where its VMs reach each other's private addresses; the nodes find the
+    lighthouse through the bucket, not by hostname). Nothing is provisioned."""
     import sky
     import sky.jobs
+
+    from mncloud.backends.skypilot.group import dryrun_group
 
     def forbidden(*_args: Any, **_kwargs: Any) -> None:
         raise AssertionError("a dry run must not provision")
 
     monkeypatch.setattr(sky, "launch", forbidden)
     monkeypatch.setattr(sky.jobs, "launch", forbidden)
-    with pytest.raises(BackendError) as caught:
-        SkyPilotBackend().launch(_request(script, dryrun=True))
-    message = str(caught.value)
-    assert "\n" not in message and "Kubernetes" in message and "--recovery gang" in message
+    status = SkyPilotBackend().launch(_request(script, dryrun=True))
+    assert "dry run passed" in status.detail and "job group of 3" in status.detail
+    assert status.cloud in {c.lower() for c in sky_enabled_clouds} - {"kubernetes"}
     assert not (run_dir("llm") / META_FILE).exists()
+
+    dag = jobgroup.load_dag(render(_spec(script)).yaml_text)
+    dryrun_group(dag, "llm", 3, spot=True)
+    placed = {(str(t.best_resources.cloud).lower(), t.best_resources.region) for t in dag.tasks}
+    assert len(placed) == 1, placed  # the lighthouse and every node: one cloud, one region
+    assert dag.inter_connection is False

@@ -12,14 +12,6 @@ ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 """Terminal colour and cursor codes, which SkyPilot puts in its messages and logs."""
 
 
-NODE_RECOVERY_NETWORKING = (
-    "--recovery node runs as a SkyPilot job group whose nodes reach torchft's lighthouse by "
-    "hostname, which SkyPilot 0.14 sets up on Kubernetes only; enable a Kubernetes cluster "
-    "(`sky check kubernetes`) or use --recovery gang"
-)
-"""Why a job group with in-group networking cannot be placed, and what to do."""
-
-
 def one_line(err: BaseException | str, limit: int = 300) -> str:
     """`err` as one line without terminal codes, cut to `limit` characters."""
     text = " ".join(ANSI.sub("", str(err)).split())
@@ -51,8 +43,6 @@ def translate_error(err: BaseException, action: str) -> MncloudError:
         return BackendError(
             f"cannot {action}: cloud credentials rejected ({cause}); run `sky check` to see which"
         )
-    if isinstance(err, sx.ResourcesUnavailableError) and "inter_connection" in cause:
-        return BackendError(f"cannot {action}: {NODE_RECOVERY_NETWORKING} ({cause})")
     if isinstance(err, (sx.ResourcesUnavailableError, sx.ProvisionPrechecksError)):
         return BackendError(f"cannot {action}: no capacity ({cause}); {_capacity_advice(cause)}")
     if isinstance(err, sx.ResourcesMismatchError):
