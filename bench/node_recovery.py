@@ -1,7 +1,7 @@
 """bench/node_recovery: the same three preemptions under gang and under node recovery.
 
     .venv/bin/python bench/node_recovery.py [--provision-delay 10s] [--steps 20000] [--nodes 3]
-                                            [--json]
+                                            [--compute-ms 0] [--json]
 
 Launches `examples/train_ddp.py` on the local backend, 3 nodes × 1 process (`cpu:1`, so the
 2-core machine is not oversubscribed; `--nodes` for more), checkpoint every 100 steps, twice:
@@ -22,6 +22,10 @@ loss during a replacement would be two at once: a gang relaunch). Reports per ru
 - kill → training again whole: gang, rank 0's first step after the relaunch; node, the
   replacement's first step or heal (the survivors never stopped).
 
+`--compute-ms` makes each step wait that long as for an accelerator, with the CPU free: on a
+GPU node the host mostly waits, and a replacement's cold start on its own VM takes nothing from
+the survivors; on this 2-core machine, with CPU-bound steps (0, the default), it does.
+
 The provisioning delay is a model of a cloud's (a laptop cannot show a VM's minutes); the
 figures compare the two recoveries under the same model, on the same machine, in one run.
 """
@@ -40,12 +44,14 @@ from _local import EXAMPLE, fresh_home, mncloud, wait
 INTERVAL, KILLS = 100, ((0.15, 1), (0.40, 2), (0.65, 1))
 
 
-def launch(name: str, recovery: str, delay: str, steps: int, nodes: int) -> None:
+def launch(
+    name: str, recovery: str, delay: str, steps: int, nodes: int, compute_ms: float = 0.0
+) -> None:
     mncloud("up", str(EXAMPLE), "--cloud", "local", "--nodes", str(nodes), "--gpus", "cpu:1",
             "--name", name, "--detach", "--yes", "--recovery", recovery,
             "--provision-delay", delay, "--max-restarts", "10", "--",
             "--steps", str(steps), "--ckpt-interval", str(INTERVAL),
-            "--log-every", str(steps))  # fmt: skip
+            "--log-every", str(steps), "--compute-ms", str(compute_ms))  # fmt: skip
 
 
 def _progress(folder: Path) -> list[dict[str, Any]]:
@@ -149,6 +155,12 @@ def main() -> None:
     p.add_argument("--provision-delay", default="10s")
     p.add_argument("--steps", type=int, default=20000)
     p.add_argument("--nodes", type=int, default=3, help="nodes of one process each (≥ 3)")
+    p.add_argument(
+        "--compute-ms",
+        type=float,
+        default=0.0,
+        help="per step, time the host waits as for a GPU (free CPU): 0 is CPU-bound training",
+    )
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
     fresh_home()
@@ -160,9 +172,10 @@ def main() -> None:
 
     result: dict[str, Any] = {
         "provision_delay": args.provision_delay, "steps": args.steps, "nodes": args.nodes,
+        "compute_ms": args.compute_ms,
     }  # fmt: skip
     for recovery in ("gang", "node"):
-        launch(recovery, recovery, args.provision_delay, args.steps, args.nodes)
+        launch(recovery, recovery, args.provision_delay, args.steps, args.nodes, args.compute_ms)
         kills, back = _preempt(run_dir(recovery), args.steps)
         final(recovery)
         result[recovery] = _figures(run_dir(recovery), kills, back, args.steps, args.nodes)
@@ -176,8 +189,8 @@ def _print(result: dict, as_json: bool) -> None:
         print(json.dumps(result, indent=2))
         return
     print(f"{result['steps']} steps, {result['nodes']} nodes × 1 process, 3 preemptions; "
-          f"provisioning modeled "
-          f"as {result['provision_delay']}")  # fmt: skip
+          f"provisioning modeled as {result['provision_delay']}; "
+          f"{result['compute_ms']:g} ms of modeled accelerator time per step")  # fmt: skip
     for mode in ("gang", "node"):
         r = result[mode]
         print(f"{mode:5s} {r['state']:9s} training {r['train_span_s']:7.1f} s at "

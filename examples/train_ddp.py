@@ -51,6 +51,12 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--ckpt-interval", type=int, default=50, help="steps between checkpoints")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--log-every", type=int, default=100)
+    p.add_argument(
+        "--compute-ms",
+        type=float,
+        default=0.0,
+        help="sleep this long per step, standing for accelerator time (the CPU is free then)",
+    )
     return p.parse_args()
 
 
@@ -120,8 +126,8 @@ def main() -> None:
     loss_fn = nn.CrossEntropyLoss()
     state = {"model": model, "optimizer": opt, "sampler": sampler, "loss": 0.0}
     # Node recovery (`--recovery node`, the default for this script on 2+ nodes locally or on
-    # Kubernetes): each node a replica group that survives the loss of another; under gang
-    # recovery (`--recovery gang`, or plain torchrun) a plain loop.
+    # a cloud with a bucket): each node a replica group that survives the loss of another;
+    # under gang recovery (`--recovery gang`, or plain torchrun) a plain loop.
     replicas = Replicas(state)
     ckpt = CheckpointManager(interval_steps=args.ckpt_interval, keep=2, replicas=replicas)
     start = ckpt.load(state) or 0
@@ -136,6 +142,8 @@ def main() -> None:
         out = loss_fn(ddp(x), y)
         opt.zero_grad(set_to_none=True)
         out.backward()
+        if args.compute_ms:  # a benchmark's model of GPU time: the host waits, idle
+            time.sleep(args.compute_ms / 1000)
         if not replicas.step(opt):  # a peer node was lost mid-step: this batch comes again
             continue
         loss = out.item()
