@@ -217,7 +217,8 @@ def test_up_prices_the_runs_recovery_mode(tmp_path: Path, monkeypatch: pytest.Mo
     for name, opted in (("a", True), ("b", False)):
         script = str(_script(tmp_path / name, opted))
         args = ["up", script, "--gpus", "H100:8", "--nodes", "4", "--spot"]
-        result = runner.invoke(app, args + (["--recovery", "node"] if opted else []))
+        node = ["--recovery", "node", "--bucket", "s3://team-ckpt"]  # nodes find the lighthouse
+        result = runner.invoke(app, args + (node if opted else []))
         assert result.exit_code == 3, result.output
     node, gang = seen
     assert (node.request.recovery, gang.request.recovery) == (Recovery.NODE, Recovery.GANG)
