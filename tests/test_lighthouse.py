@@ -86,7 +86,7 @@ def test_nodes_find_the_live_lighthouse_through_the_bucket(s3_env: S3Server) -> 
     finally:
         serve.send_signal(signal.SIGTERM)  # passed on to the lighthouse: both end
         out, _ = serve.communicate(timeout=30)
-    assert serve.returncode is not None, out
+    assert serve.returncode == 0, out  # stopped as told: no error for SkyPilot to retry
 
 
 def test_find_without_a_bucket_is_one_line() -> None:

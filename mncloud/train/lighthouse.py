@@ -3,7 +3,7 @@ the nodes find it (the address in the bucket: `mncloud/storage/lighthouse.py`).
 
 - `serve` (the job group's lighthouse task): runs `torchft_lighthouse` and, while it lives,
   publishes `http://<this VM's private address>:<port>` every `REFRESH_S`; exits with the
-  lighthouse's status, and passes SIGTERM on to it.
+  lighthouse's status (0 once SIGTERM, which it passes on, stopped it: no error to retry).
 - `find` (each node task, before torchrun): waits until the live lighthouse of this launch
   has published its address and prints it (the node exports it as `TORCHFT_LIGHTHOUSE`).
   One line and exit 2 when none appears within `--timeout`.
@@ -63,7 +63,13 @@ def serve(args: argparse.Namespace) -> int:
         "--join_timeout_ms", str(args.join_timeout_ms),
     ]  # fmt: skip
     child = subprocess.Popen(command)
-    signal.signal(signal.SIGTERM, lambda *_: child.terminate())
+    stopped: list[bool] = []
+
+    def stop(*_: object) -> None:  # SkyPilot ends the task: end the lighthouse with it
+        stopped.append(True)
+        child.terminate()
+
+    signal.signal(signal.SIGTERM, stop)
     url = f"http://{own_address()}:{args.port}"
     while child.poll() is None:
         try:
@@ -73,7 +79,7 @@ def serve(args: argparse.Namespace) -> int:
         deadline = time.monotonic() + REFRESH_S
         while child.poll() is None and time.monotonic() < deadline:
             time.sleep(0.5)
-    return child.returncode
+    return 0 if stopped else child.returncode  # told to stop is no error to retry
 
 
 def find(args: argparse.Namespace) -> int:
