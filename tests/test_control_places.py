@@ -35,7 +35,9 @@ from tests.test_skypilot import FakeSky, fake_sky, script  # noqa: F401 - fixtur
 runner = CliRunner()
 NODES = ["--nodes", "2", "--gpus", "cpu:2", "--recovery", "gang"]
 SCALE = 12  # a 60 s tick of the trace passes in 5 s
-TRAIN = ["--steps", "600", "--ckpt-interval", "20", "--log-every", "200"]
+# Steps of known length (≥ 30 s in all): the run cannot finish in `east` before its trace
+# takes spot away at 25 s, however fast the machine.
+TRAIN = ["--steps", "600", "--ckpt-interval", "20", "--log-every", "200", "--compute-ms", "50"]
 
 
 def _trace(folder: Path, name: str, data: list[int], gap: int = 60) -> Path:
@@ -57,7 +59,7 @@ def test_a_run_moves_to_the_place_with_spot_and_meets_the_deadline(tmp_path: Pat
     args = ["up", str(EXAMPLE), "--cloud", "local", "--name", "dl", "--yes", *NODES,
             "--spot-trace", str(east), "--spot-trace", str(west), "--time-scale", str(SCALE),
             "--spot-price", "1", "--spot-price", "1.5", "--on-demand-price", "3",
-            "--recovery-minutes", "2", "--deadline", "18m", "--hours", "0.1",
+            "--recovery-minutes", "2", "--deadline", "18m", "--hours", "0.15",
             "--", *TRAIN]  # fmt: skip
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output

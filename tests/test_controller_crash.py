@@ -139,8 +139,11 @@ def test_kill_9_mid_run_and_during_a_switch_still_meets_the_deadline(tmp_path: P
     args = ["up", str(EXAMPLE), "--cloud", "local", "--name", "dl", "--yes", "--nodes", "2",
             "--gpus", "cpu:2", "--recovery", "gang", "--spot-trace", str(trace),
             "--time-scale", "12", "--spot-price", "1", "--on-demand-price", "3",
-            "--recovery-minutes", "4", "--deadline", "18m", "--hours", "0.1", "--",
-            "--steps", "600", "--ckpt-interval", "20", "--log-every", "200"]  # fmt: skip
+            "--recovery-minutes", "4", "--deadline", "18m", "--hours", "0.15", "--",
+            "--steps", "600", "--ckpt-interval", "20", "--log-every", "200",
+            # Steps of known length (≥ 30 s in all): the run cannot finish on spot before
+            # the trace takes it away at 25 s, however fast the machine.
+            "--compute-ms", "50"]  # fmt: skip
     assert runner.invoke(app, args).exit_code == 0
 
     def on_spot() -> control.ControlState | None:
