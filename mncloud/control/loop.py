@@ -35,6 +35,7 @@ one cut short is cleaned up and made again. So a restart never launches a decisi
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import statistics
 from collections.abc import Callable
@@ -50,6 +51,7 @@ from mncloud.policy import Mode, Observation, Slack, make_policy
 if TYPE_CHECKING:
     from mncloud.backends.base import Backend, RunStatus
     from mncloud.launch import Launched
+    from mncloud.records.ledger import CostSummary
     from mncloud.spec import JobSpec
 
 log = logging.getLogger(__name__)
@@ -475,14 +477,17 @@ class Controller:
         """Spot and on-demand cost so far: the ledgers of every launch's run record."""
         from mncloud.records import cost_summary, find_record
 
-        spot = on_demand = 0.0
+        costs: dict[str, CostSummary] = {}
         for run_id in self.state.run_ids:
-            try:
-                summary = cost_summary(find_record(run_id), now=self.clock.time())
-            except MncloudError:
-                continue
-            spot, on_demand = spot + summary.spot, on_demand + summary.on_demand
-        self.state.spot_cost, self.state.on_demand_cost = spot, on_demand
+            with contextlib.suppress(MncloudError):  # a record unreadable now: next time
+                costs[run_id] = cost_summary(find_record(run_id), now=self.clock.time())
+        self._account(costs)
+
+    def _account(self, costs: dict[str, CostSummary]) -> None:
+        """Keep each launch's ledger summary in the state (`control/places.py`: per place too)."""
+        st = self.state
+        st.spot_cost = sum(c.spot for c in costs.values())
+        st.on_demand_cost = sum(c.on_demand for c in costs.values())
 
 
 def _reason(choice: Mode, obs: Observation, slack: Slack, gap_s: int) -> str:

@@ -36,13 +36,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 from mncloud.control.loop import Controller
 from mncloud.control.markets import ManagedJobMarket, TraceMarket
 from mncloud.control.state import ControlConfig, ControlState, Launching, save_state
-from mncloud.errors import MncloudError
 from mncloud.places import Choice, Place, PlacesJob, PlacesObservation, make_places_policy
 from mncloud.policy import Mode, Observation
 
 if TYPE_CHECKING:
     from mncloud.backends.base import Backend, RunStatus
     from mncloud.control.markets import Clock
+    from mncloud.records.ledger import CostSummary
     from mncloud.replay import Trace
     from mncloud.spec import JobSpec
 
@@ -148,7 +148,7 @@ class PlacesController(Controller):
             at = len(st.place_history)
             row = [market.spot_at(st, p, at, status, now) for p in range(len(self.places))]
             st.place_history.append(row)
-        st.history = [any(row) for row in st.place_history]
+            st.history.append(any(row))  # "spot anywhere", as status and the ui read it
         row = st.place_history[tick]
         live_spot = st.market is Mode.SPOT and st.place is not None
         for p, up in enumerate(row):
@@ -244,19 +244,11 @@ class PlacesController(Controller):
             reason = f"{reason} (in {p.name})"
         super()._launched(mode, tick, reason, run_id, ckpt_uri, placement)
 
-    def _refresh_costs(self) -> None:
-        """Spot, on-demand and per-place cost so far: the ledgers of every launch."""
-        from mncloud.records import cost_summary, find_record
-
-        st = self.state
-        spot = on_demand = 0.0
+    def _account(self, costs: dict[str, CostSummary]) -> None:
+        """Spot and on-demand cost so far, and each place's: its launches' ledgers."""
+        super()._account(costs)
         by_place: dict[str, float] = {p.name: 0.0 for p in self.places}
-        for run_id in st.run_ids:
-            try:
-                summary = cost_summary(find_record(run_id), now=self.clock.time())
-            except MncloudError:
-                continue
-            spot, on_demand = spot + summary.spot, on_demand + summary.on_demand
-            name = st.run_places.get(run_id, self.places[0].name)
+        for run_id, summary in costs.items():
+            name = self.state.run_places.get(run_id, self.places[0].name)
             by_place[name] = by_place.get(name, 0.0) + summary.total
-        st.spot_cost, st.on_demand_cost, st.place_costs = spot, on_demand, by_place
+        self.state.place_costs = by_place
