@@ -33,7 +33,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import xxhash
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -45,6 +45,7 @@ from mncloud.storage.buckets import Bucket, ObjectInfo, ObjectNotFoundError, ope
 from mncloud.storage.url import join_key
 
 log = logging.getLogger(__name__)
+Note = TypeVar("Note", bound=BaseModel)
 
 MANIFEST = "manifest.json"
 COMPLETE = "COMPLETE"
@@ -218,6 +219,17 @@ class CheckpointStore:
     def key(self, step: int, name: str = "") -> str:
         """The key of `name` inside a step's folder (the folder's prefix when name is empty)."""
         return join_key(self.prefix, step_dir(step), name) + ("" if name else "/")
+
+    def put_note(self, name: str, note: BaseModel) -> None:
+        """Write a small JSON record beside the steps (a stop request, the lighthouse's address)."""
+        self.bucket.put_bytes(join_key(self.prefix, name), note.model_dump_json().encode())
+
+    def get_note(self, name: str, model: type[Note]) -> Note | None:
+        """The record `name`, or None when there is none or it is unreadable (never an error)."""
+        try:
+            return model.model_validate_json(self.bucket.get_bytes(join_key(self.prefix, name)))
+        except (ObjectNotFoundError, ValueError):  # pydantic's ValidationError is a ValueError
+            return None
 
     def _listing(self) -> dict[int, dict[str, ObjectInfo]]:
         base = join_key(self.prefix) + "/" if self.prefix else ""

@@ -14,14 +14,11 @@ the live lighthouse instead.
 
 from __future__ import annotations
 
-import json
 import time
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
-from mncloud.storage.buckets import ObjectNotFoundError
 from mncloud.storage.checkpoints import CheckpointStore
-from mncloud.storage.url import join_key
 
 LIGHTHOUSE_ADDRESS = "LIGHTHOUSE.json"
 REFRESH_S = 30.0
@@ -38,14 +35,10 @@ class LighthouseAddress(BaseModel):
     at: float
 
 
-def _key(store: CheckpointStore) -> str:
-    return join_key(store.prefix, LIGHTHOUSE_ADDRESS)
-
-
 def publish_address(store: CheckpointStore, url: str, run_id: str | None) -> LighthouseAddress:
     """Write (or refresh) the lighthouse's address."""
     address = LighthouseAddress(url=url, run_id=run_id, at=time.time())
-    store.bucket.put_bytes(_key(store), address.model_dump_json().encode())
+    store.put_note(LIGHTHOUSE_ADDRESS, address)
     return address
 
 
@@ -54,13 +47,8 @@ def read_address(
 ) -> LighthouseAddress | None:
     """The live lighthouse of launch `run_id`, if any (another launch's, a stale or an
     unreadable one counts as none)."""
-    try:
-        raw = store.bucket.get_bytes(_key(store))
-    except ObjectNotFoundError:
-        return None
-    try:
-        address = LighthouseAddress.model_validate(json.loads(raw))
-    except (ValueError, ValidationError):
+    address = store.get_note(LIGHTHOUSE_ADDRESS, LighthouseAddress)
+    if address is None:
         return None
     if run_id is not None and address.run_id != run_id:
         return None

@@ -15,12 +15,10 @@ left over from an earlier stop, and a request past its deadline by `STALE_S` is 
 
 from __future__ import annotations
 
-import json
 import time
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
-from mncloud.storage.buckets import ObjectNotFoundError
 from mncloud.storage.checkpoints import CheckpointStore
 from mncloud.storage.url import join_key
 
@@ -47,21 +45,14 @@ def request_stop(store: CheckpointStore, notice_s: float, by: str) -> StopReques
     """Write the request: the nodes save and stop within `notice_s` seconds."""
     now = time.time()
     request = StopRequest(by=by, at=now, deadline=now + notice_s)
-    store.bucket.put_bytes(_key(store), request.model_dump_json().encode())
+    store.put_note(STOP_REQUEST, request)
     return request
 
 
 def read_stop_request(store: CheckpointStore, now: float | None = None) -> StopRequest | None:
     """The live request, if any (an unreadable or stale one counts as none)."""
-    try:
-        raw = store.bucket.get_bytes(_key(store))
-    except ObjectNotFoundError:
-        return None
-    try:
-        request = StopRequest.model_validate(json.loads(raw))
-    except (ValueError, ValidationError):
-        return None
-    if request.deadline + STALE_S < (time.time() if now is None else now):
+    request = store.get_note(STOP_REQUEST, StopRequest)
+    if request is None or request.deadline + STALE_S < (time.time() if now is None else now):
         return None
     return request
 
