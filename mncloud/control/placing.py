@@ -14,7 +14,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -86,45 +86,54 @@ def cloud_places(spec: JobSpec, prices: Sequence[float]) -> tuple[PlaceConfig, .
     else:
         return ()
     given = per_place(prices, len(pins), what)
+    launch_cost = launch_costs(spec)
     places = []
     for name, pin, price in zip(names, pins, given, strict=True):
         pinned = spec.model_copy(update=pin)
         cheapest = _cheapest(pinned, spot=True)  # CatalogError: no spot offer there
+        region = pinned.regions[0] if len(pinned.regions) == 1 else None
         places.append(
             PlaceConfig(
                 name=name,
                 cloud=cheapest.cloud,
-                region=pinned.regions[0] if len(pinned.regions) == 1 else None,
+                region=region,
                 spot_price=cheapest.hourly_price if price is None else price,
-                launch_cost=launch_cost(
-                    spec, cheapest.cloud, pinned.regions[0] if len(pinned.regions) == 1 else None
-                ),
+                launch_cost=launch_cost(cheapest.cloud, region),
             )
         )
     return tuple(places)
 
 
-def launch_cost(spec: JobSpec, cloud: str, region: str | None = None) -> float:
-    """USD a launch in `cloud`/`region` pays to read the newest checkpoint from a bucket
+def launch_costs(spec: JobSpec) -> Callable[[str, str | None], float]:
+    """USD a launch in (cloud, region) pays to read the newest checkpoint from a bucket
     elsewhere: the egress price per GB (`storage.egress_usd_per_gb`) × its size. 0 beside the
     bucket, with no checkpoint yet, or when the bucket's region cannot be learned now (then
-    only a bucket on another cloud is priced)."""
+    only a bucket on another cloud is priced). The bucket is looked up once, and the
+    checkpoint measured once, for every place."""
     from mncloud.errors import StorageError
     from mncloud.launch import newest_checkpoint_gb
     from mncloud.storage import BucketState, egress_usd_per_gb
     from mncloud.storage.prepare import SCHEME_CLOUD, inspect_bucket
 
     if spec.bucket is None:
-        return 0.0
+        return lambda _cloud, _region: 0.0
     try:
         bucket = inspect_bucket(spec.bucket)
     except StorageError:  # unreachable now: the cloud it is on is still known from its scheme
         bucket = BucketState(
             str(spec.bucket), exists=True, cloud=SCHEME_CLOUD.get(spec.bucket.scheme)
         )
-    rate = egress_usd_per_gb(bucket, cloud, region)
-    size = newest_checkpoint_gb(spec.ckpt_uri) if rate > 0 else None
-    return rate * size if size else 0.0
+    sizes: list[float | None] = []  # measured at the first place that pays egress
+
+    def cost(cloud: str, region: str | None) -> float:
+        rate = egress_usd_per_gb(bucket, cloud, region)
+        if rate <= 0:
+            return 0.0
+        if not sizes:
+            sizes.append(newest_checkpoint_gb(spec.ckpt_uri))
+        return rate * sizes[0] if sizes[0] else 0.0
+
+    return cost
 
 
 def home_on_demand_price(spec: JobSpec, home: PlaceConfig) -> float:
