@@ -28,7 +28,7 @@ from mncloud.policy import Mode
 from mncloud.records import cost_summary, find_record, list_records
 from mncloud.request import build_spec
 from mncloud.spec import LaunchOptions
-from tests.test_control import GAP, Cloud, FakeClock
+from tests.test_control import GAP, Cloud, FakeClock, train  # noqa: F401 - a fixture
 from tests.test_local import EXAMPLE, run_log, up, wait_final, wait_until
 from tests.test_skypilot import FakeSky, fake_sky, script  # noqa: F401 - fixtures
 
@@ -203,21 +203,16 @@ def test_capacity_gone_in_one_region_relaunches_the_run_pinned_to_the_other(
 # ---------------------------------------------------------------------------- bad input
 
 
-@pytest.fixture
-def train(tmp_path: Path) -> Path:
-    (tmp_path / "pyproject.toml").write_text("[project]\nname='p'\n")
-    path = tmp_path / "train.py"
-    path.write_text("pass\n")
-    return path
-
-
-def _up(train: Path, *flags: str) -> Any:
-    args = ["up", str(train), "--name", "dl", "--yes", "--deadline", "30h", "--hours", "20"]
+def _up(path: Path, *flags: str) -> Any:
+    args = ["up", str(path), "--name", "dl", "--yes", "--deadline", "30h", "--hours", "20"]
     return runner.invoke(app, [*args, *flags])
 
 
 @pytest.mark.catalog
-def test_bad_places_input_is_one_line_and_exit_2(train: Path, tmp_path: Path) -> None:
+def test_bad_places_input_is_one_line_and_exit_2(
+    train: Path,  # noqa: F811 - the imported fixture
+    tmp_path: Path,
+) -> None:
     a, b = _trace(tmp_path, "a", [2] * 10), _trace(tmp_path, "b", [2] * 10)
     local = ["--cloud", "local", "--gpus", "cpu:1", "--nodes", "2"]
     cases = [
