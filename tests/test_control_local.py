@@ -25,8 +25,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.catalog]
 runner = CliRunner()
 NODES = ["--nodes", "2", "--gpus", "cpu:2", "--recovery", "gang"]
 SCALE = 12  # a 60 s tick of the trace passes in 5 s
-# Long enough that the trace's spot capacity goes away mid-training.
-TRAIN = ["--steps", "600", "--ckpt-interval", "20", "--log-every", "200"]
+# Long enough that the trace's spot capacity goes away mid-training: steps of known length
+# (≥ 30 s in all), so a fast machine cannot finish on spot before the trace takes it at 25 s.
+TRAIN = ["--steps", "600", "--ckpt-interval", "20", "--log-every", "200", "--compute-ms", "50"]
 
 
 def _trace(folder: Path, data: list[int]) -> Path:
@@ -61,7 +62,7 @@ def test_spot_lost_then_on_demand_meets_the_deadline_with_the_same_weights(
 ) -> None:
     """Spot for 5 ticks, then none: preempted, switched to on-demand, done by the deadline."""
     trace = _trace(tmp_path, [2] * 5 + [0] * 60)
-    _deadline_up("dl", trace, "--deadline", "18m", "--hours", "0.1", steps=TRAIN)
+    _deadline_up("dl", trace, "--deadline", "18m", "--hours", "0.15", steps=TRAIN)
     state = _wait_controller("dl", 180)
     assert state.phase == "finished", (state.detail, run_log("dl"))
     elapsed = state.decisions[-1].time - (state.started_at or 0)
