@@ -4,8 +4,8 @@ Replays every trace under ../shared/traces (beside the repository) over a grid: 
 1/4/8/16 as the trace offers them, work 12/18/24 h, deadline 1.5/2/2.5/3 × the work, a window
 starting every 24 h that fits in the trace, restart overhead 10 min, p3.2xlarge prices
 (spot $0.918, on-demand $3.06 per node-hour). For each window it computes the offline optimum
-(`mncloud.replay.optimum`, an exact dynamic program over the same tick model) and replays each
-policy (`mncloud.policy.POLICIES`). It prints, per scenario group (trace × N × deadline
+(`deadline.replay.optimum`, an exact dynamic program over the same tick model) and replays each
+policy (`mncloud.deadline.policy.POLICIES`). It prints, per scenario group (trace × N × deadline
 factor), the mean cost relative to all on-demand and to the optimum, and deadlines missed; then
 the totals and the checks: no deadline missed, ours never worse than greedy by more than 0.01
 of the optimum in any group (issue #27's hedge), mean ≤ 1.05× the optimum.
@@ -23,9 +23,10 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+from mncloud.deadline.policy import DEFAULT_POLICY, POLICIES, Job, make_policy
+from mncloud.deadline.replay import optimum, replay, window_starts
 from mncloud.errors import SpecError
-from mncloud.policy import DEFAULT_POLICY, POLICIES, Job, make_policy
-from mncloud.replay import Trace, load_trace, optimum, replay, window_starts
+from mncloud.plan.traces import Trace, load_trace
 
 TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 NODES = (1, 4, 8, 16)

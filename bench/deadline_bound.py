@@ -7,7 +7,7 @@ down runs (spot for all N nodes or not) whose length law is estimated from the w
 per age in ticks (the chance that a run `a` ticks old ends at the next tick, over the trace's
 complete runs; one pooled rate from `--ages` ticks on). Given that law, the policy is the
 exact best one in expectation: a dynamic program over (tick, work left, cluster state,
-availability and its age), in the replay's tick model (`mncloud.replay`), solved once per
+availability and its age), in the replay's tick model (`mncloud.deadline.replay`), solved once per
 grid cell. It still decides from the past and present of its window only, so what it misses
 against the optimum is the price of not knowing the future — for any policy that treats
 availability as such alternating runs, however it learns their law.
@@ -39,8 +39,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from deadline import TRACES, Case, cell_windows, scenarios  # noqa: E402
 
-from mncloud.policy import Job, Mode, Observation, Policy, make_policy, safe  # noqa: E402
-from mncloud.replay import optimum, replay  # noqa: E402
+from mncloud.deadline.policy import Job, Mode, Observation, Policy, make_policy, safe  # noqa: E402
+from mncloud.deadline.replay import optimum, replay  # noqa: E402
 
 MIN_GAP_S = 100
 WAIT, GO_ON_DEMAND, GO_SPOT, KEEP = 0, 1, 2, 3  #: table entries: what to do in a state
@@ -134,7 +134,7 @@ def solve(job: Job, chain: AgeChain) -> dict[str, np.ndarray]:
 
 
 class ModelPolicy(Policy):
-    """Follows the tables of `solve`; the safety net (`mncloud.policy.safe`) still holds."""
+    """Follows the tables of `solve`; the safety net (`policy.safe`) still holds."""
 
     name = "model"
 

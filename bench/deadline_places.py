@@ -27,11 +27,12 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+from mncloud.deadline.places import PLACE_POLICIES, Place, PlacesJob, make_places_policy
+from mncloud.deadline.policy import DEFAULT_POLICY, Job, make_policy
+from mncloud.deadline.replay import replay, window_starts
+from mncloud.deadline.replay_places import align, availability, optimum_places, replay_places
 from mncloud.errors import SpecError
-from mncloud.places import PLACE_POLICIES, Place, PlacesJob, make_places_policy
-from mncloud.policy import DEFAULT_POLICY, Job, make_policy
-from mncloud.replay import load_trace, replay, window_starts
-from mncloud.replay_places import align, availability, optimum_places, replay_places
+from mncloud.plan.traces import load_trace
 
 TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 SETS = ("availability/1-node/aws-02-15-2023", "preemption/1-node/aws-04-22-2023")

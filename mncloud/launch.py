@@ -75,7 +75,7 @@ def learned_hazards() -> list[LearnedHazard]:
 def model_inputs(options: LaunchOptions) -> dict[str, Any]:
     """The planner's model fields from the planning options (`plan` and `up` alike); unset
     ones are left out, for PlanRequest's defaults."""
-    from mncloud.hazards import hazards_from_files
+    from mncloud.plan.hazards import hazards_from_files
 
     fields = {
         "hours": options.hours,
@@ -112,8 +112,8 @@ def prepare(
     else:
         if "local" in spec.clouds:
             raise SpecError("--cloud local runs on this machine alone; do not mix it with clouds")
-        from mncloud import jobgroup
         from mncloud.plan import make_plan
+        from mncloud.render import jobgroup
 
         if jobgroup.applies(spec):
             jobgroup.require_bucket(spec)  # before the plan is shown and approved

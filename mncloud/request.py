@@ -202,7 +202,7 @@ def local_when_no_cloud(options: dict[str, Any]) -> str | None:
     gpus = str(options.get("gpus") or "").strip()
     if as_list(options.get("cloud")) or (gpus and not gpus.lower().startswith("cpu")):
         return None
-    from mncloud.skycheck import enabled_clouds
+    from mncloud.catalog.clouds import enabled_clouds
 
     if enabled_clouds() != []:  # some enabled, or SkyPilot's state is elsewhere: unknown
         return None

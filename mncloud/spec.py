@@ -258,7 +258,7 @@ def canonical_cloud(value: str) -> str:
     name = value.strip().lower()
     if name == LOCAL_CLOUD:
         return name
-    from mncloud.catalog_index import cloud_names  # SkyPilot's registry, cached
+    from mncloud.catalog.index import cloud_names  # SkyPilot's registry, cached
 
     known = cloud_names()
     if name not in known:

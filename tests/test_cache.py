@@ -17,9 +17,12 @@ from typing import Any
 
 import pytest
 
-from mncloud import catalog, catalog_index, render, skycache, taskcheck
+from mncloud import catalog, render
+from mncloud.catalog import cache as skycache
+from mncloud.catalog import index as catalog_index
 from mncloud.errors import CatalogError, RenderError
 from mncloud.plan import PlanRequest, make_plan
+from mncloud.render import schema as taskcheck
 from mncloud.request import build_spec
 from mncloud.spec import Accelerator, SpotPolicy
 from mncloud.storage.names import name_error

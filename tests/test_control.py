@@ -21,9 +21,9 @@ from mncloud import control, layout
 from mncloud.cli import app
 from mncloud.control.loop import Controller
 from mncloud.control.markets import ManagedJobMarket
-from mncloud.policy import Mode
+from mncloud.deadline.policy import Mode
+from mncloud.plan.traces import load_trace
 from mncloud.records import cost_summary, find_record, list_records
-from mncloud.replay import load_trace
 from mncloud.request import build_spec
 from mncloud.spec import LaunchOptions
 from tests.test_skypilot import DATA, FakeSky, fake_sky, script  # noqa: F401 - fixtures

@@ -23,8 +23,8 @@ from mncloud import control, layout
 from mncloud.backends.local.figures import read_final
 from mncloud.cli import app
 from mncloud.control.places import ManagedJobPlaces, PlacesController
+from mncloud.deadline.policy import Mode
 from mncloud.layout import local_ckpt_dir
-from mncloud.policy import Mode
 from mncloud.records import cost_summary, find_record, list_records
 from mncloud.request import build_spec
 from mncloud.spec import LaunchOptions

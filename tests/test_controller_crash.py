@@ -21,11 +21,11 @@ from mncloud import control
 from mncloud.backends.local.backend import LocalBackend
 from mncloud.cli import app
 from mncloud.control.loop import Controller
+from mncloud.deadline.policy import Mode
 from mncloud.launch import launch
 from mncloud.layout import control_log
-from mncloud.policy import Mode
+from mncloud.plan.traces import load_trace
 from mncloud.records import list_records
-from mncloud.replay import load_trace
 from mncloud.request import build_spec
 from mncloud.spec import LaunchOptions
 from tests.test_local import EXAMPLE, run_log, wait_until

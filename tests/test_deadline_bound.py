@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mncloud.policy import Job, make_policy
-from mncloud.replay import optimum, replay
+from mncloud.deadline.policy import Job, make_policy
+from mncloud.deadline.replay import optimum, replay
 
 BENCH = Path(__file__).parents[1] / "bench"
 

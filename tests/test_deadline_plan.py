@@ -11,11 +11,12 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from mncloud import deadline, hazards
 from mncloud.cli import plan as plan_cli
+from mncloud.deadline import pricing as deadline
+from mncloud.deadline.policy import POLICIES, Job, make_policy
+from mncloud.deadline.replay import replay
 from mncloud.errors import SpecError
-from mncloud.policy import POLICIES, Job, make_policy
-from mncloud.replay import replay
+from mncloud.plan import hazards
 from tests.test_plan_cli import _app  # `plan` alone, called the way users call it
 
 TRACES = Path(__file__).parents[1].parent / "shared" / "traces"

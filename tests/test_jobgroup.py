@@ -20,14 +20,14 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from mncloud import constants, jobgroup
+from mncloud import constants
 from mncloud.backends.base import LaunchRequest, RunState
 from mncloud.backends.registry import record_backend
 from mncloud.backends.skypilot import META_FILE, SkyPilotBackend
 from mncloud.backends.skypilot.group import group_state
 from mncloud.errors import BackendError, MncloudError, RenderError
 from mncloud.layout import run_dir
-from mncloud.render import render
+from mncloud.render import jobgroup, render
 from mncloud.request import build_spec
 from mncloud.spec import min_replicas
 from tests.skyseed import sky_enabled_clouds  # noqa: F401 - a fixture

@@ -17,9 +17,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from mncloud import request, skycheck
+from mncloud import request
 from mncloud.backends.base import RunState
 from mncloud.backends.registry import known_runs
+from mncloud.catalog import clouds as skycheck
 from mncloud.cli import app
 from tests.test_local import run_log, wait_final
 

@@ -14,10 +14,10 @@ import typer
 from rich.console import Console
 from typer.testing import CliRunner
 
-from mncloud import costmodel
 from mncloud import records as runs
 from mncloud.cli import plan as plan_cli
 from mncloud.constants import CATALOG_DIR_ENV as CATALOG_ENV
+from mncloud.plan import costmodel
 from mncloud.request import build_spec
 from tests.skyseed import sky_enabled_clouds  # noqa: F401 - a fixture
 

@@ -10,9 +10,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mncloud import costmodel, plan
-from mncloud import hazards as trace_hazards
+from mncloud import plan
 from mncloud.errors import SpecError
+from mncloud.plan import costmodel
+from mncloud.plan import hazards as trace_hazards
 from mncloud.spec import Accelerator
 
 HOUR = 1.0

@@ -1,6 +1,6 @@
 """Node recovery in the planner: its cost model beside gang's, the plan it picks, what it shows.
 
-The model's figures are checked against the worked example in `mncloud.costmodel`'s docstring
+The model's figures are checked against the worked example in `mncloud.plan.costmodel`'s docstring
 and against an independent brute-force count of whole-gang failures; the plan tests run the real
 catalog code over the snapshot and derive every expectation from the model.
 """
@@ -18,10 +18,9 @@ import typer
 from rich.console import Console
 from typer.testing import CliRunner
 
-from mncloud import costmodel
 from mncloud.cli import plan as plan_cli
 from mncloud.errors import SpecError
-from mncloud.plan import Plan, PlanRequest, make_plan, recovery_note
+from mncloud.plan import Plan, PlanRequest, costmodel, make_plan, recovery_note
 from mncloud.request import build_spec
 from mncloud.spec import Accelerator, Recovery, SpotPolicy, min_replicas
 from tests.test_plan_cli import _app

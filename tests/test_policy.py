@@ -7,8 +7,7 @@ import random
 import numpy as np
 import pytest
 
-from mncloud.errors import SpecError
-from mncloud.policy import (
+from mncloud.deadline.policy import (
     DEFAULT_POLICY,
     POLICIES,
     Job,
@@ -19,7 +18,8 @@ from mncloud.policy import (
     ticks_ceil,
     ticks_floor,
 )
-from mncloud.replay import optimum, replay
+from mncloud.deadline.replay import optimum, replay
+from mncloud.errors import SpecError
 
 
 def _job(work: int = 6, deadline: int = 12, overhead: int = 1, nodes: int = 1) -> Job:

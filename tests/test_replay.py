@@ -10,10 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mncloud import hazards
+from mncloud.deadline.policy import DEFAULT_POLICY, Job, Mode, Observation, Policy, make_policy
+from mncloud.deadline.replay import optimum, replay, window_starts
 from mncloud.errors import SpecError
-from mncloud.policy import DEFAULT_POLICY, Job, Mode, Observation, Policy, make_policy
-from mncloud.replay import load_trace, optimum, replay, window_starts
+from mncloud.plan import hazards
+from mncloud.plan.traces import load_trace
 
 TRACES = Path(__file__).parents[1].parent / "shared" / "traces"
 needs_traces = pytest.mark.skipif(not TRACES.is_dir(), reason=f"no spot traces at {TRACES}")

@@ -13,7 +13,7 @@ import pytest
 from rich.console import Console
 
 from mncloud.cli import replay as replay_cli
-from mncloud.places import (
+from mncloud.deadline.places import (
     PLACE_POLICIES,
     Choice,
     Place,
@@ -22,9 +22,9 @@ from mncloud.places import (
     PlacesPolicy,
     make_places_policy,
 )
-from mncloud.policy import Job, Mode, make_policy
-from mncloud.replay import optimum, replay
-from mncloud.replay_places import optimum_places, replay_places
+from mncloud.deadline.policy import Job, Mode, make_policy
+from mncloud.deadline.replay import optimum, replay
+from mncloud.deadline.replay_places import optimum_places, replay_places
 from tests.test_replay import TRACES, needs_traces
 from tests.test_replay_cli import KEYS
 from tests.test_replay_cli import _run as run

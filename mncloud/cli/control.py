@@ -165,7 +165,7 @@ def _controller(state: ControlState) -> Any:
 
 def _market(state: ControlState) -> Any:
     from mncloud import control
-    from mncloud.replay import Trace, load_trace
+    from mncloud.plan.traces import Trace, load_trace
 
     cfg = state.config
     if cfg.backend != "local":

@@ -35,7 +35,7 @@ def gpus_command(
     """List the accelerators --gpus takes (NAME:COUNT per node), the clouds that offer each,
     and the cheapest on-demand and spot price of one node, from SkyPilot's catalog."""
     from mncloud.catalog import use_catalog_dir
-    from mncloud.catalog_gpus import list_gpus
+    from mncloud.catalog.gpus import list_gpus
     from mncloud.errors import SpecError
     from mncloud.spec import LOCAL_CLOUD, canonical_cloud
 

@@ -14,7 +14,7 @@ from mncloud.cli._common import console, err_console, handle_errors, print_json
 from mncloud.cli.params import ESSENTIALS
 
 if TYPE_CHECKING:
-    from mncloud.deadline import DeadlineReport, PlaceEstimate
+    from mncloud.deadline.pricing import DeadlineReport, PlaceEstimate
     from mncloud.plan import Candidate, Plan, PlanRequest
 
 
@@ -70,7 +70,7 @@ def plan_command(
         return
     request = _request(values, script, recovery)
     if deadline_s is not None:
-        from mncloud.deadline import deadline_job
+        from mncloud.deadline.pricing import deadline_job
 
         deadline_job(  # a deadline too short fails here, before the catalog is read
             nodes=request.nodes,
@@ -81,7 +81,7 @@ def plan_command(
     plan = make_plan(request)
     report = None
     if deadline_s is not None:
-        from mncloud.deadline import estimate_deadline
+        from mncloud.deadline.pricing import estimate_deadline
 
         report = estimate_deadline(plan, deadline_s, budget=budget)
     if as_json:
@@ -103,7 +103,7 @@ NO_CLOUD_PRICES = (
 
 
 def _no_cloud_enabled() -> bool:
-    from mncloud.skycheck import enabled_clouds
+    from mncloud.catalog.clouds import enabled_clouds
 
     return enabled_clouds() == []
 
@@ -259,8 +259,8 @@ def show_recovery(plan: Plan, rows: list[Candidate]) -> None:
 
     An offer a mode would leave out (it would lose over half its time recovering) is starred.
     """
-    from mncloud.costmodel import MAX_LOSS_FRACTION
     from mncloud.plan import recovery_note
+    from mncloud.plan.costmodel import MAX_LOSS_FRACTION
     from mncloud.spec import Recovery
 
     request = plan.request
@@ -391,7 +391,7 @@ def _same_offer_groups(rows: list[Candidate]) -> list[list[Candidate]]:
 
 
 def _show_details(plan: Plan) -> None:
-    from mncloud import costmodel
+    from mncloud.plan import costmodel
 
     request = plan.request
     console.print(

@@ -1,7 +1,7 @@
 """`mncloud replay`: a deadline policy over recorded spot traces, window by window.
 
-One trace: one place (`mncloud.replay`). Several: several places over the same clock, each
-trace a place named after its file, priced per place (`mncloud.replay_places`), with the
+One trace: one place (`mncloud.deadline.replay`). Several: several places over the same clock, each
+trace a place named after its file, priced per place (`mncloud.deadline.replay_places`), with the
 offline optimum across places beside each window.
 """
 
@@ -21,10 +21,11 @@ from mncloud.errors import SpecError
 from mncloud.spec import MAX_NODES
 
 if TYPE_CHECKING:
-    from mncloud.places import PlacesJob
-    from mncloud.policy import Job
-    from mncloud.replay import Result, Trace
-    from mncloud.replay_places import PlacesResult
+    from mncloud.deadline.places import PlacesJob
+    from mncloud.deadline.policy import Job
+    from mncloud.deadline.replay import Result
+    from mncloud.deadline.replay_places import PlacesResult
+    from mncloud.plan.traces import Trace
 
 DEFAULT_SPOT_PRICE = 0.918
 
@@ -119,8 +120,9 @@ def replay_command(
 ) -> None:
     """Replay a deadline policy on spot traces: cost, hours per market, preemptions; with
     several traces, across places (one per trace), beside the optimum across them."""
-    from mncloud.policy import DEFAULT_POLICY, POLICIES, Job, make_policy
-    from mncloud.replay import load_trace, replay, window_starts
+    from mncloud.deadline.policy import DEFAULT_POLICY, POLICIES, Job, make_policy
+    from mncloud.deadline.replay import replay, window_starts
+    from mncloud.plan.traces import load_trace
 
     name = policy or DEFAULT_POLICY
     if name not in POLICIES:
@@ -187,7 +189,7 @@ def _common_span(loaded: list[Trace], names: list[str]) -> tuple[int, int | None
     """The traces' gap and, when their lengths differ, the common length (else None)."""
     if len(loaded) == 1:
         return loaded[0].gap, None
-    from mncloud.replay_places import align
+    from mncloud.deadline.replay_places import align
 
     return align(loaded, names)
 
@@ -204,8 +206,8 @@ def _across_places(
     as_json: bool,
 ) -> None:
     """Replay the multi-place policy `name` and the optimum across places; print them."""
-    from mncloud.places import Place, PlacesJob, make_places_policy
-    from mncloud.replay_places import availability, optimum_places, replay_places
+    from mncloud.deadline.places import Place, PlacesJob, make_places_policy
+    from mncloud.deadline.replay_places import availability, optimum_places, replay_places
 
     pjob = PlacesJob(job, tuple(Place(n, p) for n, p in zip(names, prices, strict=True)))
     available = availability(loaded, job.nodes, common)

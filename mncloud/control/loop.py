@@ -45,8 +45,8 @@ from mncloud import layout
 from mncloud.backends.base import RunState
 from mncloud.control.markets import Clock, Market, SystemClock
 from mncloud.control.state import ControlState, Decision, Launching, save_state, stop_requested
+from mncloud.deadline.policy import Mode, Observation, Slack, make_policy
 from mncloud.errors import MncloudError
-from mncloud.policy import Mode, Observation, Slack, make_policy
 
 if TYPE_CHECKING:
     from mncloud.backends.base import Backend, RunStatus

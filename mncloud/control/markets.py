@@ -20,12 +20,12 @@ import time
 from typing import TYPE_CHECKING, Protocol
 
 from mncloud.backends.base import RunState
-from mncloud.policy import Mode
+from mncloud.deadline.policy import Mode
 
 if TYPE_CHECKING:
     from mncloud.backends.base import Backend, RunStatus
     from mncloud.control.state import ControlState
-    from mncloud.replay import Trace
+    from mncloud.plan.traces import Trace
 
 #: Seconds to wait for the local supervisor to record a trace's preemption before `down`.
 PREEMPTION_RECORD_S = 15.0

@@ -3,7 +3,7 @@
 `up --deadline` with several places (`--region` or `--cloud` given more than once on a cloud;
 `--spot-trace` given once per place locally) keeps `ControlConfig.places`, and the run is
 steered by `PlacesController`: the loop of `loop.Controller`, with each tick's capacity
-learned per place and the decision made by `mncloud.places` (a mode and, for spot, a place).
+learned per place and the decision made by `deadline.places` (a mode and, for spot, a place).
 
 A spot choice in another place than the live launch's is a *move*: the live launch is taken
 down gracefully (a preemption notice, as a market switch is) and the same spec is launched
@@ -36,14 +36,14 @@ from typing import TYPE_CHECKING, Any, Protocol
 from mncloud.control.loop import Controller
 from mncloud.control.markets import ManagedJobMarket, TraceMarket
 from mncloud.control.state import ControlConfig, ControlState, Launching, save_state
-from mncloud.places import Choice, Place, PlacesJob, PlacesObservation, make_places_policy
-from mncloud.policy import Mode, Observation
+from mncloud.deadline.places import Choice, Place, PlacesJob, PlacesObservation, make_places_policy
+from mncloud.deadline.policy import Mode, Observation
 
 if TYPE_CHECKING:
     from mncloud.backends.base import Backend, RunStatus
     from mncloud.control.markets import Clock
+    from mncloud.plan.traces import Trace
     from mncloud.records.ledger import CostSummary
-    from mncloud.replay import Trace
     from mncloud.spec import JobSpec
 
 
@@ -114,7 +114,7 @@ def places_market(state: ControlState) -> PlacesMarket:
     cfg = state.config
     if cfg.backend != "local":
         return ManagedJobPlaces()
-    from mncloud.replay import Trace, load_trace
+    from mncloud.plan.traces import Trace, load_trace
 
     always = Trace.model_validate({"metadata": {"gap_seconds": cfg.gap_s}, "data": [cfg.nodes]})
     traces = [load_trace(p.trace) if p.trace else always for p in cfg.places]

@@ -45,7 +45,7 @@ def local_places(
     traces: Sequence[Path], prices: Sequence[float], default_price: float
 ) -> tuple[tuple[PlaceConfig, ...], int]:
     """The places of a local rehearsal, one per trace, and their common gap (seconds)."""
-    from mncloud.replay import load_trace
+    from mncloud.plan.traces import load_trace
 
     loaded = [load_trace(path) for path in traces]
     gaps = sorted({t.gap for t in loaded})

@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Any
 
 from mncloud import layout
 from mncloud.control.state import Launching, save_state
+from mncloud.deadline.policy import Mode
 from mncloud.errors import MncloudError, RunNotFoundError
-from mncloud.policy import Mode
 
 if TYPE_CHECKING:
     from mncloud.control.loop import Controller

@@ -43,8 +43,8 @@ from mncloud.control.state import (
     save_state,
     stop_requested,
 )
+from mncloud.deadline.policy import DEFAULT_POLICY
 from mncloud.errors import MncloudError, SpecError
-from mncloud.policy import DEFAULT_POLICY
 
 if TYPE_CHECKING:
     from mncloud.spec import JobSpec, LaunchOptions
@@ -89,7 +89,7 @@ def deadline_state(
     gap, trace = DECISION_INTERVAL_S, None
     places, places_gap, home_od = _places(spec, traces, prices, on_demand_price)
     if len(traces) == 1:
-        from mncloud.replay import load_trace
+        from mncloud.plan.traces import load_trace
 
         gap, trace = load_trace(traces[0]).gap, str(Path(traces[0]).resolve())
     gap = places_gap or gap
@@ -211,7 +211,7 @@ def _prices(
 
     plan = make_plan(plan_request(spec.model_copy(update={"spot": SpotPolicy.EITHER}), options))
     if budget is not None:
-        from mncloud.deadline import refuse_over_budget
+        from mncloud.deadline.pricing import refuse_over_budget
 
         refuse_over_budget(plan, deadline_s, budget)
 
@@ -409,7 +409,7 @@ def stop(name: str, notice_s: float = 0.0) -> str:
 
 
 def _mark_stopped(name: str, why: str) -> None:
-    from mncloud.policy import Mode
+    from mncloud.deadline.policy import Mode
 
     state = load_state(name, fresh=False)
     if not state.final:

@@ -31,8 +31,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from mncloud import layout
 from mncloud.backends.base import DeadlineStatus
+from mncloud.deadline.policy import DEFAULT_POLICY, Job, Mode
 from mncloud.errors import MncloudError, RunNotFoundError
-from mncloud.policy import DEFAULT_POLICY, Job, Mode
 
 log = logging.getLogger(__name__)
 

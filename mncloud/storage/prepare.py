@@ -101,7 +101,7 @@ def egress_usd_per_gb(state: BucketState, cloud: str | None, region: str | None)
     if state.cloud != cloud.lower():
         from sky.utils import registry
 
-        from mncloud.catalog_index import quiet_sky
+        from mncloud.catalog.index import quiet_sky
 
         with quiet_sky():
             registered = registry.CLOUD_REGISTRY.from_str(state.cloud)

@@ -37,7 +37,7 @@ what `status` needs to report cost so far and the newest checkpoint.
 Modules, by job: `errors` (SkyPilot's exceptions → one line), `meta` (`RunMeta` and its
 file), `task` (the `sky.Task` with secrets), `dryrun`, `status` (cluster and managed-job
 states), `logs` (node prefixes), `group` (a `--recovery node` job group: one managed job of
-several tasks, `mncloud/jobgroup.py`), `backend` (`SkyPilotBackend`). SkyPilot itself is imported
+several tasks, `render/jobgroup.py`), `backend` (`SkyPilotBackend`). SkyPilot itself is imported
 only inside the functions that call it: importing this package does not import `sky`.
 """
 

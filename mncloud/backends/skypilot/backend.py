@@ -71,7 +71,7 @@ class SkyPilotBackend:
         return status_from_meta(meta, meta.last_state, f"launched ({what})")
 
     def _launch_job_group(self, request: LaunchRequest) -> RunStatus:
-        """`--recovery node`: the job group (`mncloud/jobgroup.py`) as one managed job."""
+        """`--recovery node`: the job group (`mncloud/render/jobgroup.py`) as one managed job."""
         import sky
 
         spec, spot = request.spec, request.task.spot

@@ -1,4 +1,4 @@
-"""A job group (`--recovery node`, `mncloud/jobgroup.py`) through SkyPilot: its status, logs
+"""A job group (`--recovery node`, `mncloud/render/jobgroup.py`) through SkyPilot: its status, logs
 and dry run. One managed job id covers every task: `sky.jobs.cancel` ends them all, and
 `sky.jobs.queue_v2` answers one record per task.
 

@@ -44,7 +44,7 @@ def build_task(request: LaunchRequest, environ: dict[str, str] | None = None) ->
 def build_dag(request: LaunchRequest, environ: dict[str, str] | None = None) -> sky.Dag:
     """A job group's `sky.Dag` (`execution: parallel`), read by SkyPilot's job-group loader
     from the rendered YAML, secrets filled from `environ` into every task."""
-    from mncloud import jobgroup
+    from mncloud.render import jobgroup
 
     overrides = secret_overrides(request, environ)
     try:

@@ -45,8 +45,9 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from mncloud import __version__, constants, jobgroup, layout
+from mncloud import __version__, constants, layout
 from mncloud.errors import RenderError
+from mncloud.render import jobgroup
 from mncloud.spec import BUCKET_MOUNT_PATH, JobSpec, Launcher, Recovery, SpotPolicy
 
 if TYPE_CHECKING:
@@ -285,7 +286,8 @@ def _region_error(cloud: str, region: str) -> str | None:
     A region the offers index (`catalog_index`) lists is answered without SkyPilot; any other
     is asked of SkyPilot, whose message lists the names.
     """
-    from mncloud import catalog_index, skycache
+    from mncloud.catalog import cache as skycache
+    from mncloud.catalog import index as catalog_index
 
     if skycache.enabled() and catalog_index.region_known(cloud, region):
         return None
@@ -344,7 +346,7 @@ def validate_task_config(config: dict[str, Any]) -> None:
     SkyPilot's cached schema and catalog) skips the SkyPilot import; any other gets SkyPilot's
     own verdict and message.
     """
-    from mncloud import taskcheck
+    from mncloud.render import schema as taskcheck
 
     if taskcheck.surely_valid(config):
         return

@@ -2,7 +2,7 @@
 
 The one place this decision is made. Pure: no I/O, no clock; a policy sees only the past and
 the present (`Observation`) and the job's constants (`Job`), and answers a `Mode`. Replay
-(`mncloud.replay`) feeds it a real spot trace; the live controller feeds it the run's progress.
+(`deadline.replay`) feeds it a real spot trace; the live controller feeds it the run's progress.
 
 Time is counted in *ticks* of `Job.gap_seconds` (a trace's `gap_seconds`, or the controller's
 decision interval). `ticks_ceil`/`ticks_floor` turn whole seconds into ticks without floating

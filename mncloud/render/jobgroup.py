@@ -105,7 +105,7 @@ def require_bucket(spec: JobSpec) -> None:
 def mncloud_source() -> str | None:
     """This mncloud's source tree when it runs from a checkout (the lighthouse task installs
     it from there), else None (it installs the same version from the package index)."""
-    source = Path(__file__).resolve().parents[1]
+    source = Path(__file__).resolve().parents[2]
     return str(source) if (source / "pyproject.toml").is_file() else None
 
 
@@ -243,7 +243,7 @@ def load_dag(text: str, secrets: list[tuple[str, str]] | None = None) -> Any:
 def validate(documents: list[dict[str, Any]], text: str) -> None:
     """The group as SkyPilot's job-group loader reads it; skipped (no SkyPilot import) when
     `surely_loads` vouches for the header and every task passed its own check."""
-    from mncloud import taskcheck
+    from mncloud.render import schema as taskcheck
 
     if surely_loads(documents) and all(taskcheck.surely_valid(doc) for doc in documents[1:]):
         return

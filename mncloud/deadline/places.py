@@ -1,6 +1,6 @@
 """Deadline decisions across K places: spot in one of them, on-demand, or wait.
 
-The multi-place extension of `mncloud.policy` (same ticks, same safety net, same `Mode`s). A
+The multi-place extension of `deadline.policy` (same ticks, same safety net, same `Mode`s). A
 *place* is where spot can run: a zone, a region or a cloud, each with its own spot capacity
 (one trace each in replay, a market each live) and its own spot price. On-demand is always
 there, at one price, in the home place (the first `--region`/`--cloud` given, where the bucket
@@ -11,7 +11,7 @@ Pure, as `policy.py`: a policy sees `PlacesObservation` (the past and present of
 and answers a `Choice` (a mode and, for spot, the place). Policies live in their own registry,
 `PLACE_POLICIES`, since they answer a place as well as a mode; each wraps the single-place
 policy of the same name for the market decision, so a single place decides exactly as before.
-Replay and the exact K-place optimum are in `mncloud.replay_places`.
+Replay and the exact K-place optimum are in `mncloud.deadline.replay_places`.
 """
 
 from __future__ import annotations
@@ -20,8 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from mncloud.errors import SpecError
-from mncloud.policy import (
+from mncloud.deadline.policy import (
     DEFAULT_POLICY,
     POLICIES,
     AdaptivePolicy,
@@ -31,6 +30,7 @@ from mncloud.policy import (
     Policy,
     make_policy,
 )
+from mncloud.errors import SpecError
 
 
 @dataclass(frozen=True)

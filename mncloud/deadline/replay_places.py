@@ -1,6 +1,6 @@
 """Replay a multi-place policy over K aligned spot traces, and the exact K-place optimum.
 
-The tick model of `mncloud.replay`, with K places: in each tick the cluster is SPOT in one
+The tick model of `mncloud.deadline.replay`, with K places: in each tick the cluster is SPOT in one
 place (allowed only while that place's trace offers ≥ N nodes), ON_DEMAND (home place, always
 allowed) or NONE. Every launch (from NONE, a switch of market, or a move to another place)
 spends `overhead_ticks` billed ticks without progress, and a spot launch in place p also pays
@@ -19,10 +19,11 @@ from typing import Any
 
 import numpy as np
 
+from mncloud.deadline.places import Choice, PlacesJob, PlacesObservation, PlacesPolicy
+from mncloud.deadline.policy import Mode
+from mncloud.deadline.replay import Result
 from mncloud.errors import SpecError
-from mncloud.places import Choice, PlacesJob, PlacesObservation, PlacesPolicy
-from mncloud.policy import Mode
-from mncloud.replay import Result, Trace
+from mncloud.plan.traces import Trace
 
 
 def align(traces: Sequence[Trace], names: Sequence[str]) -> tuple[int, int | None]:

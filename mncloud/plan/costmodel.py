@@ -68,10 +68,10 @@ R = 10 min, C = 1 min, H = 1 min.
 Where λ comes from (`spot_hazard_at`), first match wins
 -------------------------------------------------------
 1. `--preemption-rate`: one rate for every cloud.
-2. `--hazards-from TRACE…`: the user's own spot traces (`mncloud.hazards.Evidence`), weighed
+2. `--hazards-from TRACE…`: the user's own spot traces (`mncloud.plan.hazards.Evidence`), weighed
    against what the plan would assume without them.
 3. `--learn`: the preemptions in this machine's run records, blended with the measured prior.
-4. Measured: the public spot traces (`mncloud.hazards.measured_hazard`), by region where they
+4. Measured: the public spot traces (`mncloud.plan.hazards.measured_hazard`), by region where they
    cover it, by cloud otherwise; AWS V100 spot shows 0.33–0.67 preemptions per node-hour.
 5. Default: every trace pooled, 0.491/node-h, for a cloud without a trace.
 
@@ -95,8 +95,8 @@ from collections.abc import Mapping
 
 from pydantic import BaseModel, ConfigDict, computed_field
 
-from mncloud import hazards as trace_hazards
-from mncloud.hazards import Evidence
+from mncloud.plan import hazards as trace_hazards
+from mncloud.plan.hazards import Evidence
 from mncloud.spec import LOCAL_CLOUD, Recovery, min_replicas
 
 #: On-demand nodes fail too. Meta's "The Llama 3 Herd of Models" (2024, §3.3.4) reports 419
@@ -104,7 +104,7 @@ from mncloud.spec import LOCAL_CLOUD, Recovery, min_replicas
 #: 419 / (54·24 h · 2,048) ≈ 1.6e-4 per node-hour. Well-run private clusters, not clouds, but
 #: the best public figure at that scale.
 ON_DEMAND_HAZARD_PER_HOUR = 1.6e-4
-#: Spot hazard for a cloud without a trace: `mncloud.hazards.DEFAULT_HAZARD_PER_HOUR`.
+#: Spot hazard for a cloud without a trace: `mncloud.plan.hazards.DEFAULT_HAZARD_PER_HOUR`.
 DEFAULT_SPOT_HAZARD_PER_HOUR = trace_hazards.DEFAULT_HAZARD_PER_HOUR
 #: R: detect the preemption, provision a new cluster (minutes for 8-GPU VMs), run setup and load
 #: the checkpoint. SkyPilot's managed-job recovery usually takes several minutes; 10 is a guess.

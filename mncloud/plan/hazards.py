@@ -1,6 +1,6 @@
 """Spot preemption hazards per node-hour, measured on spot traces rather than guessed.
 
-A trace (`mncloud.replay.Trace`) says how many spot nodes were held (preemption traces) or
+A trace (`mncloud.plan.traces.Trace`) says how many spot nodes were held (preemption traces) or
 could be held (availability traces) at each tick. Every drop from k to k' < k nodes is k − k'
 node preemptions; the node-hours are the sum of the counts × the tick length. The hazard is
 (preemptions + ½) / node-hours: the ½ (a Jeffreys prior) keeps a short trace without a single
@@ -19,7 +19,7 @@ seen for `EVIDENCE_PRIOR_NODE_HOURS`, the gamma–Poisson blend `--learn` uses. 
 0.49 towards zero, while AWS's 8,029 node-h speak for themselves.
 
 Spot *gaps* (how long spot stays away once gone, for the deadline planner's availability model,
-`mncloud.deadline`): the internal runs of ticks offering fewer than the trace's node count.
+`mncloud.deadline.pricing`): the internal runs of ticks offering fewer than the trace's node count.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from mncloud.replay import Trace
+    from mncloud.plan.traces import Trace
 
 TRACE_SOURCE = "skypilot-org/spot-traces (Can't Be Late, NSDI 2024)"
 #: (node preemptions, spot node-hours) by cloud, pooled over every trace of that cloud (see
@@ -126,7 +126,7 @@ def describe(path: Path, trace: Trace) -> tuple[str, str, str]:
 
 def hazards_from_files(paths: Iterable[str | Path]) -> list[TraceHazard]:
     """One TraceHazard per trace file (for `plan --hazards-from`); SpecError on a bad file."""
-    from mncloud.replay import load_trace
+    from mncloud.plan.traces import load_trace
 
     out = []
     for raw in paths:

@@ -26,7 +26,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
-from mncloud import skycache
+from mncloud.catalog import cache as skycache
 
 #: The (nodes > 1, spot) order of an instance type's `unsupported` verdicts.
 VERDICTS = [(False, False), (False, True), (True, False), (True, True)]

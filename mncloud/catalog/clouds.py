@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from mncloud import skycache
+from mncloud.catalog import cache as skycache
 
 #: SkyPilot's variables that put its state somewhere other than this machine's state.db.
 _ELSEWHERE_ENV = ("SKYPILOT_DB_CONNECTION_URI", "SKYPILOT_API_SERVER_ENDPOINT")

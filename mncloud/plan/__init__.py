@@ -1,7 +1,7 @@
 """Cost-aware planning: put the job where it costs least *to finish*, not where $/h is lowest.
 
 The planner asks SkyPilot's catalog for every fitting offer (`catalog.offers`), prices each with
-the cost model (`mncloud.costmodel`: expected hours, preemptions and cost, spot hazards from the
+the cost model (`plan.costmodel`: expected hours, preemptions and cost, spot hazards from the
 traces or the user), keeps those within budget and ranks them by expected cost. The choice and a
 few fallbacks in its market become SkyPilot's `resources.ordered`.
 
@@ -23,7 +23,8 @@ from pydantic import (
 )
 
 from mncloud.catalog import Exclusion, Offer
-from mncloud.costmodel import (
+from mncloud.errors import CatalogError, SpecError, first_error
+from mncloud.plan.costmodel import (
     DEFAULT_CKPT_SECONDS,
     DEFAULT_HEAL_MINUTES,
     DEFAULT_RECOVERY_MINUTES,
@@ -36,8 +37,7 @@ from mncloud.costmodel import (
     learn_hazards,
     spot_hazard_at,
 )
-from mncloud.errors import CatalogError, SpecError, first_error
-from mncloud.hazards import Evidence, TraceHazard
+from mncloud.plan.hazards import Evidence, TraceHazard
 from mncloud.spec import (
     DEFAULT_HOURS,
     LOCAL_CLOUD,

@@ -24,8 +24,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from mncloud import catalog_index, constants, layout, skycache
-from mncloud.catalog_index import quiet_sky, unsupported_reason
+from mncloud import constants, layout
+from mncloud.catalog import cache as skycache
+from mncloud.catalog import index as catalog_index
+from mncloud.catalog.index import quiet_sky, unsupported_reason
 from mncloud.errors import CatalogError, SpecError
 
 CATALOG_SCHEMA_VERSION = "v8"

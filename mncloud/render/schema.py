@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from mncloud import skycache
+from mncloud.catalog import cache as skycache
 
 _TOP_FIELDS = {"name", "num_nodes", "workdir", "resources", "envs", "secrets", "setup", "run"}
 _ENTRY_FIELDS = {"accelerators", "cpus", "use_spot", "infra", "instance_type", "disk_size"}
@@ -204,7 +204,7 @@ def _placement_ok(
     infra: Any, instance_type: Any, accelerator: tuple[str, int] | tuple[()], cpus: Any
 ) -> bool:
     """`cloud`, `cloud/*` or `cloud/region`, and an instance type, checked against the index."""
-    from mncloud import catalog_index
+    from mncloud.catalog import index as catalog_index
 
     if infra is None:
         return instance_type is None

@@ -15,8 +15,10 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from mncloud import catalog, catalog_index, constants, skycache
-from mncloud.catalog_index import Row, quiet_sky
+from mncloud import catalog, constants
+from mncloud.catalog import cache as skycache
+from mncloud.catalog import index as catalog_index
+from mncloud.catalog.index import Row, quiet_sky
 from mncloud.errors import CatalogError, SpecError
 
 

@@ -3,7 +3,7 @@
 For every place of a plan (cloud, region, instance type) the figures are: the expected cost under
 the deadline policy (`policy.DEFAULT_POLICY` unless told), the cost all on-demand, the cost and
 the chance of finishing in time on spot alone, and the slack the deadline leaves. They follow
-the replay model of `mncloud.replay` exactly (ticks, a restart overhead of `--recovery-minutes`
+the replay model of `deadline.replay` exactly (ticks, a restart overhead of `--recovery-minutes`
 per launch, no work lost at a preemption), not the Young–Daly model of the plan's own table.
 
 The estimator: the policy is replayed (`replay.replay`) over `WINDOWS` availability windows
@@ -30,11 +30,11 @@ from dataclasses import dataclass
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
+from mncloud.deadline.policy import DEFAULT_POLICY, Job, make_policy
+from mncloud.deadline.replay import replay
 from mncloud.errors import CatalogError, SpecError
-from mncloud.hazards import MEAN_SPOT_GAP_HOURS
 from mncloud.plan import Candidate, Plan
-from mncloud.policy import DEFAULT_POLICY, Job, make_policy
-from mncloud.replay import replay
+from mncloud.plan.hazards import MEAN_SPOT_GAP_HOURS
 from mncloud.spec import SpotPolicy
 
 #: Availability windows per hazard: the Monte Carlo sample (standard error ≈ 1–2% of the cost).
