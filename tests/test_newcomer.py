@@ -48,7 +48,7 @@ def test_skypilot_itself_reports_no_cloud_in_a_fresh_state(tmp_path: Path) -> No
         "from sky.clouds import cloud\n"
         "ws = skypilot_config.get_active_workspace()\n"
         "sky = global_user_state.get_cached_enabled_clouds(cloud.CloudCapability.COMPUTE, ws)\n"
-        "from mncloud import skycheck\n"
+        "from mncloud.catalog import clouds as skycheck\n"
         "assert skycheck.state_db().exists()\n"
         "print(repr((list(sky), skycheck.enabled_clouds())))\n"
     )

@@ -230,8 +230,9 @@ def test_script_arguments_reach_torchrun_verbatim(script: Path, tmp_path: Path) 
         "*",
         "",
     ]
-    config = render(build_spec(script, nasty, gpus="H100:8", nodes=2)).config
-    argv = _run_section_under_bash(config, tmp_path / "run", {})
+    # No preflight: with mncloud importable (an activated venv) it would look for 8 GPUs here.
+    spec = build_spec(script, nasty, gpus="H100:8", nodes=2, preflight=False)
+    argv = _run_section_under_bash(render(spec).config, tmp_path / "run", {})
     assert argv[-len(nasty) :] == nasty
     assert argv[-len(nasty) - 2 :][:2] == ["--", "train.py"]
     assert "--nnodes=2" in argv and "--nproc_per_node=8" in argv and "--node_rank=1" in argv
