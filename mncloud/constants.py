@@ -77,3 +77,12 @@ REPLICA_ID_ENV = "MNCLOUD_REPLICA_ID"
 NUM_REPLICAS_ENV = "MNCLOUD_NUM_REPLICAS"
 REPLICA_HOST_ENV = "MNCLOUD_REPLICA_HOST"
 LIGHTHOUSE_ENV = "TORCHFT_LIGHTHOUSE"
+
+
+def min_replicas(nodes: int) -> int:
+    """Under node recovery, the fewest nodes that train on: half, rounded up. With fewer left
+    (two of three lost at once), the whole gang is relaunched from the bucket checkpoint.
+
+    Here, on the ground floor, so a training rank (`train/ft.py`) and the planner share it
+    without the rank loading the planner's models."""
+    return max(1, -(-nodes // 2))

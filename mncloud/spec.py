@@ -14,6 +14,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from mncloud import constants, layout
+from mncloud.constants import min_replicas as min_replicas  # re-exported: its old home
 from mncloud.errors import SpecError
 from mncloud.errors import first_error as first_error  # re-exported: its old home
 from mncloud.export import ExportFormat
@@ -61,12 +62,6 @@ class Recovery(str, Enum):
     NODE = "node"
     """Only the lost node is replaced; the others keep training and it heals from a live one
     (the script uses `mncloud.train.Replicas`)."""
-
-
-def min_replicas(nodes: int) -> int:
-    """Under node recovery, the fewest nodes that train on: half, rounded up. With fewer left
-    (two of three lost at once), the whole gang is relaunched from the bucket checkpoint."""
-    return max(1, -(-nodes // 2))
 
 
 #: Where the bucket is mounted on a cloud node (`--mount-bucket`, `--ckpt-dir`).

@@ -17,7 +17,7 @@ from torch.distributed.checkpoint._traverse import get_element, set_element
 from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
 
-from mncloud.export import INDEX_FILE, ExportError, ExportFormat
+from mncloud.export.model import INDEX_FILE, ExportError, ExportFormat
 
 LOAD_GROUP_BYTES = 256 * 2**20
 """The torch format reads the entry in groups of this many bytes (progress between them)."""

@@ -12,7 +12,8 @@ import torch
 from torch.distributed.checkpoint.api import CheckpointException
 
 from mncloud.errors import MncloudError
-from mncloud.export import ExportedFile, ExportError, ExportFormat, ExportManifest, convert, source
+from mncloud.export import convert, source
+from mncloud.export.model import ExportedFile, ExportError, ExportFormat, ExportManifest
 from mncloud.export.target import Target
 from mncloud.storage.checkpoints import CheckpointStore, sha256_file
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mncloud.errors import CheckpointError
-from mncloud.export import ExportError
+from mncloud.export.model import ExportError
 from mncloud.storage.checkpoints import MANIFEST, CheckpointStore, Manifest
 
 DCP_METADATA = ".metadata"

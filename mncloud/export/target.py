@@ -10,8 +10,9 @@ import tempfile
 from pathlib import Path
 
 from mncloud.errors import MncloudError
-from mncloud.export import EXPORT_MANIFEST, ExportError
-from mncloud.storage.buckets import Bucket, open_bucket
+from mncloud.export.model import EXPORT_MANIFEST, ExportError
+from mncloud.storage.buckets import Bucket
+from mncloud.storage.factory import open_bucket
 from mncloud.storage.url import BucketURL, join_key
 
 

@@ -13,10 +13,9 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from mncloud.spec import JobSpec
+from pydantic import BaseModel
 
 REDACTED = "<redacted>"
 
@@ -118,7 +117,7 @@ def redactor_for(
     return Redactor(values)
 
 
-def spec_redactor(spec: JobSpec | Mapping[str, Any] | None) -> Redactor:
+def spec_redactor(spec: BaseModel | Mapping[str, Any] | None) -> Redactor:
     """The Redactor for a spec (a JobSpec or its JSON), reading secret values from os.environ."""
     if spec is None:
         return redactor_for()

@@ -30,12 +30,9 @@ import time
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from mncloud import constants, layout
-
-if TYPE_CHECKING:
-    from mncloud.records.model import RunRecord
 
 log = logging.getLogger(__name__)
 
@@ -143,7 +140,17 @@ def read_steps(uri: str) -> dict[int, RankSteps]:
     return found
 
 
-def step_times(record: RunRecord, ckpt_uri: str | None = None) -> dict[int, float]:
+class RecordedRun(Protocol):
+    """What `step_times` reads of a run record (`records.model.RunRecord` has it)."""
+
+    run_id: str
+    step_times: dict[int, float]
+
+    @property
+    def ckpt_uri(self) -> str | None: ...
+
+
+def step_times(record: RecordedRun, ckpt_uri: str | None = None) -> dict[int, float]:
     """Each rank's sustained seconds per step (`RankSteps.sustained`), or the stored ones.
 
     Ranks publish under the record's checkpoint URI or, for a run without `--bucket` (a local

@@ -2,7 +2,8 @@
 local directory, bucket preparation before a launch, and the checkpoint layout.
 
     url.py          BucketURL: THE parser of s3://, gs:// and file:// URLs
-    buckets.py      the Bucket protocol, open_bucket, LocalBucket, atomic writes
+    buckets.py      the Bucket protocol, LocalBucket, atomic writes
+    factory.py      open_bucket: a URL → the bucket of its scheme
     s3.py, gcs.py   the S3 and GCS buckets (their SDKs imported on first use)
     retry.py        retrying transient failures (tenacity) within a time budget
     prepare.py      before `up`: does the bucket exist, where, create it, egress warning
@@ -20,11 +21,11 @@ from mncloud.storage.buckets import (
     ObjectNotFoundError,
     atomic_path,
     delete_prefix,
-    open_bucket,
     set_simulated_outage,
     write_atomic,
 )
 from mncloud.storage.checkpoints import CheckpointStore, Manifest
+from mncloud.storage.factory import open_bucket
 from mncloud.storage.prepare import BucketState, egress_usd_per_gb, egress_warning, prepare_bucket
 from mncloud.storage.url import BucketURL, BucketURLError, join_key
 

@@ -1,4 +1,4 @@
-"""The `Bucket` interface, `open_bucket`, and the local-directory bucket.
+"""The `Bucket` interface and the local-directory bucket (`factory.open_bucket` opens any).
 
 `open_bucket("s3://team-ckpt/run-1")` returns the bucket and the key prefix inside it. Keys are
 plain `str` with `/` separators, so the same code serves `s3://` (`s3.py`), `gs://` (`gcs.py`)
@@ -31,7 +31,6 @@ from mncloud.storage.retry import (
     DEFAULT_RETRY_SECONDS,
     TransientStorageError,
     call_with_retry,
-    retry_seconds_from_env,
     short_error,
 )
 from mncloud.storage.url import BucketURL, BucketURLError
@@ -70,25 +69,6 @@ class Bucket(Protocol):
     def delete(self, key: str) -> None: ...
     def exists(self, key: str) -> bool: ...
     def size(self, key: str) -> int: ...
-
-
-def open_bucket(uri: str | BucketURL, *, retry_seconds: float | None = None) -> tuple[Bucket, str]:
-    """Open the bucket a URL names; return it and the key prefix inside it (no slashes at ends).
-
-    The URL's syntax is checked here; the cloud's naming rules were checked when the run was
-    specified (see `url.py`).
-    """
-    url = uri if isinstance(uri, BucketURL) else BucketURL.parse(uri, check_name=False)
-    budget = retry_seconds_from_env() if retry_seconds is None else retry_seconds
-    if url.scheme == "s3":
-        from mncloud.storage.s3 import S3Bucket
-
-        return S3Bucket(url.name, retry_seconds=budget), url.prefix
-    if url.scheme == "gs":
-        from mncloud.storage.gcs import GCSBucket
-
-        return GCSBucket(url.name, retry_seconds=budget), url.prefix
-    return LocalBucket(url.name, retry_seconds=budget), url.prefix
 
 
 def delete_prefix(bucket: Bucket, prefix: str) -> int:

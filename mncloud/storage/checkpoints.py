@@ -41,7 +41,8 @@ from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 from mncloud import __version__
 from mncloud.errors import CheckpointError, StorageError, first_error
-from mncloud.storage.buckets import Bucket, ObjectInfo, ObjectNotFoundError, open_bucket
+from mncloud.storage.buckets import Bucket, ObjectInfo, ObjectNotFoundError
+from mncloud.storage.factory import open_bucket
 from mncloud.storage.url import join_key
 
 log = logging.getLogger(__name__)

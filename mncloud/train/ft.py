@@ -52,8 +52,8 @@ from typing import Any
 import torch
 
 from mncloud import constants
+from mncloud.constants import min_replicas
 from mncloud.errors import MncloudError
-from mncloud.spec import min_replicas
 
 log = logging.getLogger(__name__)
 
