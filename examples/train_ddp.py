@@ -10,9 +10,9 @@ optimizer, sampler position and RNG states every `--ckpt-interval` steps to `$MN
 and, after a preemption, `load` resumes from the newest complete step, so the final weights are
 the same bits as those of a run that never stopped.
 
-At the end rank 0 writes `final.json` (steps, final loss, sha256 of the final weights) beside
-the checkpoints. When `$MNCLOUD_PROGRESS_FILE` is set (the local backend sets it), rank 0 also
-appends one JSON line per step there, which `mncloud` uses to count lost steps and resume time.
+A `Progress` reports a line per step to mncloud (locally: how many steps a preemption cost,
+how long the resume took) and, at the end, `final.json` (steps, final loss, sha256 of the final
+weights) beside the checkpoints.
 """
 
 from __future__ import annotations
@@ -21,17 +21,15 @@ import argparse
 import hashlib
 import json
 import logging
-import os
 import time
 
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from mncloud.constants import PROGRESS_FILE_ENV
-from mncloud.storage import join_key, open_bucket
 from mncloud.train import (
     CheckpointManager,
+    Progress,
     Replicas,
     ResumableSampler,
     cleanup,
@@ -88,22 +86,6 @@ def weights_sha256(model: nn.Module) -> str:
     return h.hexdigest()
 
 
-class Progress:
-    """Rank 0 (of each node, under node recovery: with its number) appends one JSON line per
-    event to $MNCLOUD_PROGRESS_FILE, if it is set."""
-
-    def __init__(self, enabled: bool, replicas: Replicas) -> None:
-        path = os.environ.get(PROGRESS_FILE_ENV)
-        self.path = path if enabled and path else None
-        self.node = {"node": replicas.replica} if replicas.enabled else {}
-
-    def write(self, **record: object) -> None:
-        if self.path is None:
-            return
-        with open(self.path, "a") as f:
-            f.write(json.dumps({"t": time.time(), **self.node, **record}) + "\n")
-
-
 def main() -> None:
     args = parse_args()
     d = init_distributed(timeout_s=120)
@@ -131,8 +113,8 @@ def main() -> None:
     replicas = Replicas(state)
     ckpt = CheckpointManager(interval_steps=args.ckpt_interval, keep=2, replicas=replicas)
     start = ckpt.load(state) or 0
-    progress = Progress(d.rank == 0, replicas)  # under node recovery: each node's rank 0
-    progress.write(event="start", resumed_from=start, world_size=d.world_size)
+    progress = Progress(ckpt, replicas, rank=d.rank)
+    progress.event(event="start", resumed_from=start, world_size=d.world_size)
     if d.rank == 0:
         how = f"resumed from step {start}" if start else "from scratch"
         print(f"training {args.steps} steps on {d.world_size} ranks, {how}", flush=True)
@@ -150,7 +132,7 @@ def main() -> None:
         state["loss"] = loss
         saved = ckpt.maybe_save(step, state)
         stall = {"ckpt_s": round(ckpt.last_stall_s, 4)} if saved else {}  # for the goodput ledger
-        progress.write(step=step, loss=round(loss, 6), **stall)
+        progress.event(step=step, loss=round(loss, 6), **stall)
         if d.rank == 0 and (step % args.log_every == 0 or step == args.steps):
             print(f"step {step:5d}  loss {loss:.4f}", flush=True)
     step, loss = replicas.committed_step, float(state["loss"])
@@ -164,10 +146,7 @@ def main() -> None:
             "weights_sha256": weights_sha256(model),
             "world_size": d.world_size,
         }
-        if replicas.saves:  # under node recovery: one replica writes final.json
-            bucket, prefix = open_bucket(ckpt.uri)
-            bucket.put_bytes(join_key(prefix, "final.json"), json.dumps(result).encode())
-        progress.write(event="done", **result)
+        progress.finish(**result)
         print(f"done: {json.dumps(result)}", flush=True)
     replicas.close()
     cleanup()

@@ -21,6 +21,7 @@ from mncloud.train.dist import (
 )
 from mncloud.train.ft import Replicas
 from mncloud.train.preempt import Notice, Preempted, PreemptionWatcher
+from mncloud.train.progress import Progress
 from mncloud.train.sampler import ResumableSampler
 from mncloud.train.state import rng_state, set_rng_state
 from mncloud.train.steptime import StepTimer, report
@@ -31,6 +32,7 @@ __all__ = [
     "Notice",
     "Preempted",
     "PreemptionWatcher",
+    "Progress",
     "Replicas",
     "ResumableSampler",
     "StepTimer",

@@ -1,0 +1,55 @@
+"""What a training script reports besides its checkpoints, in one small object.
+
+    progress = Progress(ckpt, replicas, rank=d.rank)
+    progress.event(event="start", resumed_from=start, world_size=d.world_size)
+    progress.event(step=step, loss=loss)           # once a step
+    progress.finish(steps=step, final_loss=loss)   # at the end: `final.json` and a `done` event
+
+Rank 0 (of each node, under node recovery, tagged with its number) appends one JSON line per
+event to `$MNCLOUD_PROGRESS_FILE` when the local backend sets it: the steps lost and the time to
+resume that `mncloud up` prints are read from there. `finish` writes the result as
+`final.json` beside the checkpoints (one writer: rank 0 of the replica that saves), where a
+test or a pipeline reads it. Without torchrun or mncloud it costs nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import TYPE_CHECKING, Any
+
+from mncloud.constants import PROGRESS_FILE_ENV
+from mncloud.storage import join_key, open_bucket
+
+if TYPE_CHECKING:
+    from mncloud.train.ckpt import CheckpointManager
+    from mncloud.train.ft import Replicas
+
+FINAL_FILE = "final.json"
+
+
+class Progress:
+    """Progress lines for the local backend and the final result beside the checkpoints."""
+
+    def __init__(self, ckpt: CheckpointManager, replicas: Replicas, *, rank: int) -> None:
+        self._ckpt, self._replicas, self._main = ckpt, replicas, rank == 0
+        path = os.environ.get(PROGRESS_FILE_ENV)
+        self._path = path if self._main and path else None
+        self._node = {"node": replicas.replica} if replicas.enabled else {}
+
+    def event(self, **record: Any) -> None:
+        """Append one event (a step, a start) to the progress file, if this rank keeps it."""
+        if self._path is None:
+            return
+        with open(self._path, "a") as f:
+            f.write(json.dumps({"t": time.time(), **self._node, **record}) + "\n")
+
+    def finish(self, **result: Any) -> None:
+        """Write `final.json` beside the checkpoints (once per run) and a `done` event."""
+        if not self._main:
+            return
+        if self._replicas.saves:  # under node recovery: the one replica that saves
+            bucket, prefix = open_bucket(self._ckpt.uri)
+            bucket.put_bytes(join_key(prefix, FINAL_FILE), json.dumps(result).encode())
+        self.event(event="done", **result)
