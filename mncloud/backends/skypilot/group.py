@@ -21,8 +21,10 @@ from mncloud.backends.skypilot.meta import RunMeta, status_from_meta
 from mncloud.backends.skypilot.status import (
     MANAGED_JOB_STATES,
     QUEUE_FIELDS,
+    failure_of,
     queue_records,
     state_of,
+    vanished,
 )
 from mncloud.errors import BackendError
 
@@ -57,7 +59,7 @@ def job_group_status(meta: RunMeta) -> RunStatus:
     records = queue_records(meta, fields, f"job group {meta.name}")
     mine = {_name(r): r for r in records if _field(r, "job_id") == meta.job_id}
     if not mine:
-        return status_from_meta(meta, RunState.FAILED, f"SkyPilot has no managed job {meta.job_id}")
+        return vanished(meta)
     nodes = [mine[t] for t in meta.tasks[1:] if t in mine]
     states = [state_of(_field(r, "status"), MANAGED_JOB_STATES) for r in nodes]
     state = group_state(states)
@@ -76,6 +78,8 @@ def job_group_status(meta: RunMeta) -> RunStatus:
     meta.cloud = (_field(first, "cloud") if first else None) or meta.cloud
     meta.region = (_field(first, "region") if first else None) or meta.region
     status = status_from_meta(meta, state, detail)
+    failures = [failure_of(_field(r, "status")) for r in nodes]
+    status.failure = next((f for f in failures if f is not None), None)
     status.restarts = restarts
     starts = [_field(r, "start_at") or _field(r, "submitted_at") for r in nodes]
     status.started_at = min((s for s in starts if s), default=meta.launched_at)
