@@ -185,16 +185,22 @@ def stop_run(run_name: str, notice_s: float = 0.0) -> RunStatus:
     """Stop a run (`mncloud down`) and return once nothing of it is left: its deadline
     controller (which takes the run down itself), then the run, after a preemption notice of
     `notice_s` seconds to its nodes (none under node recovery, where the ranks do not watch
-    for one: they are stopped at once). A cloud run's notice goes through its bucket."""
+    for one: they are stopped at once). A cloud run's notice goes through its bucket. A cloud
+    deadline run's training jobs, which this machine may have no record of, are cancelled by
+    id from its controller's state (`control/down.py`); the status says what was cancelled."""
     from mncloud.backends.registry import known_runs
     from mncloud.control.state import controlled_runs
 
+    said = None
     if run_name in controlled_runs():
         from mncloud.control.start import stop
 
-        stop(run_name, notice_s)
-    if run_name not in known_runs():
-        return run_status(run_name)
+        said = stop(run_name, notice_s)
+    if run_name not in known_runs():  # a cloud deadline run's jobs: `stop` cancelled them
+        status = run_status(run_name)
+        if said:
+            _prepend(status, said)
+        return status
     return backend_for_run(run_name).down(run_name, notice_s=notice_s)
 
 

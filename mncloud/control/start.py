@@ -262,7 +262,8 @@ def start(state: ControlState) -> ControlState:
         keeper = _spawn_local(name)
         state.controller = f"this machine, keeper pid {keeper}"
         return state  # the controller writes the state from now on
-    state.controller = f"SkyPilot managed job {_launch_sky(state)} ({name}-control)"
+    state.controller_job_id = _launch_sky(state)
+    state.controller = f"SkyPilot managed job {state.controller_job_id} ({name}-control)"
     save_state(state)
     return state
 
@@ -380,21 +381,17 @@ def stop(name: str, notice_s: float = 0.0) -> str:
     The stop request is written first (nothing restarts the controller after it). Local:
     SIGTERM, and the controller takes the run down, after a preemption notice of `notice_s`
     to its nodes, and exits (its keeper with it); `down` waits for both. SkyPilot: the
-    controller's managed job is cancelled (`down` then takes the training job down).
+    controller's managed job, then every training job, cancelled by id (`down.py`), even
+    when the controller's state is already final (a second `down` finds nothing live).
     """
     state = load_state(name, fresh=False)
     request_stop(name, notice_s)
+    if state.config.backend != "local":
+        from mncloud.control.down import stop_cloud
+
+        return stop_cloud(state, notice_s)
     if state.final:
         return f"controller already {state.phase}"
-    if state.config.backend != "local":
-        import sky
-
-        from mncloud.backends.skypilot import sky_errors
-
-        with sky_errors(f"cancel the deadline controller of {name}"):
-            sky.get(sky.jobs.cancel(name=f"{name}-control"))
-        _mark_stopped(name, "stopped by mncloud down")
-        return f"controller job {name}-control cancelled"
     import psutil
 
     procs = []

@@ -27,7 +27,7 @@ from typing import Any
 
 from mncloud.backends.skypilot.errors import sky_errors
 from mncloud.backends.skypilot.status import raw_state
-from mncloud.constants import RUN_ID_ENV
+from mncloud.constants import CONTROL_STATE_URI_ENV, RUN_ID_ENV
 
 #: The queue's fields a search by run id reads.
 FIND_FIELDS = [
@@ -71,8 +71,8 @@ def _field(record: Any, name: str) -> Any:
     return record.get(name) if isinstance(record, dict) else getattr(record, name, None)
 
 
-def run_ids_in(user_yaml: str | None) -> set[str]:
-    """The run ids (`MNCLOUD_RUN_ID`) in the envs of a job's YAML, every document of it."""
+def env_values(user_yaml: str | None, env: str) -> set[str]:
+    """The values of `env` in the envs of a job's YAML, every document (task) of it."""
     import yaml
 
     if not user_yaml:
@@ -84,8 +84,8 @@ def run_ids_in(user_yaml: str | None) -> set[str]:
     found = set()
     for doc in docs:
         envs = doc.get("envs") if isinstance(doc, dict) else None
-        if isinstance(envs, dict) and envs.get(RUN_ID_ENV):
-            found.add(str(envs[RUN_ID_ENV]))
+        if isinstance(envs, dict) and envs.get(env):
+            found.add(str(envs[env]))
     return found
 
 
@@ -115,10 +115,24 @@ def _grouped(records: Iterable[Any]) -> list[FoundJob]:
 def launched_jobs(name: str, run_id: str) -> list[FoundJob]:
     """The managed jobs a launch of record `run_id` made (see the module docstring)."""
     wait_for_launch_requests(run_id)
+    return jobs_with_env(name, RUN_ID_ENV, [run_id])
+
+
+def controller_jobs(name: str, state_uri: str) -> list[FoundJob]:
+    """The deadline controller jobs of the run whose state is at `state_uri`."""
+    return jobs_with_env(f"{name}-control", CONTROL_STATE_URI_ENV, [state_uri])
+
+
+def jobs_with_env(name: str, env: str, values: Iterable[str]) -> list[FoundJob]:
+    """The queue's jobs named `name` whose tasks carry `env` set to one of `values`, oldest
+    first (none asked: none found)."""
+    wanted = set(values)
+    if not wanted:
+        return []
     records = _queue(f"look for the managed jobs of {name}", name_match=name, fields=FIND_FIELDS)
     mine = [
         r for r in records
-        if _field(r, "job_name") == name and run_id in run_ids_in(_field(r, "user_yaml"))
+        if _field(r, "job_name") == name and wanted & env_values(_field(r, "user_yaml"), env)
     ]  # fmt: skip
     return _grouped(mine)
 
