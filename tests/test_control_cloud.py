@@ -23,6 +23,7 @@ from mncloud.backends.skypilot.meta import load_meta
 from mncloud.control.loop import Controller
 from mncloud.control.markets import ManagedJobMarket
 from mncloud.control.outcomes import MAX_RELAUNCHES, VANISHED_LOOKS
+from mncloud.control.recovery import LaunchUnknown
 from mncloud.deadline.policy import Mode
 from mncloud.records import list_records
 from mncloud.request import build_spec
@@ -175,26 +176,26 @@ def sky_fake(monkeypatch: pytest.MonkeyPatch) -> Sky:
 
     fake = Sky()
     table = [
-        (sky.jobs, "launch", fake.jobs_launch, "jobs.launch"),
-        (sky.jobs, "queue_v2", fake.queue_v2, "jobs.queue_v2"),
-        (sky.jobs, "cancel", fake.cancel, "jobs.cancel"),
-        (sky, "launch", fake.launch, "launch"),
-        (sky, "down", fake.down, "down"),
-        (sky, "status", fake.sky_status, "status"),
-        (sky, "job_status", fake.job_status, "job_status"),
-        (sky, "api_status", fake.api_status, "api_status"),
-        (sky, "get", fake.get, "get"),
-        (sky, "stream_and_get", fake.get, "stream_and_get"),
+        (sky.jobs, "launch", "jobs_launch", "jobs.launch"),
+        (sky.jobs, "queue_v2", "queue_v2", "jobs.queue_v2"),
+        (sky.jobs, "cancel", "cancel", "jobs.cancel"),
+        (sky, "launch", "launch", "launch"),
+        (sky, "down", "down", "down"),
+        (sky, "status", "sky_status", "status"),
+        (sky, "job_status", "job_status", "job_status"),
+        (sky, "api_status", "api_status", "api_status"),
+        (sky, "get", "get", "get"),
+        (sky, "stream_and_get", "get", "stream_and_get"),
     ]
     for module, name, impl, label in table:
         signature = inspect.signature(getattr(module, name))
 
-        def call(*args: Any, _impl: Any = impl, _sig: Any = signature, _label: str = label,
+        def call(*args: Any, _impl: str = impl, _sig: Any = signature, _label: str = label,
                  **kwargs: Any) -> Any:  # fmt: skip
             bound = _sig.bind(*args, **kwargs)
             bound.apply_defaults()
             fake.calls.append((_label, dict(bound.arguments)))
-            return _impl(**bound.arguments)
+            return getattr(fake, _impl)(**bound.arguments)
 
         monkeypatch.setattr(module, name, call)
     return fake
@@ -354,10 +355,24 @@ def test_a_journaled_launch_never_made_is_made_once_with_its_run_id(
     assert journaled is not None and journaled.launching is not None
 
     state = _fresh_vm(monkeypatch, tmp_path, "vm2")
+    # SkyPilot does not answer: whether it was made is unknown, so nothing is launched and
+    # the controller exits non-zero (SkyPilot restarts it), its journal kept.
+    with monkeypatch.context() as down:
+        down.setattr(sky_fake, "api_status", _unreachable)
+        down.setattr(first.clock, "sleep", _unreachable)  # `run` must not get to its loop
+        with pytest.raises(LaunchUnknown, match="API server is unreachable"):
+            Driver(state, first.clock).ctl.run()
+    assert sky_fake.launches() == [] and state.launching is not None
     Driver(state, first.clock).ctl._recover()
     assert len(sky_fake.named("llm")) == len(sky_fake.launches()) == 1
     assert state.live is not None and state.live.run_id == journaled.launching.run_id
     assert state.run_ids == [journaled.launching.run_id]
+
+
+def _unreachable(*_args: Any, **_kw: Any) -> Any:
+    from sky import exceptions as sx
+
+    raise sx.ApiServerConnectionError("https://sky.example.com")
 
 
 # ---------------------------------------------------------------- how a launch ends

@@ -101,8 +101,12 @@ class Controller:
         st = self.state
         if st.started_at is None:
             st.started_at = self.clock.time()
+        from mncloud.control.recovery import LaunchUnknown
+
         try:
             self._recover()
+        except LaunchUnknown:
+            raise  # not known whether to launch: exit non-zero, SkyPilot restarts the controller
         except MncloudError as err:
             st.phase, st.market, st.mode = "failed", Mode.NONE, Mode.NONE
             st.detail = f"controller stopped: {err}"

@@ -39,6 +39,11 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+class LaunchUnknown(MncloudError):
+    """Whether a journaled launch was made cannot be told now (SkyPilot did not answer): the
+    controller neither launches nor gives up; it exits non-zero and SkyPilot restarts it."""
+
+
 def recover(ctl: Controller) -> None:
     """Finish what the controller before `ctl` left half done (see the module docstring)."""
     from mncloud.control.identity import restore
@@ -84,7 +89,12 @@ def launch_made(ctl: Controller, pending: Launching) -> tuple[str, Any] | None:
     if st.config.backend != "local" and pending.run_id is not None:
         from mncloud.control.identity import find
 
-        return find(st, pending)
+        try:
+            return find(st, pending)
+        except MncloudError as err:
+            raise LaunchUnknown(
+                f"cannot tell whether launch {pending.run_id} was made: {err}"
+            ) from None
     fresh = [
         r for r in list_records(st.name)
         if r.created_at >= pending.at - 1.0 and r.run_id not in st.run_ids
