@@ -26,7 +26,8 @@ from mncloud.plan.traces import load_trace
 from mncloud.records import cost_summary, find_record, list_records
 from mncloud.request import build_spec
 from mncloud.spec import LaunchOptions
-from tests.test_skypilot import DATA, FakeSky, fake_sky, script  # noqa: F401 - fixtures
+from tests.fakesky import FakeSky
+from tests.test_skypilot import DATA, script  # noqa: F401 - a fixture
 
 runner = CliRunner()
 GAP = 300
@@ -107,7 +108,7 @@ def _records(name: str) -> list[Any]:
 
 
 @pytest.fixture
-def cloud(fake_sky: FakeSky) -> Cloud:  # noqa: F811 - the imported fixture
+def cloud(fake_sky: FakeSky) -> Cloud:
     model = Cloud()
 
     class Answers(dict[str, Any]):
@@ -122,7 +123,7 @@ def cloud(fake_sky: FakeSky) -> Cloud:  # noqa: F811 - the imported fixture
 def test_spot_without_capacity_goes_on_demand_and_back_when_spot_returns(
     script: Path,  # noqa: F811 - the imported fixture
     cloud: Cloud,
-    fake_sky: FakeSky,  # noqa: F811
+    fake_sky: FakeSky,
     tmp_path: Path,
 ) -> None:
     bucket = f"file://{tmp_path / 'bucket'}"

@@ -30,8 +30,8 @@ from mncloud.layout import run_dir
 from mncloud.render import jobgroup, render
 from mncloud.request import build_spec
 from mncloud.spec import min_replicas
+from tests.fakesky import FakeSky
 from tests.skyseed import sky_enabled_clouds  # noqa: F401 - a fixture
-from tests.test_skypilot import FakeSky, fake_sky  # noqa: F401 - a fixture
 
 pytestmark = pytest.mark.catalog
 
@@ -265,13 +265,13 @@ def _request(script: Path, dryrun: bool = False, **flags: Any) -> LaunchRequest:
 
 def test_launch_hands_skypilot_the_job_group_dag(
     script: Path,
-    fake_sky: FakeSky,  # noqa: F811 - the fixture imported above
+    fake_sky: FakeSky,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from sky import dag as dag_lib
 
     monkeypatch.setenv("HF_TOKEN", SECRET_VALUE)
-    fake_sky.answers["jobs.launch"] = ([9], None)
+    fake_sky.next_job_id = 9
     record_backend("llm", "skypilot")
 
     status = SkyPilotBackend().launch(_request(script, secret=["HF_TOKEN"]))
@@ -314,7 +314,7 @@ def _queue(states: dict[str, tuple[str, int]]) -> Any:
 
 
 def _launched(script: Path, fake: FakeSky) -> SkyPilotBackend:
-    fake.answers["jobs.launch"] = ([9], None)
+    fake.next_job_id = 9
     record_backend("llm", "skypilot")
     backend = SkyPilotBackend()
     backend.launch(_request(script))
@@ -323,7 +323,7 @@ def _launched(script: Path, fake: FakeSky) -> SkyPilotBackend:
 
 def test_status_covers_every_task(
     script: Path,
-    fake_sky: FakeSky,  # noqa: F811 - the fixture imported above
+    fake_sky: FakeSky,
 ) -> None:
     backend = _launched(script, fake_sky)
     fake_sky.answers["jobs.queue_v2"] = _queue(
@@ -347,7 +347,7 @@ def test_status_covers_every_task(
 
 def test_logs_cover_every_task_and_one_node(
     script: Path,
-    fake_sky: FakeSky,  # noqa: F811 - the fixture imported above
+    fake_sky: FakeSky,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     import sky.jobs
@@ -375,7 +375,7 @@ def test_logs_cover_every_task_and_one_node(
 
 def test_down_cancels_the_whole_group(
     script: Path,
-    fake_sky: FakeSky,  # noqa: F811 - the fixture imported above
+    fake_sky: FakeSky,
 ) -> None:
     backend = _launched(script, fake_sky)
     fake_sky.answers["jobs.queue_v2"] = _queue(

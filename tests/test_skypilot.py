@@ -2,9 +2,10 @@
 
 - The exact `sky.Task` each launch hands SkyPilot is checked with SkyPilot's own schema.
 - `--dryrun` runs SkyPilot's in-process dry run for real over the catalog snapshot (needs rsync).
-- Only the SDK calls that talk to SkyPilot's API server are replaced: the provisioning call
-  (`sky.launch` / `sky.jobs.launch`, recording the Task and kwargs) and the request-result
-  calls, which answer with responses from `tests/data/skypilot/` parsed by SkyPilot's models.
+- Only the SDK calls that talk to SkyPilot's API server are replaced, by `tests/fakesky.py`
+  (the `fake_sky` fixture): bound to the real signatures, the client's own conversion run on
+  what mncloud passes, answers through SkyPilot's own encoders and decoders; some answers are
+  responses from `tests/data/skypilot/`, read strictly into SkyPilot's models.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import json
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from typer.testing import CliRunner
@@ -35,6 +36,9 @@ from mncloud.render import render
 from mncloud.request import build_spec
 from tests.skyseed import sky_enabled_clouds  # noqa: F401 - a fixture
 
+if TYPE_CHECKING:
+    from tests.fakesky import FakeSky
+
 pytestmark = pytest.mark.catalog
 
 DATA = Path(__file__).parent / "data" / "skypilot"
@@ -47,48 +51,6 @@ def script(tmp_path: Path) -> Path:
     path = tmp_path / "train.py"
     path.write_text("print('hi')\n")
     return path
-
-
-class FakeSky:
-    """SkyPilot's API-server calls, answered locally; every call is recorded."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
-        self.answers: dict[str, Any] = {}
-        self._results: dict[str, Any] = {}
-
-    def request(self, name: str) -> Callable[..., str]:
-        def call(*args: Any, **kwargs: Any) -> str:
-            self.calls.append((name, args, kwargs))
-            request_id = f"req-{name}-{len(self.calls)}"
-            self._results[request_id] = self.answers.get(name)
-            return request_id
-
-        return call
-
-    def get(self, request_id: str, **_kwargs: Any) -> Any:
-        value = self._results[request_id]
-        if isinstance(value, BaseException):
-            raise value
-        return value
-
-    def called(self, name: str) -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
-        return [(args, kwargs) for n, args, kwargs in self.calls if n == name]
-
-
-@pytest.fixture
-def fake_sky(monkeypatch: pytest.MonkeyPatch) -> FakeSky:
-    import sky
-    import sky.jobs
-
-    fake = FakeSky()
-    for name in ("launch", "status", "job_status", "down"):
-        monkeypatch.setattr(sky, name, fake.request(name))
-    for name in ("launch", "queue_v2", "cancel"):
-        monkeypatch.setattr(sky.jobs, name, fake.request(f"jobs.{name}"))
-    monkeypatch.setattr(sky, "stream_and_get", fake.get)
-    monkeypatch.setattr(sky, "get", fake.get)
-    return fake
 
 
 def _request(script: Path, *, spot: bool, dryrun: bool = False, **flags: Any) -> LaunchRequest:
@@ -115,7 +77,6 @@ def test_on_demand_launch_is_an_autodown_cluster(
     script: Path, fake_sky: FakeSky, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("HF_TOKEN", SECRET_VALUE)
-    fake_sky.answers["launch"] = (1, None)
     request = _request(script, spot=False, bucket="s3://team-ckpt", secret=["HF_TOKEN"])
     record_backend("llm", "skypilot")
 
@@ -148,7 +109,7 @@ def test_on_demand_launch_is_an_autodown_cluster(
 
 
 def test_spot_launch_is_a_managed_job_with_failover(script: Path, fake_sky: FakeSky) -> None:
-    fake_sky.answers["jobs.launch"] = ([7], None)
+    fake_sky.next_job_id = 7
     request = _request(script, spot=True, bucket="gs://team-ckpt", max_restarts=5)
 
     status = SkyPilotBackend().launch(request)
@@ -288,26 +249,30 @@ def test_cli_up_dryrun_without_credentials_shows_what_it_can(script: Path, tmp_p
 
 
 def _launched(script: Path, fake_sky: FakeSky, *, spot: bool, **flags: Any) -> SkyPilotBackend:
-    fake_sky.answers["jobs.launch" if spot else "launch"] = ([7], None) if spot else (1, None)
+    fake_sky.next_job_id = 7
     backend = SkyPilotBackend()
     record_backend("llm", "skypilot")
     backend.launch(_request(script, spot=spot, **flags))
     return backend
 
 
-def _status_records(name: str) -> list[Any]:
+def _cluster(fake: FakeSky, name: str, job_state: Any) -> None:
+    """The cluster `llm` as `tests/data/skypilot/<name>` records it, its job 1 in `job_state`."""
     from sky.schemas.api import responses
 
-    return [
-        responses.StatusResponse.model_validate(r) for r in json.loads((DATA / name).read_text())
-    ]
+    from tests.fakesky import strict_records
+
+    (record,) = json.loads((DATA / name).read_text())
+    strict_records(responses.StatusResponse, [record])
+    fake.add_cluster("llm", record, {1: job_state})
 
 
 def _job_records(name: str) -> list[Any]:
     from sky.schemas.api import responses
 
-    raw = json.loads((DATA / name).read_text())
-    return [responses.ManagedJobRecord.model_validate(r) for r in raw]
+    from tests.fakesky import strict_records
+
+    return strict_records(responses.ManagedJobRecord, json.loads((DATA / name).read_text()))
 
 
 def _write_complete_step(uri: str, step: int, tmp_path: Path) -> None:
@@ -328,8 +293,7 @@ def test_cluster_status_running_with_checkpoint_and_cost(
     bucket = tmp_path / "bucket"
     backend = _launched(script, fake_sky, spot=False, bucket=f"file://{bucket}")
     _write_complete_step(f"file://{bucket}/llm", 200, tmp_path)
-    fake_sky.answers["status"] = _status_records("status_cluster_up.json")
-    fake_sky.answers["job_status"] = {1: job_lib.JobStatus.RUNNING}
+    _cluster(fake_sky, "status_cluster_up.json", job_lib.JobStatus.RUNNING)
 
     status = backend.status("llm")
 
@@ -353,8 +317,7 @@ def test_status_command_shows_the_newest_checkpoint(
     _launched(script, fake_sky, spot=False, bucket=f"file://{bucket}")
     _write_complete_step(f"file://{bucket}/llm", 100, tmp_path)
     _write_complete_step(f"file://{bucket}/llm", 200, tmp_path)
-    fake_sky.answers["status"] = _status_records("status_cluster_up.json")
-    fake_sky.answers["job_status"] = {1: job_lib.JobStatus.RUNNING}
+    _cluster(fake_sky, "status_cluster_up.json", job_lib.JobStatus.RUNNING)
 
     result = CliRunner().invoke(app, ["status", "llm", "--json"])
 
@@ -372,7 +335,7 @@ def test_status_command_shows_the_newest_checkpoint(
 
 def test_cluster_status_while_provisioning(script: Path, fake_sky: FakeSky) -> None:
     backend = _launched(script, fake_sky, spot=False)
-    fake_sky.answers["status"] = _status_records("status_cluster_init.json")
+    _cluster(fake_sky, "status_cluster_init.json", None)
     assert backend.status("llm").state is RunState.STARTING
 
 
@@ -380,10 +343,9 @@ def test_cluster_gone_after_success_keeps_the_last_state(script: Path, fake_sky:
     from sky.skylet import job_lib
 
     backend = _launched(script, fake_sky, spot=False)
-    fake_sky.answers["status"] = _status_records("status_cluster_up.json")
-    fake_sky.answers["job_status"] = {1: job_lib.JobStatus.SUCCEEDED}
+    _cluster(fake_sky, "status_cluster_up.json", job_lib.JobStatus.SUCCEEDED)
     assert backend.status("llm").state is RunState.SUCCEEDED
-    fake_sky.answers["status"] = []  # autodown after the idle minutes
+    del fake_sky.clusters["llm"]  # autodown after the idle minutes
     status = backend.status("llm")
     assert status.state is RunState.SUCCEEDED and "torn down" in status.detail
 
@@ -422,27 +384,14 @@ def test_managed_job_failure_reason_is_shown(script: Path, fake_sky: FakeSky) ->
 # --------------------------------------------------------------------------- logs, down
 
 
-def _chunks(text: str, size: int = 17) -> list[str | None]:
-    """The log in odd-sized chunks, ending with None, as `preload_content=False` yields."""
-    return [*(text[i : i + size] for i in range(0, len(text), size)), None]
-
-
-def test_logs_are_prefixed_by_node_and_filtered(
-    script: Path, fake_sky: FakeSky, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    import sky
-
+def test_logs_are_prefixed_by_node_and_filtered(script: Path, fake_sky: FakeSky) -> None:
     backend = _launched(script, fake_sky, spot=False)
-    text = (DATA / "logs_cluster_two_nodes.txt").read_text()
-    seen: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
-
-    def tail_logs(*args: Any, **kwargs: Any) -> Any:
-        seen.append((args, kwargs))
-        return iter(_chunks(text))
-
-    monkeypatch.setattr(sky, "tail_logs", tail_logs)
+    fake_sky.logs["llm", None] = (DATA / "logs_cluster_two_nodes.txt").read_text()
     lines = list(backend.logs("llm", follow=True))
-    assert seen[0] == (("llm", 1), {"follow": True, "preload_content": False})
+    assert fake_sky.called("tail_logs")[0] == (
+        ("llm", 1),
+        {"follow": True, "preload_content": False},
+    )
     assert "[node 0] step 100 loss 2.31" in lines
     assert "[node 1] mncloud: node 1 of 2, torchrun starting" in lines
     assert lines[-1] == "[sky] ✓ Job finished (status: SUCCEEDED)."
@@ -453,19 +402,13 @@ def test_logs_are_prefixed_by_node_and_filtered(
     ]
 
 
-def test_managed_job_logs(script: Path, fake_sky: FakeSky, monkeypatch: pytest.MonkeyPatch) -> None:
-    import sky.jobs
-
+def test_managed_job_logs(script: Path, fake_sky: FakeSky) -> None:
     backend = _launched(script, fake_sky, spot=True)
-    seen: list[dict[str, Any]] = []
-
-    def tail_logs(**kwargs: Any) -> Any:
-        seen.append(kwargs)
-        return iter(["(head, rank=0, pid=9) resumed from step 200\n", None])
-
-    monkeypatch.setattr(sky.jobs, "tail_logs", tail_logs)
+    fake_sky.logs[7, None] = "(head, rank=0, pid=9) resumed from step 200\n"
     assert list(backend.logs("llm")) == ["[node 0] resumed from step 200"]
-    assert seen == [{"job_id": 7, "follow": False, "preload_content": False}]
+    assert fake_sky.called("jobs.tail_logs") == [
+        ((), {"job_id": 7, "follow": False, "preload_content": False})
+    ]
 
 
 def test_prefix_line_single_node() -> None:
@@ -473,24 +416,22 @@ def test_prefix_line_single_node() -> None:
 
 
 def test_down_cluster_is_idempotent(script: Path, fake_sky: FakeSky) -> None:
-    from sky import exceptions as sx
-
     backend = _launched(script, fake_sky, spot=False)
     status = backend.down("llm")
-    assert fake_sky.called("down") == [(("llm",), {})]
+    assert fake_sky.called("down") == [(("llm",), {})] and "llm" not in fake_sky.clusters
     assert status.state is RunState.CANCELLED and status.ended_at is not None
-    fake_sky.answers["down"] = sx.ClusterDoesNotExist("Cluster 'llm' does not exist.")
-    assert backend.down("llm").state is RunState.CANCELLED
+    assert backend.down("llm").state is RunState.CANCELLED  # SkyPilot: no such cluster
 
 
 def test_down_managed_job_cancels_it(script: Path, fake_sky: FakeSky) -> None:
+    from sky.jobs import ManagedJobStatus
+
     backend = _launched(script, fake_sky, spot=True)
-    cancelled = _job_records("jobs_queue_recovering.json")
-    cancelled[0].status = cancelled[0].status.__class__("CANCELLED")
-    fake_sky.answers["jobs.queue_v2"] = (cancelled, 1, {}, 1)
+    fake_sky.set_status(7, ManagedJobStatus.RUNNING)
     status = backend.down("llm")
     assert fake_sky.called("jobs.cancel") == [((), {"job_ids": [7]})]
     assert status.state is RunState.CANCELLED
+    assert fake_sky.job(7).status is ManagedJobStatus.CANCELLED
 
 
 def test_unknown_run_has_no_record() -> None:
@@ -507,14 +448,14 @@ def test_down_gives_a_running_job_a_stop_notice_and_keeps_the_step_it_saved(
     import subprocess
     import sys
 
+    from sky.jobs import ManagedJobStatus
+
     from mncloud.storage import CheckpointStore
     from mncloud.storage.stoprequest import read_stop_request
     from tests.test_stop_request import NODE, node_env
 
     backend = _launched(script, fake_sky, spot=True, bucket=f"file://{tmp_path / 'b'}")
-    running = _job_records("jobs_queue_recovering.json")
-    running[0].status = running[0].status.__class__("RUNNING")
-    fake_sky.answers["jobs.queue_v2"] = (running, 1, {}, 1)
+    fake_sky.set_status(7, ManagedJobStatus.RUNNING)
     ckpt_uri = backend.status("llm").ckpt_uri
     assert ckpt_uri and backend.status("llm").state is RunState.RUNNING
     node = subprocess.Popen(
