@@ -28,6 +28,10 @@
   would reach the API server raises `AssertionError("unfaked SkyPilot call sky.X")`.
 - `fake.answers[name] = value` (or an exception) overrides the model for one call name;
   `fake.unreachable(after=...)` makes every call raise the SDK's `ApiServerConnectionError`.
+- **Requests in flight.** `fake.held.add("jobs.launch")`: the "server" finishes such a request
+  only when someone waits for it (`sky.get`), as a real server finishes a request whose client
+  died; meanwhile `sky.api_status()` lists it with its body. A job's row carries the YAML the
+  client sent as `user_yaml` (SkyPilot's `original_user_yaml_content`).
 """
 
 from __future__ import annotations
@@ -128,6 +132,9 @@ class FakeSky:
         self._down_after: str | None = None
         self._down = False
         self._cancelling: dict[tuple[int, int], int] = {}
+        self.held: set[str] = set()
+        """Call names whose requests stay in flight until someone waits for them."""
+        self._in_flight: dict[str, tuple[str, str, Callable[[], Any]]] = {}
 
     # ------------------------------------------------------------------ test controls
 
@@ -189,13 +196,21 @@ class FakeSky:
             if self._down_after == name:
                 self._down = True
             request_id = f"req-{len(self.calls)}-{name}"
-            answer = self.answers.get(name, _MODEL)
-            if answer is _MODEL:
-                try:
-                    answer = _wire(name, server(**bound.arguments))
-                except Exception as err:  # the request fails: raised by sky.get
-                    answer = err
-            self._results[request_id] = (name, answer)
+
+            def answer_it() -> Any:
+                answer = self.answers.get(name, _MODEL)
+                if answer is _MODEL:
+                    try:
+                        answer = _wire(name, server(**bound.arguments))
+                    except Exception as err:  # the request fails: raised by sky.get
+                        answer = err
+                return answer
+
+            if name in self.held:
+                body = json.dumps(_request_body(name, bound.arguments))
+                self._in_flight[request_id] = (name, body, answer_it)
+                return request_id
+            self._results[request_id] = (name, answer_it())
             return request_id
 
         call.__wrapped__ = real  # type: ignore[attr-defined]
@@ -229,19 +244,30 @@ class FakeSky:
 
     def _result(self, request_id: str) -> Any:
         self._check_reachable()
+        if request_id in self._in_flight:
+            name, _body, answer_it = self._in_flight.pop(request_id)
+            self._results[request_id] = (name, answer_it())
         _name, value = self._results[request_id]
         if isinstance(value, BaseException):
             raise value
         return value
 
+    def _api_status(self, request_ids: Any, all_status: bool, **_kw: Any) -> list[Any]:
+        """The server's unfinished requests (`held` ones), as `sky.api_status` lists them."""
+        rest = {"entrypoint": "", "status": "RUNNING", "created_at": time.time(), "user_id": "0",
+                "return_value": "null", "error": "null", "pid": None,
+                "schedule_type": "long"}  # fmt: skip
+        return [
+            payloads.RequestPayload(request_id=request_id, name=name, request_body=body, **rest)
+            for request_id, (name, body, _answer) in self._in_flight.items()
+            if request_ids is None or any(request_id.startswith(r) for r in request_ids)
+        ]
+
     # ------------------------------------------------------------------ managed jobs
 
     def _jobs_launch(self, task: Any, name: str | None, **_rest: Any) -> tuple[list[int], None]:
-        dag = dag_utils.convert_entrypoint_to_dag(task)  # what the real client does first
-        if name is not None:
-            dag.name = name
-        dag_str = dag_utils.dump_dag_to_yaml_str(dag)
-        body = payloads.JobsLaunchBody(task=dag_str, name=name)
+        body = _launch_body(task, name)
+        dag_str = body.task
         loaded = dag_utils.load_dag_from_yaml_str(body.task)  # the server's side
         primary = set(loaded.primary_tasks or []) if loaded.is_job_group() else None
         tasks = []
@@ -446,6 +472,21 @@ class FakeSky:
         one.status = status
 
 
+def _launch_body(task: Any, name: str | None) -> payloads.JobsLaunchBody:
+    """What the real client sends for `jobs.launch` (`sky/jobs/client/sdk.py`)."""
+    dag = dag_utils.convert_entrypoint_to_dag(task)  # what the real client does first
+    if name is not None:
+        dag.name = name
+    return payloads.JobsLaunchBody(task=dag_utils.dump_dag_to_yaml_str(dag), name=name)
+
+
+def _request_body(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    """A request's body as the server keeps it (`RequestPayload.request_body`)."""
+    if name == "jobs.launch":
+        return json.loads(_launch_body(arguments["task"], arguments["name"]).model_dump_json())
+    return {k: repr(v) for k, v in arguments.items()}
+
+
 def _record(job: FakeJob, n: int, one: FakeTask) -> dict[str, Any]:
     """The server's row for task `n` of `job` (every column `ManagedJobRecord` has)."""
     infra = "/".join(v for v in (one.cloud, one.region) if v) or None
@@ -468,6 +509,7 @@ def _record(job: FakeJob, n: int, one: FakeTask) -> dict[str, Any]:
         "is_primary_in_job_group": one.primary,
         "workspace": "default",
         "resources": None,
+        "user_yaml": job.yaml or None,
     }
 
 
@@ -535,6 +577,7 @@ def install(monkeypatch: pytest.MonkeyPatch) -> FakeSky:
         "jobs.queue_v2": fake._request("jobs.queue_v2", fake._jobs_queue_v2),
         "jobs.cancel": fake._request("jobs.cancel", fake._jobs_cancel),
         "jobs.tail_logs": fake._stream("jobs.tail_logs", fake._jobs_tail_logs),
+        "api_status": fake._stream("api_status", fake._api_status),
     }
     for prefix, modules in _MODULES.items():
         for attr in _sdk_functions(modules[0]):
