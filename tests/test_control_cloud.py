@@ -253,6 +253,35 @@ def test_no_spot_capacity_goes_on_demand_at_once(
     assert events[:3] == ["launch", "failure", "launch"]  # the failed spot job billed no more
 
 
+def test_no_spot_capacity_in_one_place_tries_spot_in_the_next(
+    script: Path,  # noqa: F811
+    fake_sky: FakeSky,
+    tmp_path: Path,
+) -> None:
+    from mncloud.control.places import ManagedJobPlaces, PlacesController
+
+    regions = ["us-central1", "europe-west4"]
+    bucket = f"file://{tmp_path / 'bucket'}"
+    spec = build_spec(script, gpus="H100:8", nodes=4, name="llm", bucket=bucket, region=regions)
+    state = control.deadline_state(
+        spec, LaunchOptions(hours=2, recovery_minutes=10), deadline_s=5 * 3600,
+        hours_given=True, spot_price=[10.0, 11.0], on_demand_price=30.0,
+    )  # fmt: skip
+    clock = FakeClock()
+    run = Driver(state, clock)
+    run.ctl = PlacesController(state, ManagedJobPlaces(), clock=clock)
+    run.tick()
+    (first,) = _named(fake_sky, "llm")
+    assert state.place == 0 and state.market is Mode.SPOT
+    fake_sky.set_status(first, S.FAILED_NO_RESOURCE)
+    run.tick(gap=1)
+    (_spot, (args, _kw)) = fake_sky.called("jobs.launch")
+    assert {r.region for r in args[0].resources} == {"europe-west4"}
+    assert all(r.use_spot for r in args[0].resources)
+    assert state.place == 1 and state.market is Mode.SPOT and state.moves == 1
+    assert state.place_missing_since[0] is not None and state.preemptions == 0
+
+
 def test_user_errors_are_retried_up_to_max_restarts_then_the_run_fails_with_the_count(
     script: Path,  # noqa: F811
     fake_sky: FakeSky,
