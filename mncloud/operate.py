@@ -185,17 +185,43 @@ def stop_run(run_name: str, notice_s: float = 0.0) -> RunStatus:
     """Stop a run (`mncloud down`) and return once nothing of it is left: its deadline
     controller (which takes the run down itself), then the run, after a preemption notice of
     `notice_s` seconds to its nodes (none under node recovery, where the ranks do not watch
-    for one: they are stopped at once). A cloud run's notice goes through its bucket."""
+    for one: they are stopped at once). A cloud run's notice goes through its bucket. A run
+    this machine holds no record of (a cloud deadline run's training job, launched by its
+    controller's VM; a run launched elsewhere): its live SkyPilot jobs of that name, by id."""
     from mncloud.backends.registry import known_runs
     from mncloud.control.state import controlled_runs
 
-    if run_name in controlled_runs():
+    controlled = run_name in controlled_runs()
+    if controlled:
         from mncloud.control.start import stop
 
         stop(run_name, notice_s)
-    if run_name not in known_runs():
+    if run_name in known_runs():
+        return backend_for_run(run_name).down(run_name, notice_s=notice_s)
+    return _stop_unrecorded(run_name, controlled)
+
+
+def _stop_unrecorded(run_name: str, controlled: bool) -> RunStatus:
+    """`down` of a run with no backend record here (see `stop_run`)."""
+    from mncloud.backends.skypilot.backend import down_unrecorded
+
+    control, _error = _control_state(run_name) if controlled else (None, None)
+    if control is not None and control.config.backend == "local":
         return run_status(run_name)
-    return backend_for_run(run_name).down(run_name, notice_s=notice_s)
+    if not controlled:
+        try:
+            return down_unrecorded(run_name)
+        except RunNotFoundError:
+            raise
+        except MncloudError as err:
+            raise BackendError(f"mncloud has no record of a run {run_name!r}, and {err}") from None
+    try:
+        cancelled = down_unrecorded(run_name)
+    except RunNotFoundError:
+        return run_status(run_name)
+    status = run_status(run_name)
+    _prepend(status, cancelled.detail)
+    return status
 
 
 def _control_state(run_name: str) -> tuple[ControlState | None, str | None]:
