@@ -25,7 +25,9 @@
   `job_recovery` allows, else FAILED) and `PREEMPT` (the VMs lost: RECOVERING). A task that
   leaves RECOVERING for RUNNING counts one recovery, as SkyPilot's `set_recovered_async`.
 - **Nothing else gets through.** Every other public function of `sky` and `sky.jobs` that
-  would reach the API server raises `AssertionError("unfaked SkyPilot call sky.X")`.
+  would reach the API server raises `AssertionError("unfaked SkyPilot call sky.X")`, and
+  `sky.launch` too: every cloud run is a managed job. `sky.server.common.get_api_server_status`
+  answers HEALTHY (UNHEALTHY once `unreachable`), so nothing probes a real port.
 - `fake.answers[name] = value` (or an exception) overrides the model for one call name;
   `fake.unreachable(after=...)` makes every call raise the SDK's `ApiServerConnectionError`.
 - **Requests in flight.** `fake.held.add("jobs.launch")`: the "server" finishes such a request
@@ -53,14 +55,12 @@ from sky.client import sdk as client_sdk
 from sky.jobs import ManagedJobStatus as S
 from sky.jobs.client import sdk as jobs_sdk
 from sky.schemas.api import responses
+from sky.server import common as server_common
 from sky.server import constants as server_constants
 from sky.server.requests import payloads
 from sky.server.requests.serializers import decoders, encoders
-from sky.skylet import job_lib
 from sky.utils import dag_utils
 
-SERVER_URL = "http://127.0.0.1:46580"
-"""The API server the fake pretends to be (named in `ApiServerConnectionError`)."""
 _MODEL = object()
 
 
@@ -167,7 +167,8 @@ class FakeSky:
             one.script.extend(steps)
 
     def unreachable(self, after: str | None = None) -> None:
-        """The API server goes away: now, or right after the next call named `after`."""
+        """The API server goes away: now, or once the client has the result of the next
+        request named `after` (`jobs.cancel`: the cancel done, nothing after it answered)."""
         if after is None:
             self._down = True
         else:
@@ -193,8 +194,6 @@ class FakeSky:
             bound.apply_defaults()
             self._check_reachable()
             self.calls.append((name, args, kwargs))
-            if self._down_after == name:
-                self._down = True
             request_id = f"req-{len(self.calls)}-{name}"
 
             def answer_it() -> Any:
@@ -230,9 +229,14 @@ class FakeSky:
         call.__wrapped__ = real  # type: ignore[attr-defined]
         return call
 
+    @property
+    def server_url(self) -> str:
+        """The API server the SDK would talk to (named in `ApiServerConnectionError`)."""
+        return str(server_common.get_server_url())
+
     def _check_reachable(self) -> None:
         if self._down:
-            raise sx.ApiServerConnectionError(SERVER_URL)
+            raise sx.ApiServerConnectionError(self.server_url)
 
     def get(self, *args: Any, **kwargs: Any) -> Any:
         bound = inspect.signature(_real("get")).bind(*args, **kwargs)
@@ -247,7 +251,9 @@ class FakeSky:
         if request_id in self._in_flight:
             name, _body, answer_it = self._in_flight.pop(request_id)
             self._results[request_id] = (name, answer_it())
-        _name, value = self._results[request_id]
+        name, value = self._results[request_id]
+        if self._down_after == name:
+            self._down = True
         if isinstance(value, BaseException):
             raise value
         return value
@@ -373,25 +379,6 @@ class FakeSky:
         return _chunks(text)
 
     # ------------------------------------------------------------------ clusters
-
-    def _launch_cluster(
-        self,
-        task: Any,
-        cluster_name: str | None,
-        idle_minutes_to_autostop: Any,
-        down: bool,
-        **_kw: Any,
-    ) -> Any:
-        """`sky.launch` (on-demand runs of mncloud before every cloud run was a managed job)."""
-        name = str(cluster_name)
-        record = {
-            "name": name, "launched_at": int(time.time()), "status": "UP",
-            "autostop": idle_minutes_to_autostop or -1, "to_down": down,
-            "cluster_hash": "0", "cluster_ever_up": True, "user_hash": "0", "user_name": "me",
-            "workspace": "default", "is_managed": False, "nodes": task.num_nodes,
-        }  # fmt: skip
-        self.add_cluster(name, record, {1: job_lib.JobStatus.PENDING})
-        return 1, None
 
     def _status(self, cluster_names: list[str] | None, **_kw: Any) -> list[Any]:
         names = cluster_names if cluster_names is not None else list(self.clusters)
@@ -566,7 +553,7 @@ def install(monkeypatch: pytest.MonkeyPatch) -> FakeSky:
     `sky.jobs`, in the package and in the SDK module it comes from)."""
     fake = FakeSky()
     faked: dict[str, Callable[..., Any]] = {
-        "launch": fake._request("launch", fake._launch_cluster),
+        "launch": _unfaked("launch (mncloud launches every cloud run as a managed job)"),
         "status": fake._request("status", fake._status),
         "job_status": fake._request("job_status", fake._job_status),
         "down": fake._request("down", fake._down_cluster),
@@ -579,6 +566,14 @@ def install(monkeypatch: pytest.MonkeyPatch) -> FakeSky:
         "jobs.tail_logs": fake._stream("jobs.tail_logs", fake._jobs_tail_logs),
         "api_status": fake._stream("api_status", fake._api_status),
     }
+    real_status = server_common.get_api_server_status
+
+    def api_server_status(*args: Any, **kwargs: Any) -> Any:
+        inspect.signature(real_status).bind(*args, **kwargs)
+        up = server_common.ApiServerStatus.UNHEALTHY if fake._down else None
+        return server_common.ApiServerInfo(status=up or server_common.ApiServerStatus.HEALTHY)
+
+    monkeypatch.setattr(server_common, "get_api_server_status", api_server_status)
     for prefix, modules in _MODULES.items():
         for attr in _sdk_functions(modules[0]):
             replacement = faked.get(prefix + attr) or _unfaked(prefix + attr)

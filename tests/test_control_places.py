@@ -119,6 +119,7 @@ class Regions(Cloud):
             assert len(regions) == 1, regions  # pinned to one place
             job_id = 7 + len(self.jobs)
             self.jobs[job_id], self.region[job_id] = "PENDING", regions.pop()
+            self.spot[job_id] = any(r.use_spot for r in task.resources)
             return [job_id], None
         return super().answer(name, calls)
 

@@ -373,17 +373,48 @@ def test_logs_cover_every_task_and_one_node(
         list(backend.logs("llm", node=5))
 
 
-def test_down_cancels_the_whole_group(
-    script: Path,
-    fake_sky: FakeSky,
-) -> None:
+def test_down_cancels_the_whole_group(script: Path, fake_sky: FakeSky) -> None:
+    from sky.jobs import ManagedJobStatus as S
+
     backend = _launched(script, fake_sky)
-    fake_sky.answers["jobs.queue_v2"] = _queue(
-        {name: ("CANCELLED", 0) for name in ["llm-lighthouse", *jobgroup.node_tasks("llm", 3)]}
-    )
+    fake_sky.set_status(9, S.RUNNING)
     status = backend.down("llm")
     assert fake_sky.called("jobs.cancel") == [((), {"job_ids": [9]})]
-    assert status.state is RunState.CANCELLED
+    assert status.state is RunState.CANCELLED and "cancelled managed job 9" in status.detail
+    assert {t.status for t in fake_sky.job(9).tasks} == {S.CANCELLED}
+
+
+@pytest.mark.parametrize(
+    ("failed", "state", "said"),
+    [
+        ("llm-node-1", RunState.FAILED, "node 1 FAILED"),
+        ("llm-lighthouse", RunState.RUNNING, "lighthouse FAILED: a lost node can no longer"),
+        (None, RunState.SUCCEEDED, "node 2 SUCCEEDED"),
+    ],
+)
+def test_a_failed_node_fails_the_group_a_failed_lighthouse_warns_all_done_is_done(
+    script: Path, fake_sky: FakeSky, failed: str | None, state: RunState, said: str
+) -> None:
+    """The job group as SkyPilot's server loaded it from the YAML round trip: a node task
+    that fails past its restarts fails the run; the lighthouse (auxiliary: SkyPilot leaves
+    the nodes running) does not; every node done is done."""
+    from sky.jobs import ManagedJobStatus as S
+
+    from tests.fakesky import ERROR
+
+    backend = _launched(script, fake_sky)
+    assert [t.primary for t in fake_sky.job(9).tasks] == [False, True, True, True]
+    fake_sky.set_status(9, S.RUNNING)
+    if failed is None:
+        fake_sky.set_status(9, S.SUCCEEDED)
+    else:
+        limit = fake_sky.job(9).tasks[0 if failed == "llm-lighthouse" else 2].max_restarts
+        fake_sky.script(9, [ERROR, S.RUNNING] * limit + [ERROR], task=failed)
+    for _ in range(2 * limit + 1 if failed else 1):
+        status = backend.status("llm")
+    assert status.state is state and said in status.detail, status.detail
+    if failed:
+        assert "user program failure" in status.detail
 
 
 # ------------------------------------------------------------------------------ dry run

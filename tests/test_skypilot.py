@@ -23,7 +23,6 @@ from typer.testing import CliRunner
 from mncloud.backends.base import LaunchRequest, RunState
 from mncloud.backends.registry import record_backend
 from mncloud.backends.skypilot import (
-    AUTOSTOP_IDLE_MINUTES,
     META_FILE,
     SkyPilotBackend,
     prefix_line,
@@ -73,22 +72,22 @@ def _check_with_skypilot_schema(task: Any) -> dict[str, Any]:
 # ------------------------------------------------------------------------------- launch
 
 
-def test_on_demand_launch_is_an_autodown_cluster(
+def test_on_demand_launch_is_a_managed_job_with_job_recovery(
     script: Path, fake_sky: FakeSky, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Every cloud run is a managed job (issue #33): on demand too, recovered after a lost VM
+    and after `--max-restarts` errors; no cluster is launched (the fake refuses `sky.launch`)."""
     monkeypatch.setenv("HF_TOKEN", SECRET_VALUE)
-    request = _request(script, spot=False, bucket="s3://team-ckpt", secret=["HF_TOKEN"])
+    fake_sky.next_job_id = 7
+    request = _request(
+        script, spot=False, bucket="s3://team-ckpt", secret=["HF_TOKEN"], max_restarts=2
+    )
     record_backend("llm", "skypilot")
 
     status = SkyPilotBackend().launch(request)
 
-    ((args, kwargs),) = fake_sky.called("launch")
-    assert not fake_sky.called("jobs.launch")
-    assert kwargs == {
-        "cluster_name": "llm",
-        "idle_minutes_to_autostop": AUTOSTOP_IDLE_MINUTES,
-        "down": True,
-    }
+    ((args, kwargs),) = fake_sky.called("jobs.launch")
+    assert kwargs == {"name": "llm"}
     task = args[0]
     config = _check_with_skypilot_schema(task)
     assert task.num_nodes == 4
@@ -97,13 +96,19 @@ def test_on_demand_launch_is_an_autodown_cluster(
     assert ordered[0]["instance_type"] == choice.instance_type
     assert ordered[0]["infra"].lower() == f"{choice.cloud}/{choice.region}".lower()
     assert all(not r.use_spot for r in task.resources)
-    assert "job_recovery" not in config["resources"]
+    recovery = {"strategy": "FAILOVER", "max_restarts_on_errors": 2, "recover_on_exit_codes": [115]}
+    assert all(entry["job_recovery"] == recovery for entry in ordered)
+    # What SkyPilot's server loaded from the YAML the client sent: the same recovery.
+    (sent,) = fake_sky.job(7).dag.tasks
+    assert all(r.job_recovery == recovery and not r.use_spot for r in sent.resources)
+    assert fake_sky.job(7).tasks[0].max_restarts == 2
     assert task.envs["MNCLOUD_CKPT_URI"] == "s3://team-ckpt/llm"
     assert "HF_TOKEN" not in task.envs and task.managed_secret_refs == []
     assert task.secrets["HF_TOKEN"].get_secret_value() == SECRET_VALUE
-    assert status.state is RunState.RUNNING and status.cloud == choice.cloud
+    assert status.state is RunState.PENDING and status.cloud == choice.cloud
+    assert "managed job 7, on-demand" in status.detail
     meta = json.loads((run_dir("llm") / META_FILE).read_text())
-    assert meta["kind"] == "cluster" and meta["job_id"] == 1
+    assert meta["kind"] == "managed-job" and meta["job_id"] == 7 and meta["max_restarts"] == 2
     assert meta["hourly_per_node"] == pytest.approx(choice.hourly_per_node)
     assert SECRET_VALUE not in "".join(p.read_text() for p in run_dir("llm").iterdir())
 
@@ -115,7 +120,6 @@ def test_spot_launch_is_a_managed_job_with_failover(script: Path, fake_sky: Fake
     status = SkyPilotBackend().launch(request)
 
     ((args, kwargs),) = fake_sky.called("jobs.launch")
-    assert not fake_sky.called("launch")
     assert kwargs == {"name": "llm"}
     task = args[0]
     config = _check_with_skypilot_schema(task)
@@ -142,7 +146,7 @@ def test_a_secret_missing_from_the_environment_stops_the_launch(
 def test_no_capacity_becomes_one_line_with_advice(script: Path, fake_sky: FakeSky) -> None:
     from sky import exceptions as sx
 
-    fake_sky.answers["launch"] = sx.ResourcesUnavailableError(
+    fake_sky.answers["jobs.launch"] = sx.ResourcesUnavailableError(
         "Failed to provision all possible launchable resources.\nRelax the task's resource "
         "requirements: 4x Lambda(gpu_8x_h100_sxm5)"
     )
@@ -267,6 +271,22 @@ def _cluster(fake: FakeSky, name: str, job_state: Any) -> None:
     fake.add_cluster("llm", record, {1: job_state})
 
 
+def _legacy_cluster_run(
+    fake: FakeSky, script: Path, job_state: Any = None, **flags: Any
+) -> SkyPilotBackend:
+    """An on-demand run an older mncloud launched as a cluster (`sky.launch`): its record
+    as that mncloud wrote it, and its cluster `llm` up with job 1 in `job_state`."""
+    from mncloud.backends.skypilot.meta import CLUSTER, meta_from_plan, save_meta
+
+    request = _request(script, spot=False, **flags)
+    meta = meta_from_plan(request.spec, request.plan, False, request.task.config)
+    meta.kind, meta.job_id, meta.max_restarts = CLUSTER, 1, None
+    save_meta(meta)
+    record_backend("llm", "skypilot")
+    _cluster(fake, "status_cluster_up.json", job_state)
+    return SkyPilotBackend()
+
+
 def _job_records(name: str) -> list[Any]:
     from sky.schemas.api import responses
 
@@ -285,15 +305,16 @@ def _write_complete_step(uri: str, step: int, tmp_path: Path) -> None:
     store.commit(Manifest(step=step, world_size=1, files=entries))
 
 
-def test_cluster_status_running_with_checkpoint_and_cost(
+def test_legacy_cluster_status_running_with_checkpoint_and_cost(
     script: Path, fake_sky: FakeSky, tmp_path: Path
 ) -> None:
     from sky.skylet import job_lib
 
     bucket = tmp_path / "bucket"
-    backend = _launched(script, fake_sky, spot=False, bucket=f"file://{bucket}")
+    backend = _legacy_cluster_run(
+        fake_sky, script, job_lib.JobStatus.RUNNING, bucket=f"file://{bucket}"
+    )
     _write_complete_step(f"file://{bucket}/llm", 200, tmp_path)
-    _cluster(fake_sky, "status_cluster_up.json", job_lib.JobStatus.RUNNING)
 
     status = backend.status("llm")
 
@@ -314,10 +335,9 @@ def test_status_command_shows_the_newest_checkpoint(
     from mncloud.cli import app
 
     bucket = tmp_path / "bucket"
-    _launched(script, fake_sky, spot=False, bucket=f"file://{bucket}")
+    _legacy_cluster_run(fake_sky, script, job_lib.JobStatus.RUNNING, bucket=f"file://{bucket}")
     _write_complete_step(f"file://{bucket}/llm", 100, tmp_path)
     _write_complete_step(f"file://{bucket}/llm", 200, tmp_path)
-    _cluster(fake_sky, "status_cluster_up.json", job_lib.JobStatus.RUNNING)
 
     result = CliRunner().invoke(app, ["status", "llm", "--json"])
 
@@ -333,17 +353,18 @@ def test_status_command_shows_the_newest_checkpoint(
     assert max(len(line) for line in table.stdout.splitlines()) <= 80
 
 
-def test_cluster_status_while_provisioning(script: Path, fake_sky: FakeSky) -> None:
-    backend = _launched(script, fake_sky, spot=False)
+def test_legacy_cluster_status_while_provisioning(script: Path, fake_sky: FakeSky) -> None:
+    backend = _legacy_cluster_run(fake_sky, script)
     _cluster(fake_sky, "status_cluster_init.json", None)
     assert backend.status("llm").state is RunState.STARTING
 
 
-def test_cluster_gone_after_success_keeps_the_last_state(script: Path, fake_sky: FakeSky) -> None:
+def test_legacy_cluster_gone_after_success_keeps_the_last_state(
+    script: Path, fake_sky: FakeSky
+) -> None:
     from sky.skylet import job_lib
 
-    backend = _launched(script, fake_sky, spot=False)
-    _cluster(fake_sky, "status_cluster_up.json", job_lib.JobStatus.SUCCEEDED)
+    backend = _legacy_cluster_run(fake_sky, script, job_lib.JobStatus.SUCCEEDED)
     assert backend.status("llm").state is RunState.SUCCEEDED
     del fake_sky.clusters["llm"]  # autodown after the idle minutes
     status = backend.status("llm")
@@ -384,8 +405,10 @@ def test_managed_job_failure_reason_is_shown(script: Path, fake_sky: FakeSky) ->
 # --------------------------------------------------------------------------- logs, down
 
 
-def test_logs_are_prefixed_by_node_and_filtered(script: Path, fake_sky: FakeSky) -> None:
-    backend = _launched(script, fake_sky, spot=False)
+def test_legacy_cluster_logs_are_prefixed_by_node_and_filtered(
+    script: Path, fake_sky: FakeSky
+) -> None:
+    backend = _legacy_cluster_run(fake_sky, script)
     fake_sky.logs["llm", None] = (DATA / "logs_cluster_two_nodes.txt").read_text()
     lines = list(backend.logs("llm", follow=True))
     assert fake_sky.called("tail_logs")[0] == (
@@ -415,8 +438,8 @@ def test_prefix_line_single_node() -> None:
     assert prefix_line("(llm, pid=12) hello") == (0, "[node 0] hello")
 
 
-def test_down_cluster_is_idempotent(script: Path, fake_sky: FakeSky) -> None:
-    backend = _launched(script, fake_sky, spot=False)
+def test_down_legacy_cluster_is_idempotent(script: Path, fake_sky: FakeSky) -> None:
+    backend = _legacy_cluster_run(fake_sky, script)
     status = backend.down("llm")
     assert fake_sky.called("down") == [(("llm",), {})] and "llm" not in fake_sky.clusters
     assert status.state is RunState.CANCELLED and status.ended_at is not None
@@ -481,5 +504,7 @@ def test_down_now_gives_no_notice(script: Path, fake_sky: FakeSky, tmp_path: Pat
     backend = _launched(script, fake_sky, spot=False, bucket=f"file://{tmp_path / 'b'}")
     ckpt_uri = backend.status("llm").ckpt_uri
     status = backend.down("llm")  # notice_s 0: `down --now`
-    assert "notice" not in status.detail and fake_sky.called("down") == [(("llm",), {})]
+    assert "notice" not in status.detail and fake_sky.called("jobs.cancel") == [
+        ((), {"job_ids": [7]})
+    ]
     assert ckpt_uri and read_stop_request(CheckpointStore(ckpt_uri)) is None

@@ -21,7 +21,6 @@ API server that stops answering half way, is an error that names what is still l
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -30,8 +29,6 @@ from mncloud.errors import BackendError, MncloudError
 
 if TYPE_CHECKING:
     from mncloud.control.state import ControlState
-
-log = logging.getLogger(__name__)
 
 
 def stop_cloud(
@@ -42,41 +39,32 @@ def stop_cloud(
     sleep: Callable[[float], None] = time.sleep,
 ) -> str:
     """Stop a cloud deadline run (see the module docstring); what was done, in one line."""
-    from mncloud.backends.skypilot import find
+    from mncloud.backends.skypilot.cancel import WAIT_S, CancelError, cancel_jobs
 
-    wait = {"timeout_s": find.WAIT_S if wait_s is None else wait_s, "sleep": sleep}
+    wait = {"wait_s": WAIT_S if wait_s is None else wait_s, "sleep": sleep}
     name, done = state.name, []
-    controllers = _controller_ids(state)
-    live = _live(controllers)
-    find.cancel_jobs(live)
-    left = find.wait_terminal(controllers, **wait)
-    if left:
-        raise BackendError(
-            f"the deadline controller job(s) {left} of {name} are still live after "
-            f"{wait['timeout_s']:g}s; no training job was cancelled: `mncloud down {name}` again"
-        )
-    if live:
-        done.append(f"controller job {_ids(live)}")
+    try:
+        controllers = cancel_jobs(_controller_ids(state), **wait)
+    except MncloudError as err:
+        raise BackendError(f"{err}; no training job of {name} was cancelled") from None
+    if controllers:
+        done.append(f"controller job {_ids(controllers)}")
     fresh = _fresh(state)
-    training: list[int] = []
+    training: list[int] | None = None
     try:
         training = _training_ids(fresh)
-        live = _live(training)
-        noticed = _notice(fresh, live, notice_s)
-        find.cancel_jobs(live)
-        left = find.wait_terminal(training, **wait)
+        noticed = _notice(fresh, training, notice_s)
+        cancelled = cancel_jobs(training, **wait)
     except MncloudError as err:
-        gone = f"{'; '.join(done)} cancelled; " if done else ""
-        raise BackendError(
-            f"{err}; {gone}training job(s) {_ids(training) or 'unknown'} may still be live"
-        ) from None
+        gone = f"; {' and '.join(done)} cancelled" if done else ""
+        if isinstance(err, CancelError):  # it names the jobs that may still be live
+            raise BackendError(f"{err}{gone}") from None
+        known = f"training job(s) {_ids(training)}" if training else "its training jobs"
+        raise BackendError(f"{err}{gone}; {known} may still be live") from None
     finally:
         _withdraw(fresh)
-    if left:
-        raise BackendError(f"training job(s) {_ids(left)} of {name} still live after "
-                           f"{wait['timeout_s']:g}s; `mncloud down {name}` again")  # fmt: skip
-    if live:
-        done.append(f"training job {_ids(live)}{noticed}")
+    if cancelled:
+        done.append(f"training job {_ids(cancelled)}{noticed}")
     _mark_stopped(fresh)
     if not done:
         return "nothing of the run was live"
@@ -85,12 +73,6 @@ def stop_cloud(
 
 def _ids(job_ids: list[int]) -> str:
     return ", ".join(str(i) for i in sorted(job_ids))
-
-
-def _live(job_ids: list[int]) -> list[int]:
-    from mncloud.backends.skypilot.find import job_states
-
-    return sorted(i for i, job in job_states(job_ids).items() if not job.terminal)
 
 
 def _controller_ids(state: ControlState) -> list[int]:
@@ -126,17 +108,17 @@ def _training_ids(st: ControlState) -> list[int]:
     return sorted(ids)
 
 
-def _notice(st: ControlState, live: list[int], notice_s: float) -> str:
+def _notice(st: ControlState, job_ids: list[int], notice_s: float) -> str:
     """The preemption notice to a running training job, through the bucket; what it saved."""
     from mncloud.backends.base import RunState
     from mncloud.backends.skypilot.find import job_states
     from mncloud.backends.skypilot.notice import give_notice
 
     def state_of() -> RunState:
-        running = any("RUNNING" in job.statuses for job in job_states(live).values())
+        running = any("RUNNING" in job.statuses for job in job_states(job_ids).values())
         return RunState.RUNNING if running else RunState.CANCELLED
 
-    if notice_s <= 0 or not live or not st.ckpt_uri or state_of() is not RunState.RUNNING:
+    if notice_s <= 0 or not job_ids or not st.ckpt_uri or state_of() is not RunState.RUNNING:
         return ""
     saved = give_notice(st.ckpt_uri, notice_s, state_of, "mncloud down")
     return f" after a {notice_s:g}s notice ({f'step {saved} saved' if saved else 'no new step'})"

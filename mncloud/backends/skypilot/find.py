@@ -14,14 +14,13 @@ killed while its launch was being submitted, restarted on a fresh VM:
            request, then finds job 14 by the run id in its YAML (not job 9, also named dl,
            of an earlier run): adopted, nothing launched again
 
-`job_states`, `cancel_jobs` and `wait_terminal` serve `down`: cancel by id, then wait until
-SkyPilot reports every job terminal (CANCELLING is not: its cluster is still being cleaned up).
+`job_states` tells which jobs are live; `cancel.py` cancels them by id and waits until
+SkyPilot reports them terminal (CANCELLING is not: its cluster is still being cleaned up).
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,9 +34,6 @@ FIND_FIELDS = [
     "submitted_at",
 ]  # fmt: skip
 LAUNCH_REQUEST = "jobs.launch"
-#: How long `down` waits for cancelled jobs to be terminal, and how often it looks.
-WAIT_S = 600.0
-LOOK_EVERY_S = 5.0
 
 
 @dataclass
@@ -163,31 +159,3 @@ def job_states(job_ids: Iterable[int]) -> dict[int, FoundJob]:
         fields=["job_id", "task_id", "task_name", "status"],
     )
     return {job.job_id: job for job in _grouped(records) if job.job_id in ids}
-
-
-def cancel_jobs(job_ids: Iterable[int]) -> None:
-    """Cancel managed jobs by id (idempotent: SkyPilot skips the terminal ones)."""
-    import sky
-
-    ids = sorted(set(job_ids))
-    if ids:
-        with sky_errors(f"cancel managed jobs {ids}"):
-            sky.get(sky.jobs.cancel(job_ids=ids))
-
-
-def wait_terminal(
-    job_ids: Iterable[int],
-    timeout_s: float = WAIT_S,
-    *,
-    sleep: Callable[[float], None] = time.sleep,
-    clock: Callable[[], float] = time.monotonic,
-) -> list[int]:
-    """Wait until SkyPilot reports every job in `job_ids` terminal (or lists it no more);
-    the ids still live after `timeout_s` (empty: all over)."""
-    ids = sorted(set(job_ids))
-    deadline = clock() + timeout_s
-    while True:
-        live = [i for i, job in job_states(ids).items() if not job.terminal]
-        if not live or clock() >= deadline:
-            return live
-        sleep(LOOK_EVERY_S)

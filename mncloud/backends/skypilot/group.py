@@ -4,7 +4,10 @@ and dry run. One managed job id covers every task: `sky.jobs.cancel` ends them a
 
 The run's state is its node tasks' (the primaries), the most telling first: a failed node
 fails the run; all done is done; one recovering node (the others training on) is RECOVERING;
-then RUNNING, STARTING, PENDING. The lighthouse is shown in the detail.
+then RUNNING, STARTING, PENDING. The lighthouse is shown in the detail. It is an auxiliary
+task: SkyPilot ends it once the nodes are done and, when it fails for good (past its own
+restarts), leaves the nodes running. So a failed lighthouse does not fail the run, whose nodes
+still train and bill; the detail leads with it, since no lost node can be replaced after it.
 """
 
 from __future__ import annotations
@@ -71,6 +74,10 @@ def job_group_status(meta: RunMeta) -> RunStatus:
         count = int(_field(record, "recovery_count") or 0) if record is not None else 0
         parts.append(f"{_label(meta, task)} {raw}" + (f" ({count} recoveries)" if count else ""))
     detail = f"job group {meta.job_id}: " + ", ".join(parts)
+    lighthouse = mine.get(meta.tasks[0]) if meta.tasks else None
+    lost = _raw(_field(lighthouse, "status")) if lighthouse is not None else ""
+    if lost.startswith("FAILED") and not state.is_final:
+        detail = f"lighthouse {lost}: a lost node can no longer be replaced; {detail}"
     reasons = [_field(r, "failure_reason") for r in mine.values() if _field(r, "failure_reason")]
     if reasons:
         detail += f"; {one_line(reasons[0], 160)}"

@@ -1,4 +1,5 @@
-"""A run's state from SkyPilot: the cluster and its job (on-demand), or the managed job (spot)."""
+"""A run's state from SkyPilot: its managed job (spot or on-demand), or, for a run an older
+mncloud launched on demand with `sky.launch`, its cluster and the job on it."""
 
 from __future__ import annotations
 
@@ -53,7 +54,7 @@ MANAGED_JOB_STATES = {
 }
 """SkyPilot's managed-job states (`sky.jobs.ManagedJobStatus`) → ours, every one of them.
 CANCELLING is over for the run (a cancel was asked; SkyPilot is cleaning up), though not yet
-terminal for SkyPilot: `down` waits for CANCELLED (`find.wait_terminal`)."""
+terminal for SkyPilot: `down` waits for CANCELLED (`cancel.py`)."""
 FAILURES = {
     "FAILED": Failure.USER,
     "FAILED_SETUP": Failure.USER,
@@ -149,7 +150,8 @@ def queue_records(meta: RunMeta, fields: list[str], what: str) -> list[Any]:
 
 
 def managed_job_status(meta: RunMeta) -> RunStatus:
-    """A spot run's status: its managed job's, with recoveries and the failure reason."""
+    """A run's status: its managed job's, with recoveries and the failure reason; a job that
+    failed (its program's errors outlasted `--max-restarts`) says after how many restarts."""
     records = queue_records(meta, QUEUE_FIELDS, f"managed job {meta.name}")
     mine = [r for r in records if r.get("job_id") == meta.job_id]
     if not mine:
@@ -162,7 +164,9 @@ def managed_job_status(meta: RunMeta) -> RunStatus:
     reason = record.get("failure_reason") or record.get("details") or ""
     raw = getattr(record.get("status"), "value", record.get("status"))
     detail = f"managed job {meta.job_id}: {raw}"
-    if recoveries:
+    if state is RunState.FAILED and meta.max_restarts is not None and raw == "FAILED":
+        detail += f" after {recoveries} restarts (--max-restarts {meta.max_restarts})"
+    elif recoveries:
         detail += f", {recoveries} recoveries (preemptions and retried errors)"
     if reason:
         detail += f"; {one_line(reason, 160)}"
