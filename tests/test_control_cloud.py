@@ -295,7 +295,8 @@ def test_user_errors_are_retried_up_to_max_restarts_then_the_run_fails_with_the_
         fake_sky.script(job, [ERROR])  # exit 1; the job's own job_recovery retries nothing
         run.tick(gap=1)
     assert run.state.phase == "failed" and run.state.errors_retried == 2
-    assert "retried 2 of --max-restarts 2 times" in run.state.detail
+    assert "an error in your code, retried 2 of --max-restarts 2 times" in run.state.detail
+    assert "exit code 1" in run.state.detail and "--max-restarts 0" not in run.state.detail
     assert len(_launches(fake_sky)) == 3
     # Each launch the controller makes retries nothing itself: the controller counts.
     assert all(t.max_restarts == 0 for job in fake_sky.jobs.values() for t in job.tasks)

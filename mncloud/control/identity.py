@@ -126,6 +126,7 @@ def _meta(st: ControlState, pending: Launching, job: Any, record: RunRecord | No
         hourly_per_node=choice.get("hourly_per_node"),
         launched_at=pending.at,
         job_id=job.job_id,
+        max_restarts=0,  # the controller's launches: it counts the errors (`outcomes.py`)
         ckpt_uri=spec.ckpt_uri,
     )
 

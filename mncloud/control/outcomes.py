@@ -112,8 +112,8 @@ def _user_failed(ctl: Controller, status: RunStatus) -> Settled:
     st = ctl.state
     limit = int(st.spec.get("max_restarts", 0))
     if st.errors_retried >= limit:
-        _end(ctl, "failed", f"{status.detail} (an error in your code; retried "
-                            f"{st.errors_retried} of --max-restarts {limit} times)")  # fmt: skip
+        _end(ctl, "failed", f"an error in your code, retried {st.errors_retried} of "
+                            f"--max-restarts {limit} times: {status.detail}")  # fmt: skip
         return Settled.ENDED
     st.errors_retried += 1
     _close(ctl, status)

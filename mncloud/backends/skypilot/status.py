@@ -164,7 +164,7 @@ def managed_job_status(meta: RunMeta) -> RunStatus:
     reason = record.get("failure_reason") or record.get("details") or ""
     raw = getattr(record.get("status"), "value", record.get("status"))
     detail = f"managed job {meta.job_id}: {raw}"
-    if state is RunState.FAILED and meta.max_restarts is not None and raw == "FAILED":
+    if state is RunState.FAILED and meta.max_restarts and raw == "FAILED":  # 0: none to count
         detail += f" after {recoveries} restarts (--max-restarts {meta.max_restarts})"
     elif recoveries:
         detail += f", {recoveries} recoveries (preemptions and retried errors)"
