@@ -198,9 +198,12 @@ def stop_run(run_name: str, notice_s: float = 0.0) -> RunStatus:
         from mncloud.control.start import stop
 
         said = stop(run_name, notice_s)
-    if run_name in known_runs():
-        return backend_for_run(run_name).down(run_name, notice_s=notice_s)
-    return _stop_unrecorded(run_name, controlled, said)
+    if run_name not in known_runs():
+        return _stop_unrecorded(run_name, controlled, said)
+    status = backend_for_run(run_name).down(run_name, notice_s=notice_s)
+    if said and status.backend != "local":  # what the cloud controller's `stop` cancelled
+        _prepend(status, said)
+    return status
 
 
 def _stop_unrecorded(run_name: str, controlled: bool, said: str | None) -> RunStatus:

@@ -436,3 +436,57 @@ def test_down_finds_a_training_job_the_state_only_journaled(
     status = stop_run("llm")
     assert _status(fake_sky, training) == "CANCELLED"
     assert f"cancelled training job {training}" in status.detail
+
+
+def test_down_cut_off_after_the_controller_says_what_may_still_be_live(
+    script: Path,  # noqa: F811
+    fake_sky: FakeSky,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """SkyPilot stops answering once the controller's job is cancelled: one line that says
+    what was cancelled and which training job may still run; a second `down` finishes."""
+    from mncloud.control import down
+    from mncloud.errors import BackendError
+    from mncloud.operate import stop_run
+
+    state = _state(script, tmp_path)
+    state.controller_job_id = fake_sky.add_job("llm-control", S.RUNNING)
+    control.save_state(state)
+    Driver(state).tick()
+    (training,) = _named(fake_sky, "llm")
+    fresh = down._fresh
+
+    def then_unreachable(st: control.ControlState) -> control.ControlState:
+        found = fresh(st)
+        fake_sky.unreachable()
+        return found
+
+    with monkeypatch.context() as patched:
+        patched.setattr(down, "_fresh", then_unreachable)
+        with pytest.raises(BackendError) as caught:
+            stop_run("llm")
+    said = str(caught.value)
+    assert "API server is unreachable" in said and "\n" not in said
+    assert f"controller job {state.controller_job_id} cancelled" in said
+    assert "may still be live" in said and _status(fake_sky, training) == "PENDING"
+    fake_sky.reachable()
+    assert f"cancelled training job {training}" in stop_run("llm").detail
+    assert _status(fake_sky, training) == "CANCELLED"
+
+
+def test_down_with_the_controller_state_unreadable_cancels_no_training_job_blind(
+    script: Path,  # noqa: F811
+    fake_sky: FakeSky,
+    tmp_path: Path,
+) -> None:
+    import shutil
+
+    from mncloud.errors import BackendError
+    from mncloud.operate import stop_run
+
+    state = _state(script, tmp_path)
+    Driver(state).tick()
+    shutil.rmtree(tmp_path / "bucket" / "llm" / "control")
+    with pytest.raises(BackendError, match=r"state at .* cannot be read.*may still be live"):
+        stop_run("llm")

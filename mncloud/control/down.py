@@ -49,9 +49,9 @@ def stop_cloud(
         raise BackendError(f"{err}; no training job of {name} was cancelled") from None
     if controllers:
         done.append(f"controller job {_ids(controllers)}")
-    fresh = _fresh(state)
-    training: list[int] | None = None
+    fresh, training = state, None  # type: ControlState, list[int] | None
     try:
+        fresh = _fresh(state)
         training = _training_ids(fresh)
         noticed = _notice(fresh, training, notice_s)
         cancelled = cancel_jobs(training, **wait)
@@ -60,7 +60,7 @@ def stop_cloud(
         if isinstance(err, CancelError):  # it names the jobs that may still be live
             raise BackendError(f"{err}{gone}") from None
         known = f"training job(s) {_ids(training)}" if training else "its training jobs"
-        raise BackendError(f"{err}{gone}; {known} may still be live") from None
+        raise BackendError(f"{err}{gone}; {known} may still be live (`sky jobs queue`)") from None
     finally:
         _withdraw(fresh)
     if cancelled:
@@ -86,11 +86,15 @@ def _controller_ids(state: ControlState) -> list[int]:
 
 
 def _fresh(state: ControlState) -> ControlState:
-    """The state as the controller left it (the bucket copy when newer)."""
+    """The state as the controller left it in the bucket; BackendError when it cannot be
+    read there (this machine's copy, from `up`, names no training job)."""
     from mncloud.control.state import load_uri
 
-    remote = load_uri(state.config.state_uri) if state.config.state_uri else None
-    return remote if remote is not None and remote.updated_at >= state.updated_at else state
+    uri = state.config.state_uri
+    remote = load_uri(uri) if uri else None
+    if remote is None:
+        raise BackendError(f"the deadline controller's state at {uri} cannot be read")
+    return remote if remote.updated_at >= state.updated_at else state
 
 
 def _training_ids(st: ControlState) -> list[int]:
