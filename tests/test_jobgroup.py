@@ -4,7 +4,7 @@
   replica number and the lighthouse's address; checked by SkyPilot's schema per task and by
   SkyPilot's own job-group loader as a whole.
 - Launch, status, logs and down go through the backend with only the SDK calls that talk to
-  SkyPilot's API server replaced (`tests/test_skypilot.py`'s FakeSky); the dry run is
+  SkyPilot's API server replaced (`tests/fakesky.py`); the dry run is
   SkyPilot's own, in-process, over the catalog snapshot.
 """
 
