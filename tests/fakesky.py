@@ -42,7 +42,7 @@ import enum
 import inspect
 import json
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -103,12 +103,6 @@ class FakeJob:
     yaml: str
     tasks: list[FakeTask]
     submitted_at: float = field(default_factory=time.time)
-
-    @property
-    def status(self) -> S:
-        """The job's status as SkyPilot's CLI sums it up (a failed task first)."""
-        statuses = [t.status for t in self.tasks]
-        return next((s for s in statuses if not s.is_terminal()), None) or max(statuses)
 
     @property
     def live(self) -> bool:
@@ -184,30 +178,33 @@ class FakeSky:
 
     # ------------------------------------------------------------------ requests
 
-    def _request(self, name: str, server: Callable[..., Any]) -> Callable[..., str]:
-        """A faked SDK call: bound to the real signature, recorded, answered by `server`
-        (or by `answers[name]`), its result kept for `sky.get` under a request id."""
+    def _request(
+        self, name: str, server: Callable[..., Any], client: Callable[..., Any] | None = None
+    ) -> Callable[..., str]:
+        """A faked SDK call: bound to the real signature, the client's own work done (`client`,
+        whose errors raise at once, as the real client's), recorded, answered by `server` (or
+        by `answers[name]`), its result kept for `sky.get` under a request id."""
         real = _real(name)
 
         def call(*args: Any, **kwargs: Any) -> str:
             bound = inspect.signature(real).bind(*args, **kwargs)
             bound.apply_defaults()
+            sent = client(**bound.arguments) if client is not None else bound.arguments
             self._check_reachable()
             self.calls.append((name, args, kwargs))
             request_id = f"req-{len(self.calls)}-{name}"
+            answer = self.answers.get(name, _MODEL)
 
             def answer_it() -> Any:
-                answer = self.answers.get(name, _MODEL)
-                if answer is _MODEL:
-                    try:
-                        answer = _wire(name, server(**bound.arguments))
-                    except Exception as err:  # the request fails: raised by sky.get
-                        answer = err
-                return answer
+                if answer is not _MODEL:
+                    return answer
+                try:
+                    return _wire(name, server(**sent))
+                except Exception as err:  # the request fails: raised by sky.get
+                    return err
 
             if name in self.held:
-                body = json.dumps(_request_body(name, bound.arguments))
-                self._in_flight[request_id] = (name, body, answer_it)
+                self._in_flight[request_id] = (name, _request_body(sent), answer_it)
                 return request_id
             self._results[request_id] = (name, answer_it())
             return request_id
@@ -271,10 +268,19 @@ class FakeSky:
 
     # ------------------------------------------------------------------ managed jobs
 
-    def _jobs_launch(self, task: Any, name: str | None, **_rest: Any) -> tuple[list[int], None]:
-        body = _launch_body(task, name)
-        dag_str = body.task
-        loaded = dag_utils.load_dag_from_yaml_str(body.task)  # the server's side
+    @staticmethod
+    def _jobs_launch_client(task: Any, name: str | None, **_rest: Any) -> dict[str, Any]:
+        """What `sky/jobs/client/sdk.py` `launch` does before it talks to the server."""
+        dag = dag_utils.convert_entrypoint_to_dag(task)
+        if name is not None:
+            dag.name = name
+        return {
+            "body": payloads.JobsLaunchBody(task=dag_utils.dump_dag_to_yaml_str(dag), name=name)
+        }
+
+    def _jobs_launch(self, body: Any) -> tuple[list[int], None]:
+        """The server's side: the DAG loaded from the YAML the client sent."""
+        loaded = dag_utils.load_dag_from_yaml_str(body.task)
         primary = set(loaded.primary_tasks or []) if loaded.is_job_group() else None
         tasks = []
         for one in loaded.tasks:
@@ -292,7 +298,7 @@ class FakeSky:
                 )
             )
         job_id = self._next_id()
-        self.jobs[job_id] = FakeJob(job_id, str(body.name or loaded.name), loaded, dag_str, tasks)
+        self.jobs[job_id] = FakeJob(job_id, str(body.name or loaded.name), loaded, body.task, tasks)
         return [job_id], None
 
     def _jobs_queue_v2(self, **kw: Any) -> tuple[list[Any], int, dict[str, int], int, list[str]]:
@@ -310,28 +316,20 @@ class FakeSky:
             and (kw["statuses"] is None or t.status.value in kw["statuses"])
         ]
         found.sort(key=lambda item: (-item[0].job_id, item[1]))
-        if kw["limit"]:
-            found = found[: kw["limit"]]
+        found = found[: kw["limit"] or None]
         keep = None if kw["fields"] is None else set(kw["fields"]) | {"job_id", "task_id", "status"}
-        records = []
-        for job, n, one in found:
-            record = _record(job, n, one)
-            records.append({k: v for k, v in record.items() if keep is None or k in keep})
-        counts: dict[str, int] = {}
-        for _job, _n, one in found:
-            counts[one.status.value] = counts.get(one.status.value, 0) + 1
-        models = [responses.ManagedJobRecord(**r) for r in records]
-        return models, len(found), counts, len(every), []
+        records = [_record(job, n, one) for job, n, one in found]
+        models = [
+            responses.ManagedJobRecord(**{k: v for k, v in r.items() if keep is None or k in keep})
+            for r in records
+        ]
+        counts = Counter(one.status.value for _job, _n, one in found)
+        return models, len(found), dict(counts), len(every), []
 
     def _jobs_cancel(self, name: str | None, job_ids: Any, **kw: Any) -> None:
         """`sky/jobs/server/core.py` `cancel` → `sky/jobs/utils.py` (see the module docstring)."""
-        chosen = [
-            bool(job_ids),
-            name is not None,
-            kw["pool"] is not None,
-            kw["all"] or kw["all_users"],
-        ]
-        if sum(chosen) != 1:
+        chosen = [bool(job_ids), name is not None, kw["pool"] is not None, kw["all"]]
+        if sum(chosen) + bool(kw["all_users"] and not kw["all"]) != 1:
             raise ValueError("Can only specify one of JOB_IDS, name, pool, or all/all_users.")
         body = payloads.JobsCancelBody(name=name, job_ids=job_ids, all=kw["all"])
         if body.name is not None:
@@ -345,12 +343,8 @@ class FakeSky:
             else:
                 self.messages.append(f"{body.name!r} {self._cancel_ids(live)}")
             return None
-        ids = (
-            list(body.job_ids or [])
-            if not body.all
-            else [j for j in self.jobs if self.jobs[j].live]
-        )
-        self.messages.append(self._cancel_ids(ids))
+        ids = [j for j in self.jobs if self.jobs[j].live] if body.all else body.job_ids or []
+        self.messages.append(self._cancel_ids(list(ids)))
         return None
 
     def _cancel_ids(self, job_ids: list[int]) -> str:
@@ -381,12 +375,8 @@ class FakeSky:
     # ------------------------------------------------------------------ clusters
 
     def _status(self, cluster_names: list[str] | None, **_kw: Any) -> list[Any]:
-        names = cluster_names if cluster_names is not None else list(self.clusters)
-        found = []
-        for name in names:
-            if name in self.clusters:
-                found.append(responses.StatusResponse.model_validate(self.clusters[name]["record"]))
-        return found
+        names = [n for n in cluster_names or self.clusters if n in self.clusters]
+        return [responses.StatusResponse.model_validate(self.clusters[n]["record"]) for n in names]
 
     def _job_status(self, cluster_name: str, job_ids: list[int] | None, **_kw: Any) -> Any:
         cluster = self.clusters.get(cluster_name)
@@ -459,19 +449,13 @@ class FakeSky:
         one.status = status
 
 
-def _launch_body(task: Any, name: str | None) -> payloads.JobsLaunchBody:
-    """What the real client sends for `jobs.launch` (`sky/jobs/client/sdk.py`)."""
-    dag = dag_utils.convert_entrypoint_to_dag(task)  # what the real client does first
-    if name is not None:
-        dag.name = name
-    return payloads.JobsLaunchBody(task=dag_utils.dump_dag_to_yaml_str(dag), name=name)
-
-
-def _request_body(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
-    """A request's body as the server keeps it (`RequestPayload.request_body`)."""
-    if name == "jobs.launch":
-        return json.loads(_launch_body(arguments["task"], arguments["name"]).model_dump_json())
-    return {k: repr(v) for k, v in arguments.items()}
+def _request_body(sent: dict[str, Any]) -> str:
+    """A request's body as the server keeps it (`RequestPayload.request_body`): the payload the
+    client sent (`jobs.launch`: its `JobsLaunchBody`, the task's YAML inside)."""
+    body = sent.get("body")
+    if hasattr(body, "model_dump_json"):
+        return body.model_dump_json()
+    return json.dumps({k: repr(v) for k, v in sent.items()})
 
 
 def _record(job: FakeJob, n: int, one: FakeTask) -> dict[str, Any]:
@@ -560,7 +544,7 @@ def install(monkeypatch: pytest.MonkeyPatch) -> FakeSky:
         "tail_logs": fake._stream("tail_logs", fake._tail_logs),
         "get": fake.get,
         "stream_and_get": fake.stream_and_get,
-        "jobs.launch": fake._request("jobs.launch", fake._jobs_launch),
+        "jobs.launch": fake._request("jobs.launch", fake._jobs_launch, fake._jobs_launch_client),
         "jobs.queue_v2": fake._request("jobs.queue_v2", fake._jobs_queue_v2),
         "jobs.cancel": fake._request("jobs.cancel", fake._jobs_cancel),
         "jobs.tail_logs": fake._stream("jobs.tail_logs", fake._jobs_tail_logs),

@@ -1,7 +1,7 @@
 """The deadline controller over SkyPilot, offline, and `up --deadline`'s bad input.
 
-Only SkyPilot's API calls are replaced (the FakeSky pattern of tests/test_skypilot.py): a small
-model of the cloud answers them (spot capacity on or off, managed jobs and one cluster), the
+Only SkyPilot's API calls are replaced (tests/fakesky.py, its answers overridden): a small
+model of the cloud answers them (spot capacity on or off, spot and on-demand managed jobs), the
 SDK's own response models parse the answers, and the controller runs on a fake clock, so no
 test waits on real time. Everything else is real: plan, render, run records, the ledger, the
 checkpoint store on a file:// bucket, the policy.

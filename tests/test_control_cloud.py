@@ -43,7 +43,8 @@ def _named(fake: FakeSky, name: str) -> list[int]:
 
 
 def _status(fake: FakeSky, job_id: int) -> str:
-    return fake.job(job_id).status.value
+    (task,) = fake.job(job_id).tasks
+    return task.status.value
 
 
 def _launches(fake: FakeSky) -> list[Any]:

@@ -4,7 +4,7 @@
   replica number and the lighthouse's address; checked by SkyPilot's schema per task and by
   SkyPilot's own job-group loader as a whole.
 - Launch, status, logs and down go through the backend with only the SDK calls that talk to
-  SkyPilot's API server replaced (`tests/test_skypilot.py`'s FakeSky); the dry run is
+  SkyPilot's API server replaced (`tests/fakesky.py`); the dry run is
   SkyPilot's own, in-process, over the catalog snapshot.
 """
 
@@ -345,30 +345,20 @@ def test_status_covers_every_task(
     assert status.started_at == pytest.approx(1763700421.5)
 
 
-def test_logs_cover_every_task_and_one_node(
-    script: Path,
-    fake_sky: FakeSky,
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    import sky.jobs
-
+def test_logs_cover_every_task_and_one_node(script: Path, fake_sky: FakeSky) -> None:
     backend = _launched(script, fake_sky)
-    seen: list[dict[str, Any]] = []
-
-    def tail_logs(**kwargs: Any) -> Any:
-        seen.append(kwargs)
-        task = kwargs["task"]
-        return iter([f"({task}, pid=3) hello from {task}\n", "✓ done\n", None])
-
-    monkeypatch.setattr(sky.jobs, "tail_logs", tail_logs)
+    tasks = ["llm-lighthouse", *jobgroup.node_tasks("llm", 3)]
+    for task in tasks:
+        fake_sky.logs[9, task] = f"({task}, pid=3) hello from {task}\n✓ done\n"
     lines = list(backend.logs("llm"))
-    assert {kw["task"] for kw in seen} == {"llm-lighthouse", *jobgroup.node_tasks("llm", 3)}
+    seen = [kw for _args, kw in fake_sky.called("jobs.tail_logs")]
+    assert {kw["task"] for kw in seen} == set(tasks)
     assert all(kw["job_id"] == 9 and kw["preload_content"] is False for kw in seen)
     assert "[lighthouse] hello from llm-lighthouse" in lines
     assert "[node 2] hello from llm-node-2" in lines and "[sky] ✓ done" in lines
-    seen.clear()
+    fake_sky.calls.clear()
     assert list(backend.logs("llm", node=1)) == ["[node 1] hello from llm-node-1", "[sky] ✓ done"]
-    assert [kw["task"] for kw in seen] == ["llm-node-1"]
+    assert [kw["task"] for _args, kw in fake_sky.called("jobs.tail_logs")] == ["llm-node-1"]
     with pytest.raises(BackendError, match="no node 5"):
         list(backend.logs("llm", node=5))
 

@@ -454,7 +454,7 @@ def test_down_managed_job_cancels_it(script: Path, fake_sky: FakeSky) -> None:
     status = backend.down("llm")
     assert fake_sky.called("jobs.cancel") == [((), {"job_ids": [7]})]
     assert status.state is RunState.CANCELLED
-    assert fake_sky.job(7).status is ManagedJobStatus.CANCELLED
+    assert fake_sky.job(7).tasks[0].status is ManagedJobStatus.CANCELLED
 
 
 def test_unknown_run_has_no_record() -> None:
