@@ -48,20 +48,6 @@ class FoundJob:
     cloud: str | None = None
     region: str | None = None
 
-    @property
-    def terminal(self) -> bool:
-        return all(is_terminal(s) for s in self.statuses)
-
-
-def is_terminal(status: str) -> bool:
-    """Whether SkyPilot's managed-job state `status` is terminal (its own list)."""
-    from sky.jobs.state import ManagedJobStatus
-
-    try:
-        return ManagedJobStatus(status).is_terminal()
-    except ValueError:  # a state newer than this SkyPilot: not known to be over
-        return False
-
 
 def _field(record: Any, name: str) -> Any:
     return record.get(name) if isinstance(record, dict) else getattr(record, name, None)
@@ -96,11 +82,10 @@ def _queue(what: str, **query: Any) -> list[Any]:
 def _grouped(records: Iterable[Any]) -> list[FoundJob]:
     """Queue records (one per task) → one FoundJob per job id, oldest job first."""
     jobs: dict[int, FoundJob] = {}
-    for record in sorted(records, key=lambda r: (_field(r, "job_id"), _field(r, "task_id") or 0)):
-        job_id = _field(record, "job_id")
-        if job_id is None:
-            continue
-        job = jobs.setdefault(int(job_id), FoundJob(int(job_id)))
+    known = [r for r in records if _field(r, "job_id") is not None]
+    for record in sorted(known, key=lambda r: (_field(r, "job_id"), _field(r, "task_id") or 0)):
+        job_id = int(_field(record, "job_id"))
+        job = jobs.setdefault(job_id, FoundJob(job_id))
         job.statuses.append(raw_state(_field(record, "status")))
         job.tasks.append(str(_field(record, "task_name") or ""))
         job.cloud = job.cloud or _field(record, "cloud")
