@@ -169,6 +169,42 @@ def test_a_launch_made_but_not_recorded_is_found_by_its_run_id_not_its_name(
     assert len(_launches(fake_sky)) == 1 and _status(fake_sky, decoy) == "RUNNING"
 
 
+def test_a_job_group_made_but_not_recorded_is_adopted_with_its_tasks(
+    script: Path,  # noqa: F811
+    fake_sky: FakeSky,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`--recovery node`: one managed job of several tasks, every one carrying the run id."""
+    from mncloud.launch import launch
+    from mncloud.render import jobgroup
+
+    script.write_text("from mncloud.train import Replicas\nreplicas = Replicas({})\n")
+    # A file:// bucket stands in for the s3:// one the VMs would need (nothing runs here).
+    monkeypatch.setattr(jobgroup, "require_bucket", lambda _spec: None)
+
+    def launched_then_crash(*args: Any, **kw: Any) -> Any:
+        launch(*args, **kw)
+        raise Crash
+
+    first = Driver(_state(script, tmp_path, recovery="node"), launcher=launched_then_crash)
+    with pytest.raises(Crash):
+        first.tick()
+    (job,) = _named(fake_sky, "llm")
+    tasks = [t.name for t in fake_sky.job(job).tasks]
+    assert len(tasks) == 5  # the lighthouse and 4 nodes
+
+    state = _fresh_vm(monkeypatch, tmp_path, "vm2")
+    again = Driver(state, first.clock)
+    again.ctl._recover()
+    meta = load_meta("llm")
+    assert meta is not None and meta.kind == "job-group" and meta.job_id == job
+    assert meta.tasks == tasks
+    fake_sky.set_status(job, S.RUNNING)
+    again.tick()
+    assert len(_launches(fake_sky)) == 1 and state.mode is Mode.SPOT
+
+
 def test_a_launch_still_in_flight_when_the_controller_died_is_waited_for_and_adopted(
     script: Path,  # noqa: F811
     fake_sky: FakeSky,
