@@ -69,6 +69,9 @@ PROGRESS_FILE_ENV = "MNCLOUD_PROGRESS_FILE"
 
 # The run id (lineage record) every node gets; see mncloud/records/.
 RUN_ID_ENV = "MNCLOUD_RUN_ID"
+# The deadline controller's state in the bucket, in its own SkyPilot task's envs
+# (templates/control.yaml.j2): the identity of a run's controller job, whatever its name.
+CONTROL_STATE_URI_ENV = "MNCLOUD_CONTROL_STATE_URI"
 
 # Node recovery (`--recovery node`, mncloud/train/ft.py): the mode, this node's replica number,
 # the number of replicas, the address peers reach this node at, and torchft's lighthouse.

@@ -134,11 +134,14 @@ def launch(
     existing: Existing = Existing.REFUSE,
     approve: Callable[[Plan], bool] | None = None,
     notify: Callable[[str], None] = lambda _text: None,
+    run_id: str | None = None,
 ) -> Launched:
     """Plan, render, prepare the bucket, write the run record and hand the task to a backend.
 
     `approve(plan)` may decline (LaunchCancelled); `notify(text)` receives notes and warnings
-    (a bucket created, egress across regions). Raises MncloudError on bad input.
+    (a bucket created, egress across regions). `run_id`: the record's id, chosen by the caller
+    (the deadline controller journals it before the launch, so a restarted controller finds
+    the launch by it); a new one when None. Raises MncloudError on bad input.
     """
     from mncloud.backends.base import LaunchRequest
     from mncloud.backends.registry import get_backend, record_backend
@@ -148,7 +151,7 @@ def launch(
         spec = with_free_port(spec)
     if not dryrun:
         settle_existing(spec, existing)
-    run_id = None if dryrun else _new_run_id(spec.name)
+    run_id = None if dryrun else run_id or _new_run_id(spec.name)
     prepared = prepare(spec, options, run_id=run_id, approve=approve)
     if prepared.plan is not None and spec.bucket is not None and not dryrun:
         from mncloud.storage import prepare_bucket

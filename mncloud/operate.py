@@ -185,17 +185,43 @@ def stop_run(run_name: str, notice_s: float = 0.0) -> RunStatus:
     """Stop a run (`mncloud down`) and return once nothing of it is left: its deadline
     controller (which takes the run down itself), then the run, after a preemption notice of
     `notice_s` seconds to its nodes (none under node recovery, where the ranks do not watch
-    for one: they are stopped at once). A cloud run's notice goes through its bucket."""
+    for one: they are stopped at once). A cloud run's notice goes through its bucket. A run
+    this machine holds no record of: a cloud deadline run's training jobs (its controller's VM
+    launched them) were cancelled by id from the controller's state (`control/down.py`); a run
+    launched elsewhere: its live SkyPilot jobs of that name, by id."""
     from mncloud.backends.registry import known_runs
     from mncloud.control.state import controlled_runs
 
-    if run_name in controlled_runs():
+    controlled = run_name in controlled_runs()
+    said = None
+    if controlled:
         from mncloud.control.start import stop
 
-        stop(run_name, notice_s)
+        said = stop(run_name, notice_s)
     if run_name not in known_runs():
-        return run_status(run_name)
-    return backend_for_run(run_name).down(run_name, notice_s=notice_s)
+        return _stop_unrecorded(run_name, controlled, said)
+    status = backend_for_run(run_name).down(run_name, notice_s=notice_s)
+    if said and status.backend != "local":  # what the cloud controller's `stop` cancelled
+        _prepend(status, said)
+    return status
+
+
+def _stop_unrecorded(run_name: str, controlled: bool, said: str | None) -> RunStatus:
+    """`down` of a run with no backend record here (see `stop_run`); `said`: what stopping
+    its deadline controller did."""
+    from mncloud.backends.skypilot.backend import down_unrecorded
+
+    if controlled:  # `stop` took it all down (a cloud run's jobs by id, never by name)
+        status = run_status(run_name)
+        if said:
+            _prepend(status, said)
+        return status
+    try:
+        return down_unrecorded(run_name)
+    except RunNotFoundError:
+        raise
+    except MncloudError as err:
+        raise BackendError(f"mncloud has no record of a run {run_name!r}, and {err}") from None
 
 
 def _control_state(run_name: str) -> tuple[ControlState | None, str | None]:

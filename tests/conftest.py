@@ -10,8 +10,12 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from tests.fakesky import FakeSky
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_CATALOGS = REPO.parent / "shared" / "catalogs"
@@ -70,3 +74,12 @@ def project(tmp_path: Path) -> Path:
     (folder / "pyproject.toml").write_text("[project]\nname='p'\n")
     (folder / "train.py").write_text("print('hi')\n")
     return folder
+
+
+@pytest.fixture
+def fake_sky(monkeypatch: pytest.MonkeyPatch) -> FakeSky:
+    """SkyPilot's SDK answered by `tests/fakesky.py` (real signatures, real client-side work);
+    any SDK call it does not fake fails the test."""
+    from tests import fakesky
+
+    return fakesky.install(monkeypatch)

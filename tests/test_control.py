@@ -1,7 +1,7 @@
 """The deadline controller over SkyPilot, offline, and `up --deadline`'s bad input.
 
-Only SkyPilot's API calls are replaced (the FakeSky pattern of tests/test_skypilot.py): a small
-model of the cloud answers them (spot capacity on or off, managed jobs and one cluster), the
+Only SkyPilot's API calls are replaced (tests/fakesky.py, its answers overridden): a small
+model of the cloud answers them (spot capacity on or off, spot and on-demand managed jobs), the
 SDK's own response models parse the answers, and the controller runs on a fake clock, so no
 test waits on real time. Everything else is real: plan, render, run records, the ledger, the
 checkpoint store on a file:// bucket, the policy.
@@ -26,7 +26,8 @@ from mncloud.plan.traces import load_trace
 from mncloud.records import cost_summary, find_record, list_records
 from mncloud.request import build_spec
 from mncloud.spec import LaunchOptions
-from tests.test_skypilot import DATA, FakeSky, fake_sky, script  # noqa: F401 - fixtures
+from tests.fakesky import FakeSky
+from tests.test_skypilot import DATA, script  # noqa: F401 - a fixture
 
 runner = CliRunner()
 GAP = 300
@@ -46,21 +47,21 @@ class FakeClock:
 
 
 class Cloud:
-    """What SkyPilot's API server would answer, from a tiny model of the cloud."""
+    """What SkyPilot's API server would answer, from a tiny model of the cloud: every launch
+    a managed job (spot or on-demand); spot jobs run only while there is spot capacity."""
 
     def __init__(self) -> None:
         self.spot_capacity = False
         self.jobs: dict[int, str] = {}
-        self.cluster_up = False
+        self.spot: dict[int, bool] = {}
         self.done = False
 
     def answer(self, name: str, calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]]) -> Any:
-        from sky.skylet import job_lib
-
         args, kwargs = calls[-1][1], calls[-1][2]
         if name == "jobs.launch":
             job_id = 7 + len(self.jobs)
             self.jobs[job_id] = "PENDING"
+            self.spot[job_id] = any(r.use_spot for r in args[0].resources)
             return [job_id], None
         if name == "jobs.cancel":
             for job_id in kwargs.get("job_ids") or []:
@@ -68,17 +69,6 @@ class Cloud:
             return None
         if name == "jobs.queue_v2":
             return self._queue(kwargs.get("job_ids") or []), 1, {}, 1
-        if name == "launch":
-            self.cluster_up = True
-            return 1, None
-        if name == "down":
-            self.cluster_up = False
-            return None
-        if name == "status":
-            return _records("status_cluster_up.json") if self.cluster_up else []
-        if name == "job_status":
-            state = job_lib.JobStatus.SUCCEEDED if self.done else job_lib.JobStatus.RUNNING
-            return {1: state}
         raise AssertionError(f"unexpected SkyPilot call {name}{args}")
 
     def _queue(self, job_ids: list[int]) -> list[Any]:
@@ -87,9 +77,10 @@ class Cloud:
         found = []
         for job_id in job_ids:
             status = self.jobs[job_id]
-            if status == "PENDING" and self.spot_capacity:
+            capacity = self.spot_capacity or not self.spot[job_id]
+            if status == "PENDING" and capacity:
                 status = self.jobs[job_id] = "RUNNING"
-            if status == "RUNNING" and not self.spot_capacity:
+            if status == "RUNNING" and not capacity:
                 status = self.jobs[job_id] = "RECOVERING"
             if status == "RUNNING" and self.done:
                 status = self.jobs[job_id] = "SUCCEEDED"
@@ -99,15 +90,8 @@ class Cloud:
         return found
 
 
-def _records(name: str) -> list[Any]:
-    from sky.schemas.api import responses
-
-    raw = json.loads((DATA / name).read_text())
-    return [responses.StatusResponse.model_validate(r) for r in raw]
-
-
 @pytest.fixture
-def cloud(fake_sky: FakeSky) -> Cloud:  # noqa: F811 - the imported fixture
+def cloud(fake_sky: FakeSky) -> Cloud:
     model = Cloud()
 
     class Answers(dict[str, Any]):
@@ -122,7 +106,7 @@ def cloud(fake_sky: FakeSky) -> Cloud:  # noqa: F811 - the imported fixture
 def test_spot_without_capacity_goes_on_demand_and_back_when_spot_returns(
     script: Path,  # noqa: F811 - the imported fixture
     cloud: Cloud,
-    fake_sky: FakeSky,  # noqa: F811
+    fake_sky: FakeSky,
     tmp_path: Path,
 ) -> None:
     bucket = f"file://{tmp_path / 'bucket'}"
@@ -152,18 +136,19 @@ def test_spot_without_capacity_goes_on_demand_and_back_when_spot_returns(
     tick()  # still pending after 15 min: no capacity; behind the uniform line → on-demand
     ((_args, kwargs),) = fake_sky.called("jobs.cancel")
     assert kwargs["job_ids"] == [7]
-    ((args, _kw),) = fake_sky.called("launch")
+    (spot_task,), (on_demand_task,) = [args for args, _kw in fake_sky.called("jobs.launch")]
     assert state.market is Mode.ON_DEMAND and state.switches == 1
-    assert all(not r.use_spot for r in args[0].resources)
-    spot_task = fake_sky.called("jobs.launch")[0][0][0]
+    assert all(not r.use_spot for r in on_demand_task.resources)  # a managed job too
+    assert all(r.job_recovery["max_restarts_on_errors"] >= 0 for r in on_demand_task.resources)
     ckpt = f"{bucket}/llm"
     # The same task in the other market, resuming from the same checkpoints.
-    assert args[0].envs["MNCLOUD_CKPT_URI"] == spot_task.envs["MNCLOUD_CKPT_URI"] == ckpt
+    assert on_demand_task.envs["MNCLOUD_CKPT_URI"] == spot_task.envs["MNCLOUD_CKPT_URI"] == ckpt
 
     cloud.spot_capacity = True  # spot returns; it is tried again an hour after it went missing
     tick(14)
     assert state.market is Mode.SPOT and state.switches == 2
-    assert len(fake_sky.called("down")) == 1 and len(fake_sky.called("jobs.launch")) == 2
+    cancels = [kw["job_ids"] for _args, kw in fake_sky.called("jobs.cancel")]
+    assert cancels == [[7], [8]] and len(fake_sky.called("jobs.launch")) == 3
     back = next(d for d in state.decisions if d.tick > 4 and d.chose is Mode.SPOT)
     assert back.tick == 15 and back.spot_now and "spot capacity is there" in back.reason
     # On on-demand until the policy was ahead of its line; maybe a wait; never spot before.

@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 from mncloud import layout
 from mncloud.cli import app
 from mncloud.control.loop import Controller
-from mncloud.control.start import CONTROL_MAX_RESTARTS, render_control_task
+from mncloud.control.start import CONTROL_MAX_RESTARTS, CONTROL_RECOVERY, render_control_task
 from mncloud.control.state import (
     ControlConfig,
     ControlState,
@@ -58,15 +58,19 @@ def _state(tmp_path: Path, state_uri: str | None = None) -> ControlState:
 
 
 def test_the_controller_task_restarts_a_crashed_controller(tmp_path: Path) -> None:
-    """`resources.job_recovery.max_restarts_on_errors`, bounded, in a task SkyPilot itself
-    accepts (its schema and `Task.from_yaml_config`)."""
+    """`resources.job_recovery`: FAILOVER (a crashed controller runs again on its own VM
+    first) and `max_restarts_on_errors`, bounded, in a task SkyPilot itself accepts (its
+    schema, `Task.from_yaml_config`, its registry of strategies)."""
     import sky
-    from sky.utils import common_utils, schemas
+    from sky.utils import common_utils, registry, schemas
 
     from mncloud.render import validate_task_config
 
     config = yaml.safe_load(render_control_task(_state(tmp_path), "https://sky.example.com"))
-    assert config["resources"]["job_recovery"] == {"max_restarts_on_errors": CONTROL_MAX_RESTARTS}
+    assert config["resources"]["job_recovery"] == {
+        "strategy": "FAILOVER", "max_restarts_on_errors": CONTROL_MAX_RESTARTS,
+    }  # fmt: skip
+    assert CONTROL_RECOVERY == "FAILOVER"
     assert 1 <= CONTROL_MAX_RESTARTS <= 100
     assert config["resources"]["use_spot"] is False
     validate_task_config(config)
@@ -75,6 +79,8 @@ def test_the_controller_task_restarts_a_crashed_controller(tmp_path: Path) -> No
     recovery = next(iter(task.resources)).job_recovery
     assert recovery is not None
     assert recovery["max_restarts_on_errors"] == CONTROL_MAX_RESTARTS
+    assert recovery["strategy"] == "FAILOVER"
+    assert registry.JOBS_RECOVERY_STRATEGY_REGISTRY.from_str(recovery["strategy"]) is not None
     # The process SkyPilot watches is the controller itself: its exit status is the job's.
     assert "exec python -m mncloud control dl" in config["run"]
 

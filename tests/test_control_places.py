@@ -28,9 +28,10 @@ from mncloud.layout import local_ckpt_dir
 from mncloud.records import cost_summary, find_record, list_records
 from mncloud.request import build_spec
 from mncloud.spec import LaunchOptions
+from tests.fakesky import FakeSky
 from tests.test_control import GAP, Cloud, FakeClock, train  # noqa: F401 - a fixture
 from tests.test_local import EXAMPLE, run_log, up, wait_final, wait_until
-from tests.test_skypilot import FakeSky, fake_sky, script  # noqa: F401 - fixtures
+from tests.test_skypilot import script  # noqa: F401 - a fixture
 
 runner = CliRunner()
 NODES = ["--nodes", "2", "--gpus", "cpu:2", "--recovery", "gang"]
@@ -118,6 +119,7 @@ class Regions(Cloud):
             assert len(regions) == 1, regions  # pinned to one place
             job_id = 7 + len(self.jobs)
             self.jobs[job_id], self.region[job_id] = "PENDING", regions.pop()
+            self.spot[job_id] = any(r.use_spot for r in task.resources)
             return [job_id], None
         return super().answer(name, calls)
 
@@ -132,7 +134,7 @@ class Regions(Cloud):
 @pytest.mark.catalog
 def test_capacity_gone_in_one_region_relaunches_the_run_pinned_to_the_other(
     script: Path,  # noqa: F811 - the imported fixture
-    fake_sky: FakeSky,  # noqa: F811
+    fake_sky: FakeSky,
     tmp_path: Path,
 ) -> None:
     regions = ["us-central1", "europe-west4"]

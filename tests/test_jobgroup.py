@@ -4,7 +4,7 @@
   replica number and the lighthouse's address; checked by SkyPilot's schema per task and by
   SkyPilot's own job-group loader as a whole.
 - Launch, status, logs and down go through the backend with only the SDK calls that talk to
-  SkyPilot's API server replaced (`tests/test_skypilot.py`'s FakeSky); the dry run is
+  SkyPilot's API server replaced (`tests/fakesky.py`); the dry run is
   SkyPilot's own, in-process, over the catalog snapshot.
 """
 
@@ -30,8 +30,8 @@ from mncloud.layout import run_dir
 from mncloud.render import jobgroup, render
 from mncloud.request import build_spec
 from mncloud.spec import min_replicas
+from tests.fakesky import FakeSky
 from tests.skyseed import sky_enabled_clouds  # noqa: F401 - a fixture
-from tests.test_skypilot import FakeSky, fake_sky  # noqa: F401 - a fixture
 
 pytestmark = pytest.mark.catalog
 
@@ -265,13 +265,13 @@ def _request(script: Path, dryrun: bool = False, **flags: Any) -> LaunchRequest:
 
 def test_launch_hands_skypilot_the_job_group_dag(
     script: Path,
-    fake_sky: FakeSky,  # noqa: F811 - the fixture imported above
+    fake_sky: FakeSky,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from sky import dag as dag_lib
 
     monkeypatch.setenv("HF_TOKEN", SECRET_VALUE)
-    fake_sky.answers["jobs.launch"] = ([9], None)
+    fake_sky.next_job_id = 9
     record_backend("llm", "skypilot")
 
     status = SkyPilotBackend().launch(_request(script, secret=["HF_TOKEN"]))
@@ -314,7 +314,7 @@ def _queue(states: dict[str, tuple[str, int]]) -> Any:
 
 
 def _launched(script: Path, fake: FakeSky) -> SkyPilotBackend:
-    fake.answers["jobs.launch"] = ([9], None)
+    fake.next_job_id = 9
     record_backend("llm", "skypilot")
     backend = SkyPilotBackend()
     backend.launch(_request(script))
@@ -323,7 +323,7 @@ def _launched(script: Path, fake: FakeSky) -> SkyPilotBackend:
 
 def test_status_covers_every_task(
     script: Path,
-    fake_sky: FakeSky,  # noqa: F811 - the fixture imported above
+    fake_sky: FakeSky,
 ) -> None:
     backend = _launched(script, fake_sky)
     fake_sky.answers["jobs.queue_v2"] = _queue(
@@ -345,45 +345,66 @@ def test_status_covers_every_task(
     assert status.started_at == pytest.approx(1763700421.5)
 
 
-def test_logs_cover_every_task_and_one_node(
-    script: Path,
-    fake_sky: FakeSky,  # noqa: F811 - the fixture imported above
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    import sky.jobs
-
+def test_logs_cover_every_task_and_one_node(script: Path, fake_sky: FakeSky) -> None:
     backend = _launched(script, fake_sky)
-    seen: list[dict[str, Any]] = []
-
-    def tail_logs(**kwargs: Any) -> Any:
-        seen.append(kwargs)
-        task = kwargs["task"]
-        return iter([f"({task}, pid=3) hello from {task}\n", "✓ done\n", None])
-
-    monkeypatch.setattr(sky.jobs, "tail_logs", tail_logs)
+    tasks = ["llm-lighthouse", *jobgroup.node_tasks("llm", 3)]
+    for task in tasks:
+        fake_sky.logs[9, task] = f"({task}, pid=3) hello from {task}\n✓ done\n"
     lines = list(backend.logs("llm"))
-    assert {kw["task"] for kw in seen} == {"llm-lighthouse", *jobgroup.node_tasks("llm", 3)}
+    seen = [kw for _args, kw in fake_sky.called("jobs.tail_logs")]
+    assert {kw["task"] for kw in seen} == set(tasks)
     assert all(kw["job_id"] == 9 and kw["preload_content"] is False for kw in seen)
     assert "[lighthouse] hello from llm-lighthouse" in lines
     assert "[node 2] hello from llm-node-2" in lines and "[sky] ✓ done" in lines
-    seen.clear()
+    fake_sky.calls.clear()
     assert list(backend.logs("llm", node=1)) == ["[node 1] hello from llm-node-1", "[sky] ✓ done"]
-    assert [kw["task"] for kw in seen] == ["llm-node-1"]
+    assert [kw["task"] for _args, kw in fake_sky.called("jobs.tail_logs")] == ["llm-node-1"]
     with pytest.raises(BackendError, match="no node 5"):
         list(backend.logs("llm", node=5))
 
 
-def test_down_cancels_the_whole_group(
-    script: Path,
-    fake_sky: FakeSky,  # noqa: F811 - the fixture imported above
-) -> None:
+def test_down_cancels_the_whole_group(script: Path, fake_sky: FakeSky) -> None:
+    from sky.jobs import ManagedJobStatus as S
+
     backend = _launched(script, fake_sky)
-    fake_sky.answers["jobs.queue_v2"] = _queue(
-        {name: ("CANCELLED", 0) for name in ["llm-lighthouse", *jobgroup.node_tasks("llm", 3)]}
-    )
+    fake_sky.set_status(9, S.RUNNING)
     status = backend.down("llm")
     assert fake_sky.called("jobs.cancel") == [((), {"job_ids": [9]})]
-    assert status.state is RunState.CANCELLED
+    assert status.state is RunState.CANCELLED and "cancelled managed job 9" in status.detail
+    assert {t.status for t in fake_sky.job(9).tasks} == {S.CANCELLED}
+
+
+@pytest.mark.parametrize(
+    ("failed", "state", "said"),
+    [
+        ("llm-node-1", RunState.FAILED, "node 1 FAILED"),
+        ("llm-lighthouse", RunState.RUNNING, "lighthouse FAILED: a lost node can no longer"),
+        (None, RunState.SUCCEEDED, "node 2 SUCCEEDED"),
+    ],
+)
+def test_a_failed_node_fails_the_group_a_failed_lighthouse_warns_all_done_is_done(
+    script: Path, fake_sky: FakeSky, failed: str | None, state: RunState, said: str
+) -> None:
+    """The job group as SkyPilot's server loaded it from the YAML round trip: a node task
+    that fails past its restarts fails the run; the lighthouse (auxiliary: SkyPilot leaves
+    the nodes running) does not; every node done is done."""
+    from sky.jobs import ManagedJobStatus as S
+
+    from tests.fakesky import ERROR
+
+    backend = _launched(script, fake_sky)
+    assert [t.primary for t in fake_sky.job(9).tasks] == [False, True, True, True]
+    fake_sky.set_status(9, S.RUNNING)
+    if failed is None:
+        fake_sky.set_status(9, S.SUCCEEDED)
+    else:
+        limit = fake_sky.job(9).tasks[0 if failed == "llm-lighthouse" else 2].max_restarts
+        fake_sky.script(9, [ERROR, S.RUNNING] * limit + [ERROR], task=failed)
+    for _ in range(2 * limit + 1 if failed else 1):
+        status = backend.status("llm")
+    assert status.state is state and said in status.detail, status.detail
+    if failed:
+        assert "user program failure" in status.detail
 
 
 # ------------------------------------------------------------------------------ dry run

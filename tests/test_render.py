@@ -91,10 +91,18 @@ def test_single_node_spot_uses_eager_next_region(script: Path) -> None:
     assert config["resources"]["job_recovery"]["strategy"] == "EAGER_NEXT_REGION"
 
 
-def test_on_demand_has_no_job_recovery_and_no_watch(script: Path) -> None:
-    config = render(build_spec(script, gpus="A100:8", nodes=2, spot=False)).config
+def test_on_demand_is_recovered_too_but_watches_for_no_notice(script: Path) -> None:
+    """Every cloud run is a managed job (issue #33): on-demand VMs fail too, and user-code
+    errors get `--max-restarts` whatever the market; only spot watches for preemption notices."""
+    spec = build_spec(script, gpus="A100:8", nodes=2, spot=False, max_restarts=2)
+    config = render(spec).config
     assert config["resources"]["use_spot"] is False
-    assert "job_recovery" not in config["resources"]
+    assert config["resources"]["job_recovery"] == {
+        "strategy": "FAILOVER",
+        "max_restarts_on_errors": 2,
+        "recover_on_exit_codes": [constants.PREEMPTED_EXIT_CODE],
+    }
+    validate_task_config(config)
     assert constants.PREEMPTION_WATCH_ENV not in config["envs"]
     assert constants.CKPT_URI_ENV not in config["envs"]
 

@@ -2,9 +2,10 @@
 
 - The exact `sky.Task` each launch hands SkyPilot is checked with SkyPilot's own schema.
 - `--dryrun` runs SkyPilot's in-process dry run for real over the catalog snapshot (needs rsync).
-- Only the SDK calls that talk to SkyPilot's API server are replaced: the provisioning call
-  (`sky.launch` / `sky.jobs.launch`, recording the Task and kwargs) and the request-result
-  calls, which answer with responses from `tests/data/skypilot/` parsed by SkyPilot's models.
+- Only the SDK calls that talk to SkyPilot's API server are replaced, by `tests/fakesky.py`
+  (the `fake_sky` fixture): bound to the real signatures, the client's own conversion run on
+  what mncloud passes, answers through SkyPilot's own encoders and decoders; some answers are
+  responses from `tests/data/skypilot/`, read strictly into SkyPilot's models.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import json
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from typer.testing import CliRunner
@@ -22,7 +23,6 @@ from typer.testing import CliRunner
 from mncloud.backends.base import LaunchRequest, RunState
 from mncloud.backends.registry import record_backend
 from mncloud.backends.skypilot import (
-    AUTOSTOP_IDLE_MINUTES,
     META_FILE,
     SkyPilotBackend,
     prefix_line,
@@ -34,6 +34,9 @@ from mncloud.operate import newest_checkpoint_step
 from mncloud.render import render
 from mncloud.request import build_spec
 from tests.skyseed import sky_enabled_clouds  # noqa: F401 - a fixture
+
+if TYPE_CHECKING:
+    from tests.fakesky import FakeSky
 
 pytestmark = pytest.mark.catalog
 
@@ -47,48 +50,6 @@ def script(tmp_path: Path) -> Path:
     path = tmp_path / "train.py"
     path.write_text("print('hi')\n")
     return path
-
-
-class FakeSky:
-    """SkyPilot's API-server calls, answered locally; every call is recorded."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
-        self.answers: dict[str, Any] = {}
-        self._results: dict[str, Any] = {}
-
-    def request(self, name: str) -> Callable[..., str]:
-        def call(*args: Any, **kwargs: Any) -> str:
-            self.calls.append((name, args, kwargs))
-            request_id = f"req-{name}-{len(self.calls)}"
-            self._results[request_id] = self.answers.get(name)
-            return request_id
-
-        return call
-
-    def get(self, request_id: str, **_kwargs: Any) -> Any:
-        value = self._results[request_id]
-        if isinstance(value, BaseException):
-            raise value
-        return value
-
-    def called(self, name: str) -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
-        return [(args, kwargs) for n, args, kwargs in self.calls if n == name]
-
-
-@pytest.fixture
-def fake_sky(monkeypatch: pytest.MonkeyPatch) -> FakeSky:
-    import sky
-    import sky.jobs
-
-    fake = FakeSky()
-    for name in ("launch", "status", "job_status", "down"):
-        monkeypatch.setattr(sky, name, fake.request(name))
-    for name in ("launch", "queue_v2", "cancel"):
-        monkeypatch.setattr(sky.jobs, name, fake.request(f"jobs.{name}"))
-    monkeypatch.setattr(sky, "stream_and_get", fake.get)
-    monkeypatch.setattr(sky, "get", fake.get)
-    return fake
 
 
 def _request(script: Path, *, spot: bool, dryrun: bool = False, **flags: Any) -> LaunchRequest:
@@ -111,23 +72,22 @@ def _check_with_skypilot_schema(task: Any) -> dict[str, Any]:
 # ------------------------------------------------------------------------------- launch
 
 
-def test_on_demand_launch_is_an_autodown_cluster(
+def test_on_demand_launch_is_a_managed_job_with_job_recovery(
     script: Path, fake_sky: FakeSky, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Every cloud run is a managed job (issue #33): on demand too, recovered after a lost VM
+    and after `--max-restarts` errors; no cluster is launched (the fake refuses `sky.launch`)."""
     monkeypatch.setenv("HF_TOKEN", SECRET_VALUE)
-    fake_sky.answers["launch"] = (1, None)
-    request = _request(script, spot=False, bucket="s3://team-ckpt", secret=["HF_TOKEN"])
+    fake_sky.next_job_id = 7
+    request = _request(
+        script, spot=False, bucket="s3://team-ckpt", secret=["HF_TOKEN"], max_restarts=2
+    )
     record_backend("llm", "skypilot")
 
     status = SkyPilotBackend().launch(request)
 
-    ((args, kwargs),) = fake_sky.called("launch")
-    assert not fake_sky.called("jobs.launch")
-    assert kwargs == {
-        "cluster_name": "llm",
-        "idle_minutes_to_autostop": AUTOSTOP_IDLE_MINUTES,
-        "down": True,
-    }
+    ((args, kwargs),) = fake_sky.called("jobs.launch")
+    assert kwargs == {"name": "llm"}
     task = args[0]
     config = _check_with_skypilot_schema(task)
     assert task.num_nodes == 4
@@ -136,25 +96,30 @@ def test_on_demand_launch_is_an_autodown_cluster(
     assert ordered[0]["instance_type"] == choice.instance_type
     assert ordered[0]["infra"].lower() == f"{choice.cloud}/{choice.region}".lower()
     assert all(not r.use_spot for r in task.resources)
-    assert "job_recovery" not in config["resources"]
+    recovery = {"strategy": "FAILOVER", "max_restarts_on_errors": 2, "recover_on_exit_codes": [115]}
+    assert all(entry["job_recovery"] == recovery for entry in ordered)
+    # What SkyPilot's server loaded from the YAML the client sent: the same recovery.
+    (sent,) = fake_sky.job(7).dag.tasks
+    assert all(r.job_recovery == recovery and not r.use_spot for r in sent.resources)
+    assert fake_sky.job(7).tasks[0].max_restarts == 2
     assert task.envs["MNCLOUD_CKPT_URI"] == "s3://team-ckpt/llm"
     assert "HF_TOKEN" not in task.envs and task.managed_secret_refs == []
     assert task.secrets["HF_TOKEN"].get_secret_value() == SECRET_VALUE
-    assert status.state is RunState.RUNNING and status.cloud == choice.cloud
+    assert status.state is RunState.PENDING and status.cloud == choice.cloud
+    assert "managed job 7, on-demand" in status.detail
     meta = json.loads((run_dir("llm") / META_FILE).read_text())
-    assert meta["kind"] == "cluster" and meta["job_id"] == 1
+    assert meta["kind"] == "managed-job" and meta["job_id"] == 7 and meta["max_restarts"] == 2
     assert meta["hourly_per_node"] == pytest.approx(choice.hourly_per_node)
     assert SECRET_VALUE not in "".join(p.read_text() for p in run_dir("llm").iterdir())
 
 
 def test_spot_launch_is_a_managed_job_with_failover(script: Path, fake_sky: FakeSky) -> None:
-    fake_sky.answers["jobs.launch"] = ([7], None)
+    fake_sky.next_job_id = 7
     request = _request(script, spot=True, bucket="gs://team-ckpt", max_restarts=5)
 
     status = SkyPilotBackend().launch(request)
 
     ((args, kwargs),) = fake_sky.called("jobs.launch")
-    assert not fake_sky.called("launch")
     assert kwargs == {"name": "llm"}
     task = args[0]
     config = _check_with_skypilot_schema(task)
@@ -181,7 +146,7 @@ def test_a_secret_missing_from_the_environment_stops_the_launch(
 def test_no_capacity_becomes_one_line_with_advice(script: Path, fake_sky: FakeSky) -> None:
     from sky import exceptions as sx
 
-    fake_sky.answers["launch"] = sx.ResourcesUnavailableError(
+    fake_sky.answers["jobs.launch"] = sx.ResourcesUnavailableError(
         "Failed to provision all possible launchable resources.\nRelax the task's resource "
         "requirements: 4x Lambda(gpu_8x_h100_sxm5)"
     )
@@ -288,26 +253,46 @@ def test_cli_up_dryrun_without_credentials_shows_what_it_can(script: Path, tmp_p
 
 
 def _launched(script: Path, fake_sky: FakeSky, *, spot: bool, **flags: Any) -> SkyPilotBackend:
-    fake_sky.answers["jobs.launch" if spot else "launch"] = ([7], None) if spot else (1, None)
+    fake_sky.next_job_id = 7
     backend = SkyPilotBackend()
     record_backend("llm", "skypilot")
     backend.launch(_request(script, spot=spot, **flags))
     return backend
 
 
-def _status_records(name: str) -> list[Any]:
+def _cluster(fake: FakeSky, name: str, job_state: Any) -> None:
+    """The cluster `llm` as `tests/data/skypilot/<name>` records it, its job 1 in `job_state`."""
     from sky.schemas.api import responses
 
-    return [
-        responses.StatusResponse.model_validate(r) for r in json.loads((DATA / name).read_text())
-    ]
+    from tests.fakesky import strict_records
+
+    (record,) = json.loads((DATA / name).read_text())
+    strict_records(responses.StatusResponse, [record])
+    fake.add_cluster("llm", record, {1: job_state})
+
+
+def _legacy_cluster_run(
+    fake: FakeSky, script: Path, job_state: Any = None, **flags: Any
+) -> SkyPilotBackend:
+    """An on-demand run an older mncloud launched as a cluster (`sky.launch`): its record
+    as that mncloud wrote it, and its cluster `llm` up with job 1 in `job_state`."""
+    from mncloud.backends.skypilot.meta import CLUSTER, meta_from_plan, save_meta
+
+    request = _request(script, spot=False, **flags)
+    meta = meta_from_plan(request.spec, request.plan, False, request.task.config)
+    meta.kind, meta.job_id, meta.max_restarts = CLUSTER, 1, None
+    save_meta(meta)
+    record_backend("llm", "skypilot")
+    _cluster(fake, "status_cluster_up.json", job_state)
+    return SkyPilotBackend()
 
 
 def _job_records(name: str) -> list[Any]:
     from sky.schemas.api import responses
 
-    raw = json.loads((DATA / name).read_text())
-    return [responses.ManagedJobRecord.model_validate(r) for r in raw]
+    from tests.fakesky import strict_records
+
+    return strict_records(responses.ManagedJobRecord, json.loads((DATA / name).read_text()))
 
 
 def _write_complete_step(uri: str, step: int, tmp_path: Path) -> None:
@@ -320,16 +305,16 @@ def _write_complete_step(uri: str, step: int, tmp_path: Path) -> None:
     store.commit(Manifest(step=step, world_size=1, files=entries))
 
 
-def test_cluster_status_running_with_checkpoint_and_cost(
+def test_legacy_cluster_status_running_with_checkpoint_and_cost(
     script: Path, fake_sky: FakeSky, tmp_path: Path
 ) -> None:
     from sky.skylet import job_lib
 
     bucket = tmp_path / "bucket"
-    backend = _launched(script, fake_sky, spot=False, bucket=f"file://{bucket}")
+    backend = _legacy_cluster_run(
+        fake_sky, script, job_lib.JobStatus.RUNNING, bucket=f"file://{bucket}"
+    )
     _write_complete_step(f"file://{bucket}/llm", 200, tmp_path)
-    fake_sky.answers["status"] = _status_records("status_cluster_up.json")
-    fake_sky.answers["job_status"] = {1: job_lib.JobStatus.RUNNING}
 
     status = backend.status("llm")
 
@@ -350,11 +335,9 @@ def test_status_command_shows_the_newest_checkpoint(
     from mncloud.cli import app
 
     bucket = tmp_path / "bucket"
-    _launched(script, fake_sky, spot=False, bucket=f"file://{bucket}")
+    _legacy_cluster_run(fake_sky, script, job_lib.JobStatus.RUNNING, bucket=f"file://{bucket}")
     _write_complete_step(f"file://{bucket}/llm", 100, tmp_path)
     _write_complete_step(f"file://{bucket}/llm", 200, tmp_path)
-    fake_sky.answers["status"] = _status_records("status_cluster_up.json")
-    fake_sky.answers["job_status"] = {1: job_lib.JobStatus.RUNNING}
 
     result = CliRunner().invoke(app, ["status", "llm", "--json"])
 
@@ -370,20 +353,20 @@ def test_status_command_shows_the_newest_checkpoint(
     assert max(len(line) for line in table.stdout.splitlines()) <= 80
 
 
-def test_cluster_status_while_provisioning(script: Path, fake_sky: FakeSky) -> None:
-    backend = _launched(script, fake_sky, spot=False)
-    fake_sky.answers["status"] = _status_records("status_cluster_init.json")
+def test_legacy_cluster_status_while_provisioning(script: Path, fake_sky: FakeSky) -> None:
+    backend = _legacy_cluster_run(fake_sky, script)
+    _cluster(fake_sky, "status_cluster_init.json", None)
     assert backend.status("llm").state is RunState.STARTING
 
 
-def test_cluster_gone_after_success_keeps_the_last_state(script: Path, fake_sky: FakeSky) -> None:
+def test_legacy_cluster_gone_after_success_keeps_the_last_state(
+    script: Path, fake_sky: FakeSky
+) -> None:
     from sky.skylet import job_lib
 
-    backend = _launched(script, fake_sky, spot=False)
-    fake_sky.answers["status"] = _status_records("status_cluster_up.json")
-    fake_sky.answers["job_status"] = {1: job_lib.JobStatus.SUCCEEDED}
+    backend = _legacy_cluster_run(fake_sky, script, job_lib.JobStatus.SUCCEEDED)
     assert backend.status("llm").state is RunState.SUCCEEDED
-    fake_sky.answers["status"] = []  # autodown after the idle minutes
+    del fake_sky.clusters["llm"]  # autodown after the idle minutes
     status = backend.status("llm")
     assert status.state is RunState.SUCCEEDED and "torn down" in status.detail
 
@@ -422,27 +405,16 @@ def test_managed_job_failure_reason_is_shown(script: Path, fake_sky: FakeSky) ->
 # --------------------------------------------------------------------------- logs, down
 
 
-def _chunks(text: str, size: int = 17) -> list[str | None]:
-    """The log in odd-sized chunks, ending with None, as `preload_content=False` yields."""
-    return [*(text[i : i + size] for i in range(0, len(text), size)), None]
-
-
-def test_logs_are_prefixed_by_node_and_filtered(
-    script: Path, fake_sky: FakeSky, monkeypatch: pytest.MonkeyPatch
+def test_legacy_cluster_logs_are_prefixed_by_node_and_filtered(
+    script: Path, fake_sky: FakeSky
 ) -> None:
-    import sky
-
-    backend = _launched(script, fake_sky, spot=False)
-    text = (DATA / "logs_cluster_two_nodes.txt").read_text()
-    seen: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
-
-    def tail_logs(*args: Any, **kwargs: Any) -> Any:
-        seen.append((args, kwargs))
-        return iter(_chunks(text))
-
-    monkeypatch.setattr(sky, "tail_logs", tail_logs)
+    backend = _legacy_cluster_run(fake_sky, script)
+    fake_sky.logs["llm", None] = (DATA / "logs_cluster_two_nodes.txt").read_text()
     lines = list(backend.logs("llm", follow=True))
-    assert seen[0] == (("llm", 1), {"follow": True, "preload_content": False})
+    assert fake_sky.called("tail_logs")[0] == (
+        ("llm", 1),
+        {"follow": True, "preload_content": False},
+    )
     assert "[node 0] step 100 loss 2.31" in lines
     assert "[node 1] mncloud: node 1 of 2, torchrun starting" in lines
     assert lines[-1] == "[sky] ✓ Job finished (status: SUCCEEDED)."
@@ -453,44 +425,36 @@ def test_logs_are_prefixed_by_node_and_filtered(
     ]
 
 
-def test_managed_job_logs(script: Path, fake_sky: FakeSky, monkeypatch: pytest.MonkeyPatch) -> None:
-    import sky.jobs
-
+def test_managed_job_logs(script: Path, fake_sky: FakeSky) -> None:
     backend = _launched(script, fake_sky, spot=True)
-    seen: list[dict[str, Any]] = []
-
-    def tail_logs(**kwargs: Any) -> Any:
-        seen.append(kwargs)
-        return iter(["(head, rank=0, pid=9) resumed from step 200\n", None])
-
-    monkeypatch.setattr(sky.jobs, "tail_logs", tail_logs)
+    fake_sky.logs[7, None] = "(head, rank=0, pid=9) resumed from step 200\n"
     assert list(backend.logs("llm")) == ["[node 0] resumed from step 200"]
-    assert seen == [{"job_id": 7, "follow": False, "preload_content": False}]
+    assert fake_sky.called("jobs.tail_logs") == [
+        ((), {"job_id": 7, "follow": False, "preload_content": False})
+    ]
 
 
 def test_prefix_line_single_node() -> None:
     assert prefix_line("(llm, pid=12) hello") == (0, "[node 0] hello")
 
 
-def test_down_cluster_is_idempotent(script: Path, fake_sky: FakeSky) -> None:
-    from sky import exceptions as sx
-
-    backend = _launched(script, fake_sky, spot=False)
+def test_down_legacy_cluster_is_idempotent(script: Path, fake_sky: FakeSky) -> None:
+    backend = _legacy_cluster_run(fake_sky, script)
     status = backend.down("llm")
-    assert fake_sky.called("down") == [(("llm",), {})]
+    assert fake_sky.called("down") == [(("llm",), {})] and "llm" not in fake_sky.clusters
     assert status.state is RunState.CANCELLED and status.ended_at is not None
-    fake_sky.answers["down"] = sx.ClusterDoesNotExist("Cluster 'llm' does not exist.")
-    assert backend.down("llm").state is RunState.CANCELLED
+    assert backend.down("llm").state is RunState.CANCELLED  # SkyPilot: no such cluster
 
 
 def test_down_managed_job_cancels_it(script: Path, fake_sky: FakeSky) -> None:
+    from sky.jobs import ManagedJobStatus
+
     backend = _launched(script, fake_sky, spot=True)
-    cancelled = _job_records("jobs_queue_recovering.json")
-    cancelled[0].status = cancelled[0].status.__class__("CANCELLED")
-    fake_sky.answers["jobs.queue_v2"] = (cancelled, 1, {}, 1)
+    fake_sky.set_status(7, ManagedJobStatus.RUNNING)
     status = backend.down("llm")
     assert fake_sky.called("jobs.cancel") == [((), {"job_ids": [7]})]
     assert status.state is RunState.CANCELLED
+    assert fake_sky.job(7).tasks[0].status is ManagedJobStatus.CANCELLED
 
 
 def test_unknown_run_has_no_record() -> None:
@@ -507,14 +471,14 @@ def test_down_gives_a_running_job_a_stop_notice_and_keeps_the_step_it_saved(
     import subprocess
     import sys
 
+    from sky.jobs import ManagedJobStatus
+
     from mncloud.storage import CheckpointStore
     from mncloud.storage.stoprequest import read_stop_request
     from tests.test_stop_request import NODE, node_env
 
     backend = _launched(script, fake_sky, spot=True, bucket=f"file://{tmp_path / 'b'}")
-    running = _job_records("jobs_queue_recovering.json")
-    running[0].status = running[0].status.__class__("RUNNING")
-    fake_sky.answers["jobs.queue_v2"] = (running, 1, {}, 1)
+    fake_sky.set_status(7, ManagedJobStatus.RUNNING)
     ckpt_uri = backend.status("llm").ckpt_uri
     assert ckpt_uri and backend.status("llm").state is RunState.RUNNING
     node = subprocess.Popen(
@@ -540,5 +504,7 @@ def test_down_now_gives_no_notice(script: Path, fake_sky: FakeSky, tmp_path: Pat
     backend = _launched(script, fake_sky, spot=False, bucket=f"file://{tmp_path / 'b'}")
     ckpt_uri = backend.status("llm").ckpt_uri
     status = backend.down("llm")  # notice_s 0: `down --now`
-    assert "notice" not in status.detail and fake_sky.called("down") == [(("llm",), {})]
+    assert "notice" not in status.detail and fake_sky.called("jobs.cancel") == [
+        ((), {"job_ids": [7]})
+    ]
     assert ckpt_uri and read_stop_request(CheckpointStore(ckpt_uri)) is None

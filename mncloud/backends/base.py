@@ -40,6 +40,21 @@ class RunState(str, Enum):
         return self in (RunState.SUCCEEDED, RunState.FAILED, RunState.CANCELLED)
 
 
+class Failure(str, Enum):
+    """Why a run ended FAILED, in the words the deadline controller acts on."""
+
+    USER = "user"
+    """The user's code or setup exited non-zero: retried `--max-restarts` times, counted."""
+    CAPACITY = "capacity"
+    """No VMs could be had for the request: another market or place may have them."""
+    INFRA = "infra"
+    """The backend's own machinery failed (SkyPilot's jobs controller): launched again."""
+    REFUSED = "refused"
+    """The backend refused the request before trying (SkyPilot's prechecks): no retry helps."""
+    VANISHED = "vanished"
+    """The backend no longer knows the job (an empty queue)."""
+
+
 class DeadlineStatus(BaseModel):
     """A deadline run as its controller last saw it (`mncloud.control`); hours are run time."""
 
@@ -94,6 +109,8 @@ class RunStatus(BaseModel):
     """Newest complete checkpoint step in the bucket (filled by `run_status`)."""
     detail: str = ""
     """One line: the newest event or the reason of a failure."""
+    failure: Failure | None = None
+    """A FAILED run: why, when the backend says (None: the user's code, as locally)."""
     step_times: dict[int, float] = Field(default_factory=dict)
     """Mean seconds per step by global rank, as the ranks last published them (`runs`)."""
     stragglers: list[int] = Field(default_factory=list)

@@ -26,22 +26,25 @@ reached through the emergency checkpoint path before the launch goes; checkpoint
 deleted. A spot launch whose capacity the trace takes away is preempted as a cloud would (no
 notice). Each decision is saved (`state.py`); SIGTERM (`mncloud down`) stops the run and the loop.
 
+A launch that ends without the controller (finished, failed, cancelled by someone else) is
+answered in `outcomes.py`: no capacity is the policy's next choice, an error in the user's code
+is retried `--max-restarts` times over the whole run, SkyPilot's own failure is launched again.
+
 Crash safety: an action on the run is journaled in the state before it starts (`closing`,
-`launching`) and cleared once done. A controller started on a state with one set finishes it
-first (`recovery.py`): a launch it finds already made (a run record of the name since the
-launch began, its launch alive or over) is adopted, with its `launch` event written once;
-one cut short is cleaned up and made again. So a restart never launches a decision twice.
+`launching` with the run id its record will have) and cleared once done; the launch made
+(`live`: run id, SkyPilot job ids) is part of the state, mirrored to the bucket. A controller
+started on a state with one set finishes it first (`recovery.py`), on any machine
+(`identity.py`): a launch it finds already made is adopted, with its `launch` event written
+once; one cut short is cleaned up and made again. So a restart never launches a decision twice.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import statistics
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from mncloud import layout
 from mncloud.backends.base import RunState
 from mncloud.control.markets import Clock, Market, SystemClock
 from mncloud.control.state import ControlState, Decision, Launching, save_state, stop_requested
@@ -67,8 +70,6 @@ STOP_NOTICE_S = 30.0
 MIN_NOTICE_S = 5.0
 #: `mncloud down`'s notice when its stop request says none.
 DOWN_NOTICE_S = 30.0
-#: How long the checkpoint store is retried when the controller reads the newest step.
-CKPT_LOOKUP_S = 5.0
 
 
 class Controller:
@@ -100,8 +101,12 @@ class Controller:
         st = self.state
         if st.started_at is None:
             st.started_at = self.clock.time()
+        from mncloud.control.recovery import LaunchUnknown
+
         try:
             self._recover()
+        except LaunchUnknown:
+            raise  # not known whether to launch: exit non-zero, SkyPilot restarts the controller
         except MncloudError as err:
             st.phase, st.market, st.mode = "failed", Mode.NONE, Mode.NONE
             st.detail = f"controller stopped: {err}"
@@ -137,13 +142,19 @@ class Controller:
         return max(0.01, min(next_tick - now, MAX_POLL_S, max(0.2, tick_wall / 5)))
 
     def step(self) -> None:
-        """One look: the end of the run if it came; a decision if a new tick began."""
+        """One look: the end of the launch if it came (`outcomes.py`); a decision if a new
+        tick began, or at once when a launch ended and the run goes on."""
+        from mncloud.control.outcomes import Settled, settle
+
         st, now = self.state, self.clock.time()
         status = self._live_status()
-        if self._ended(status):
+        settled = settle(self, status)
+        if settled in (Settled.ENDED, Settled.UNSURE):
             return
         tick = self.tick_at(now)
-        if tick <= st.last_tick:
+        if settled is Settled.AGAIN:
+            status = None  # the launch is over: nothing runs
+        elif tick <= st.last_tick:
             return
         spot_here, spot_now = self._learn(tick, status, now)
         if st.mode is Mode.SPOT and (not spot_here or self._held_after_loss(status)):
@@ -154,6 +165,13 @@ class Controller:
         # for VMs (SkyPilot looks for capacity for a while) makes no progress.
         running = status is not None and status.state is RunState.RUNNING
         self._decide(tick, spot_now, now, running=running)
+
+    def _spot_gone(self, now: float) -> None:
+        """The spot launch found no capacity: spot is missing from now on (this tick too)."""
+        st = self.state
+        st.spot_missing_since = now
+        if st.history:
+            st.history[-1] = False
 
     def _learn(self, tick: int, status: RunStatus | None, now: float) -> tuple[bool, bool]:
         """Spot capacity up to `tick`: (there for the live launch, there at all)."""
@@ -238,13 +256,23 @@ class Controller:
         if choice is Mode.SPOT and st.market is Mode.SPOT:
             st.mode, st.entered_tick, st.phase = Mode.SPOT, tick, "spot"
             return
-        # Journal first: a controller that dies from here on finishes this launch, once.
-        st.launching = Launching(mode=choice, tick=tick, reason=reason, at=self.clock.time(),
-                                 decision=decision, place=self._place_of(choice))  # fmt: skip
-        save_state(st)
+        self._journal(choice, tick, reason, decision, self._place_of(choice))
         if st.market is not Mode.NONE:
             self._take_down(f"switching to {choice.value}: {reason}")
         self._launch(choice, tick, reason)
+
+    def _journal(
+        self, mode: Mode, tick: int, reason: str, decision: Decision, place: int | None
+    ) -> None:
+        """Journal a launch before it starts, with the run id its record will have: a
+        controller that dies from here on finishes it, once (`recovery.py`)."""
+        from mncloud.records import new_run_id
+
+        st = self.state
+        st.launching = Launching(mode=mode, tick=tick, reason=reason, at=self.clock.time(),
+                                 decision=decision, place=place,
+                                 run_id=new_run_id(st.name))  # fmt: skip
+        save_state(st)
 
     def _launch(self, mode: Mode, tick: int, reason: str, *, again: bool = False) -> None:
         """Launch the spec in `mode` (`again`: after a launch cut short by a crash)."""
@@ -253,9 +281,9 @@ class Controller:
 
         st, cfg = self.state, self.state.config
         spec = JobSpec.model_validate(st.spec)
-        spec = spec.model_copy(
-            update={"spot": SpotPolicy.SPOT if mode is Mode.SPOT else SpotPolicy.ON_DEMAND}
-        )
+        market = SpotPolicy.SPOT if mode is Mode.SPOT else SpotPolicy.ON_DEMAND
+        # The controller owns the error budget (`outcomes.py`): a launch retries nothing itself.
+        spec = spec.model_copy(update={"spot": market, "max_restarts": 0})
         update: dict[str, Any] = {}
         if cfg.backend == "local":
             # The ledger bills wall time; a rehearsal's $/h is per hour of run time.
@@ -268,9 +296,11 @@ class Controller:
         first = not st.run_ids and not again
         existing = Existing(st.existing) if first else Existing.RESUME
         spec = self._pinned(spec, mode)
+        run_id = st.launching.run_id if st.launching is not None else None
         launched = self.launcher(
-            spec, options, existing=existing, approve=lambda _plan: True, notify=log.info
-        )
+            spec, options, existing=existing, approve=lambda _plan: True, notify=log.info,
+            **({"run_id": run_id} if run_id else {}),
+        )  # fmt: skip
         plan = launched.prepared.plan
         choice = plan.choice if plan is not None else None
         placement = {
@@ -308,6 +338,9 @@ class Controller:
                 spot=mode is Mode.SPOT,
                 **placement,
             )
+        from mncloud.control.identity import remember
+
+        remember(st, run_id, mode)
         st.market = st.mode = st.last_launch = mode
         st.entered_tick, st.entered_at = tick, self.clock.time()
         st.phase = mode.value
@@ -406,44 +439,10 @@ class Controller:
             log.warning("status of %s unknown this tick: %s", self.state.name, err)
             return None
 
-    def _ended(self, status: RunStatus | None) -> bool:
-        """Whether the live launch ended on its own (finished, failed, stopped outside)."""
-        st = self.state
-        if status is None or not status.state.is_final:
-            return False
-        if status.state is RunState.SUCCEEDED:
-            st.phase, st.market, st.mode = "finished", Mode.NONE, Mode.NONE
-            self._refresh_costs()
-            end = (self.clock.time() - (st.started_at or 0)) * st.config.time_scale / 3600
-            met = "met" if end * 3600 <= st.config.deadline_s else "MISSED"
-            st.work_hours = st.config.hours
-            st.detail = (
-                f"finished at {end:.2f} h, deadline {st.config.deadline_s / 3600:g} h {met}; "
-                f"cost ${st.cost:,.2f} (spot ${st.spot_cost:,.2f}, on-demand "
-                f"${st.on_demand_cost:,.2f})"
-            )
-            if st.config.backend != "local":
-                self._event("finish", f"deadline controller: {st.detail}")
-            return True
-        st.phase = "failed" if status.state is RunState.FAILED else "stopped"
-        st.market = st.mode = Mode.NONE
-        st.detail = f"the run ended {status.state.value}: {status.detail}"
-        self._refresh_costs()
-        return True
-
     def _checkpoint_step(self) -> int | None:
-        from mncloud.storage import CheckpointStore
+        from mncloud.control.progress import checkpoint_step
 
-        st = self.state
-        if not st.ckpt_uri:
-            return None
-        try:
-            good, _skipped = CheckpointStore(st.ckpt_uri, retry_seconds=CKPT_LOOKUP_S).candidates()
-            step = good[0] if good else None
-        except MncloudError:  # unreadable this tick (an old step being purged): the last known
-            return st.ckpt_step
-        st.ckpt_step = step if step is not None else st.ckpt_step
-        return st.ckpt_step
+        return checkpoint_step(self.state)
 
     def _work_ticks(self) -> int:
         """Ticks of work done: measured when the run has a step time, else the model's count."""
@@ -457,21 +456,9 @@ class Controller:
         return max(0, min(work, job.work_ticks - 1))
 
     def _seconds_per_step(self) -> float | None:
-        """The median of the ranks' newest step times, from the newest launch that has them."""
-        from mncloud.records.telemetry import read_steps
+        from mncloud.control.progress import seconds_per_step
 
-        st = self.state
-        if not st.ckpt_uri:
-            return None
-        for run_id in reversed(st.run_ids[-3:]):
-            try:
-                ranks = read_steps(layout.steps_uri(st.ckpt_uri, run_id))
-            except Exception:  # the bucket may be unreachable for a tick
-                continue
-            times = [r.seconds_per_step for r in ranks.values() if r.seconds_per_step > 0]
-            if times:
-                return statistics.median(times)
-        return None
+        return seconds_per_step(self.state)
 
     def _refresh_costs(self) -> None:
         """Spot and on-demand cost so far: the ledgers of every launch's run record."""

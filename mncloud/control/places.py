@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from mncloud.control.loop import Controller
 from mncloud.control.markets import ManagedJobMarket, TraceMarket
-from mncloud.control.state import ControlConfig, ControlState, Launching, save_state
+from mncloud.control.state import ControlConfig, ControlState
 from mncloud.deadline.places import Choice, Place, PlacesJob, PlacesObservation, make_places_policy
 from mncloud.deadline.policy import Mode, Observation
 
@@ -163,6 +163,17 @@ class PlacesController(Controller):
         here = row[st.place] if live_spot and st.place is not None else any(row)
         return here, any(row)
 
+    def _spot_gone(self, now: float) -> None:
+        """The spot launch found no capacity in its place: missing there from now on."""
+        st, place = self.state, self.state.place
+        if place is not None:
+            st.place_missing_since[place] = now
+            if st.place_history:
+                st.place_history[-1][place] = False
+                st.history[-1] = any(st.place_history[-1])
+        if not st.place_history or not any(st.place_history[-1]):
+            super()._spot_gone(now)
+
     # ------------------------------------------------------------- decision
     def _choose(self, obs: Observation) -> Mode:
         st = self.state
@@ -196,9 +207,7 @@ class PlacesController(Controller):
         decision.place = self.places[where].name if where is not None else None
         if choice is Mode.SPOT and st.market is Mode.SPOT and where != st.place:
             assert where is not None
-            st.launching = Launching(mode=choice, tick=tick, reason=reason, at=self.clock.time(),
-                                     decision=decision, place=where)  # fmt: skip
-            save_state(st)
+            self._journal(choice, tick, reason, decision, where)
             self._take_down(f"moving to spot in {self.places[where].name}: {reason}")
             self._launch(choice, tick, reason)
             return

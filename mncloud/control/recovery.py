@@ -12,6 +12,11 @@ SkyPilot restarted its managed job) finishes it before it decides anything:
                 event written only if the record lacks it. Not made, or cut short before its
                 supervisor started: what it left is marked over and the launch is made again.
 
+On a cloud the controller may be restarted on a fresh VM, its state from the bucket and its
+MNCLOUD_HOME empty: first what the state knows of its launches is written back there
+(`identity.restore`), and a journaled launch is looked for in SkyPilot's queue by the run id
+journaled with it (`identity.find`), never by the run's name.
+
 Example: `kill -9` during a switch from spot to on-demand, after the spot launch went down
 and while the on-demand one was being launched; the keeper restarts the controller, which
 finds `launching` (on-demand, tick 9) and a record made since, whose supervisor runs: it
@@ -34,9 +39,20 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+class LaunchUnknown(MncloudError):
+    """Whether a journaled launch was made cannot be told now (SkyPilot did not answer): the
+    controller neither launches nor gives up; it exits non-zero and SkyPilot restarts it."""
+
+
 def recover(ctl: Controller) -> None:
     """Finish what the controller before `ctl` left half done (see the module docstring)."""
+    from mncloud.control.identity import restore
+
     st = ctl.state
+    restored = restore(st)
+    if restored:
+        log.info("resuming where the run's files were missing: %s written back from the state",
+                 "; ".join(restored))  # fmt: skip
     if st.closing is not None:
         log.info("resuming: the launch was being taken down (%s); again", st.closing)
         ctl._down(0.0 if st.mode is Mode.NONE else ctl.stop_notice_s())
@@ -49,11 +65,11 @@ def recover(ctl: Controller) -> None:
     if found is not None:
         run_id, record = found
         log.info("resuming: the launch of tick %d was made (%s); adopted", pending.tick, run_id)
-        choice = (record.plan or {}).get("choice") or {}
+        choice = ((record.plan if record is not None else None) or {}).get("choice") or {}
         placement = {k: choice.get(k) for k in ("cloud", "region", "instance_type")}
         placement["hourly_price"] = choice.get("hourly_total")
-        ctl._launched(pending.mode, pending.tick, pending.reason, run_id, record.ckpt_uri,
-                      placement)  # fmt: skip
+        ckpt_uri = record.ckpt_uri if record is not None else None
+        ctl._launched(pending.mode, pending.tick, pending.reason, run_id, ckpt_uri, placement)
     else:
         log.info("resuming: the launch of tick %d was not made; launching", pending.tick)
         if st.market is not Mode.NONE:
@@ -65,10 +81,20 @@ def recover(ctl: Controller) -> None:
 
 
 def launch_made(ctl: Controller, pending: Launching) -> tuple[str, Any] | None:
-    """The run id and record of the launch `pending` made before a crash, or None."""
+    """The run id and record of the launch `pending` made before a crash, or None. A cloud
+    launch is looked for in SkyPilot's queue by its journaled run id (`identity.find`)."""
     from mncloud.records import list_records
 
     st = ctl.state
+    if st.config.backend != "local" and pending.run_id is not None:
+        from mncloud.control.identity import find
+
+        try:
+            return find(st, pending)
+        except MncloudError as err:
+            raise LaunchUnknown(
+                f"cannot tell whether launch {pending.run_id} was made: {err}"
+            ) from None
     fresh = [
         r for r in list_records(st.name)
         if r.created_at >= pending.at - 1.0 and r.run_id not in st.run_ids

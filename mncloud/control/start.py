@@ -13,8 +13,10 @@ Where the controller runs:
 - **SkyPilot**: a small CPU on-demand *managed job* (`templates/control.yaml.j2`, launched
   with SkyPilot's SDK as `<name>-control`), so it survives the laptop closing and SkyPilot's
   jobs controller restarts it if its VM fails, or if its process dies with a non-zero exit
-  status (`job_recovery.max_restarts_on_errors`, `CONTROL_MAX_RESTARTS` times at most; it
-  exits 0 only when the run is over or stopped, see `mncloud.cli.control`). It reads its
+  status (`job_recovery`: FAILOVER, so on its own VM first, and `max_restarts_on_errors`,
+  `CONTROL_MAX_RESTARTS` times at most; it exits 0 only when the run is over or stopped, see
+  `mncloud.cli.control`). A restart anywhere launches nothing twice: the state names the
+  live launch (`identity.py`). It reads its
   state from the bucket (`layout.control_state_uri`), launches the training job through the
   same API server (which must therefore be reachable from the cloud: a remote one, `sky api
   login`), and writes its state back there, where `mncloud status` on the laptop reads it.
@@ -63,6 +65,10 @@ CONTROL_TEMPLATE = "control.yaml.j2"
 #: sporadic crashes over a run of days are survived, a crash at every start is not retried
 #: for ever. Each restart resumes from the state in the bucket.
 CONTROL_MAX_RESTARTS = 10
+#: SkyPilot's recovery strategy for the controller's job: a crashed controller is restarted on
+#: its own VM first (its files intact), a lost VM replaced anywhere; the state in the bucket
+#: names the live launch, so neither launches twice (see `templates/control.yaml.j2`).
+CONTROL_RECOVERY = "FAILOVER"
 
 
 def deadline_state(
@@ -256,7 +262,8 @@ def start(state: ControlState) -> ControlState:
         keeper = _spawn_local(name)
         state.controller = f"this machine, keeper pid {keeper}"
         return state  # the controller writes the state from now on
-    state.controller = f"SkyPilot managed job {_launch_sky(state)} ({name}-control)"
+    state.controller_job_id = _launch_sky(state)
+    state.controller = f"SkyPilot managed job {state.controller_job_id} ({name}-control)"
     save_state(state)
     return state
 
@@ -326,6 +333,7 @@ def render_control_task(state: ControlState, api_server: str) -> str:
         "api_server": api_server,
         "version": __version__,
         "max_restarts": CONTROL_MAX_RESTARTS,
+        "recovery_strategy": CONTROL_RECOVERY,
         "source": str(source) if (source / "pyproject.toml").is_file() else None,
     }
     return env.get_template(CONTROL_TEMPLATE).render(**values)
@@ -373,21 +381,17 @@ def stop(name: str, notice_s: float = 0.0) -> str:
     The stop request is written first (nothing restarts the controller after it). Local:
     SIGTERM, and the controller takes the run down, after a preemption notice of `notice_s`
     to its nodes, and exits (its keeper with it); `down` waits for both. SkyPilot: the
-    controller's managed job is cancelled (`down` then takes the training job down).
+    controller's managed job, then every training job, cancelled by id (`down.py`), even
+    when the controller's state is already final (a second `down` finds nothing live).
     """
     state = load_state(name, fresh=False)
     request_stop(name, notice_s)
+    if state.config.backend != "local":
+        from mncloud.control.down import stop_cloud
+
+        return stop_cloud(state, notice_s)
     if state.final:
         return f"controller already {state.phase}"
-    if state.config.backend != "local":
-        import sky
-
-        from mncloud.backends.skypilot import sky_errors
-
-        with sky_errors(f"cancel the deadline controller of {name}"):
-            sky.get(sky.jobs.cancel(name=f"{name}-control"))
-        _mark_stopped(name, "stopped by mncloud down")
-        return f"controller job {name}-control cancelled"
     import psutil
 
     procs = []

@@ -139,6 +139,23 @@ class Launching(BaseModel):
     decision: Decision
     place: int | None = None
     """Across places: the index of the place launched in."""
+    run_id: str | None = None
+    """The run record the launch writes, chosen before it starts: a controller restarted
+    anywhere finds the launch by it (`control/identity.py`)."""
+
+
+class LiveLaunch(BaseModel):
+    """Who the live launch is, mirrored to the bucket with the rest of the state, so a
+    controller restarted on a fresh VM finds it there (`control/identity.py`)."""
+
+    run_id: str
+    mode: Mode
+    job_ids: list[int] = Field(default_factory=list)
+    """SkyPilot's managed-job id(s) of the launch."""
+    request_id: str | None = None
+    """SkyPilot's request id of the launch."""
+    meta: dict[str, Any] = Field(default_factory=dict)
+    """The backend's own record of the launch (SkyPilot's `skypilot.json`), to write back."""
 
 
 class ControlState(BaseModel):
@@ -203,6 +220,18 @@ class ControlState(BaseModel):
     """Journal: the live launch is being taken down, for this reason."""
     launching: Launching | None = None
     """Journal: a decision's launch is under way."""
+    live: LiveLaunch | None = None
+    """The launch made last (live, or over and not yet replaced): its run id and job ids."""
+    job_ids: list[int] = Field(default_factory=list)
+    """Every SkyPilot job id any launch of the run made (`down` makes sure each is over)."""
+    controller_job_id: int | None = None
+    """Clouds: the controller's own managed job (`<name>-control`)."""
+    errors_retried: int = 0
+    """Launches that failed in the user's code and were made again (of `--max-restarts`)."""
+    relaunches: int = 0
+    """Launches made again after the backend failed them (no capacity, its own failure)."""
+    vanished_looks: int = 0
+    """Looks in a row at a live launch the backend no longer knew."""
     place: int | None = None
     """Across places: the place of the live launch (an index into `config.places`)."""
     place_history: list[list[bool]] = Field(default_factory=list)

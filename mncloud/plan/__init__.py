@@ -251,8 +251,8 @@ class Plan(BaseModel):
     def ordered_resources(self) -> list[dict[str, Any]]:
         """SkyPilot `resources.ordered` entries: the choice, then the fallbacks.
 
-        Every entry shares the choice's market: a managed spot job recovers, a plain on-demand
-        cluster does not, so one list never mixes the two. `job_recovery` belongs on the
+        Every entry shares the choice's market (the plan priced that market), so one list
+        never mixes the two. `job_recovery` belongs on the
         parent `resources` (SkyPilot requires it to be the same for every entry).
         """
         return [c.resource() for c in (self.choice, *self.fallbacks)]

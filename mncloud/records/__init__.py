@@ -29,7 +29,8 @@ _EXPORTS = {
     "redact": ("REDACTED", "Redactor", "is_sensitive_name", "redactor_for", "spec_redactor"),
     "lineage": ("capture_git", "installed_packages"),
     "store": (
-        "append_event", "create_record", "find_record", "list_bucket_records", "list_records",
+        "append_event", "create_record", "fetch_record", "find_record", "list_bucket_records",
+        "list_records",
         "load_current", "load_diff", "new_run_id", "record_export", "save_record",
     ),
     "ledger": ("CostSummary", "Segment", "cost_segments", "cost_summary", "observed_spot_hazard"),

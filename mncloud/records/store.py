@@ -225,6 +225,25 @@ def list_bucket_records(uri: str) -> list[RunRecord]:
     return sorted(records, key=lambda r: r.created_at)
 
 
+def fetch_record(ckpt_uri: str, run_id: str) -> RunRecord | None:
+    """Run `run_id`'s record from its bucket copy beside the checkpoints (`ckpt_uri`), kept on
+    this machine too; None when the bucket has none or cannot be read. A machine that never
+    held the record (a deadline controller restarted on a fresh VM) gets it back this way."""
+    from mncloud.storage import join_key, open_bucket
+
+    try:
+        bucket, prefix = open_bucket(
+            layout.record_uri(ckpt_uri, run_id), retry_seconds=BUCKET_RETRY_SECONDS
+        )
+        payload = bucket.get_bytes(join_key(prefix, RECORD_FILE))
+        record = RunRecord.model_validate_json(payload)
+    except Exception as err:  # missing or unreadable: the caller goes on without it
+        log.warning("run record %s not read from %s: %s", run_id, ckpt_uri, err)
+        return None
+    write_atomic(layout.record_dir(record.run_id) / RECORD_FILE, payload)
+    return record
+
+
 def find_record(ref: str, bucket: str | None = None) -> RunRecord:
     """The record a user means by `ref`: a run id, a unique id prefix, or a run name (newest).
 

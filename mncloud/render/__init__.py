@@ -9,7 +9,7 @@ Template variables (also what a `--template PATH` of your own receives):
 |---|---|
 | `name`, `num_nodes`, `workdir` | run name, node count, local project folder synced to nodes |
 | `resources` | dict for `resources:` (accelerators or cpus, use_spot, infra, disk_size, …) |
-| `job_recovery` | dict for `resources.job_recovery` (spot only) or None |
+| `job_recovery` | dict for `resources.job_recovery` (every cloud run is a managed job) |
 | `resource_choices`, `resource_choice_mode` | list of resource dicts and `ordered`/`any_of` |
 | `envs` | dict of environment variables (user `--env` + `MNCLOUD_*`) |
 | `secrets` | list of secret names (values never rendered) |
@@ -170,7 +170,7 @@ def template_variables(
         "num_nodes": spec.nodes,
         "workdir": str(spec.workdir),
         "resources": _resources(spec, use_spot),
-        "job_recovery": _job_recovery(spec) if use_spot else None,
+        "job_recovery": _job_recovery(spec),
         "resource_choices": choices,
         "resource_choice_mode": mode,
         "envs": task_env(spec, use_spot, run_id),
@@ -230,6 +230,8 @@ def _resources(spec: JobSpec, use_spot: bool) -> dict[str, Any]:
 
 
 def _job_recovery(spec: JobSpec) -> dict[str, Any]:
+    """Spot or on-demand, every cloud run is a managed job: restarted after a lost VM, after
+    `--max-restarts` user-code errors, and always after a clean stop on a preemption notice."""
     # EAGER_NEXT_REGION tears the whole fleet down on every flap; for several nodes FAILOVER
     # first retries where the cluster was. One node: eager is SkyPilot's own default.
     strategy = "FAILOVER" if spec.nodes > 1 else "EAGER_NEXT_REGION"

@@ -8,12 +8,19 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, TextIO
 
 from mncloud.backends.base import LaunchRequest, RunState, RunStatus
+from mncloud.backends.skypilot.cancel import (
+    cancel_jobs,
+    jobs_named,
+    live_job_ids,
+    server_to_ask,
+)
 from mncloud.backends.skypilot.dryrun import dryrun, dryrun_job_group
 from mncloud.backends.skypilot.errors import sky_errors
 from mncloud.backends.skypilot.group import job_group_status, tail_group_logs
 from mncloud.backends.skypilot.logs import tail_logs
 from mncloud.backends.skypilot.meta import (
     BACKEND_NAME,
+    CLUSTER,
     JOB_GROUP,
     MANAGED_JOB,
     RunMeta,
@@ -31,11 +38,13 @@ if TYPE_CHECKING:
     import sky
 
 AUTOSTOP_IDLE_MINUTES = 10
-"""Idle minutes before an on-demand cluster tears itself down after its job ended."""
+"""Idle minutes before a cluster launched by an older mncloud (`sky.launch`, on-demand) tore
+itself down after its job ended; shown in those runs' status."""
 
 
 class SkyPilotBackend:
-    """Runs on clouds through SkyPilot: a cluster for on-demand, a managed job for spot."""
+    """Runs on clouds through SkyPilot: every run a managed job, spot or on-demand (runs
+    recorded as a `cluster` by an older mncloud are still read and torn down)."""
 
     name = BACKEND_NAME
 
@@ -53,22 +62,21 @@ class SkyPilotBackend:
             return self._launch_job_group(request)
         task = build_task(request)
         if request.dryrun:
-            return dryrun(task, spec, request.plan, spot, self.idle_minutes)
+            return dryrun(task, spec, request.plan, spot)
         meta = meta_from_plan(spec, request.plan, spot, config)
         try:
-            if spot:
-                meta.job_id = self._launch_managed_job(task, spec.name, meta)
-            else:
-                meta.job_id = self._launch_cluster(task, spec.name, meta)
+            meta.job_id = self._launch_managed_job(task, spec.name, meta)
         except MncloudError as err:
             meta.error = str(err)
             meta.last_state = RunState.FAILED
             save_meta(meta)
             raise
-        meta.last_state = RunState.PENDING if spot else RunState.RUNNING
+        meta.last_state = RunState.PENDING
         save_meta(meta)
-        what = f"managed job {meta.job_id}" if spot else f"cluster {spec.name}, job {meta.job_id}"
-        return status_from_meta(meta, meta.last_state, f"launched ({what})")
+        market = "spot" if spot else "on-demand"
+        return status_from_meta(
+            meta, meta.last_state, f"launched (managed job {meta.job_id}, {market})"
+        )
 
     def _launch_job_group(self, request: LaunchRequest) -> RunStatus:
         """`--recovery node`: the job group (`mncloud/render/jobgroup.py`) as one managed job."""
@@ -96,21 +104,6 @@ class SkyPilotBackend:
         save_meta(meta)
         what = f"job group {meta.job_id}: {len(names) - 1} node tasks and a lighthouse"
         return status_from_meta(meta, meta.last_state, f"launched ({what})")
-
-    def _launch_cluster(self, task: sky.Task, name: str, meta: RunMeta) -> int | None:
-        import sky
-
-        with sky_errors(f"launch cluster {name}"):
-            request_id = sky.launch(
-                task,
-                cluster_name=name,
-                idle_minutes_to_autostop=self.idle_minutes,
-                down=True,
-            )
-            meta.request_id = str(request_id)
-            save_meta(meta)
-            job_id, _handle = sky.stream_and_get(request_id, output_stream=self.progress)
-        return None if job_id is None else int(job_id)
 
     def _launch_managed_job(self, task: sky.Task, name: str, meta: RunMeta) -> int | None:
         import sky
@@ -149,38 +142,64 @@ class SkyPilotBackend:
             yield from tail_logs(meta, node, follow)
 
     def down(self, run_name: str, *, notice_s: float = 0.0, by: str = "mncloud down") -> RunStatus:
-        """Tear the cluster down, or cancel the managed job; idempotent. With `notice_s`, a
-        running job's nodes first get a stop notice through the bucket and save the step they
-        reached (`notice.py`)."""
-        import sky
-
+        """Cancel every managed job of the run SkyPilot still runs, by id, and return once
+        SkyPilot reports them ended (`cancel.py`); a second `down` cancels nothing and says
+        so. With `notice_s`, a running job's nodes first get a stop notice through the bucket
+        and save the step they reached (`notice.py`). A run recorded as a `cluster` by an
+        older mncloud: its cluster torn down."""
         meta = require_meta(run_name)
         noticed = self._notice(meta, notice_s, by)
-        if meta.error is None:
-            try:
-                with sky_errors(f"tear down {run_name}"):
-                    if meta.kind in (MANAGED_JOB, JOB_GROUP):  # a group: every task
-                        if meta.job_id is not None:
-                            sky.get(sky.jobs.cancel(job_ids=[meta.job_id]))
-                    else:
-                        sky.get(sky.down(run_name))
-            except RunNotFoundError:
-                pass  # SkyPilot has no such cluster: already gone, down is idempotent
-        meta.downed_at = meta.downed_at or time.time()
-        save_meta(meta)
+        status = self._down_cluster(meta) if meta.kind == CLUSTER else self._cancel_run(meta)
         if noticed is not None and meta.ckpt_uri:
             withdraw_notice(meta.ckpt_uri)
-        if meta.kind in (MANAGED_JOB, JOB_GROUP) and meta.error is None:
-            status = self.status(run_name)
-        else:
-            final = meta.last_state if meta.last_state and meta.last_state.is_final else None
-            state = final or RunState.CANCELLED
-            status = status_from_meta(meta, state, "cluster torn down; checkpoints stay")
         if noticed is None:
             return status
         saved = f"step {noticed[1]} saved" if noticed[1] is not None else "no new step saved"
         note = f"stopped after a {noticed[0]:g}s notice ({saved})"
         return status.model_copy(update={"detail": f"{status.detail}; {note}".lstrip("; ")})
+
+    def _cancel_run(self, meta: RunMeta) -> RunStatus:
+        """Cancel the run's recorded job and any other live job of its name (a launch whose
+        id never came back, one launched from elsewhere), by id; wait until they ended."""
+        if meta.request_id is None and meta.job_id is None:  # nothing ever reached SkyPilot
+            meta.downed_at = meta.downed_at or time.time()
+            save_meta(meta)
+            return status_from_meta(meta, RunState.FAILED, f"never launched: {meta.error}")
+        recorded = [meta.job_id] if meta.job_id is not None else []
+        try:
+            found = live_job_ids(meta.name)
+        except BackendError as err:
+            still = f"managed job {meta.job_id} may still be live" if recorded else "unknown"
+            raise BackendError(f"{err}; nothing was cancelled ({still})") from None
+        cancelled = cancel_jobs([*recorded, *found])
+        if meta.job_id is None and found:  # its launch never heard back: the newest is it
+            meta.job_id = max(found)
+        meta.downed_at = meta.downed_at or time.time()
+        save_meta(meta)
+        status = self.status(meta.name)
+        if cancelled:
+            what = f"cancelled managed job{'s' if len(cancelled) > 1 else ''} {_ids(cancelled)}"
+        else:
+            what = "nothing to cancel: no job of the run is live"
+        status.detail = f"{what}; {status.detail}".rstrip("; ")
+        return status
+
+    def _down_cluster(self, meta: RunMeta) -> RunStatus:
+        """Tear down the cluster of a run an older mncloud launched on demand (`sky.launch`)."""
+        import sky
+
+        if meta.error is None:
+            try:
+                with sky_errors(f"tear down {meta.name}"):
+                    sky.get(sky.down(meta.name))
+            except RunNotFoundError:
+                pass  # SkyPilot has no such cluster: already gone, down is idempotent
+        meta.downed_at = meta.downed_at or time.time()
+        save_meta(meta)
+        final = meta.last_state if meta.last_state and meta.last_state.is_final else None
+        return status_from_meta(
+            meta, final or RunState.CANCELLED, "cluster torn down; checkpoints stay"
+        )
 
     def _notice(self, meta: RunMeta, notice_s: float, by: str) -> tuple[float, int | None] | None:
         """Give a running job its stop notice: (the notice, the step saved), or None if none
@@ -194,3 +213,40 @@ class SkyPilotBackend:
             return None
         saved = give_notice(meta.ckpt_uri, notice_s, lambda: self.status(meta.name).state, by)
         return notice_s, saved
+
+
+def _ids(job_ids: list[int]) -> str:
+    return ", ".join(str(i) for i in job_ids)
+
+
+def down_unrecorded(run_name: str) -> RunStatus:
+    """`down` of a run this machine holds no SkyPilot record of (its controller's VM launched
+    it, or another machine did): its live managed jobs, found by their exact name in
+    SkyPilot's queue, cancelled by id. RunNotFoundError when SkyPilot knows no job of that
+    name, or its API server is local and not running (it is not started for this)."""
+    url, ask = server_to_ask()
+    if not ask:
+        raise RunNotFoundError(
+            f"no run {run_name!r}: mncloud has no record of it, and SkyPilot's API server "
+            f"({url}) is not running to ask for its jobs (`sky api start` if another "
+            "machine launched it)"
+        )
+    found = jobs_named(run_name, live_only=False)
+    if not found:
+        raise RunNotFoundError(
+            f"no run {run_name!r}: neither mncloud nor SkyPilot knows it; `mncloud status` "
+            "lists the runs, `sky jobs queue` SkyPilot's jobs"
+        )
+    cancelled = cancel_jobs(found)
+    if cancelled:
+        what = f"cancelled managed job{'s' if len(cancelled) > 1 else ''} {_ids(cancelled)}"
+    else:
+        what = f"nothing to cancel: its managed jobs ({_ids(found)}) had ended"
+    return RunStatus(
+        name=run_name,
+        backend=BACKEND_NAME,
+        state=RunState.CANCELLED,
+        nodes=0,
+        ended_at=time.time(),
+        detail=f"{what} (named {run_name}; no record of the run on this machine)",
+    )

@@ -2,8 +2,8 @@
 
 `sky.execution.launch(dryrun=True)` runs SkyPilot's optimizer and provisioner: they pick a
 region and write the provisioning config, nothing is created and no API server is needed.
-`sky jobs launch` has no dry run; for a spot run this checks the cluster the jobs controller
-would launch.
+`sky jobs launch` has no dry run; this checks the cluster the jobs controller would launch for
+the managed job (every cloud run is one, spot or on-demand).
 """
 
 from __future__ import annotations
@@ -26,9 +26,7 @@ if TYPE_CHECKING:
     from mncloud.spec import JobSpec
 
 
-def dryrun(
-    task: sky.Task, spec: JobSpec, plan: Plan | None, spot: bool, idle_minutes: int
-) -> RunStatus:
+def dryrun(task: sky.Task, spec: JobSpec, plan: Plan | None, spot: bool) -> RunStatus:
     """Dry-run the launch of `task`; what SkyPilot would launch, and where."""
     from sky import exceptions as sx
     from sky import execution, sky_logging
@@ -42,15 +40,14 @@ def dryrun(
                 task,
                 cluster_name=spec.name,
                 dryrun=True,
-                idle_minutes_to_autostop=None if spot else idle_minutes,
-                down=not spot,
+                down=False,
                 stream_logs=False,
                 _quiet_optimizer=True,
             )
     except sx.NoCloudAccessError:
         return dryrun_without_credentials(spec, plan, spot)
     chosen = dryrun_choice(spec.name)
-    what = "a managed spot job" if spot else "an on-demand cluster"
+    what = f"a managed {'spot' if spot else 'on-demand'} job"
     where = "/".join(v for v in (chosen.get("cloud"), chosen.get("region")) if v)
     node = chosen.get("instance_type") or "?"
     detail = f"dry run passed: SkyPilot would launch {spec.nodes}× {node} in {where or '?'} "

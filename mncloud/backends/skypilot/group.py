@@ -4,7 +4,10 @@ and dry run. One managed job id covers every task: `sky.jobs.cancel` ends them a
 
 The run's state is its node tasks' (the primaries), the most telling first: a failed node
 fails the run; all done is done; one recovering node (the others training on) is RECOVERING;
-then RUNNING, STARTING, PENDING. The lighthouse is shown in the detail.
+then RUNNING, STARTING, PENDING. The lighthouse is shown in the detail. It is an auxiliary
+task: SkyPilot ends it once the nodes are done and, when it fails for good (past its own
+restarts), leaves the nodes running. So a failed lighthouse does not fail the run, whose nodes
+still train and bill; the detail leads with it, since no lost node can be replaced after it.
 """
 
 from __future__ import annotations
@@ -21,8 +24,10 @@ from mncloud.backends.skypilot.meta import RunMeta, status_from_meta
 from mncloud.backends.skypilot.status import (
     MANAGED_JOB_STATES,
     QUEUE_FIELDS,
+    failure_of,
     queue_records,
     state_of,
+    vanished,
 )
 from mncloud.errors import BackendError
 
@@ -57,7 +62,7 @@ def job_group_status(meta: RunMeta) -> RunStatus:
     records = queue_records(meta, fields, f"job group {meta.name}")
     mine = {_name(r): r for r in records if _field(r, "job_id") == meta.job_id}
     if not mine:
-        return status_from_meta(meta, RunState.FAILED, f"SkyPilot has no managed job {meta.job_id}")
+        return vanished(meta)
     nodes = [mine[t] for t in meta.tasks[1:] if t in mine]
     states = [state_of(_field(r, "status"), MANAGED_JOB_STATES) for r in nodes]
     state = group_state(states)
@@ -69,6 +74,10 @@ def job_group_status(meta: RunMeta) -> RunStatus:
         count = int(_field(record, "recovery_count") or 0) if record is not None else 0
         parts.append(f"{_label(meta, task)} {raw}" + (f" ({count} recoveries)" if count else ""))
     detail = f"job group {meta.job_id}: " + ", ".join(parts)
+    lighthouse = mine.get(meta.tasks[0]) if meta.tasks else None
+    lost = _raw(_field(lighthouse, "status")) if lighthouse is not None else ""
+    if lost.startswith("FAILED") and not state.is_final:
+        detail = f"lighthouse {lost}: a lost node can no longer be replaced; {detail}"
     reasons = [_field(r, "failure_reason") for r in mine.values() if _field(r, "failure_reason")]
     if reasons:
         detail += f"; {one_line(reasons[0], 160)}"
@@ -76,6 +85,8 @@ def job_group_status(meta: RunMeta) -> RunStatus:
     meta.cloud = (_field(first, "cloud") if first else None) or meta.cloud
     meta.region = (_field(first, "region") if first else None) or meta.region
     status = status_from_meta(meta, state, detail)
+    failures = [failure_of(_field(r, "status")) for r in nodes]
+    status.failure = next((f for f in failures if f is not None), None)
     status.restarts = restarts
     starts = [_field(r, "start_at") or _field(r, "submitted_at") for r in nodes]
     status.started_at = min((s for s in starts if s), default=meta.launched_at)

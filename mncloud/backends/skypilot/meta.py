@@ -27,8 +27,9 @@ class RunMeta(BaseModel):
     """What a launch remembers in `<run dir>/skypilot.json`."""
 
     kind: str
-    """`cluster` (on-demand), `managed-job` (spot) or `job-group` (`--recovery node`: one
-    managed job of several tasks, `jobgroup.py`)."""
+    """`managed-job` (spot or on-demand) or `job-group` (`--recovery node`: one managed job of
+    several tasks, `jobgroup.py`); `cluster` in the records of on-demand runs an older mncloud
+    launched with `sky.launch` (still read by status, logs and down)."""
     name: str
     nodes: int
     spot: bool
@@ -39,7 +40,9 @@ class RunMeta(BaseModel):
     """USD per node-hour from the plan (SkyPilot's catalog)."""
     launched_at: float | None = None
     job_id: int | None = None
-    """The job id on the cluster (on-demand) or the managed job id (spot)."""
+    """The managed job id (the job id on the cluster, for a `cluster` record)."""
+    max_restarts: int | None = None
+    """`--max-restarts`: the user-code errors SkyPilot restarts the job after."""
     ckpt_uri: str | None = None
     request_id: str | None = None
     downed_at: float | None = None
@@ -90,8 +93,9 @@ def meta_from_plan(
     """A new run's `RunMeta`: where and at what price from the plan, else the task's infra
     (`tasks`: a job group's task names)."""
     meta = RunMeta(
-        kind=JOB_GROUP if tasks else MANAGED_JOB if spot else CLUSTER,
+        kind=JOB_GROUP if tasks else MANAGED_JOB,
         tasks=list(tasks),
+        max_restarts=spec.max_restarts,
         name=spec.name,
         nodes=spec.nodes,
         spot=spot,

@@ -1,22 +1,41 @@
-"""A run's state from SkyPilot: the cluster and its job (on-demand), or the managed job (spot)."""
+"""A run's state from SkyPilot: its managed job (spot or on-demand), or, for a run an older
+mncloud launched on demand with `sky.launch`, its cluster and the job on it."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from mncloud.backends.base import RunState, RunStatus
+from mncloud.backends.base import Failure, RunState, RunStatus
 from mncloud.backends.skypilot.errors import one_line, sky_errors
 from mncloud.backends.skypilot.meta import RunMeta, status_from_meta
 
+CLUSTER_STATES = {
+    "PENDING": RunState.PENDING,
+    "INIT": RunState.STARTING,
+    "UP": RunState.RUNNING,
+    "AUTOSTOPPING": RunState.RUNNING,
+    "STOPPED": RunState.CANCELLED,
+}
+"""SkyPilot's cluster states (`sky.ClusterStatus`) → ours. RUNNING (UP, AUTOSTOPPING after its
+job ended) means the cluster's job decides (`CLUSTER_JOB_STATES`); STOPPED is over for the run
+(its disks still billed)."""
+_CLUSTER_DETAILS = {
+    RunState.PENDING: "cluster waiting to be scheduled",
+    RunState.STARTING: "provisioning",
+    RunState.CANCELLED: "cluster stopped (disks still billed); `mncloud down`",
+}
 CLUSTER_JOB_STATES = {
     "INIT": RunState.PENDING,
     "PENDING": RunState.PENDING,
     "SETTING_UP": RunState.STARTING,
     "RUNNING": RunState.RUNNING,
+    "FAILED_DRIVER": RunState.FAILED,
     "SUCCEEDED": RunState.SUCCEEDED,
+    "FAILED": RunState.FAILED,
+    "FAILED_SETUP": RunState.FAILED,
     "CANCELLED": RunState.CANCELLED,
 }
-"""SkyPilot's job states on a cluster → ours (`FAILED*` → FAILED, the unknown → PENDING)."""
+"""SkyPilot's job states on a cluster (`sky.JobStatus`) → ours, every one of them."""
 MANAGED_JOB_STATES = {
     "PENDING": RunState.PENDING,
     "SUBMITTED": RunState.PENDING,
@@ -25,10 +44,26 @@ MANAGED_JOB_STATES = {
     "WINDING_DOWN": RunState.RUNNING,
     "RECOVERING": RunState.RECOVERING,
     "CANCELLING": RunState.CANCELLED,
-    "CANCELLED": RunState.CANCELLED,
     "SUCCEEDED": RunState.SUCCEEDED,
+    "CANCELLED": RunState.CANCELLED,
+    "FAILED": RunState.FAILED,
+    "FAILED_SETUP": RunState.FAILED,
+    "FAILED_PRECHECKS": RunState.FAILED,
+    "FAILED_NO_RESOURCE": RunState.FAILED,
+    "FAILED_CONTROLLER": RunState.FAILED,
 }
-"""SkyPilot's managed-job states → ours (`FAILED*` → FAILED, the unknown → PENDING)."""
+"""SkyPilot's managed-job states (`sky.jobs.ManagedJobStatus`) → ours, every one of them.
+CANCELLING is over for the run (a cancel was asked; SkyPilot is cleaning up), though not yet
+terminal for SkyPilot: `down` waits for CANCELLED (`cancel.py`)."""
+FAILURES = {
+    "FAILED": Failure.USER,
+    "FAILED_SETUP": Failure.USER,
+    "FAILED_DRIVER": Failure.INFRA,
+    "FAILED_PRECHECKS": Failure.REFUSED,
+    "FAILED_NO_RESOURCE": Failure.CAPACITY,
+    "FAILED_CONTROLLER": Failure.INFRA,
+}
+"""Why a job ended FAILED, for each of SkyPilot's failure states (cluster and managed)."""
 
 QUEUE_FIELDS = [
     "job_id", "job_name", "status", "submitted_at", "start_at", "end_at",
@@ -38,9 +73,21 @@ QUEUE_FIELDS = [
 
 
 def state_of(value: Any, table: dict[str, RunState]) -> RunState:
-    """Our state for SkyPilot's `value` (an enum or its name) by `table`."""
-    name = str(getattr(value, "value", value))
+    """Our state for SkyPilot's `value` (an enum or its name) by `table`; a state newer than
+    this SkyPilot (the tables list every one of 0.14's) by its name's prefix."""
+    name = raw_state(value)
     return table.get(name, RunState.FAILED if name.startswith("FAILED") else RunState.PENDING)
+
+
+def raw_state(value: Any) -> str:
+    """SkyPilot's own word for a state (an enum or its name)."""
+    return str(getattr(value, "value", value))
+
+
+def failure_of(value: Any) -> Failure | None:
+    """Why a job in SkyPilot's state `value` failed (None: it did not)."""
+    name = raw_state(value)
+    return FAILURES.get(name, Failure.USER if name.startswith("FAILED") else None)
 
 
 def cluster_status(meta: RunMeta, idle_minutes: int) -> RunStatus:
@@ -53,25 +100,24 @@ def cluster_status(meta: RunMeta, idle_minutes: int) -> RunStatus:
     if not records:
         return _cluster_gone(meta)
     record = records[0]
-    cluster_state = str(getattr(record["status"], "value", record["status"]))
+    cluster_state = raw_state(record["status"])
     meta.cloud = record.get("cloud") or meta.cloud
     meta.region = record.get("region") or meta.region
-    if cluster_state == "INIT":
-        return status_from_meta(meta, RunState.STARTING, "provisioning")
-    if cluster_state == "STOPPED":
-        return status_from_meta(
-            meta, RunState.CANCELLED, "cluster stopped (disks still billed); `mncloud down`"
-        )
+    cluster = state_of(cluster_state, CLUSTER_STATES)
+    if cluster is not RunState.RUNNING:  # not up: the cluster's state is the run's
+        return status_from_meta(meta, cluster, _CLUSTER_DETAILS.get(cluster, cluster_state))
     with sky_errors(f"get the job status of {meta.name}"):
         jobs = sky.get(sky.job_status(meta.name, [meta.job_id] if meta.job_id else None))
     job_state = next(iter(jobs.values()), None) if jobs else None
     if job_state is None:
         return status_from_meta(meta, RunState.PENDING, "cluster up, no job yet")
     state = state_of(job_state, CLUSTER_JOB_STATES)
-    detail = f"job {meta.job_id}: {getattr(job_state, 'value', job_state)}"
+    detail = f"job {meta.job_id}: {raw_state(job_state)}"
     if state.is_final:
         detail += f"; cluster tears down after {idle_minutes} idle minutes"
-    return status_from_meta(meta, state, detail)
+    status = status_from_meta(meta, state, detail)
+    status.failure = failure_of(job_state)
+    return status
 
 
 def _cluster_gone(meta: RunMeta) -> RunStatus:
@@ -104,11 +150,12 @@ def queue_records(meta: RunMeta, fields: list[str], what: str) -> list[Any]:
 
 
 def managed_job_status(meta: RunMeta) -> RunStatus:
-    """A spot run's status: its managed job's, with recoveries and the failure reason."""
+    """A run's status: its managed job's, with recoveries and the failure reason; a job that
+    failed (its program's errors outlasted `--max-restarts`) says after how many restarts."""
     records = queue_records(meta, QUEUE_FIELDS, f"managed job {meta.name}")
     mine = [r for r in records if r.get("job_id") == meta.job_id]
     if not mine:
-        return status_from_meta(meta, RunState.FAILED, f"SkyPilot has no managed job {meta.job_id}")
+        return vanished(meta)
     record = mine[-1]
     state = state_of(record.get("status"), MANAGED_JOB_STATES)
     meta.cloud = record.get("cloud") or meta.cloud
@@ -117,12 +164,22 @@ def managed_job_status(meta: RunMeta) -> RunStatus:
     reason = record.get("failure_reason") or record.get("details") or ""
     raw = getattr(record.get("status"), "value", record.get("status"))
     detail = f"managed job {meta.job_id}: {raw}"
-    if recoveries:
+    if state is RunState.FAILED and meta.max_restarts and raw == "FAILED":  # 0: none to count
+        detail += f" after {recoveries} restarts (--max-restarts {meta.max_restarts})"
+    elif recoveries:
         detail += f", {recoveries} recoveries (preemptions and retried errors)"
     if reason:
         detail += f"; {one_line(reason, 160)}"
     status = status_from_meta(meta, state, detail)
+    status.failure = failure_of(raw)
     status.restarts = recoveries
     status.started_at = record.get("start_at") or record.get("submitted_at") or meta.launched_at
     status.ended_at = record.get("end_at") or None
+    return status
+
+
+def vanished(meta: RunMeta) -> RunStatus:
+    """The status of a managed job the queue no longer lists (purged, or another server)."""
+    status = status_from_meta(meta, RunState.FAILED, f"SkyPilot has no managed job {meta.job_id}")
+    status.failure = Failure.VANISHED
     return status

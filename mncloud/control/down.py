@@ -1,0 +1,146 @@
+"""`mncloud down` of a cloud deadline run: its controller's job and every training job, by id.
+
+The laptop seldom knows the training jobs: the controller launched them from its own VM, where
+their `skypilot.json` and `backend.json` are. Their ids are in the controller's state, mirrored
+to the bucket; a launch journaled but not yet recorded is looked for in SkyPilot's queue by its
+run id (`backends/skypilot/find.py`). Nothing is cancelled by name. In this order:
+
+    1. the controller's job(s) (its id in the state, and any job of `<name>-control` whose
+       envs name this run's state) cancelled, and waited for until terminal: from then on
+       nothing launches, and a launch it had under way is journaled in the state
+    2. the state read again from the bucket: the job ids of every launch, and the jobs of a
+       journaled launch found by its run id
+    3. a running training job gets the preemption notice through the bucket (its ranks save
+       the step they reached); every live one is cancelled by id, and waited for until
+       SkyPilot reports it terminal
+    4. the state marked stopped, here and in the bucket; what was cancelled said in one line
+
+A second `down` finds nothing live and says so. A job still live after the wait, or a SkyPilot
+API server that stops answering half way, is an error that names what is still live.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from mncloud.errors import BackendError, MncloudError
+
+if TYPE_CHECKING:
+    from mncloud.control.state import ControlState
+
+
+def stop_cloud(
+    state: ControlState,
+    notice_s: float,
+    *,
+    wait_s: float | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> str:
+    """Stop a cloud deadline run (see the module docstring); what was done, in one line."""
+    from mncloud.backends.skypilot.cancel import WAIT_S, CancelError, cancel_jobs
+
+    wait = {"wait_s": WAIT_S if wait_s is None else wait_s, "sleep": sleep}
+    name, done = state.name, []
+    try:
+        controllers = cancel_jobs(_controller_ids(state), **wait)
+    except MncloudError as err:
+        raise BackendError(f"{err}; no training job of {name} was cancelled") from None
+    if controllers:
+        done.append(f"controller job {_ids(controllers)}")
+    fresh, training = state, None  # type: ControlState, list[int] | None
+    try:
+        fresh = _fresh(state)
+        training = _training_ids(fresh)
+        noticed = _notice(fresh, training, notice_s)
+        cancelled = cancel_jobs(training, **wait)
+    except MncloudError as err:
+        gone = f"; {' and '.join(done)} cancelled" if done else ""
+        if isinstance(err, CancelError):  # it names the jobs that may still be live
+            raise BackendError(f"{err}{gone}") from None
+        known = f"training job(s) {_ids(training)}" if training else "its training jobs"
+        raise BackendError(f"{err}{gone}; {known} may still be live (`sky jobs queue`)") from None
+    finally:
+        _withdraw(fresh)
+    if cancelled:
+        done.append(f"training job {_ids(cancelled)}{noticed}")
+    _mark_stopped(fresh)
+    if not done:
+        return "nothing of the run was live"
+    return f"cancelled {' and '.join(done)}; all terminal"
+
+
+def _ids(job_ids: list[int]) -> str:
+    return ", ".join(str(i) for i in sorted(job_ids))
+
+
+def _controller_ids(state: ControlState) -> list[int]:
+    """The controller's job: its id in the state, and every job of its name for this run."""
+    from mncloud.backends.skypilot.find import controller_jobs
+
+    ids = {state.controller_job_id} - {None}
+    if state.config.state_uri:
+        ids |= {job.job_id for job in controller_jobs(state.name, state.config.state_uri)}
+    return sorted(i for i in ids if i is not None)
+
+
+def _fresh(state: ControlState) -> ControlState:
+    """The state as the controller left it in the bucket; BackendError when it cannot be
+    read there (this machine's copy, from `up`, names no training job)."""
+    from mncloud.control.state import load_uri
+
+    uri = state.config.state_uri
+    remote = load_uri(uri) if uri else None
+    if remote is None:
+        raise BackendError(f"the deadline controller's state at {uri} cannot be read")
+    return remote if remote.updated_at >= state.updated_at else state
+
+
+def _training_ids(st: ControlState) -> list[int]:
+    """Every training job id of the run: the state's, and the jobs its launches' run ids name
+    (a journaled launch's request waited for first)."""
+    from mncloud.backends.skypilot.find import jobs_with_env, wait_for_launch_requests
+    from mncloud.constants import RUN_ID_ENV
+
+    ids = set(st.job_ids) | set(st.live.job_ids if st.live is not None else [])
+    run_ids = set(st.run_ids) | ({st.live.run_id} if st.live is not None else set())
+    if st.launching is not None and st.launching.run_id:
+        wait_for_launch_requests(st.launching.run_id)
+        run_ids.add(st.launching.run_id)
+    ids |= {job.job_id for job in jobs_with_env(st.name, RUN_ID_ENV, run_ids)}
+    return sorted(ids)
+
+
+def _notice(st: ControlState, job_ids: list[int], notice_s: float) -> str:
+    """The preemption notice to a running training job, through the bucket; what it saved."""
+    from mncloud.backends.base import RunState
+    from mncloud.backends.skypilot.find import job_states
+    from mncloud.backends.skypilot.notice import give_notice
+
+    def state_of() -> RunState:
+        running = any("RUNNING" in job.statuses for job in job_states(job_ids).values())
+        return RunState.RUNNING if running else RunState.CANCELLED
+
+    if notice_s <= 0 or not job_ids or not st.ckpt_uri or state_of() is not RunState.RUNNING:
+        return ""
+    saved = give_notice(st.ckpt_uri, notice_s, state_of, "mncloud down")
+    return f" after a {notice_s:g}s notice ({f'step {saved} saved' if saved else 'no new step'})"
+
+
+def _withdraw(st: ControlState) -> None:
+    from mncloud.backends.skypilot.notice import withdraw_notice
+
+    if st.ckpt_uri:
+        withdraw_notice(st.ckpt_uri)
+
+
+def _mark_stopped(st: ControlState) -> None:
+    from mncloud.control.state import save_state
+    from mncloud.deadline.policy import Mode
+
+    if not st.final:
+        st.phase, st.market, st.mode = "stopped", Mode.NONE, Mode.NONE
+        st.detail = "stopped by mncloud down"
+        st.closing = st.launching = None
+    save_state(st)
