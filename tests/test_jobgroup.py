@@ -443,7 +443,7 @@ def test_dryrun_places_the_group_with_skypilot(
     import sky
     import sky.jobs
 
-    from mncloud.backends.skypilot.group import dryrun_group
+    from mncloud.backends.skypilot.dryrun import dryrun_group
 
     def forbidden(*_args: Any, **_kwargs: Any) -> None:
         raise AssertionError("a dry run must not provision")

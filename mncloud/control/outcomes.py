@@ -40,7 +40,7 @@ from mncloud.deadline.policy import Mode
 
 if TYPE_CHECKING:
     from mncloud.backends.base import RunStatus
-    from mncloud.control.loop import Controller
+    from mncloud.control.steering import Steering
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ class Settled(enum.Enum):
     """The backend's answer cannot be trusted this look: decide nothing, look again."""
 
 
-def settle(ctl: Controller, status: RunStatus | None) -> Settled:
+def settle(ctl: Steering, status: RunStatus | None) -> Settled:
     """Answer the live launch's status (see the module docstring)."""
     st = ctl.state
     if status is None:
@@ -98,7 +98,7 @@ def settle(ctl: Controller, status: RunStatus | None) -> Settled:
     return Settled.ENDED
 
 
-def _no_capacity(ctl: Controller, status: RunStatus) -> Settled:
+def _no_capacity(ctl: Steering, status: RunStatus) -> Settled:
     st = ctl.state
     if st.market is not Mode.SPOT:
         return _relaunch(ctl, status, f"no {st.market.value} capacity")
@@ -108,7 +108,7 @@ def _no_capacity(ctl: Controller, status: RunStatus) -> Settled:
     return Settled.AGAIN
 
 
-def _user_failed(ctl: Controller, status: RunStatus) -> Settled:
+def _user_failed(ctl: Steering, status: RunStatus) -> Settled:
     st = ctl.state
     limit = int(st.spec.get("max_restarts", 0))
     if st.errors_retried >= limit:
@@ -122,7 +122,7 @@ def _user_failed(ctl: Controller, status: RunStatus) -> Settled:
     return Settled.AGAIN
 
 
-def _relaunch(ctl: Controller, status: RunStatus, why: str) -> Settled:
+def _relaunch(ctl: Steering, status: RunStatus, why: str) -> Settled:
     """A launch the backend failed: made again, `MAX_RELAUNCHES` times in a row at most."""
     st = ctl.state
     if st.relaunches >= MAX_RELAUNCHES:
@@ -135,7 +135,7 @@ def _relaunch(ctl: Controller, status: RunStatus, why: str) -> Settled:
     return Settled.AGAIN
 
 
-def _close(ctl: Controller, status: RunStatus) -> None:
+def _close(ctl: Steering, status: RunStatus) -> None:
     """The live launch is over and the run goes on: nothing runs until the next decision."""
     st = ctl.state
     if st.config.backend != "local":  # the local supervisor records its own end
@@ -144,13 +144,13 @@ def _close(ctl: Controller, status: RunStatus) -> None:
     st.phase = "waiting"
 
 
-def _end(ctl: Controller, phase: str, detail: str) -> None:
+def _end(ctl: Steering, phase: str, detail: str) -> None:
     st = ctl.state
     st.phase, st.market, st.mode, st.detail = phase, Mode.NONE, Mode.NONE, detail
     ctl._refresh_costs()
 
 
-def _finished(ctl: Controller) -> None:
+def _finished(ctl: Steering) -> None:
     st = ctl.state
     _end(ctl, "finished", "")
     end = (ctl.clock.time() - (st.started_at or 0)) * st.config.time_scale / 3600

@@ -34,7 +34,7 @@ from mncloud.deadline.policy import Mode
 from mncloud.errors import MncloudError, RunNotFoundError
 
 if TYPE_CHECKING:
-    from mncloud.control.loop import Controller
+    from mncloud.control.steering import Steering
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ class LaunchUnknown(MncloudError):
     controller neither launches nor gives up; it exits non-zero and SkyPilot restarts it."""
 
 
-def recover(ctl: Controller) -> None:
+def recover(ctl: Steering) -> None:
     """Finish what the controller before `ctl` left half done (see the module docstring)."""
     from mncloud.control.identity import restore
 
@@ -80,7 +80,7 @@ def recover(ctl: Controller) -> None:
     save_state(st)
 
 
-def launch_made(ctl: Controller, pending: Launching) -> tuple[str, Any] | None:
+def launch_made(ctl: Steering, pending: Launching) -> tuple[str, Any] | None:
     """The run id and record of the launch `pending` made before a crash, or None. A cloud
     launch is looked for in SkyPilot's queue by its journaled run id (`identity.find`)."""
     from mncloud.records import list_records
@@ -111,7 +111,7 @@ def launch_made(ctl: Controller, pending: Launching) -> tuple[str, Any] | None:
     return record.run_id, record
 
 
-def _clear_half_launch(ctl: Controller) -> None:
+def _clear_half_launch(ctl: Steering) -> None:
     """A launch cut short (a record, a run folder, no supervisor): mark it over."""
     try:
         status = ctl.backend.status(ctl.state.name)

@@ -62,10 +62,8 @@ def dryrun(task: sky.Task, spec: JobSpec, plan: Plan | None, spot: bool) -> RunS
 
 def dryrun_job_group(dag: sky.Dag, spec: JobSpec, plan: Plan | None, spot: bool) -> RunStatus:
     """Dry-run a job group (`--recovery node`): SkyPilot's dry run of the lighthouse and a node
-    task, then its placement of the whole group (`group.dryrun_group`)."""
+    task, then its placement of the whole group (`dryrun_group`)."""
     from sky import exceptions as sx
-
-    from mncloud.backends.skypilot.group import dryrun_group
 
     try:
         with sky_errors(f"dry-run {spec.name}", keep=(sx.NoCloudAccessError,)):
@@ -147,3 +145,48 @@ def dryrun_choice(cluster_name: str) -> dict[str, str]:
     found = re.search(r'"(?:InstanceType|machineType|instance_type)": "([^"/]+)"', text)
     chosen["instance_type"] = found.group(1) if found else None
     return {k: v for k, v in chosen.items() if v}
+
+
+def dryrun_group(dag: sky.Dag, name: str, nodes: int, spot: bool) -> tuple[str, dict[str, str]]:
+    """SkyPilot's dry run of each distinct task (the lighthouse and node 0: the other node
+    tasks differ only in their envs), then SkyPilot's placement of the whole group
+    (`Optimizer.optimize_job_group`, in-process). Returns the detail line and node 0's
+    cloud/region/instance type; BackendError when SkyPilot could not place the group."""
+    from sky import execution, sky_logging
+    from sky import optimizer as sky_optimizer
+
+    lighthouse, node0 = dag.tasks[0], dag.tasks[1]
+    chosen: dict[str, str] = {}
+    for task in (lighthouse, node0):
+        with sky_errors(f"dry-run {task.name}"), sky_logging.silent():
+            execution.launch(
+                _fresh(task),
+                cluster_name=task.name,
+                dryrun=True,
+                down=False,
+                stream_logs=False,
+                _quiet_optimizer=True,
+            )
+        chosen[str(task.name)] = dryrun_choice(str(task.name))
+    with sky_errors(f"place job group {name}"), sky_logging.silent():
+        sky_optimizer.Optimizer.optimize_job_group(dag, quiet=True)
+    node_choice = chosen[str(node0.name)]
+    where = "/".join(v for v in (node_choice.get("cloud"), node_choice.get("region")) if v)
+    best = node0.best_resources
+    if best is not None and best.cloud is not None:
+        where = f"{str(best.cloud).lower()}/{best.region}"
+    market = "spot" if spot else "on-demand"
+    detail = (
+        f"dry run passed: SkyPilot would launch a job group of {nodes} single-node {market} "
+        f"tasks ({node_choice.get('instance_type') or '?'}) and an on-demand lighthouse "
+        f"({chosen[str(lighthouse.name)].get('instance_type') or '?'}) in {where or '?'}; "
+        "nothing was provisioned"
+    )
+    return detail, node_choice
+
+
+def _fresh(task: sky.Task) -> sky.Task:
+    """A copy of `task` for a dry run (a launch changes the task it is given)."""
+    import sky
+
+    return sky.Task.from_yaml_config(task.to_yaml_config())

@@ -1,6 +1,6 @@
-"""A job group (`--recovery node`, `mncloud/render/jobgroup.py`) through SkyPilot: its status, logs
-and dry run. One managed job id covers every task: `sky.jobs.cancel` ends them all, and
-`sky.jobs.queue_v2` answers one record per task.
+"""A job group (`--recovery node`, `mncloud/render/jobgroup.py`) through SkyPilot: its status
+and logs (its dry run is in `dryrun.py`). One managed job id covers every task:
+`sky.jobs.cancel` ends them all, and `sky.jobs.queue_v2` answers one record per task.
 
 The run's state is its node tasks' (the primaries), the most telling first: a failed node
 fails the run; all done is done; one recovering node (the others training on) is RECOVERING;
@@ -32,7 +32,7 @@ from mncloud.backends.skypilot.status import (
 from mncloud.errors import BackendError
 
 if TYPE_CHECKING:
-    import sky
+    pass
 
 _SEVERITY = [
     RunState.FAILED,
@@ -176,53 +176,3 @@ def _merged(streams: list[Iterator[str]]) -> Iterator[str]:
         error = error or err
     if error is not None:
         raise error
-
-
-# ------------------------------------------------------------------------------ dry run
-
-
-def dryrun_group(dag: sky.Dag, name: str, nodes: int, spot: bool) -> tuple[str, dict[str, str]]:
-    """SkyPilot's dry run of each distinct task (the lighthouse and node 0: the other node
-    tasks differ only in their envs), then SkyPilot's placement of the whole group
-    (`Optimizer.optimize_job_group`, in-process). Returns the detail line and node 0's
-    cloud/region/instance type; BackendError when SkyPilot could not place the group."""
-    from sky import execution, sky_logging
-    from sky import optimizer as sky_optimizer
-
-    from mncloud.backends.skypilot.dryrun import dryrun_choice
-
-    lighthouse, node0 = dag.tasks[0], dag.tasks[1]
-    chosen: dict[str, str] = {}
-    for task in (lighthouse, node0):
-        with sky_errors(f"dry-run {task.name}"), sky_logging.silent():
-            execution.launch(
-                _fresh(task),
-                cluster_name=task.name,
-                dryrun=True,
-                down=False,
-                stream_logs=False,
-                _quiet_optimizer=True,
-            )
-        chosen[str(task.name)] = dryrun_choice(str(task.name))
-    with sky_errors(f"place job group {name}"), sky_logging.silent():
-        sky_optimizer.Optimizer.optimize_job_group(dag, quiet=True)
-    node_choice = chosen[str(node0.name)]
-    where = "/".join(v for v in (node_choice.get("cloud"), node_choice.get("region")) if v)
-    best = node0.best_resources
-    if best is not None and best.cloud is not None:
-        where = f"{str(best.cloud).lower()}/{best.region}"
-    market = "spot" if spot else "on-demand"
-    detail = (
-        f"dry run passed: SkyPilot would launch a job group of {nodes} single-node {market} "
-        f"tasks ({node_choice.get('instance_type') or '?'}) and an on-demand lighthouse "
-        f"({chosen[str(lighthouse.name)].get('instance_type') or '?'}) in {where or '?'}; "
-        "nothing was provisioned"
-    )
-    return detail, node_choice
-
-
-def _fresh(task: sky.Task) -> sky.Task:
-    """A copy of `task` for a dry run (a launch changes the task it is given)."""
-    import sky
-
-    return sky.Task.from_yaml_config(task.to_yaml_config())

@@ -1,0 +1,42 @@
+"""`Steering`: what the controller's helpers (`recovery`, `outcomes`) may use of the controller.
+
+`loop.Controller` (and `places.PlacesController`) provide it; the helpers name this Protocol
+instead of importing the loop, so the loop imports them and nothing imports the loop back.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from mncloud.backends.base import Backend
+    from mncloud.control.markets import Clock
+    from mncloud.control.state import ControlState, Decision
+    from mncloud.deadline.policy import Mode
+
+
+class Steering(Protocol):
+    """The controller as its helpers see it: its state, backend and clock, and its actions,
+    each journaled in the state before it starts (`loop.Controller` documents each)."""
+
+    state: ControlState
+    backend: Backend
+    clock: Clock
+
+    def stop_notice_s(self, budget_left: float | None = None) -> float: ...
+    def _down(self, notice_s: float) -> None: ...
+    def _take_down(self, why: str, notice_s: float | None = None) -> None: ...
+    def _launch(self, mode: Mode, tick: int, reason: str, *, again: bool = False) -> None: ...
+    def _launched(
+        self,
+        mode: Mode,
+        tick: int,
+        reason: str,
+        run_id: str | None,
+        ckpt_uri: str | None,
+        placement: dict[str, Any],
+    ) -> None: ...
+    def _decided(self, decision: Decision) -> None: ...
+    def _event(self, kind: Any, detail: str, **placement: Any) -> None: ...
+    def _refresh_costs(self) -> None: ...
+    def _spot_gone(self, now: float) -> None: ...
