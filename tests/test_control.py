@@ -248,8 +248,9 @@ def _up(train: Path, *flags: str) -> Any:
         (["--cloud", "local", "--deadline", "1h", "--hours", "1"], "deadline 1 h is too short"),
         (["--cloud", "local", "--budget", "5"], "need --deadline"),
         (["--cloud", "local", "--deadline", "soon", "--hours", "1"], "--deadline 'soon'"),
-        (["--gpus", "H100:8", "--nodes", "4", "--deadline", "30h", "--hours", "20", "--budget",
-          "10", "--bucket", "s3://team-ckpt"], "below the least expected cost"),  # under the policy
+        pytest.param(["--gpus", "H100:8", "--nodes", "4", "--deadline", "30h", "--hours", "20",
+                      "--budget", "10", "--bucket", "s3://team-ckpt"],
+                     "below the least expected cost", marks=pytest.mark.catalog),  # the policy's
     ],
 )  # fmt: skip
 def test_bad_deadline_input_is_one_line_and_exit_2(

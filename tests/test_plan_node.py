@@ -188,6 +188,7 @@ def _script(folder: Path, uses_replicas: bool) -> Path:
     return script
 
 
+@pytest.mark.catalog  # SkyPilot's GPU names
 def test_the_request_takes_the_specs_recovery(tmp_path: Path) -> None:
     """Which mode a run gets is `mncloud.request`'s rule; the plan prices whatever it says."""
     opted, plain = _script(tmp_path / "a", True), _script(tmp_path / "b", False)
@@ -326,6 +327,7 @@ def test_json_carries_both_modes(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.catalog  # SkyPilot's GPU names
 def test_recovery_node_on_one_node_is_one_line() -> None:
     code, out, err = _run("--gpus", "H100:8", "--recovery", "node")
     assert code == 2 and out == ""
