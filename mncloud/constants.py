@@ -82,6 +82,13 @@ REPLICA_HOST_ENV = "MNCLOUD_REPLICA_HOST"
 LIGHTHOUSE_ENV = "TORCHFT_LIGHTHOUSE"
 
 
+# Local rehearsal prices (`up --deadline --cloud local`, `mncloud replay`), USD per node-hour,
+# when none are given: the ~3.3× spot discount of the AWS traces in ../shared/traces
+# (p3.2xlarge: $0.918 spot vs $3.06 on-demand).
+LOCAL_SPOT_PRICE = 0.918
+LOCAL_ON_DEMAND_PRICE = 3.06
+
+
 def min_replicas(nodes: int) -> int:
     """Under node recovery, the fewest nodes that train on: half, rounded up. With fewer left
     (two of three lost at once), the whole gang is relaunched from the bucket checkpoint.

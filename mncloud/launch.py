@@ -212,7 +212,7 @@ def with_free_port(spec: JobSpec) -> JobSpec:
         return spec
     from mncloud.backends.local import free_port
 
-    return spec.model_copy(update={"master_port": free_port()})
+    return spec.updated(master_port=free_port())
 
 
 def settle_existing(spec: JobSpec, existing: Existing) -> None:

@@ -26,6 +26,7 @@ from mncloud.spec import (
     Launcher,
     Recovery,
     SpotPolicy,
+    default_of,
 )
 from mncloud.storage.url import BucketURL
 
@@ -242,8 +243,8 @@ def _spec_from_options(
     if not opts.get("gpus"):
         raise SpecError("--gpus is required, e.g. --gpus H100:8 (or cpu:2 for local CPU nodes)")
     accelerator = Accelerator.parse(str(opts["gpus"]))
-    nodes = checked_nodes(opts.get("nodes", 1))
-    spot = _spot_policy(opts.get("spot"))
+    nodes = checked_nodes(opts.get("nodes", default_of("nodes")))
+    spot = spot_policy(opts.get("spot"))
     bucket = BucketURL.parse(str(opts["bucket"])) if opts.get("bucket") else None
     requirements = _requirements(opts.get("requirements"), workdir)
     if opts.get("mount_bucket") and bucket is None:
@@ -272,13 +273,13 @@ def _spec_from_options(
             image=opts.get("image"),
             labels=_as_mapping(opts.get("label"), "--label"),
             max_hourly=opts.get("max_hourly"),
-            max_restarts=opts.get("max_restarts", 3),
+            max_restarts=opts.get("max_restarts", default_of("max_restarts")),
             master_port=opts.get("master_port"),
             nccl_debug=opts.get("nccl_debug"),
             nccl_socket_ifname=opts.get("nccl_socket_ifname"),
             require_paths=as_list(opts.get("require_path")),
-            preflight=bool(opts.get("preflight", True)),
-            launcher=Launcher.parse(opts.get("launcher") or Launcher.TORCHRUN),
+            preflight=bool(opts.get("preflight", default_of("preflight"))),
+            launcher=Launcher.parse(opts.get("launcher") or default_of("launcher")),
             ckpt_dir=_checked_ckpt_dir(opts, workdir, bucket),
             recovery=_recovery(opts, script, nodes, bucket),
         )
@@ -329,8 +330,9 @@ def _recovery(opts: dict[str, Any], script: Path, nodes: int, bucket: BucketURL 
     return recovery
 
 
-def _spot_policy(value: Any) -> SpotPolicy:
-    """--spot/--on-demand (True/False/None) or mncloud.yaml's word for the market."""
+def spot_policy(value: Any) -> SpotPolicy:
+    """--spot/--on-demand (True/False/None) or mncloud.yaml's word for the market: the one
+    mapping from the flag to the policy (`plan` without a script uses it too)."""
     policies = {True: SpotPolicy.SPOT, False: SpotPolicy.ON_DEMAND, None: SpotPolicy.EITHER}
     if isinstance(value, bool | None):
         return policies[value]

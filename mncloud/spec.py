@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from enum import Enum
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -217,6 +218,10 @@ class JobSpec(BaseModel):
             _check_env_name(key, "--secret")
         return values
 
+    def updated(self, **changes: Any) -> JobSpec:
+        """A copy with `changes`, validated as any spec is (`model_copy(update=…)` skips it)."""
+        return type(self).model_validate({**self.model_dump(), **changes})
+
     @property
     def is_local(self) -> bool:
         return self.clouds == [LOCAL_CLOUD]
@@ -263,6 +268,16 @@ def canonical_cloud(value: str) -> str:
 
 #: Hours of work the planner assumes when the user gives none (`plan`, `render --plan`, `up`).
 DEFAULT_HOURS = 24.0
+#: R, a launch's time to training again when `--recovery-minutes` is not given: detect the
+#: preemption, provision a new cluster (minutes for 8-GPU VMs), run setup and load the
+#: checkpoint. SkyPilot's managed-job recovery usually takes several minutes; 10 is a guess.
+DEFAULT_RECOVERY_MINUTES = 10.0
+
+
+def default_of(field: str) -> Any:
+    """The default a `JobSpec` field declares: the one statement of a job option's default,
+    which the CLI's help and `mncloud.yaml`'s absent keys both come to."""
+    return JobSpec.model_fields[field].get_default(call_default_factory=True)
 
 
 class LaunchOptions(BaseModel):

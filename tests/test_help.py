@@ -186,9 +186,11 @@ def test_every_option_is_shown_once(
     command = dict(zip(IDS, [c for _, c in COMMANDS], strict=True))[" ".join(path) or "mncloud"]
     _, out, _ = _run([*path, "--help"], capsys)
     listed = [line.split()[0].rstrip(",") for line in out.splitlines() if line.startswith("  -")]
+    flags = [f for param in command.params for f in (*param.opts, *param.secondary_opts)]
+    assert sorted({f for f in flags if flags.count(f) > 1}) == []  # one option per flag
     for param in command.params:
         if param.param_type_name == "option" and not param.hidden:
-            assert listed.count(param.opts[0]) + listed.count(param.opts[-1]) >= 1, param.opts
+            assert sum(listed.count(flag) for flag in set(param.opts)) == 1, param.opts
 
 
 def test_control_is_hidden_but_still_runs(capsys: pytest.CaptureFixture[str]) -> None:

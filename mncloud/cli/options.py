@@ -23,8 +23,10 @@ from mncloud.cli.values import parse_duration as parse_duration
 from mncloud.cli.values import print_notices as print_notices
 from mncloud.cli.values import retry_alias as retry_alias
 from mncloud.cli.values import spec_from_options as spec_from_options
+from mncloud.constants import LOCAL_ON_DEMAND_PRICE, LOCAL_SPOT_PRICE
 from mncloud.errors import SpecError as SpecError  # re-exported: commands raise it
 from mncloud.spec import DEFAULT_HOURS as DEFAULT_HOURS  # re-exported: commands default to it
+from mncloud.spec import DEFAULT_RECOVERY_MINUTES, default_of
 
 # Job options (render, up): everything a JobSpec is built from.
 Gpus = Annotated[
@@ -37,7 +39,11 @@ Gpus = Annotated[
 ]
 Nodes = Annotated[
     int | None,
-    typer.Option("--nodes", rich_help_panel=ESSENTIALS, help="Number of nodes (default 1)."),
+    typer.Option(
+        "--nodes",
+        rich_help_panel=ESSENTIALS,
+        help=f"Number of nodes (default {default_of('nodes')}).",
+    ),
 ]
 Spot = Annotated[
     bool | None,
@@ -131,7 +137,8 @@ MaxRestarts = Annotated[
     typer.Option(
         "--max-restarts",
         rich_help_panel=ADVANCED,
-        help="Retries after errors in your code, on every backend (default 3). Preemptions are "
+        help="Retries after errors in your code, on every backend "
+        f"(default {default_of('max_restarts')}). Preemptions are "
         "always recovered and never count against it.",
     ),
 ]
@@ -177,7 +184,7 @@ Preflight = Annotated[
     typer.Option(
         "--preflight/--no-preflight",
         rich_help_panel=ADVANCED,
-        help="Check every node before torchrun (on).",
+        help=f"Check every node before torchrun ({'on' if default_of('preflight') else 'off'}).",
     ),
 ]
 Launcher = Annotated[
@@ -185,8 +192,9 @@ Launcher = Annotated[
     typer.Option(
         "--launcher",
         rich_help_panel=ADVANCED,
-        help="What starts the script on every node: torchrun (default), accelerate, deepspeed, "
-        "or none (the script itself, MASTER_ADDR/NODE_RANK/NNODES exported).",
+        help=f"What starts the script on every node: {default_of('launcher').value} (default), "
+        "accelerate, deepspeed, or none (the script itself, MASTER_ADDR/NODE_RANK/NNODES "
+        "exported).",
     ),
 ]
 CkptDir = Annotated[
@@ -263,7 +271,7 @@ RecoveryMinutes = Annotated[
     typer.Option(
         "--recovery-minutes",
         rich_help_panel=PLAN_PANEL,
-        help="Minutes from a preemption to training again (10).",
+        help=f"Minutes from a preemption to training again ({DEFAULT_RECOVERY_MINUTES:g}).",
     ),
 ]
 CkptSeconds = Annotated[
@@ -409,8 +417,8 @@ SpotPrice = Annotated[
     typer.Option(
         "--spot-price",
         rich_help_panel=DEADLINE_PANEL,
-        help="With --deadline: USD per node-hour on spot (local: 0.918; clouds: the plan's); "
-        "once, or once per place.",
+        help=f"With --deadline: USD per node-hour on spot (local: {LOCAL_SPOT_PRICE}; clouds: "
+        "the plan's); once, or once per place.",
     ),
 ]
 OnDemandPrice = Annotated[
@@ -418,7 +426,8 @@ OnDemandPrice = Annotated[
     typer.Option(
         "--on-demand-price",
         rich_help_panel=DEADLINE_PANEL,
-        help="With --deadline: USD per node-hour on-demand (local: 3.06; clouds: the plan's).",
+        help=f"With --deadline: USD per node-hour on-demand (local: {LOCAL_ON_DEMAND_PRICE}; "
+        "clouds: the plan's).",
     ),
 ]
 # `plan --deadline`'s budget (a warning, where `up`'s is a hard cap) and its hazards.

@@ -156,7 +156,8 @@ def _request(values: dict[str, Any], script: Path | None, recovery: str | None) 
     request `up` would plan (its mncloud.yaml, its --recovery default)."""
     from mncloud.launch import model_inputs, plan_request
     from mncloud.plan import PlanRequest
-    from mncloud.spec import Accelerator, SpotPolicy
+    from mncloud.request import spot_policy
+    from mncloud.spec import Accelerator, default_of
 
     if script is not None:
         from mncloud.request import build_spec
@@ -166,11 +167,10 @@ def _request(values: dict[str, Any], script: Path | None, recovery: str | None) 
         return plan_request(spec, opts.launch_options_from(values))
     if not values["gpus"]:
         raise opts.SpecError("--gpus is required, e.g. --gpus H100:8")
-    spot = {True: SpotPolicy.SPOT, False: SpotPolicy.ON_DEMAND, None: SpotPolicy.EITHER}
     return PlanRequest.build(
         accelerator=Accelerator.parse(values["gpus"]),
-        nodes=1 if values["nodes"] is None else values["nodes"],
-        spot=spot[values["spot"]],
+        nodes=default_of("nodes") if values["nodes"] is None else values["nodes"],
+        spot=spot_policy(values["spot"]),
         clouds=list(values["cloud"] or []),
         regions=list(values["region"] or []),
         max_hourly=values["max_hourly"],

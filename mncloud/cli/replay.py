@@ -17,6 +17,7 @@ from mncloud.cli import options as opts
 from mncloud.cli._common import console, handle_errors, print_json
 from mncloud.cli.options import parse_duration
 from mncloud.cli.params import DEADLINE_PANEL, ESSENTIALS
+from mncloud.constants import LOCAL_ON_DEMAND_PRICE, LOCAL_SPOT_PRICE
 from mncloud.errors import SpecError
 from mncloud.spec import MAX_NODES
 
@@ -26,8 +27,6 @@ if TYPE_CHECKING:
     from mncloud.deadline.replay import Result
     from mncloud.deadline.replay_places import PlacesResult
     from mncloud.plan.traces import Trace
-
-DEFAULT_SPOT_PRICE = 0.918
 
 
 def register(app: typer.Typer) -> None:
@@ -80,7 +79,7 @@ def replay_command(
             "--spot-price",
             rich_help_panel=DEADLINE_PANEL,
             help=f"Spot $ per node-hour: once for every trace, or once per trace in their order "
-            f"[default: {DEFAULT_SPOT_PRICE}].",
+            f"[default: {LOCAL_SPOT_PRICE}].",
             show_default=False,
         ),
     ] = None,
@@ -89,7 +88,7 @@ def replay_command(
         typer.Option(
             "--on-demand-price", rich_help_panel=DEADLINE_PANEL, help="On-demand $ per node-hour."
         ),
-    ] = 3.06,
+    ] = LOCAL_ON_DEMAND_PRICE,
     start: Annotated[
         str,
         typer.Option(
@@ -128,7 +127,7 @@ def replay_command(
     if name not in POLICIES:
         raise SpecError(f"--policy {name!r}: choose one of {', '.join(POLICIES)}")
     opts.launch_options_from({"hours": hours})  # the same check as up's and plan's
-    prices = per_trace(spot_price or [DEFAULT_SPOT_PRICE], len(traces), "--spot-price")
+    prices = per_trace(spot_price or [LOCAL_SPOT_PRICE], len(traces), "--spot-price")
     for price in prices:
         opts.deadline_options({"spot_price": price, "on_demand_price": on_demand_price})
     deadline_s = opts.deadline_seconds(deadline or "")  # "": refused as no duration

@@ -89,7 +89,7 @@ def _spec(values: dict[str, Any], existing: Existing, notices: list[str]) -> Job
             "--export-on-finish needs --bucket on a cloud: the export goes to "
             "<bucket>/<name>/export beside the checkpoints"
         )
-    return spec.model_copy(update={"export_on_finish": fmt})
+    return spec.updated(export_on_finish=fmt)
 
 
 _DEADLINE_ONLY = ("budget", "spot_trace", "time_scale", "spot_price", "on_demand_price")

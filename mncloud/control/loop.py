@@ -283,7 +283,7 @@ class Controller:
         spec = JobSpec.model_validate(st.spec)
         market = SpotPolicy.SPOT if mode is Mode.SPOT else SpotPolicy.ON_DEMAND
         # The controller owns the error budget (`outcomes.py`): a launch retries nothing itself.
-        spec = spec.model_copy(update={"spot": market, "max_restarts": 0})
+        spec = spec.updated(spot=market, max_restarts=0)
         update: dict[str, Any] = {}
         if cfg.backend == "local":
             # The ledger bills wall time; a rehearsal's $/h is per hour of run time.

@@ -225,7 +225,7 @@ class PlacesController(Controller):
             update["clouds"] = [p.cloud]
         if p.region:
             update["regions"] = [p.region]
-        return spec.model_copy(update=update)
+        return spec.updated(**update)
 
     def _launched(
         self,

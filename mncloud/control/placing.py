@@ -89,7 +89,7 @@ def cloud_places(spec: JobSpec, prices: Sequence[float]) -> tuple[PlaceConfig, .
     launch_cost = launch_costs(spec)
     places = []
     for name, pin, price in zip(names, pins, given, strict=True):
-        pinned = spec.model_copy(update=pin)
+        pinned = spec.updated(**pin)
         cheapest = _cheapest(pinned, spot=True)  # CatalogError: no spot offer there
         region = pinned.regions[0] if len(pinned.regions) == 1 else None
         places.append(
@@ -141,7 +141,7 @@ def home_on_demand_price(spec: JobSpec, home: PlaceConfig) -> float:
     pin: dict[str, list[str]] = {"clouds": [home.cloud] if home.cloud else spec.clouds}
     if home.region:
         pin["regions"] = [home.region]
-    return _cheapest(spec.model_copy(update=pin), spot=False).hourly_price
+    return _cheapest(spec.updated(**pin), spot=False).hourly_price
 
 
 def _cheapest(spec: JobSpec, *, spot: bool) -> Offer:

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mncloud import layout
+from mncloud.constants import LOCAL_ON_DEMAND_PRICE, LOCAL_SPOT_PRICE
 from mncloud.control.placing import cloud_places, home_on_demand_price, local_places, per_place
 from mncloud.control.state import (
     ControlConfig,
@@ -47,18 +48,13 @@ from mncloud.control.state import (
 )
 from mncloud.deadline.policy import DEFAULT_POLICY
 from mncloud.errors import MncloudError, SpecError
+from mncloud.spec import DEFAULT_RECOVERY_MINUTES
 
 if TYPE_CHECKING:
     from mncloud.spec import JobSpec, LaunchOptions
 
 #: Clouds: one decision every 5 minutes of run time.
 DECISION_INTERVAL_S = 300
-#: A launch's time to training again when `--recovery-minutes` is not given.
-DEFAULT_OVERHEAD_MIN = 10.0
-#: Local rehearsal prices, USD per node-hour, when none are given: rehearsal units with the
-#: ~3.3× spot discount of the AWS traces in ../shared/traces (p3.2xlarge: $0.918 vs $3.06).
-LOCAL_SPOT_PRICE = 0.918
-LOCAL_ON_DEMAND_PRICE = 3.06
 CONTROL_TEMPLATE = "control.yaml.j2"
 #: SkyPilot restarts of the cloud controller after its process crashed, over the job's life
 #: (its `job_recovery.max_restarts_on_errors`; restarts after a VM failure are not counted):
@@ -116,7 +112,7 @@ def deadline_state(
         spot_price=spot_price,
         on_demand_price=on_demand_price,
         gap_s=gap,
-        overhead_s=(DEFAULT_OVERHEAD_MIN if minutes is None else minutes) * 60,
+        overhead_s=(DEFAULT_RECOVERY_MINUTES if minutes is None else minutes) * 60,
         time_scale=time_scale or 1.0,
         trace=trace,
         policy=policy,
@@ -215,7 +211,7 @@ def _prices(
     from mncloud.plan import make_plan
     from mncloud.spec import SpotPolicy
 
-    plan = make_plan(plan_request(spec.model_copy(update={"spot": SpotPolicy.EITHER}), options))
+    plan = make_plan(plan_request(spec.updated(spot=SpotPolicy.EITHER), options))
     if budget is not None:
         from mncloud.deadline.pricing import refuse_over_budget
 

@@ -47,6 +47,7 @@ from mncloud.spec import (
     Recovery,
     SpotPolicy,
     canonical_cloud,
+    default_of,
     min_replicas,
 )
 
@@ -75,7 +76,7 @@ class PlanRequest(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     accelerator: Accelerator
-    nodes: int = Field(1, ge=1, le=MAX_NODES)
+    nodes: int = Field(default_of("nodes"), ge=1, le=MAX_NODES)
     spot: SpotPolicy = SpotPolicy.EITHER
     clouds: list[str] = Field(default_factory=list)
     """Allowed clouds (SkyPilot names); empty: `catalog.default_clouds()`."""

@@ -97,6 +97,7 @@ from pydantic import BaseModel, ConfigDict, computed_field
 
 from mncloud.plan import hazards as trace_hazards
 from mncloud.plan.hazards import Evidence
+from mncloud.spec import DEFAULT_RECOVERY_MINUTES as DEFAULT_RECOVERY_MINUTES  # re-exported
 from mncloud.spec import LOCAL_CLOUD, Recovery, min_replicas
 
 #: On-demand nodes fail too. Meta's "The Llama 3 Herd of Models" (2024, §3.3.4) reports 419
@@ -106,9 +107,7 @@ from mncloud.spec import LOCAL_CLOUD, Recovery, min_replicas
 ON_DEMAND_HAZARD_PER_HOUR = 1.6e-4
 #: Spot hazard for a cloud without a trace: `mncloud.plan.hazards.DEFAULT_HAZARD_PER_HOUR`.
 DEFAULT_SPOT_HAZARD_PER_HOUR = trace_hazards.DEFAULT_HAZARD_PER_HOUR
-#: R: detect the preemption, provision a new cluster (minutes for 8-GPU VMs), run setup and load
-#: the checkpoint. SkyPilot's managed-job recovery usually takes several minutes; 10 is a guess.
-DEFAULT_RECOVERY_MINUTES = 10.0
+#: R is `spec.DEFAULT_RECOVERY_MINUTES`, declared with the options (whose help shows it).
 #: H: under node recovery, every node waits while the replacement receives the live state (model,
 #: optimizer, data position) from a peer over the datacenter network; a guess, like R.
 DEFAULT_HEAL_MINUTES = 1.0
