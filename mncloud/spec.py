@@ -272,6 +272,8 @@ DEFAULT_HOURS = 24.0
 #: preemption, provision a new cluster (minutes for 8-GPU VMs), run setup and load the
 #: checkpoint. SkyPilot's managed-job recovery usually takes several minutes; 10 is a guess.
 DEFAULT_RECOVERY_MINUTES = 10.0
+#: C: time the training loop stalls to write one checkpoint (async uploads keep it short).
+DEFAULT_CKPT_SECONDS = 60.0
 
 
 def default_of(field: str) -> Any:

@@ -25,8 +25,8 @@ from mncloud.cli.values import retry_alias as retry_alias
 from mncloud.cli.values import spec_from_options as spec_from_options
 from mncloud.constants import LOCAL_ON_DEMAND_PRICE, LOCAL_SPOT_PRICE
 from mncloud.errors import SpecError as SpecError  # re-exported: commands raise it
+from mncloud.spec import DEFAULT_CKPT_SECONDS, DEFAULT_RECOVERY_MINUTES, default_of
 from mncloud.spec import DEFAULT_HOURS as DEFAULT_HOURS  # re-exported: commands default to it
-from mncloud.spec import DEFAULT_RECOVERY_MINUTES, default_of
 
 # Job options (render, up): everything a JobSpec is built from.
 Gpus = Annotated[
@@ -279,7 +279,7 @@ CkptSeconds = Annotated[
     typer.Option(
         "--ckpt-seconds",
         rich_help_panel=PLAN_PANEL,
-        help="Seconds training stalls to save a checkpoint (60).",
+        help=f"Seconds training stalls to save a checkpoint ({DEFAULT_CKPT_SECONDS:g}).",
     ),
 ]
 Template = Annotated[

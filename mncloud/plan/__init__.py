@@ -77,7 +77,7 @@ class PlanRequest(BaseModel):
 
     accelerator: Accelerator
     nodes: int = Field(default_of("nodes"), ge=1, le=MAX_NODES)
-    spot: SpotPolicy = SpotPolicy.EITHER
+    spot: SpotPolicy = default_of("spot")
     clouds: list[str] = Field(default_factory=list)
     """Allowed clouds (SkyPilot names); empty: `catalog.default_clouds()`."""
     regions: list[str] = Field(default_factory=list)
@@ -99,7 +99,7 @@ class PlanRequest(BaseModel):
     """R: minutes from a preemption to training again, work lost since the checkpoint aside."""
     ckpt_seconds: float = Field(DEFAULT_CKPT_SECONDS, ge=0)
     """C: seconds training stalls to write one checkpoint."""
-    recovery: Recovery = Recovery.GANG
+    recovery: Recovery = default_of("recovery")
     """How the run recovers from a preemption (`JobSpec.recovery`): what the plan prices."""
     heal_minutes: float = Field(DEFAULT_HEAL_MINUTES, ge=0)
     """H: minutes every node waits while a replacement heals from a peer (node recovery)."""

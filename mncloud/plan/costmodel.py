@@ -97,6 +97,7 @@ from pydantic import BaseModel, ConfigDict, computed_field
 
 from mncloud.plan import hazards as trace_hazards
 from mncloud.plan.hazards import Evidence
+from mncloud.spec import DEFAULT_CKPT_SECONDS as DEFAULT_CKPT_SECONDS  # re-exported
 from mncloud.spec import DEFAULT_RECOVERY_MINUTES as DEFAULT_RECOVERY_MINUTES  # re-exported
 from mncloud.spec import LOCAL_CLOUD, Recovery, min_replicas
 
@@ -111,8 +112,7 @@ DEFAULT_SPOT_HAZARD_PER_HOUR = trace_hazards.DEFAULT_HAZARD_PER_HOUR
 #: H: under node recovery, every node waits while the replacement receives the live state (model,
 #: optimizer, data position) from a peer over the datacenter network; a guess, like R.
 DEFAULT_HEAL_MINUTES = 1.0
-#: C: time the training loop stalls to write one checkpoint (async uploads keep it short).
-DEFAULT_CKPT_SECONDS = 60.0
+#: C is `spec.DEFAULT_CKPT_SECONDS`, declared with the options (whose help shows it).
 #: Bounds of the checkpoint interval, in seconds (see the module docstring).
 MIN_INTERVAL_S = 300.0
 MAX_INTERVAL_S = 7200.0
