@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mncloud import layout
@@ -149,6 +150,8 @@ def launch(
     options = options or LaunchOptions()
     if spec.is_local:
         spec = with_free_port(spec)
+    elif options.cluster:
+        spec = cluster_spec(spec)
     if not dryrun:
         settle_existing(spec, existing)
     run_id = None if dryrun else run_id or _new_run_id(spec.name)
@@ -187,6 +190,75 @@ def launch(
         dryrun=dryrun,
     )
     return Launched(prepared=prepared, run_id=run_id, status=backend.launch(request))
+
+
+def exec_run(
+    name: str,
+    script: Path | None = None,
+    script_args: list[str] | None = None,
+    *,
+    restart: bool = False,
+) -> Launched:
+    """`mncloud exec`: run `name`'s task again on the nodes it still holds (`Backend.exec`).
+
+    The task is the one `up` rendered and recorded, unless `script` or `script_args` change
+    it (then it is rendered again, without the plan: the cluster is already chosen). The
+    script resumes from the newest complete checkpoint; `restart` sets them aside first, as
+    `up --replace` does (a bucket that holds some is refused: mncloud never deletes them).
+    """
+    from mncloud.backends.base import LaunchRequest
+    from mncloud.backends.registry import backend_name_of, get_backend
+    from mncloud.records import load_current
+    from mncloud.render import render, rendered_from_yaml
+    from mncloud.spec import JobSpec, LaunchOptions
+
+    backend: Backend = get_backend(backend_name_of(name))  # RunNotFoundError: unknown name
+    record = load_current(name)
+    spec = JobSpec.model_validate(record.spec)
+    options = LaunchOptions.model_validate(record.launch_options or {})
+    if script is not None or script_args is not None:
+        spec = _exec_spec(spec, script, script_args)
+        task = render(spec, template=options.template, run_id=record.run_id)
+    else:
+        task = rendered_from_yaml(record.task_yaml)
+    request = LaunchRequest(spec=spec, task=task, options=options, run_id=record.run_id)
+    if restart:
+        _set_checkpoints_aside(spec)
+    prepared = Prepared(spec=spec, plan=None, task=task, backend=backend.name)
+    return Launched(prepared=prepared, run_id=record.run_id, status=backend.exec(request))
+
+
+def _exec_spec(spec: JobSpec, script: Path | None, script_args: list[str] | None) -> JobSpec:
+    """The spec of an exec that names another script (inside the run's project folder, which
+    is what the nodes have) or other arguments."""
+    changes: dict[str, Any] = {}
+    if script_args is not None:
+        changes["script_args"] = list(script_args)
+    if script is not None:
+        path = script.expanduser().resolve()
+        if not path.is_file():
+            raise SpecError(f"script {str(script)!r} does not exist")
+        if not path.is_relative_to(spec.workdir):
+            raise SpecError(
+                f"script {str(script)!r} is outside the run's project folder {spec.workdir} "
+                "(the folder synced to its nodes); pick a script inside it"
+            )
+        changes["script"] = path
+    return spec.updated(**changes)
+
+
+def cluster_spec(spec: JobSpec) -> JobSpec:
+    """`up --cluster`: a plain cluster has no recovery, so it runs on-demand unless --spot is
+    asked for, and as one gang (`--recovery node` needs a managed job group)."""
+    from mncloud.render import jobgroup
+    from mncloud.spec import SpotPolicy
+
+    if jobgroup.applies(spec):
+        raise SpecError(
+            "--cluster runs the nodes as one gang on one cluster; --recovery node needs a "
+            "managed job group: add --recovery gang, or drop --cluster"
+        )
+    return spec.updated(spot=SpotPolicy.ON_DEMAND) if spec.spot is SpotPolicy.EITHER else spec
 
 
 def _clear_leftover_stop(spec: JobSpec) -> None:

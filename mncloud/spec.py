@@ -274,6 +274,8 @@ DEFAULT_HOURS = 24.0
 DEFAULT_RECOVERY_MINUTES = 10.0
 #: C: time the training loop stalls to write one checkpoint (async uploads keep it short).
 DEFAULT_CKPT_SECONDS = 60.0
+#: `up --cluster`: idle minutes (no job running) before the cluster tears itself down.
+DEFAULT_IDLE_MINUTES = 10
 
 
 def default_of(field: str) -> Any:
@@ -314,6 +316,11 @@ class LaunchOptions(BaseModel):
     hourly_price: float | None = Field(None, ge=0, le=MAX_USD)
     """Local: USD per hour for the whole run in its ledger (a deadline rehearsal's prices);
     a cloud run's price comes from the plan."""
+    cluster: bool = False
+    """`up --cluster`: a plain SkyPilot cluster kept up for `mncloud exec` (not a managed
+    job: no recovery), torn down after `idle_minutes` without a job."""
+    idle_minutes: int = Field(DEFAULT_IDLE_MINUTES, ge=0, le=7 * 24 * 60)
+    """`--idle-minutes`: SkyPilot's autostop (with autodown) of a `--cluster` run."""
 
 
 class DeadlineOptions(BaseModel):

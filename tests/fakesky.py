@@ -24,10 +24,16 @@
   user's program exits 1: RECOVERING while `max_restarts_on_errors` of the job's own
   `job_recovery` allows, else FAILED) and `PREEMPT` (the VMs lost: RECOVERING). A task that
   leaves RECOVERING for RUNNING counts one recovery, as SkyPilot's `set_recovered_async`.
+- **Clusters** (`up --cluster`, `exec`): `launch` and `exec` run the client's own work
+  (`convert_entrypoint_to_dag`, the YAML into `LaunchBody` / `ExecBody`); the "server" keeps the
+  cluster's `sky.status` record (UP, `autostop`, `to_down`), its jobs (`JobStatus`) and the YAML
+  of each (`fake.cluster_yamls[name]`); `exec` on a cluster that is not UP fails as the server
+  does. `autostop` sets the record's timer. Managed-job paths never call `launch`: their tests
+  assert `not fake.called("launch")`.
 - **Nothing else gets through.** Every other public function of `sky` and `sky.jobs` that
-  would reach the API server raises `AssertionError("unfaked SkyPilot call sky.X")`, and
-  `sky.launch` too: every cloud run is a managed job. `sky.server.common.get_api_server_status`
-  answers HEALTHY (UNHEALTHY once `unreachable`), so nothing probes a real port.
+  would reach the API server raises `AssertionError("unfaked SkyPilot call sky.X")`.
+  `sky.server.common.get_api_server_status` answers HEALTHY (UNHEALTHY once `unreachable`),
+  so nothing probes a real port.
 - `fake.answers[name] = value` (or an exception) overrides the model for one call name;
   `fake.unreachable(after=...)` makes every call raise the SDK's `ApiServerConnectionError`.
 - **Requests in flight.** `fake.held.add("jobs.launch")`: the "server" finishes such a request
@@ -117,6 +123,8 @@ class FakeSky:
         self.answers: dict[str, Any] = {}
         self.jobs: dict[int, FakeJob] = {}
         self.clusters: dict[str, dict[str, Any]] = {}
+        self.cluster_yamls: dict[str, list[str]] = {}
+        """Per cluster, the YAML of each task `launch` and `exec` sent, in order."""
         self.messages: list[str] = []
         self.logs: dict[tuple[int | str, str | None], str] = {}
         self.next_job_id = 1
@@ -389,6 +397,64 @@ class FakeSky:
         if self.clusters.pop(cluster_name, None) is None:
             raise sx.ClusterDoesNotExist(f"Cluster {cluster_name!r} does not exist.")
 
+    @staticmethod
+    def _cluster_client(task: Any, body: type[Any], **fields: Any) -> dict[str, Any]:
+        """What `sky/client/sdk.py` `launch` / `exec` do before they talk to the server."""
+        dag = dag_utils.convert_entrypoint_to_dag(task)
+        return {"body": body(task=dag_utils.dump_dag_to_yaml_str(dag), **fields)}
+
+    def _launch_client(self, task: Any, cluster_name: str | None, **kw: Any) -> dict[str, Any]:
+        fields = {k: kw[k] for k in ("idle_minutes_to_autostop", "down", "dryrun", "no_setup")}
+        return self._cluster_client(task, payloads.LaunchBody, cluster_name=cluster_name, **fields)
+
+    def _exec_client(self, task: Any, cluster_name: str | None, **kw: Any) -> dict[str, Any]:
+        fields = {"dryrun": kw["dryrun"], "down": kw["down"]}
+        return self._cluster_client(task, payloads.ExecBody, cluster_name=cluster_name, **fields)
+
+    def _launch_cluster(self, body: Any) -> tuple[int, None]:
+        """The server's `launch`: a cluster UP (or the existing one) with a new job on it."""
+        from sky.skylet import job_lib
+
+        (task,) = dag_utils.load_dag_from_yaml_str(body.task).tasks
+        name = str(body.cluster_name)
+        first = next(iter(task.resources))
+        record = {
+            "name": name, "launched_at": int(time.time()), "status": "UP",
+            "autostop": -1 if body.idle_minutes_to_autostop is None
+            else body.idle_minutes_to_autostop,
+            "to_down": bool(body.down), "cluster_hash": "fake", "cluster_ever_up": True,
+            "user_hash": "fake", "user_name": "fake", "workspace": "default",
+            "is_managed": False, "nodes": task.num_nodes,
+            "cloud": str(first.cloud) if first.cloud is not None else None,
+            "region": first.region,
+        }  # fmt: skip
+        cluster = self.clusters.setdefault(name, {"record": record, "jobs": {}})
+        job_id = max(cluster["jobs"], default=0) + 1
+        cluster["jobs"][job_id] = job_lib.JobStatus.PENDING
+        self.cluster_yamls.setdefault(name, []).append(body.task)
+        return job_id, None
+
+    def _exec(self, body: Any) -> tuple[int, None]:
+        """The server's `exec`: a new job on a cluster that is UP (no setup, no provisioning)."""
+        from sky.skylet import job_lib
+
+        name = str(body.cluster_name)
+        cluster = self.clusters.get(name)
+        if cluster is None:
+            raise sx.ClusterDoesNotExist(f"Cluster {name!r} does not exist.")
+        if cluster["record"]["status"] != "UP":
+            raise ValueError(f"Cluster {name!r} is not up.")
+        job_id = max(cluster["jobs"], default=0) + 1
+        cluster["jobs"][job_id] = job_lib.JobStatus.PENDING
+        self.cluster_yamls.setdefault(name, []).append(body.task)
+        return job_id, None
+
+    def _autostop(self, cluster_name: str, idle_minutes: int, down: bool, **_kw: Any) -> None:
+        cluster = self.clusters.get(cluster_name)
+        if cluster is None:
+            raise sx.ClusterDoesNotExist(f"Cluster {cluster_name!r} does not exist.")
+        cluster["record"].update(autostop=idle_minutes, to_down=down)
+
     def _tail_logs(self, cluster_name: str, job_id: int | None, **_kw: Any) -> Any:
         return _chunks(self.logs.get((cluster_name, None), ""))
 
@@ -537,7 +603,9 @@ def install(monkeypatch: pytest.MonkeyPatch) -> FakeSky:
     `sky.jobs`, in the package and in the SDK module it comes from)."""
     fake = FakeSky()
     faked: dict[str, Callable[..., Any]] = {
-        "launch": _unfaked("launch (mncloud launches every cloud run as a managed job)"),
+        "launch": fake._request("launch", fake._launch_cluster, fake._launch_client),
+        "exec": fake._request("exec", fake._exec, fake._exec_client),
+        "autostop": fake._request("autostop", fake._autostop),
         "status": fake._request("status", fake._status),
         "job_status": fake._request("job_status", fake._job_status),
         "down": fake._request("down", fake._down_cluster),

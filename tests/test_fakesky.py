@@ -27,8 +27,29 @@ def test_calls_it_does_not_fake_fail_loudly(fake_sky: FakeSky) -> None:
     for call in (lambda: sky.optimize(None), lambda: sky.jobs.pool_status("p"), sdk.api_start):
         with pytest.raises(AssertionError, match="unfaked SkyPilot call sky"):
             call()
-    with pytest.raises(AssertionError, match="managed job"):
-        sky.launch(_task(), cluster_name="c")
+
+
+def test_a_cluster_launch_and_exec_go_through_the_clients_own_work(fake_sky: FakeSky) -> None:
+    """`up --cluster` and `exec`: the YAML the client sent, the autostop timer the server
+    keeps, a new job per exec, and exec refused on a cluster that is gone."""
+    import sky
+    from sky import exceptions as sx
+
+    with pytest.raises(TypeError):
+        sky.launch(_task(), cluster_name="c", idle_minutes=5)  # the real name is ..._to_autostop
+    job_id, _handle = sky.stream_and_get(
+        sky.launch(_task(), cluster_name="c", idle_minutes_to_autostop=5, down=True)
+    )
+    (record,) = sky.get(sky.status(["c"]))
+    assert job_id == 1 and record["autostop"] == 5 and record["to_down"] is True
+    again, _handle = sky.stream_and_get(sky.exec(_task(), cluster_name="c"))
+    assert again == 2 and len(fake_sky.cluster_yamls["c"]) == 2
+    assert "echo hi" in fake_sky.cluster_yamls["c"][1]
+    sky.get(sky.autostop("c", 30, down=True))
+    assert sky.get(sky.status(["c"]))[0]["autostop"] == 30
+    sky.get(sky.down("c"))
+    with pytest.raises(sx.ClusterDoesNotExist):
+        sky.stream_and_get(sky.exec(_task(), cluster_name="c"))
 
 
 def test_every_call_is_bound_to_the_real_signature(fake_sky: FakeSky) -> None:

@@ -682,7 +682,7 @@ def test_rerun_keeps_every_option(
         hours=5.5, max_cost=100.0, preemption_rate=0.2, learn=True, recovery_minutes=7.0,
         ckpt_seconds=45.0, template=repo / "task.yaml.j2", recovery_delay=0.5,
         retry_on_error=2, chaos_preempt_after=12.0, hourly_price=1.5,
-        hazards_from=(tmp_path / "trace.json",),
+        hazards_from=(tmp_path / "trace.json",), cluster=True, idle_minutes=45,
     )  # fmt: skip
     # Every field differs from its default, so a new option cannot be forgotten here.
     defaults = {"script", "workdir", "name", "accelerator"}  # required fields

@@ -158,6 +158,12 @@ class Backend(Protocol):
         """Start the run (or, with `dryrun`, check it); return its status."""
         ...
 
+    def exec(self, request: LaunchRequest) -> RunStatus:
+        """`mncloud exec`: the request's task again on the run's nodes, which are still there
+        (a cluster kept up, a local run's nodes): no provisioning, no setup. SpecError, saying
+        what to do, when the run has no such nodes or still runs."""
+        ...
+
     def status(self, run_name: str) -> RunStatus:
         """The current status of one run; RunNotFoundError if unknown."""
         ...

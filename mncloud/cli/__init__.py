@@ -20,6 +20,7 @@ from mncloud import __version__
 from mncloud.cli import chaos as chaos_cli
 from mncloud.cli import ckpt as ckpt_cli
 from mncloud.cli import control as control_cli
+from mncloud.cli import exec as exec_cli
 from mncloud.cli import export as export_cli
 from mncloud.cli import gpus as gpus_cli
 from mncloud.cli import ops as ops_cli
@@ -109,6 +110,7 @@ render_cli.register(app)
 plan_cli.register(app)
 gpus_cli.register(app)
 up_cli.register(app)
+exec_cli.register(app)
 ops_cli.register(app)
 runs_cli.register(app)
 control_cli.register(app)

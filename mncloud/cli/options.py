@@ -25,7 +25,12 @@ from mncloud.cli.values import retry_alias as retry_alias
 from mncloud.cli.values import spec_from_options as spec_from_options
 from mncloud.constants import LOCAL_ON_DEMAND_PRICE, LOCAL_SPOT_PRICE
 from mncloud.errors import SpecError as SpecError  # re-exported: commands raise it
-from mncloud.spec import DEFAULT_CKPT_SECONDS, DEFAULT_RECOVERY_MINUTES, default_of
+from mncloud.spec import (
+    DEFAULT_CKPT_SECONDS,
+    DEFAULT_IDLE_MINUTES,
+    DEFAULT_RECOVERY_MINUTES,
+    default_of,
+)
 from mncloud.spec import DEFAULT_HOURS as DEFAULT_HOURS  # re-exported: commands default to it
 
 # Job options (render, up): everything a JobSpec is built from.
@@ -328,6 +333,43 @@ ExportOnFinish = Annotated[
         "torch) into <bucket>/<name>/export, recorded in the run record (mncloud export).",
     ),
 ]
+# A plain cluster kept up for `mncloud exec` (`up --cluster`), and `exec` itself.
+Cluster = Annotated[
+    bool,
+    typer.Option(
+        "--cluster",
+        rich_help_panel=ESSENTIALS,
+        help="Keep a plain cluster up (on-demand unless --spot; no recovery) so `mncloud exec "
+        "NAME` reruns on it in seconds; it tears down after --idle-minutes without a job.",
+    ),
+]
+IdleMinutes = Annotated[
+    int | None,
+    typer.Option(
+        "--idle-minutes",
+        rich_help_panel=ESSENTIALS,
+        help=f"With --cluster: idle minutes before the cluster tears itself down "
+        f"({DEFAULT_IDLE_MINUTES}).",
+    ),
+]
+Restart = Annotated[
+    bool,
+    typer.Option(
+        "--restart",
+        rich_help_panel=ESSENTIALS,
+        help="Start over from step 0 (default: resume from the newest complete checkpoint). "
+        "Local checkpoints are set aside, never deleted; a bucket that holds some is refused.",
+    ),
+]
+ExecName = Annotated[
+    str, typer.Argument(help="The run (from `up --cluster`, or any local run).", show_default=False)
+]
+ExecScript = Annotated[
+    Path | None,
+    typer.Argument(
+        help="Another script in the run's project folder (default: the run's).", show_default=False
+    ),
+]
 # Local backend only.
 RecoveryDelay = Annotated[
     str,
@@ -507,6 +549,17 @@ LAUNCH = _group(
     ("yes", Yes, False),
     ("detach", Detach, False),
     ("dryrun", Dryrun, False),
+    ("as_json", StatusJson, False),
+)
+#: `up --cluster`: a plain cluster kept up for `mncloud exec`.
+CLUSTER = _group(("cluster", Cluster, False), ("idle_minutes", IdleMinutes, None))
+#: `mncloud exec NAME [SCRIPT] [-- ARGS]`.
+EXEC = _group(
+    ("name", ExecName, inspect.Parameter.empty),
+    ("script", ExecScript, None),
+    ("script_args", ScriptArgs, None),
+    ("restart", Restart, False),
+    ("detach", Detach, False),
     ("as_json", StatusJson, False),
 )
 #: Local backend only (`up --cloud local`).

@@ -29,6 +29,7 @@ def register(app: typer.Typer) -> None:
     opts.EXISTING,
     opts.PLANNING,
     opts.LAUNCH,
+    opts.CLUSTER,
     opts.LOCAL,
     opts.DEADLINE,
 )
@@ -52,6 +53,13 @@ def up_command(
     existing = Existing.RESUME if resume else Existing.REPLACE if replace else Existing.REFUSE
     values["export_on_finish"] = export_on_finish
     deprecated = opts.retry_alias(values)
+    if values["idle_minutes"] is not None and not values["cluster"]:
+        raise opts.SpecError(
+            "--idle-minutes is the idle timer of a --cluster run; add --cluster (a managed "
+            "job's cluster goes when its job ends)"
+        )
+    if values["cluster"] and values["recovery"] is None:
+        values["recovery"] = "gang"  # one cluster, one gang: node recovery needs a job group
     if values["deadline"] is not None or _deadline_only(values):
         _up_deadline({**values, "ctx": ctx}, existing)
     else:
@@ -125,6 +133,11 @@ def _up_deadline(values: dict[str, Any], existing: Existing) -> None:
 
     if values["deadline"] is None:
         raise opts.SpecError("--budget, --spot-trace, --time-scale and the prices need --deadline")
+    if values["cluster"]:
+        raise opts.SpecError(
+            "--cluster keeps one cluster up for `mncloud exec`; a --deadline run switches "
+            "markets by launching anew: drop one of them"
+        )
     deadline_s = opts.deadline_seconds(values["deadline"])
     assert deadline_s is not None
     prices = list(values["spot_price"] or [])
@@ -182,7 +195,7 @@ def launch_and_follow(
     if dryrun and not as_json:  # what would be launched, as `mncloud render --plan` prints it
         typer.echo(launched.prepared.task.yaml_text, nl=False)
     if not detach and not as_json and not dryrun:
-        status = _follow(launched.prepared.backend, spec.name)
+        status = follow(launched.prepared.backend, spec.name)
     if as_json:
         print_json(status.model_dump(mode="json"))
     else:
@@ -198,7 +211,7 @@ def _notify(text: str) -> None:
         console.print(text, highlight=False)
 
 
-def _follow(backend_name: str, name: str) -> RunStatus:
+def follow(backend_name: str, name: str) -> RunStatus:
     """Follow a run until it ends: the local live view, or SkyPilot's log stream."""
     if backend_name == "local":
         from mncloud.cli.follow import follow_local_run

@@ -111,6 +111,19 @@ def render(
     return RenderedTask(yaml_text=text, config=config, spot=spot)
 
 
+def rendered_from_yaml(text: str) -> RenderedTask:
+    """A task rendered before (a run record's YAML, for `exec`), parsed and checked again;
+    its market is what it asks for. A job group's multi-document YAML is refused."""
+    try:
+        config = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise RenderError(f"the recorded task is not valid YAML: {err}") from None
+    if not isinstance(config, dict):
+        raise RenderError("the recorded task is not one task (a job group cannot be exec'd)")
+    validate_task_config(config)
+    return RenderedTask(yaml_text=text, config=config, spot=_config_asks_spot(config))
+
+
 def _render_text(env: jinja2.Environment, name: str, variables: dict[str, Any]) -> str:
     import jinja2
 

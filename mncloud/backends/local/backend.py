@@ -20,7 +20,7 @@ from typing import Any
 
 from mncloud import constants, layout
 from mncloud.backends.base import LaunchRequest, RunState, RunStatus
-from mncloud.backends.local import figures, lifecycle
+from mncloud.backends.local import execute, figures, lifecycle
 from mncloud.backends.local.processes import port_is_free
 from mncloud.backends.local.state import (
     LOG_MARKS,
@@ -132,6 +132,12 @@ class LocalBackend:
         folder = layout.run_dir(launch.name)
         lifecycle.prepare_run(folder, launch, request.task.yaml_text)
         lifecycle.start_supervised(folder)
+        return self.status(launch.name)
+
+    def exec(self, request: LaunchRequest) -> RunStatus:
+        """`mncloud exec`: the task again on the run's own nodes, no setup (`execute.py`)."""
+        launch = execute.exec_launch(request, launch_record(request))
+        execute.start_exec(request, launch)
         return self.status(launch.name)
 
     def status(self, run_name: str) -> RunStatus:

@@ -60,7 +60,7 @@ NOTICE_S = 30.0
 """`down`'s preemption notice: how long the ranks get to save the step they reached."""
 GRACEFUL_STOP_SIGNAL = signal.SIGUSR1
 """Tells the supervisor to read the stop request in chaos.jsonl (SIGTERM stops at once)."""
-_KEEP = ("backend.json", layout.LOCAL_CKPT_DIR, layout.CONTROL_DIR)
+KEEP = ("backend.json", layout.LOCAL_CKPT_DIR, layout.CONTROL_DIR)
 """What a fresh launch leaves in the run folder: the backend choice, local checkpoints
 (`up --resume` continues from them; `up --replace` sets them aside first) and the deadline
 controller's folder (it relaunches the run as it switches markets)."""
@@ -132,7 +132,7 @@ def wait_for(check: Callable[[], object], timeout: float, interval: float = 0.05
 
 
 def prepare_run(
-    folder: Path, launch: LocalLaunch, task_yaml: str, keep: tuple[str, ...] = _KEEP
+    folder: Path, launch: LocalLaunch, task_yaml: str, keep: tuple[str, ...] = KEEP
 ) -> None:
     """Write a fresh run folder: launch.json, the task and its scripts, a PENDING state.
     What the folder held before goes, except the names in `keep` (and set-aside checkpoints)."""

@@ -14,6 +14,11 @@ from mncloud.backends.skypilot.cancel import (
     live_job_ids,
     server_to_ask,
 )
+from mncloud.backends.skypilot.cluster import (
+    exec_on_cluster,
+    launch_cluster,
+    require_live_cluster,
+)
 from mncloud.backends.skypilot.dryrun import dryrun, dryrun_job_group
 from mncloud.backends.skypilot.errors import sky_errors
 from mncloud.backends.skypilot.group import job_group_status, tail_group_logs
@@ -33,18 +38,19 @@ from mncloud.backends.skypilot.notice import give_notice, withdraw_notice
 from mncloud.backends.skypilot.status import cluster_status, managed_job_status
 from mncloud.backends.skypilot.task import build_dag, build_task
 from mncloud.errors import BackendError, MncloudError, RunNotFoundError
+from mncloud.spec import DEFAULT_IDLE_MINUTES
 
 if TYPE_CHECKING:
     import sky
 
-AUTOSTOP_IDLE_MINUTES = 10
+AUTOSTOP_IDLE_MINUTES = DEFAULT_IDLE_MINUTES
 """Idle minutes before a cluster launched by an older mncloud (`sky.launch`, on-demand) tore
-itself down after its job ended; shown in those runs' status."""
+itself down after its job ended; shown in those runs' status (`up --cluster` records its own)."""
 
 
 class SkyPilotBackend:
-    """Runs on clouds through SkyPilot: every run a managed job, spot or on-demand (runs
-    recorded as a `cluster` by an older mncloud are still read and torn down)."""
+    """Runs on clouds through SkyPilot: every run a managed job, spot or on-demand, but for
+    `up --cluster` (a plain cluster kept up for `exec`, `cluster.py`)."""
 
     name = BACKEND_NAME
 
@@ -64,6 +70,8 @@ class SkyPilotBackend:
         if request.dryrun:
             return dryrun(task, spec, request.plan, spot)
         meta = meta_from_plan(spec, request.plan, spot, config)
+        if request.options.cluster:  # `up --cluster`: kept up for `exec` (cluster.py)
+            return launch_cluster(task, meta, request.options.idle_minutes, self.progress)
         try:
             meta.job_id = self._launch_managed_job(task, spec.name, meta)
         except MncloudError as err:
@@ -115,6 +123,12 @@ class SkyPilotBackend:
             job_ids, _handle = sky.stream_and_get(request_id, output_stream=self.progress)
         return int(job_ids[0]) if job_ids else None
 
+    def exec(self, request: LaunchRequest) -> RunStatus:
+        """`mncloud exec`: the task again on the run's live cluster (`sky.exec`); SpecError
+        when the run is not a cluster that is up and idle (`cluster.py`)."""
+        meta = require_live_cluster(request.spec.name)
+        return exec_on_cluster(build_task(request), meta, self.progress)
+
     def status(self, run_name: str) -> RunStatus:
         """Ask SkyPilot for the run's state; add the newest checkpoint and cost so far."""
         meta = require_meta(run_name)
@@ -145,8 +159,8 @@ class SkyPilotBackend:
         """Cancel every managed job of the run SkyPilot still runs, by id, and return once
         SkyPilot reports them ended (`cancel.py`); a second `down` cancels nothing and says
         so. With `notice_s`, a running job's nodes first get a stop notice through the bucket
-        and save the step they reached (`notice.py`). A run recorded as a `cluster` by an
-        older mncloud: its cluster torn down."""
+        and save the step they reached (`notice.py`). A cluster run (`up --cluster`, or an
+        older mncloud's on-demand run): its cluster torn down (`sky.down`)."""
         meta = require_meta(run_name)
         noticed = self._notice(meta, notice_s, by)
         status = self._down_cluster(meta) if meta.kind == CLUSTER else self._cancel_run(meta)
@@ -185,7 +199,7 @@ class SkyPilotBackend:
         return status
 
     def _down_cluster(self, meta: RunMeta) -> RunStatus:
-        """Tear down the cluster of a run an older mncloud launched on demand (`sky.launch`)."""
+        """Tear down a run's cluster (`up --cluster`, or an older mncloud's on-demand run)."""
         import sky
 
         if meta.error is None:

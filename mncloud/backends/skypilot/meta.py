@@ -27,9 +27,9 @@ class RunMeta(BaseModel):
     """What a launch remembers in `<run dir>/skypilot.json`."""
 
     kind: str
-    """`managed-job` (spot or on-demand) or `job-group` (`--recovery node`: one managed job of
-    several tasks, `jobgroup.py`); `cluster` in the records of on-demand runs an older mncloud
-    launched with `sky.launch` (still read by status, logs and down)."""
+    """`managed-job` (spot or on-demand), `job-group` (`--recovery node`: one managed job of
+    several tasks, `jobgroup.py`) or `cluster` (`up --cluster`, kept up for `exec`; also the
+    records of on-demand runs an older mncloud launched with `sky.launch`)."""
     name: str
     nodes: int
     spot: bool
@@ -50,6 +50,8 @@ class RunMeta(BaseModel):
     error: str | None = None
     """Why the launch failed, when it did."""
     tasks: list[str] = []
+    idle_minutes: int | None = None
+    """`up --cluster`: the cluster's autodown after this many idle minutes (`cluster.py`)."""
     """A job group's task names (lighthouse first, then node 0, 1, …); empty otherwise."""
 
     @property

@@ -91,7 +91,8 @@ def failure_of(value: Any) -> Failure | None:
 
 
 def cluster_status(meta: RunMeta, idle_minutes: int) -> RunStatus:
-    """An on-demand run's status: its cluster's, then its job's on the cluster."""
+    """A cluster run's status (`up --cluster`, or an older mncloud's on-demand run): its
+    cluster's, then its job's on the cluster, with the cluster's idle timer."""
     import sky
     from sky.utils import common
 
@@ -113,11 +114,24 @@ def cluster_status(meta: RunMeta, idle_minutes: int) -> RunStatus:
         return status_from_meta(meta, RunState.PENDING, "cluster up, no job yet")
     state = state_of(job_state, CLUSTER_JOB_STATES)
     detail = f"job {meta.job_id}: {raw_state(job_state)}"
-    if state.is_final:
+    if meta.idle_minutes is not None:  # `up --cluster`: kept up for `exec`, timer from SkyPilot
+        detail += f"; {idle_timer(record, meta)}"
+        if state.is_final:
+            detail += f" (`mncloud exec {meta.name}` reruns on it)"
+    elif state.is_final:
         detail += f"; cluster tears down after {idle_minutes} idle minutes"
     status = status_from_meta(meta, state, detail)
     status.failure = failure_of(job_state)
     return status
+
+
+def idle_timer(record: Any, meta: RunMeta) -> str:
+    """A cluster's autostop as SkyPilot's record says it (else as the run asked for it)."""
+    minutes = record.get("autostop")
+    if minutes is None or minutes < 0:
+        minutes = meta.idle_minutes
+    what = "tears down" if record.get("to_down", True) else "stops"
+    return f"cluster {what} after {minutes} idle minutes"
 
 
 def _cluster_gone(meta: RunMeta) -> RunStatus:

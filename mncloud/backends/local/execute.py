@@ -1,0 +1,72 @@
+"""`mncloud exec` on this machine: the task again on a local run's own simulated nodes.
+
+What `sky.exec` does on a cluster kept up, done to a run folder: the same nodes (their folders
+under `nodes/`, the same rendezvous port), the logs appended to, no setup (it ran when the
+nodes came up). The supervisor starts afresh with a new token and task id; the script's
+`CheckpointManager.load()` resumes from the newest complete checkpoint unless the caller set
+the checkpoints aside first (`exec --restart`). Example:
+
+    mncloud up train.py --cloud local --nodes 2 --name dev     (fails on a typo at step 40)
+    (fix the typo)
+    mncloud exec dev          → attempt 1 again on nodes 0 and 1; resumes from step 40
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+
+from mncloud import layout
+from mncloud.backends.base import LaunchRequest
+from mncloud.backends.local import lifecycle
+from mncloud.backends.local.processes import port_is_free
+from mncloud.backends.local.state import (
+    LOG_MARKS,
+    RUN_LOG,
+    LocalLaunch,
+    load_launch,
+    load_state,
+    node_log,
+)
+from mncloud.errors import BackendError, SpecError
+
+KEEP = ("nodes", RUN_LOG, LOG_MARKS)
+"""What an exec keeps of the run folder besides what any launch keeps: the nodes' own
+folders and the logs (appended to, as a cluster's job logs accumulate)."""
+
+
+def exec_launch(request: LaunchRequest, fresh: LocalLaunch) -> LocalLaunch:
+    """The launch.json of an exec: `fresh` (the request's, `launch_record`) on the run's
+    recorded nodes and port, with no setup and no chaos; SpecError while the run still runs."""
+    name = request.spec.name
+    folder = layout.run_dir(name)
+    old, state = load_launch(folder), load_state(folder)
+    if lifecycle.launch_alive(folder):
+        raise SpecError(
+            f"run {name!r} is still {state.state.value} on its nodes; wait for it "
+            f"(`mncloud logs {name} -f`) or stop it with `mncloud down {name}`, then exec"
+        )
+    if not port_is_free(old.master_port):
+        raise BackendError(
+            f"port {old.master_port} of run {name!r}'s nodes on 127.0.0.1 is in use (another "
+            f"run may hold it); free it, or `mncloud up --name {name} --resume --master-port N`"
+        )
+    return fresh.model_copy(
+        update={
+            "token": uuid.uuid4().hex[:12],
+            "task_id": f"sky-{datetime.now():%Y-%m-%d-%H-%M-%S-%f}_{name}_exec",
+            "num_nodes": old.num_nodes,
+            "procs_per_node": old.procs_per_node,
+            "master_port": old.master_port,
+            "setup": None,  # ran when the nodes came up, as on a cluster
+            "chaos_preempt_after": None,
+        }
+    )
+
+
+def start_exec(request: LaunchRequest, launch: LocalLaunch) -> None:
+    """Write the exec into the run folder (nodes and logs kept) and start its supervisor."""
+    folder = layout.run_dir(request.spec.name)
+    keep = (*lifecycle.KEEP, *KEEP, *(node_log(n) for n in range(launch.num_nodes)))
+    lifecycle.prepare_run(folder, launch, request.task.yaml_text, keep=keep)
+    lifecycle.start_supervised(folder)
