@@ -157,17 +157,19 @@ def test_local_exec_reruns_on_the_same_nodes_and_resumes(
     assert result.exit_code == 0, result.output
     assert marker.read_text().count("x") == 2  # setup once per node
 
-    result = _cli("exec", "loc", "--json")
+    result = _cli("exec", "loc")  # follows the run to its end, as `up` does
     assert result.exit_code == 0, result.output
-    assert json.loads(result.output)["state"] == RunState.SUCCEEDED.value
+    (shown,) = json.loads(_cli("status", "loc", "--json").output)
+    assert shown["state"] == RunState.SUCCEEDED.value
     assert marker.read_text().count("x") == 2  # no setup: the nodes are up already
     starts = (tmp_path / "starts.txt").read_text().split("\n")
     assert [s.split()[0] for s in starts if s] == ["0", "3"]  # resumed from step 3
     assert (run_dir("loc") / "nodes" / "node-1").is_dir()
     log = (run_dir("loc") / "run.log").read_text()
-    assert log.count("[node 0") >= 2  # both runs' lines, appended
+    assert log.count("attempt 1: 2 node(s)") == 2  # both runs' lines, appended
+    assert log.count("setup on node") == 2  # the first run's only
 
-    result = _cli("exec", "loc", "--restart", "--json")
+    result = _cli("exec", "loc", "--restart")
     assert result.exit_code == 0, result.output
     starts = (tmp_path / "starts.txt").read_text().split("\n")
     assert [s.split()[0] for s in starts if s] == ["0", "3", "0"]  # from step 0 again
