@@ -64,7 +64,7 @@ def ended(name: str) -> None:
 
 def one_round(k: int, folder: Path, nodes: int, requirements: bool) -> tuple[float, float]:
     name = f"exec-bench-{k}"
-    setup = ["--requirements", "requirements.txt"] if requirements else []
+    setup = ["--requirements", str(folder / "requirements.txt")] if requirements else []
     t0 = time.time()
     mncloud("up", str(folder / "train.py"), "--cloud", "local", "--nodes", str(nodes),
             "--gpus", "cpu:2", "--name", name, "--detach", "--yes", "--recovery", "gang",
@@ -107,7 +107,8 @@ def main() -> None:
           f"{' (requirements.txt: numpy, torch)' if requirements else ' (no setup)'}:")  # fmt: skip
     print(f"  fresh up   {fresh:6.2f} s (median; {result['fresh_up_first_step_s']})")
     print(f"  exec       {again:6.2f} s (median; {result['exec_first_step_s']})")
-    print(f"  ratio      {result['ratio_median']:.2f} (exec / fresh, median of {ratios}; goal < 0.5)")
+    median = result["ratio_median"]
+    print(f"  ratio      {median:.2f} (exec / fresh, median of {ratios}; goal < 0.5)")
 
 
 if __name__ == "__main__":

@@ -132,6 +132,7 @@ SCENARIOS: dict[str, tuple[list[str], int]] = {
     "plan --deadline": ([*PLAN, "--deadline", "30h", "--budget", "5000"], 8),
     "replay": (["replay", "{trace}", "--hours", "1", "--deadline", "3h"], 40),
     "rerun": (["rerun", "no-such-run"], 10),
+    "exec": (["exec", "no-such-run"], 10),
     "runs ls": (["runs", "ls"], 8),
     "runs show": (["runs", "show", "no-such-run"], 8),
     "runs cost": (["runs", "cost", "no-such-run"], 8),
