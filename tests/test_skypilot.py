@@ -76,7 +76,8 @@ def test_on_demand_launch_is_a_managed_job_with_job_recovery(
     script: Path, fake_sky: FakeSky, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Every cloud run is a managed job (issue #33): on demand too, recovered after a lost VM
-    and after `--max-restarts` errors; no cluster is launched (the fake refuses `sky.launch`)."""
+    and after `--max-restarts` errors; no plain cluster is launched (`sky.launch` is for
+    `up --cluster` only, tests/test_exec.py)."""
     monkeypatch.setenv("HF_TOKEN", SECRET_VALUE)
     fake_sky.next_job_id = 7
     request = _request(
@@ -87,7 +88,7 @@ def test_on_demand_launch_is_a_managed_job_with_job_recovery(
     status = SkyPilotBackend().launch(request)
 
     ((args, kwargs),) = fake_sky.called("jobs.launch")
-    assert kwargs == {"name": "llm"}
+    assert kwargs == {"name": "llm"} and not fake_sky.called("launch")  # no plain cluster
     task = args[0]
     config = _check_with_skypilot_schema(task)
     assert task.num_nodes == 4
@@ -120,7 +121,7 @@ def test_spot_launch_is_a_managed_job_with_failover(script: Path, fake_sky: Fake
     status = SkyPilotBackend().launch(request)
 
     ((args, kwargs),) = fake_sky.called("jobs.launch")
-    assert kwargs == {"name": "llm"}
+    assert kwargs == {"name": "llm"} and not fake_sky.called("launch")  # no plain cluster
     task = args[0]
     config = _check_with_skypilot_schema(task)
     assert task.num_nodes == 4
