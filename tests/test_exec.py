@@ -104,6 +104,12 @@ def test_exec_refuses_what_is_not_a_live_cluster(project: Path, fake_sky: FakeSk
     assert downed.exit_code == 2 and "torn down by `mncloud down`" in downed.output
     assert len(fake_sky.called("exec")) == 0
 
+    fake_sky.answers["launch"] = RuntimeError("quota exceeded")  # half-provisioned, say
+    assert _cli(*UP, "--cluster", "--name", "bad", "--detach").exit_code == 2
+    fake_sky.add_cluster("bad", {"name": "bad", "status": "INIT"}, {})
+    assert _cli("down", "bad").exit_code == 0
+    assert ("bad",) in [args for args, _kw in fake_sky.called("down")]  # asked all the same
+
     unknown = _cli("exec", "nobody")
     assert unknown.exit_code == 2 and "no run named 'nobody'" in unknown.output
 

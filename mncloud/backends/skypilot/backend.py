@@ -202,8 +202,8 @@ class SkyPilotBackend:
         """Tear down a run's cluster (`up --cluster`, or an older mncloud's on-demand run)."""
         import sky
 
-        if meta.error is None:
-            try:
+        if meta.error is None or meta.idle_minutes is not None:  # a failed `--cluster` launch
+            try:  # may still have left a cluster up: down asks SkyPilot all the same
                 with sky_errors(f"tear down {meta.name}"):
                     sky.get(sky.down(meta.name))
             except RunNotFoundError:
