@@ -17,6 +17,9 @@ CKPT_URI_ENV = "MNCLOUD_CKPT_URI"
 CKPT_DIR_ENV = "MNCLOUD_CKPT_DIR"
 RUN_NAME_ENV = "MNCLOUD_RUN_NAME"
 PREEMPTION_WATCH_ENV = "MNCLOUD_PREEMPTION_WATCH"
+PREFLIGHT_PASSED_ENV = "MNCLOUD_PREFLIGHT_PASSED"
+"""Set by a local `mncloud exec` on nodes whose preflight passed when they came up: the run
+script skips it (`templates/run.sh.j2`)."""
 CLOUD_ENV = "MNCLOUD_CLOUD"
 # Set by the local backend: how many CPU threads each rank may use.
 CPU_THREADS_ENV = "MNCLOUD_CPU_THREADS"

@@ -4,7 +4,8 @@ What `sky.exec` does on a cluster kept up, done to a run folder: the same nodes 
 under `nodes/`, the same rendezvous port), the logs appended to, no setup (it ran when the
 nodes came up). The supervisor starts afresh with a new token and task id; the script's
 `CheckpointManager.load()` resumes from the newest complete checkpoint unless the caller set
-the checkpoints aside first (`exec --restart`). Example:
+the checkpoints aside first (`exec --restart`). Nodes whose preflight passed when they came up
+skip it (`constants.PREFLIGHT_PASSED_ENV`). Example:
 
     mncloud up train.py --cloud local --nodes 2 --name dev     (fails on a typo at step 40)
     (fix the typo)
@@ -15,8 +16,9 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
+from pathlib import Path
 
-from mncloud import layout
+from mncloud import constants, layout
 from mncloud.backends.base import LaunchRequest
 from mncloud.backends.local import lifecycle
 from mncloud.backends.local.processes import port_is_free
@@ -51,6 +53,7 @@ def exec_launch(request: LaunchRequest, fresh: LocalLaunch) -> LocalLaunch:
             f"port {old.master_port} of run {name!r}'s nodes on 127.0.0.1 is in use (another "
             f"run may hold it); free it, or `mncloud up --name {name} --resume --master-port N`"
         )
+    passed = all(_passed_preflight(folder, node) for node in range(old.num_nodes))
     return fresh.model_copy(
         update={
             "token": uuid.uuid4().hex[:12],
@@ -60,8 +63,18 @@ def exec_launch(request: LaunchRequest, fresh: LocalLaunch) -> LocalLaunch:
             "master_port": old.master_port,
             "setup": None,  # ran when the nodes came up, as on a cluster
             "chaos_preempt_after": None,
+            "envs": {**fresh.envs, constants.PREFLIGHT_PASSED_ENV: "1"} if passed else fresh.envs,
         }
     )
+
+
+def _passed_preflight(folder: Path, node: int, head: int = 4 << 20) -> bool:
+    """Whether `node` passed its preflight when it came up (its log's first lines say so)."""
+    path = folder / node_log(node)
+    if not path.is_file():
+        return False
+    with open(path, "rb") as f:
+        return f"preflight ok on node {node}/".encode() in f.read(head)
 
 
 def start_exec(request: LaunchRequest, launch: LocalLaunch) -> None:
