@@ -222,7 +222,13 @@ def exec_run(
     else:
         task = rendered_from_yaml(record.task_yaml)
     request = LaunchRequest(spec=spec, task=task, options=options, run_id=record.run_id)
-    if restart:
+    if restart:  # only once the run is over: its checkpoints must not move under it
+        state = backend.status(name).state
+        if not state.is_final:
+            raise SpecError(
+                f"run {name!r} is still {state.value}; wait for it (`mncloud logs {name} -f`) "
+                f"or stop it with `mncloud down {name}`, then exec"
+            )
         _set_checkpoints_aside(spec)
     prepared = Prepared(spec=spec, plan=None, task=task, backend=backend.name)
     return Launched(prepared=prepared, run_id=record.run_id, status=backend.exec(request))

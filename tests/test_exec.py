@@ -96,6 +96,8 @@ def test_exec_refuses_what_is_not_a_live_cluster(project: Path, fake_sky: FakeSk
     assert _cli(*UP, "--cluster", "--name", "dev", "--detach").exit_code == 0
     busy = _cli("exec", "dev")  # job 1 still pending on it
     assert busy.exit_code == 2 and "still runs job 1" in busy.output
+    busy = _cli("exec", "dev", "--restart")  # refused before anything is set aside
+    assert busy.exit_code == 2 and "still PENDING" in busy.output
     fake_sky.clusters.pop("dev")  # autodown after its idle minutes
     gone = _cli("exec", "dev")
     assert gone.exit_code == 2 and "cluster is gone" in gone.output
