@@ -86,6 +86,21 @@ class Network(BaseModel):
     known: bool = True
     """False: no row names the instance type; `gbps` is the stated default."""
 
+    def rate_gbps(self, *, enabled: bool, all_cards: bool = True) -> float:
+        """Nominal Gbit/s per node the run gets: the fabric's when `enabled` (EFA: one card of
+        `cards` unless `all_cards`), else the ordinary NIC's."""
+        if not enabled and self.fabric.key != "tcp":
+            return self.standard_gbps or min(self.gbps, 100.0)
+        if self.fabric.key == "efa" and not all_cards:
+            return self.gbps / self.cards
+        return self.gbps
+
+    def busbw_gbs(self, *, enabled: bool, all_cards: bool = True) -> float:
+        """Expected all-reduce bus bandwidth between nodes, GB/s: the rate × the achievable
+        fraction of its fabric (ordinary TCP's when the fabric is not enabled)."""
+        achievable = self.fabric.achievable if enabled else fabric("tcp").achievable
+        return self.rate_gbps(enabled=enabled, all_cards=all_cards) / 8 * achievable
+
 
 class ModelDefaults(BaseModel):
     """The step-time model's stated assumptions (each with its source in the YAML)."""
