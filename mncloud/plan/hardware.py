@@ -199,3 +199,25 @@ def gpu(name: str, cloud: str | None = None, instance_type: str | None = None) -
             return data.gpus[variant]
     by_lower = {k.lower(): v for k, v in data.gpus.items()}
     return by_lower.get(name.lower())
+
+
+def gpu_for_device(device: str) -> GpuFacts | None:
+    """The data file's GPU for a CUDA device name (`NVIDIA H100 80GB HBM3`), or None (a CPU).
+
+    The longest accelerator name found in the device name wins; PCIe and 80 GB variants are
+    told apart by the words the driver reports (`H100 PCIe`, `A100-SXM4-80GB`).
+    """
+    text = device.lower().replace(" ", "-")
+    if text == "cpu":
+        return None
+    data = facts()
+    names = sorted(data.gpus, key=len, reverse=True)
+    found = next((n for n in names if n.lower().split("-")[0] in text), None)
+    if found is None:
+        return None
+    base = found.split("-")[0]
+    if "pcie" in text and f"{base}-PCIe" in data.gpus:
+        return data.gpus[f"{base}-PCIe"]
+    if "80gb" in text and f"{base}-80GB" in data.gpus:
+        return data.gpus[f"{base}-80GB"]
+    return data.gpus[base] if base in data.gpus else data.gpus[found]
