@@ -55,11 +55,37 @@ class _OpCounter(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+def _cpu_attention_flops(
+    query: Any, key: Any, value: Any, *_args: Any, out_shape: Any = None, **_kwargs: Any
+) -> int:
+    from torch.utils.flop_counter import sdpa_flop_count
+
+    return sdpa_flop_count(query, key, value)
+
+
+def _cpu_attention_backward_flops(
+    grad_out: Any, query: Any, key: Any, value: Any, *_args: Any, out_shape: Any = None, **_kw: Any
+) -> int:
+    from torch.utils.flop_counter import sdpa_backward_flop_count
+
+    return sdpa_backward_flop_count(grad_out, query, key, value)
+
+
+#: Attention on CPU runs kernels FlopCounterMode has no formula for (torch 2.13): the same
+#: count as its CUDA flash kernels, so a profile taken on CPU counts attention too.
+CPU_FORMULAS = {
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _cpu_attention_flops,
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward: (
+        _cpu_attention_backward_flops
+    ),
+}
+
+
 class StepCounter:
     """Counts one step: enter at its start, `close()` once the optimizer stepped."""
 
     def __init__(self, state: Mapping[str, Any] | None) -> None:
-        self._flops = FlopCounterMode(display=False)
+        self._flops = FlopCounterMode(display=False, custom_mapping=CPU_FORMULAS)
         self._ops = _OpCounter()
         self._params = {p.untyped_storage()._cdata for p in _parameters(state)}
         self._saved: dict[int, int] = {}
