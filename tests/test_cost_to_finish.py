@@ -5,6 +5,7 @@ catalog snapshot and its schema and dry run."""
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import shutil
 from pathlib import Path
@@ -86,15 +87,15 @@ def _count(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> dict[str, Any]
 def test_mlp_flops_and_bytes_match_the_analytic_count() -> None:
     batch, dims = 32, [64, 256, 256, 10]
     layers: list[nn.Module] = []
-    for a, b in zip(dims, dims[1:], strict=False):
+    for a, b in itertools.pairwise(dims):
         layers += [nn.Linear(a, b), nn.GELU()]
     model = nn.Sequential(*layers[:-1])
     counts = _count(model, torch.randn(batch, dims[0]), torch.randint(0, 10, (batch,)))
-    macs = sum(a * b for a, b in zip(dims, dims[1:], strict=False))
+    macs = sum(a * b for a, b in itertools.pairwise(dims))
     # forward 2·B·macs, weight gradients the same, input gradients for all but the first layer
     analytic = 2 * batch * macs * 2 + 2 * batch * (macs - dims[0] * dims[1])
     assert counts["flops_per_step"] == pytest.approx(analytic, rel=0.02)
-    params = sum(a * b + b for a, b in zip(dims, dims[1:], strict=False))
+    params = sum(a * b + b for a, b in itertools.pairwise(dims))
     assert counts["params"] == params
     assert counts["grad_bytes"] == counts["weight_bytes"] == 4 * params
     assert counts["optimizer_bytes"] == 8 * params + 4 * len(list(model.parameters()))
@@ -170,8 +171,18 @@ def test_profile_cli_runs_the_example_and_plan_uses_it(tmp_path: Path) -> None:
     assert profile["params"] == 64 * 64 + 64 + 64 * 64 + 64 + 64 * 10 + 10
     plan = runner.invoke(
         app,
-        ["plan", str(script), "--gpus", "H100:1,L4:1", "--steps", "100000", "--json"]
-        + ["--", "--hidden", "64"],
+        [
+            "plan",
+            str(script),
+            "--gpus",
+            "H100:1,L4:1",
+            "--steps",
+            "100000",
+            "--json",
+            "--",
+            "--hidden",
+            "64",
+        ],
     )
     assert plan.exit_code == 0, plan.output
     data = json.loads(plan.stdout)
@@ -321,3 +332,51 @@ def test_gpu_alternatives_render_ordered_entries_skypilot_accepts(
     status = SkyPilotBackend().launch(request)
     assert "dry run passed" in status.detail
     assert status.instance_type == plan.choice.instance_type == "a3-highgpu-8g"
+
+
+@pytest.mark.catalog
+def test_communication_bound_job_ranks_a_fast_fabric_first_compute_bound_by_price() -> None:
+    """4 × H100:8 on-demand: Lambda's hour is cheapest but its nodes talk over plain TCP."""
+    chatty = Workload(flops_per_step=1e13, grad_bytes=5.2e9)  # 1.3B fp32 gradients
+    plan = make_plan(
+        PlanRequest.build(
+            accelerator=Accelerator.parse("H100:8"),
+            nodes=4,
+            spot="on-demand",
+            workload=chatty,
+            steps=20_000,
+        )
+    )
+    assert plan.choice.network.startswith("AWS EFA")
+    cheapest_hour = min(plan.candidates, key=lambda c: c.hourly_total)
+    assert cheapest_hour.cloud == "lambda" and cheapest_hour.bound is Bound.NETWORK
+    assert "the network decided" in plan.explanation
+    quiet = Workload(flops_per_step=6.4e13, grad_bytes=4e6)
+    plan = make_plan(
+        PlanRequest.build(
+            accelerator=Accelerator.parse("H100:8"),
+            nodes=4,
+            spot="on-demand",
+            workload=quiet,
+            steps=20_000,
+        )
+    )
+    assert plan.choice.hourly_total == min(c.hourly_total for c in plan.candidates)
+
+
+@pytest.mark.catalog
+def test_gpu_alternatives_without_a_plan_render_a_list_or_cross_the_clouds(tmp_path: Path) -> None:
+    from mncloud.render import render
+    from mncloud.request import build_spec
+
+    (tmp_path / "pyproject.toml").write_text("[project]\nname='p'\n")
+    script = tmp_path / "train.py"
+    script.write_text("print('hi')\n")
+    spec = build_spec(script, gpus="H100:8,A100-80GB:8", nodes=2, name="alt")
+    resources = render(spec).config["resources"]  # render checks SkyPilot's schema itself
+    assert resources["accelerators"] == ["H100:8", "A100-80GB:8"]
+    spec = build_spec(script, gpus="H100:8,A100-80GB:8", nodes=2, name="alt", cloud=["aws", "gcp"])
+    resources = render(spec).config["resources"]
+    assert "accelerators" not in resources
+    pairs = {(e["infra"], e["accelerators"]) for e in resources["any_of"]}
+    assert pairs == {(f"{c}/*", a) for c in ("aws", "gcp") for a in ("H100:8", "A100-80GB:8")}

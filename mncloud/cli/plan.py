@@ -241,8 +241,9 @@ def show_plan(plan: Plan, *, top: int | None = None, verbose: bool = False) -> N
         where = f"{c.cloud} {c.region}" + (f" +{len(group) - 1} regions" if len(group) > 1 else "")
         what = f"{c.instance_type} {c.accelerator} {c.market}" if several else None
         step = [f"{c.step_seconds:.3g}\n{c.work_hours:,.2f}"] if timed else []
+        fabric = f"\n{c.network}" if c.network else ""
         table.add_row(
-            f"{where}\n{what or f'{c.instance_type} {c.market}'}",
+            f"{where}\n{what or f'{c.instance_type} {c.market}'}{fabric}",
             f"{c.hourly_per_node:,.2f}\n{c.hourly_total:,.2f}",
             *step,
             f"{c.expected_hours:,.2f}",

@@ -109,7 +109,8 @@ def _speed(choice: Candidate, request: PlanRequest) -> str:
 
 
 def speed_note(ranked: list[Candidate], request: PlanRequest) -> str:
-    """Where speed decided: a cheaper hour in the same market that would cost more to finish."""
+    """Where speed decided: a cheaper hour in the same market whose steps are slower (its
+    GPUs, or its network), so it would cost more to finish."""
     choice = ranked[0]
     if choice.step_seconds is None:
         return ""
@@ -118,7 +119,7 @@ def speed_note(ranked: list[Candidate], request: PlanRequest) -> str:
         for c in ranked
         if c.spot == choice.spot
         and c.hourly_total < choice.hourly_total
-        and c.accelerator != choice.accelerator
+        and (c.step_seconds or 0) > choice.step_seconds * 1.01
     ]
     if not cheaper:
         if request.minimize is Minimize.TIME or len(request.accelerators) < 2:
@@ -126,17 +127,21 @@ def speed_note(ranked: list[Candidate], request: PlanRequest) -> str:
         return "the cheapest hour too"
     c = min(cheaper, key=lambda c: c.hourly_total)
     ratio = (c.step_seconds or 0) / choice.step_seconds
+    what = f"{c.accelerator} on " if c.accelerator != choice.accelerator else ""
     return (
-        f"{c.accelerator} on {c.cloud} {c.instance_type} is cheaper per hour at "
-        f"${c.hourly_total:,.2f} but {slower_because(c, choice, ratio)}, so it would cost "
-        f"${c.expected_cost:,.2f} to finish"
+        f"{what}{c.cloud} {c.instance_type} is cheaper per hour at ${c.hourly_total:,.2f} "
+        f"but {slower_because(c, choice, ratio)}, so it would cost ${c.expected_cost:,.2f} to "
+        "finish"
     )
 
 
 def slower_because(slow: Candidate, fast: Candidate, ratio: float) -> str:
     """Why `slow`'s step takes `ratio` × `fast`'s: its GPUs, or its network."""
     if slow.bound is not None and slow.bound.value == "network":
-        return f"its steps take {ratio:.1f}× as long, waiting on its network ({slow.network})"
+        return (
+            f"its steps take {ratio:.1f}× as long: the network decided ({slow.network} against "
+            f"{fast.network or 'one node'})"
+        )
     if slow.bound is not None and slow.bound.value == "overhead":
         return f"its steps take {ratio:.1f}× as long (launch overhead)"
     return f"its steps take {ratio:.1f}× as long (slower GPUs)"
