@@ -4,16 +4,17 @@
 
 For two sizes of `examples/train_ddp.py` (`--hidden 256` and `--hidden 1024`) it
 
-1. profiles the script with `mncloud profile` (one process: FLOPs, operators, gradient
-   bytes, the median step, this CPU's measured matmul rate);
-2. measures gloo's all-reduce bus bandwidth over loopback for the gradient's size, with as
-   many processes as the run will have;
+1. profiles the script with `mncloud profile` on one thread, as each local rank runs (FLOPs,
+   operators, gradient bytes, the median step, this CPU's measured matmul rate);
+2. measures gloo's all-reduce bus bandwidth over loopback for one step's gradient, one call
+   per parameter tensor as the example's exact DDP makes them, with as many processes as the
+   run will have (the figure the preflight's bandwidth test gives a plan on a cloud);
 3. predicts the step on 1, 2 and 3 local nodes × 2 processes with the planner's step-time
    model (`plan.stepmodel.step_time`), the "GPU" being this CPU shared by every process
-   (peak = the profile's matmul rate over all cores ÷ processes; efficiency = what the
-   profile measured);
-4. measures it: `mncloud up --cloud local` at two step counts, (t(S2) − t(S1)) / (S2 − S1),
-   so start-up and the final checkpoint cancel out;
+   (peak = the profile's one-thread matmul rate × cores ÷ processes, at most 1×;
+   efficiency = what the profile measured);
+4. measures it: `mncloud up --cloud local`, the median interval between rank 0's per-step
+   progress lines after 20 steps of warm-up;
 
 and prints predicted / measured per case. The model is the planner's; only the hardware row
 (this CPU, loopback) is made here. A ratio near 1 says the model's parts (compute scaled by
@@ -23,11 +24,11 @@ peak, all-reduce by bus bandwidth, overlap with backward) add up on hardware we 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -38,21 +39,34 @@ from bench._local import EXAMPLE, fresh_home
 SIZES = (256, 1024)
 NODES = (1, 2, 3)
 PROCS = 2
-STEPS = (50, 450)
+STEPS = 300
+WARMUP = 20
 
 
-def gloo_busbw_gbs(ranks: int, nbytes: int, iters: int = 20) -> float:
-    """Bus bandwidth (GB/s, nccl-tests' definition) of a gloo all-reduce among `ranks`
-    processes on this machine, for a message of `nbytes`."""
+def example_tensors(hidden: int) -> list[int]:
+    """Element counts of `examples/train_ddp.py`'s parameters (weights and biases), in the
+    order DDP all-reduces them."""
+    shapes = [(64, hidden), (hidden, hidden), (hidden, 10)]
+    return [n for a, b in reversed(shapes) for n in (b, a * b)]
+
+
+def gloo_busbw_gbs(ranks: int, sizes: list[int], iters: int = 30) -> float:
+    """Bus bandwidth (GB/s, nccl-tests' definition) of gloo all-reducing one step's gradient
+    among `ranks` processes here, one asynchronous call per tensor as the example's exact DDP
+    makes them."""
     if ranks < 2:
         return float("inf")
+    nbytes = 4 * sum(sizes)
     code = f"""
 import os, time, torch, torch.distributed as dist
+torch.set_num_threads(1)
 dist.init_process_group("gloo")
-t = torch.ones({max(nbytes // 4, 1)})
-for _ in range(3): dist.all_reduce(t)
+grads = [torch.ones(n) for n in {sizes!r}]
+def step():  # launched as DDP's hooks launch them, then waited for
+    for work in [dist.all_reduce(g, async_op=True) for g in grads]: work.wait()
+for _ in range(3): step()
 dist.barrier(); start = time.perf_counter()
-for _ in range({iters}): dist.all_reduce(t)
+for _ in range({iters}): step()
 dist.barrier(); took = (time.perf_counter() - start) / {iters}
 if dist.get_rank() == 0: print(took)
 dist.destroy_process_group()
@@ -83,9 +97,9 @@ def predict(profile: Any, nodes: int, busbw: float) -> dict[str, float]:
     from mncloud.plan.hardware import GpuFacts, model
     from mncloud.plan.stepmodel import Workload, step_time
 
-    # The profile ran one process with torch's threads on every core; here nodes × PROCS
-    # processes share those cores, each with its share of the matmul rate.
-    share = 1 / (nodes * PROCS)
+    # The profile ran one process on one thread, as each local rank runs (torchrun sets
+    # OMP_NUM_THREADS=1); nodes × PROCS such processes share this machine's cores.
+    share = min(1.0, (os.cpu_count() or 1) / (nodes * PROCS))
     peak = profile.device_matmul_flops * share
     mfu = profile.flops_per_step / (profile.step_seconds * profile.device_matmul_flops)
     defaults = model()
@@ -110,44 +124,24 @@ def predict(profile: Any, nodes: int, busbw: float) -> dict[str, float]:
 
 
 def measure(hidden: int, nodes: int) -> float:
-    """Seconds per step of a local run: the slope between two step counts."""
+    """Median seconds per step of a local run, from rank 0's per-step progress lines (the
+    first `WARMUP` steps left out)."""
+    import statistics
+
+    from mncloud.backends.local.state import read_jsonl
+    from mncloud.layout import run_dir
+
     exe = Path(sys.executable).parent / "mncloud"
-    times = []
-    for steps in STEPS:
-        name = f"sm-{hidden}-{nodes}-{steps}"
-        start = time.perf_counter()
-        subprocess.run(
-            [
-                str(exe),
-                "up",
-                str(EXAMPLE),
-                "--cloud",
-                "local",
-                "--nodes",
-                str(nodes),
-                "--gpus",
-                f"cpu:{PROCS}",
-                "--name",
-                name,
-                "--yes",
-                "--recovery",
-                "gang",
-                "--",
-                "--steps",
-                str(steps),
-                "--hidden",
-                str(hidden),
-                "--ckpt-interval",
-                "100000",
-                "--log-every",
-                "100000",
-            ],
-            check=True,
-            capture_output=True,
-            text=True,
-        )
-        times.append(time.perf_counter() - start)
-    return (times[1] - times[0]) / (STEPS[1] - STEPS[0])
+    name = f"sm-{hidden}-{nodes}"
+    subprocess.run(
+        [str(exe), "up", str(EXAMPLE), "--cloud", "local", "--nodes", str(nodes),
+         "--gpus", f"cpu:{PROCS}", "--name", name, "--yes", "--recovery", "gang", "--",
+         "--steps", str(STEPS), "--hidden", str(hidden), "--ckpt-interval", "100000",
+         "--log-every", "100000"],
+        check=True, capture_output=True, text=True,
+    )  # fmt: skip
+    times = [r["t"] for r in read_jsonl(run_dir(name) / "progress.jsonl") if "loss" in r]
+    return statistics.median(b - a for a, b in itertools.pairwise(times[WARMUP:]))
 
 
 def main() -> None:
@@ -155,13 +149,14 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     fresh_home()
+    os.environ["MNCLOUD_CPU_THREADS"] = "1"  # the profile's thread count: a local rank's
     from mncloud.plan.profile import run_profile
 
     rows = []
     for hidden in SIZES:
         profile = run_profile(EXAMPLE, ["--hidden", str(hidden)])
         for nodes in NODES:
-            busbw = gloo_busbw_gbs(nodes * PROCS, profile.grad_bytes)
+            busbw = gloo_busbw_gbs(nodes * PROCS, example_tensors(hidden))
             row = {"hidden": hidden, "nodes": nodes, "procs": nodes * PROCS}
             row |= predict(profile, nodes, busbw)
             row["busbw_gbs"] = busbw
