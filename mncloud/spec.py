@@ -12,7 +12,14 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from mncloud import constants, layout
 from mncloud.constants import min_replicas as min_replicas  # re-exported: its old home
@@ -238,6 +245,15 @@ class JobSpec(BaseModel):
         for key in values:
             _check_env_name(key, "--secret")
         return values
+
+    @model_validator(mode="after")
+    def _alternatives_are_for_clouds(self) -> JobSpec:
+        if self.gpu_alternatives and self.clouds == [LOCAL_CLOUD]:
+            raise ValueError(
+                "--gpus with several GPU types is for clouds, where the plan picks one; a local "
+                "run takes one type (--gpus cpu:N)"
+            )
+        return self
 
     def updated(self, **changes: Any) -> JobSpec:
         """A copy with `changes`, validated as any spec is (`model_copy(update=…)` skips it)."""

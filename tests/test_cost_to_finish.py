@@ -380,3 +380,14 @@ def test_gpu_alternatives_without_a_plan_render_a_list_or_cross_the_clouds(tmp_p
     assert "accelerators" not in resources
     pairs = {(e["infra"], e["accelerators"]) for e in resources["any_of"]}
     assert pairs == {(f"{c}/*", a) for c in ("aws", "gcp") for a in ("H100:8", "A100-80GB:8")}
+
+
+@pytest.mark.catalog
+def test_gpu_alternatives_on_the_local_backend_are_refused(tmp_path: Path) -> None:
+    (tmp_path / "pyproject.toml").write_text("[project]\nname='p'\n")
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    result = runner.invoke(
+        app, ["up", str(tmp_path / "train.py"), "--gpus", "H100:8,A100:8", "--cloud", "local"]
+    )
+    assert result.exit_code == 2
+    assert "several GPU types is for clouds" in result.stderr
