@@ -70,6 +70,11 @@ LOCAL_NODE_TAG_ENV = "MNCLOUD_LOCAL_NODE"
 # local backend sets it and derives steps lost and time-to-resume from it.
 PROGRESS_FILE_ENV = "MNCLOUD_PROGRESS_FILE"
 
+# `mncloud profile` (mncloud/train/profiler.py): where the script's profile is written, and
+# whether it runs under FakeTensorMode (`--meta`: shapes only, no memory).
+PROFILE_OUT_ENV = "MNCLOUD_PROFILE_OUT"
+PROFILE_META_ENV = "MNCLOUD_PROFILE_META"
+
 # The run id (lineage record) every node gets; see mncloud/records/.
 RUN_ID_ENV = "MNCLOUD_RUN_ID"
 # The deadline controller's state in the bucket, in its own SkyPilot task's envs

@@ -73,10 +73,15 @@ def learned_hazards() -> list[LearnedHazard]:
     return learn_hazards(observed_spot_hazard())
 
 
-def model_inputs(options: LaunchOptions) -> dict[str, Any]:
+def model_inputs(
+    options: LaunchOptions, script: Path | None = None, args: list[str] | None = None
+) -> dict[str, Any]:
     """The planner's model fields from the planning options (`plan` and `up` alike); unset
-    ones are left out, for PlanRequest's defaults."""
+    ones are left out, for PlanRequest's defaults. With a script, its profile (if fresh)."""
     from mncloud.plan.hazards import hazards_from_files
+    from mncloud.plan.profile import resolve_workload
+
+    workload, source = resolve_workload(options, script, args)
 
     fields = {
         "hours": options.hours,
@@ -86,6 +91,10 @@ def model_inputs(options: LaunchOptions) -> dict[str, Any]:
         "recovery_minutes": options.recovery_minutes,
         "ckpt_seconds": options.ckpt_seconds,
         "traces": hazards_from_files(options.hazards_from) if options.hazards_from else None,
+        "steps": options.steps,
+        "minimize": options.minimize,
+        "workload": workload,
+        "workload_source": source or None,
     }
     return {k: v for k, v in fields.items() if v is not None}
 
@@ -94,7 +103,7 @@ def plan_request(spec: JobSpec, options: LaunchOptions) -> PlanRequest:
     """The planner's request for a cloud job: the spec's hardware plus the model options."""
     from mncloud.plan import PlanRequest
 
-    return PlanRequest.from_spec(spec, **model_inputs(options))
+    return PlanRequest.from_spec(spec, **model_inputs(options, spec.script, list(spec.script_args)))
 
 
 def prepare(

@@ -34,6 +34,7 @@ LOCKS_DIR = ".locks"
 RERUNS_DIR = "reruns"
 SKY_RUNTIME_DIR = "sky-runtime"
 SKY_CACHE_DIR = "sky-cache"
+PROFILES_DIR = "profiles"
 STEPS_DIR = "steps"
 LOCAL_CKPT_DIR = "checkpoints"
 CKPT_DIR_NAME = "ckpt-dir"
@@ -106,6 +107,11 @@ def rerun_dir(run_name: str) -> Path:
 def sky_runtime_dir(digest: str) -> Path:
     """SkyPilot's runtime folder for one offline catalog snapshot."""
     return home() / SKY_RUNTIME_DIR / digest
+
+
+def profiles_dir() -> Path:
+    """Where `mncloud profile` keeps each script's profile (one JSON file per script version)."""
+    return home() / PROFILES_DIR
 
 
 def sky_cache_dir() -> Path:

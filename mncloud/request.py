@@ -242,7 +242,7 @@ def _spec_from_options(
 ) -> JobSpec:
     if not opts.get("gpus"):
         raise SpecError("--gpus is required, e.g. --gpus H100:8 (or cpu:2 for local CPU nodes)")
-    accelerator = Accelerator.parse(str(opts["gpus"]))
+    accelerator, *alternatives = Accelerator.parse_list(str(opts["gpus"]))
     nodes = checked_nodes(opts.get("nodes", default_of("nodes")))
     spot = spot_policy(opts.get("spot"))
     bucket = BucketURL.parse(str(opts["bucket"])) if opts.get("bucket") else None
@@ -259,6 +259,7 @@ def _spec_from_options(
             workdir=workdir,
             name=str(name),
             accelerator=accelerator,
+            gpu_alternatives=alternatives,
             nodes=nodes,
             spot=spot,
             clouds=as_list(opts.get("cloud")),

@@ -12,7 +12,14 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from mncloud import constants, layout
 from mncloud.constants import min_replicas as min_replicas  # re-exported: its old home
@@ -109,6 +116,24 @@ class Accelerator(BaseModel):
 
         return cls(name=catalog.canonical_accelerator(name), count=count)
 
+    @classmethod
+    def parse_list(cls, text: str) -> list[Accelerator]:
+        """Parse `--gpus H100:8,A100-80GB:8`: the GPU types to rank, first one first."""
+        items = [item.strip() for item in text.split(",")]
+        if len(items) > 1:
+            for n, item in enumerate(items, 1):
+                if not item:
+                    raise SpecError(
+                        f"--gpus {text!r}: item {n} is empty; list GPU types with commas, e.g. "
+                        "H100:8,A100-80GB:8"
+                    )
+        parsed = [cls.parse(item) for item in items]
+        if len(parsed) > 1 and any(a.is_cpu for a in parsed):
+            raise SpecError(f"--gpus {text!r}: cpu:N runs locally and takes no alternatives")
+        if len(set(parsed)) < len(parsed):
+            raise SpecError(f"--gpus {text!r}: a GPU type is listed twice; list each once")
+        return parsed
+
 
 #: The most nodes one run may ask for: beyond any single offer (the largest clusters SkyPilot
 #: documents are hundreds of nodes) and a guard against a typo that would cost a fortune.
@@ -138,6 +163,9 @@ class JobSpec(BaseModel):
     name: str
     """Run name: DNS-safe, also the SkyPilot cluster / managed-job name."""
     accelerator: Accelerator
+    gpu_alternatives: list[Accelerator] = Field(default_factory=list)
+    """Other GPU types a plan may choose instead (`--gpus H100:8,A100-80GB:8`): ranked by
+    expected cost to finish, rendered as `ordered` entries."""
     nodes: int = Field(1, ge=1, le=MAX_NODES)
     spot: SpotPolicy = SpotPolicy.EITHER
     clouds: list[str] = Field(default_factory=list)
@@ -217,6 +245,15 @@ class JobSpec(BaseModel):
         for key in values:
             _check_env_name(key, "--secret")
         return values
+
+    @model_validator(mode="after")
+    def _alternatives_are_for_clouds(self) -> JobSpec:
+        if self.gpu_alternatives and self.clouds == [LOCAL_CLOUD]:
+            raise ValueError(
+                "--gpus with several GPU types is for clouds, where the plan picks one; a local "
+                "run takes one type (--gpus cpu:N)"
+            )
+        return self
 
     def updated(self, **changes: Any) -> JobSpec:
         """A copy with `changes`, validated as any spec is (`model_copy(update=…)` skips it)."""
@@ -316,11 +353,28 @@ class LaunchOptions(BaseModel):
     hourly_price: float | None = Field(None, ge=0, le=MAX_USD)
     """Local: USD per hour for the whole run in its ledger (a deadline rehearsal's prices);
     a cloud run's price comes from the plan."""
+    steps: int | None = Field(None, ge=1, le=10**12)
+    """Optimizer steps to finish (`--steps`): the work, priced by each offer's step time."""
+    minimize: str = "cost"
+    """What the plan ranks by: `cost` (expected cost to finish) or `time` (expected finish)."""
+    params: float | None = Field(None, gt=0, le=1e15)
+    """Model parameters, for a step described by flags (no profile)."""
+    flops_per_step: float | None = Field(None, gt=0, le=1e24)
+    """Model FLOPs of one rank's optimizer step (forward and backward), by flag."""
+    tokens_per_step: float | None = Field(None, gt=0, le=1e12)
+    """Tokens one rank processes per optimizer step: FLOPs are then 6 × params × tokens."""
     cluster: bool = False
     """`up --cluster`: a plain SkyPilot cluster kept up for `mncloud exec` (not a managed
     job: no recovery), torn down after `idle_minutes` without a job."""
     idle_minutes: int = Field(DEFAULT_IDLE_MINUTES, ge=0, le=7 * 24 * 60)
     """`--idle-minutes`: SkyPilot's autostop (with autodown) of a `--cluster` run."""
+
+    @field_validator("minimize")
+    @classmethod
+    def _minimize(cls, value: str) -> str:
+        if value not in ("cost", "time"):
+            raise ValueError(f"--minimize {value!r}: give cost or time")
+        return value
 
 
 class DeadlineOptions(BaseModel):

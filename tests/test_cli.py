@@ -273,6 +273,12 @@ RENDER_OPTIONS = {
     "--recovery-minutes",
     "--ckpt-seconds",
     "--hazards-from",
+    # cost to finish (#34): the work in steps, the step's cost by flags, what to rank by.
+    "--steps",
+    "--minimize",
+    "--params",
+    "--flops-per-step",
+    "--tokens-per-step",
 }
 
 

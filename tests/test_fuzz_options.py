@@ -130,6 +130,12 @@ SCENARIOS: dict[str, tuple[list[str], int]] = {
     "render": (["render", "{script}", "--gpus", "cpu:1", "--cloud", "local"], 25),
     "plan": (PLAN, 10),
     "plan --deadline": ([*PLAN, "--deadline", "30h", "--budget", "5000"], 8),
+    "plan --steps": (
+        [*PLAN, "--steps", "1000", "--flops-per-step", "1e15", "--gpus", "H100:8,A100-80GB:8"],
+        10,
+    ),
+    # the script has no training loop: each example ends in the profile's one-line error
+    "profile": (["profile", "{script}"], 4),
     "replay": (["replay", "{trace}", "--hours", "1", "--deadline", "3h"], 40),
     "rerun": (["rerun", "no-such-run"], 10),
     "exec": (["exec", "no-such-run"], 10),

@@ -15,7 +15,7 @@ from mncloud.errors import RunNotFoundError
 from mncloud.export import ExportFormat
 from mncloud.records import Event, Redactor, RunRecord, store, telemetry
 from mncloud.request import build_spec
-from mncloud.spec import JobSpec, LaunchOptions, Recovery
+from mncloud.spec import Accelerator, JobSpec, LaunchOptions, Recovery
 from mncloud.storage import open_bucket
 
 # Planted secrets: each must appear in no file written under MNCLOUD_HOME or the bucket.
@@ -676,13 +676,18 @@ def test_rerun_keeps_every_option(
     # Node recovery needs torchrun, which this spec's launcher is not: set the field directly,
     # for the round trip through the record only.
     spec = spec.model_copy(
-        update={"recovery": Recovery.NODE, "export_on_finish": ExportFormat.TORCH}
+        update={
+            "recovery": Recovery.NODE,
+            "export_on_finish": ExportFormat.TORCH,
+            "gpu_alternatives": [Accelerator(name="A100-80GB", count=8)],
+        }
     )
     options = LaunchOptions(
         hours=5.5, max_cost=100.0, preemption_rate=0.2, learn=True, recovery_minutes=7.0,
         ckpt_seconds=45.0, template=repo / "task.yaml.j2", recovery_delay=0.5,
         retry_on_error=2, chaos_preempt_after=12.0, hourly_price=1.5,
-        hazards_from=(tmp_path / "trace.json",), cluster=True, idle_minutes=45,
+        hazards_from=(tmp_path / "trace.json",), steps=1000, minimize="time", params=1e9,
+        flops_per_step=1e15, tokens_per_step=4096, cluster=True, idle_minutes=45,
     )  # fmt: skip
     # Every field differs from its default, so a new option cannot be forgotten here.
     defaults = {"script", "workdir", "name", "accelerator"}  # required fields

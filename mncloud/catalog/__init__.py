@@ -132,6 +132,8 @@ class Offer(BaseModel):
     """USD per node-hour: the lowest price of the instance type among the region's zones."""
     region_rank: int = 0
     """SkyPilot's own order of preference for this instance type's regions (0 = tried first)."""
+    gpu_memory_gib: float | None = None
+    """Memory per GPU, where SkyPilot's catalog knows it (its `GpuInfo` column)."""
 
 
 class Exclusion(BaseModel):
@@ -262,9 +264,19 @@ def _market_offers(
             spot=spot,
             hourly_price=price,
             region_rank=ranks.get((str(info.instance_type), str(info.region)), 0),
+            gpu_memory_gib=_gib(getattr(info, "device_memory", None)),
         )
         for info, price in priced
     ]
+
+
+def _gib(value: Any) -> float | None:
+    """SkyPilot's GPU memory figure (GiB), or None where its catalog has none (NaN)."""
+    try:
+        gib = float(value)
+    except (TypeError, ValueError):
+        return None
+    return gib if gib > 0 and not math.isnan(gib) else None
 
 
 class _LiveSource:

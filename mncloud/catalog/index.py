@@ -42,6 +42,8 @@ class Row(NamedTuple):
     price: float
     spot_price: float
     region: str
+    device_memory: float | None = None
+    """GiB per GPU from the catalog's `GpuInfo` (None where SkyPilot cannot read it)."""
 
 
 Section = dict[str, Any]
@@ -89,7 +91,7 @@ def _section(cloud: str) -> Section | None:
         return None
     try:
         return skycache.cached(
-            _entry_name(f"offers-{cloud}"),
+            _entry_name(f"offers2-{cloud}"),
             lambda: [str(skycache.catalog_root()), skycache.files_key(cloud, "common")],
             lambda: _build_section(cloud),
         )
@@ -119,6 +121,7 @@ def _build_section(cloud: str) -> Section:
                     float(info.price),
                     float(info.spot_price),
                     str(info.region),
+                    _gib(info.device_memory),
                 ]
                 for infos in listed.values()
                 for info in infos
@@ -142,6 +145,15 @@ def _build_section(cloud: str) -> Section:
     except Exception as err:  # unknown cloud, unreadable catalog: SkyPilot answers directly
         raise _Unbuildable(str(err)) from err
     return {"rows": rows, "unsupported": verdicts, "ranks": region_order, "regions": regions}
+
+
+def _gib(value: object) -> float | None:
+    """A GPU memory figure as JSON can keep it: NaN (no `GpuInfo`) becomes None."""
+    try:
+        gib = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+    return None if gib != gib else gib
 
 
 def _valid_regions(cloud: str) -> list[str]:

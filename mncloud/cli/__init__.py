@@ -25,6 +25,7 @@ from mncloud.cli import export as export_cli
 from mncloud.cli import gpus as gpus_cli
 from mncloud.cli import ops as ops_cli
 from mncloud.cli import plan as plan_cli
+from mncloud.cli import profile as profile_cli
 from mncloud.cli import render as render_cli
 from mncloud.cli import replay as replay_cli
 from mncloud.cli import runs as runs_cli
@@ -108,6 +109,7 @@ def _root(
 
 render_cli.register(app)
 plan_cli.register(app)
+profile_cli.register(app)
 gpus_cli.register(app)
 up_cli.register(app)
 exec_cli.register(app)

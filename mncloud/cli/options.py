@@ -39,7 +39,8 @@ Gpus = Annotated[
     typer.Option(
         "--gpus",
         rich_help_panel=ESSENTIALS,
-        help="Accelerators per node: H100:8, A100-80GB:4, L4, cpu:2.",
+        help="Accelerators per node: H100:8, A100-80GB:4, L4, cpu:2; several GPU types, "
+        "comma-separated (H100:8,A100-80GB:8), are ranked by expected cost to finish.",
     ),
 ]
 Nodes = Annotated[
@@ -304,6 +305,50 @@ Hours = Annotated[
         f"{DEFAULT_HOURS:g}); up --deadline needs it given.",
     ),
 ]
+Steps = Annotated[
+    int | None,
+    typer.Option(
+        "--steps",
+        rich_help_panel=PLAN_PANEL,
+        help="The work as optimizer steps: each offer's hours are steps × its step time (from "
+        "`mncloud profile SCRIPT`, or --flops-per-step / --params with --tokens-per-step).",
+    ),
+]
+Minimize = Annotated[
+    str | None,
+    typer.Option(
+        "--minimize",
+        rich_help_panel=PLAN_PANEL,
+        help="Rank by expected cost to finish (cost, the default) or expected time to finish "
+        "(time, within --max-cost / --max-hourly).",
+    ),
+]
+Params = Annotated[
+    float | None,
+    typer.Option(
+        "--params",
+        rich_help_panel=PLAN_PANEL,
+        help="Model parameters (e.g. 7e9), for a step described by flags instead of a profile.",
+    ),
+]
+FlopsPerStep = Annotated[
+    float | None,
+    typer.Option(
+        "--flops-per-step",
+        rich_help_panel=PLAN_PANEL,
+        help="Model FLOPs of one GPU's optimizer step, forward and backward (instead of a "
+        "profile).",
+    ),
+]
+TokensPerStep = Annotated[
+    float | None,
+    typer.Option(
+        "--tokens-per-step",
+        rich_help_panel=PLAN_PANEL,
+        help="Tokens one GPU processes per optimizer step: with --params, FLOPs are 6 × params "
+        "× tokens.",
+    ),
+]
 Json = Annotated[bool, typer.Option("--json", rich_help_panel=ESSENTIALS, help="Print JSON.")]
 Resume = Annotated[
     bool,
@@ -541,6 +586,11 @@ PLANNING = _group(
     ("recovery_minutes", RecoveryMinutes, None),
     ("ckpt_seconds", CkptSeconds, None),
     ("hazards_from", HazardsFrom, None),
+    ("steps", Steps, None),
+    ("minimize", Minimize, None),
+    ("params", Params, None),
+    ("flops_per_step", FlopsPerStep, None),
+    ("tokens_per_step", TokensPerStep, None),
 )
 #: What `up` does when the name already has a run.
 EXISTING = _group(("resume", Resume, False), ("replace", Replace, False))

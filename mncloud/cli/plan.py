@@ -34,6 +34,7 @@ def plan_command(
             show_default=False,
         ),
     ] = None,
+    script_args: opts.ScriptArgs = None,
     recovery: opts.Recovery = None,
     deadline: opts.Deadline = None,
     budget: opts.PlanBudget = None,
@@ -66,6 +67,7 @@ def plan_command(
     from mncloud.plan import make_plan
 
     deadline_s = _deadline_seconds(deadline, budget)
+    values["script_args"] = list(script_args or [])
     if _runs_locally(values, script, recovery, as_json):
         return
     request = _request(values, script, recovery)
@@ -118,7 +120,9 @@ def _runs_locally(
     notices: list[str] = []
     market = {k: values[k] for k in ("gpus", "nodes", "spot", "cloud", "region", "max_hourly")}
     if script is not None:
-        spec = build_spec(script, recovery=recovery, on_local=notices.append, **market)
+        spec = build_spec(
+            script, values["script_args"], recovery=recovery, on_local=notices.append, **market
+        )
         gpus = str(spec.accelerator)
     else:
         options = {"gpus": values["gpus"], "cloud": values["cloud"]}
@@ -163,12 +167,16 @@ def _request(values: dict[str, Any], script: Path | None, recovery: str | None) 
         from mncloud.request import build_spec
 
         market = ("gpus", "nodes", "spot", "cloud", "region", "max_hourly")
-        spec = build_spec(script, recovery=recovery, **{k: values[k] for k in market})
+        spec = build_spec(
+            script, values["script_args"], recovery=recovery, **{k: values[k] for k in market}
+        )
         return plan_request(spec, opts.launch_options_from(values))
     if not values["gpus"]:
         raise opts.SpecError("--gpus is required, e.g. --gpus H100:8")
+    accelerator, *alternatives = Accelerator.parse_list(values["gpus"])
     return PlanRequest.build(
-        accelerator=Accelerator.parse(values["gpus"]),
+        accelerator=accelerator,
+        alternatives=alternatives,
         nodes=default_of("nodes") if values["nodes"] is None else values["nodes"],
         spot=spot_policy(values["spot"]),
         clouds=list(values["cloud"] or []),
@@ -215,20 +223,29 @@ def show_plan(plan: Plan, *, top: int | None = None, verbose: bool = False) -> N
     groups = _same_offer_groups(plan.candidates)
     shown = groups[:top] if top else groups
     rows = [c for group in shown for c in group]
-    title = f"{request.nodes} × {request.accelerator}, {request.hours:g} h of work"
+    title = f"{request.nodes} × {request.gpus_text}, {request.work}"
     if request.recovery.value == "node":
         title += ", node recovery"
     title += ": cheapest first"
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    timed = any(c.step_seconds is not None for c in rows)
     table.add_column("offer", no_wrap=True)
-    for header in ("$/h\nnode\njob", "exp.\nhours", "exp.\ncost", "exp.\npreempt.", "ckpt\nevery"):
+    headers = ("$/h\nnode\njob", "exp.\nhours", "exp.\ncost", "exp.\npreempt.", "ckpt\nevery")
+    if timed:
+        headers = ("$/h\nnode\njob", "step s\nwork h", "exp.\nhours", *headers[2:])
+    for header in headers:
         table.add_column(header, justify="right", no_wrap=True)
+    several = len(request.accelerators) > 1
     for group in shown:
         c = group[0]
         where = f"{c.cloud} {c.region}" + (f" +{len(group) - 1} regions" if len(group) > 1 else "")
+        what = f"{c.instance_type} {c.accelerator} {c.market}" if several else None
+        step = [f"{c.step_seconds:.3g}\n{c.work_hours:,.2f}"] if timed else []
+        fabric = f"\n{c.network}" if c.network else ""
         table.add_row(
-            f"{where}\n{c.instance_type} {c.market}",
+            f"{where}\n{what or f'{c.instance_type} {c.market}'}{fabric}",
             f"{c.hourly_per_node:,.2f}\n{c.hourly_total:,.2f}",
+            *step,
             f"{c.expected_hours:,.2f}",
             f"${c.expected_cost:,.2f}",
             f"{c.expected_preemptions:.2f}",
@@ -240,8 +257,12 @@ def show_plan(plan: Plan, *, top: int | None = None, verbose: bool = False) -> N
     if note:
         console.print(note, style="dim", highlight=False)
     console.print(plan.explanation, highlight=False)
+    if request.workload_source and not timed:
+        console.print(f"step time: {request.workload_source}", style="dim", highlight=False)
     if verbose:
         _show_details(plan)
+        if timed:
+            show_steps(plan, rows)
         show_recovery(plan, rows)
 
 
@@ -388,6 +409,52 @@ def _same_offer_groups(rows: list[Candidate]) -> list[list[Candidate]]:
         else:
             groups.append([c])
     return groups
+
+
+def show_steps(plan: Plan, rows: list[Candidate]) -> None:
+    """The step-time model's inputs, and what each shown offer's step is made of."""
+    from mncloud.plan import hardware
+    from mncloud.plan.stepmodel import OP_SECONDS
+    from mncloud.plan.timing import memory_text
+
+    request, defaults = plan.request, hardware.model()
+    w = request.workload
+    assert w is not None
+    mfu = f"{w.mfu:.2f} ({w.mfu_source})" if w.mfu else f"{defaults.mfu:g} (stated default)"
+    console.print(
+        f"step model ({request.workload_source}): {w.flops_per_step:.3g} FLOPs and "
+        f"{w.ops_per_step:,} operators (×{OP_SECONDS * 1e6:g} µs) per GPU per step; gradients "
+        f"{w.grad_bytes / 1e9:,.3g} GB all-reduced; memory {memory_text(w)}; MFU {mfu}; "
+        f"overlap {defaults.overlap:g} of backward",
+        highlight=False,
+        style="dim",
+    )
+    table = Table(
+        title="What each step is made of (seconds)",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+    )
+    table.add_column("offer", no_wrap=True)
+    for header in ("step", "compute", "all-\nreduce", "exposed", "bound"):
+        table.add_column(header, justify="right", no_wrap=True)
+    seen: set[tuple[str, str]] = set()
+    for c in rows:
+        if (c.cloud, c.instance_type) in seen:
+            continue
+        seen.add((c.cloud, c.instance_type))
+        table.add_row(
+            f"{c.cloud} {c.instance_type} {c.accelerator}\n{c.network}".rstrip(),
+            f"{c.step_seconds:.3g}",
+            f"{c.compute_seconds:.3g}",
+            f"{c.comm_seconds:.3g}",
+            f"{c.exposed_comm_seconds:.3g}",
+            c.bound.value if c.bound else "",
+            style="bold green"
+            if (c.cloud, c.instance_type) == (plan.choice.cloud, plan.choice.instance_type)
+            else None,
+        )
+    console.print(table)
 
 
 def _show_details(plan: Plan) -> None:

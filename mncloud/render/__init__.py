@@ -48,7 +48,14 @@ import yaml
 from mncloud import __version__, constants, layout
 from mncloud.errors import RenderError
 from mncloud.render import jobgroup
-from mncloud.spec import BUCKET_MOUNT_PATH, JobSpec, Launcher, Recovery, SpotPolicy
+from mncloud.spec import (
+    BUCKET_MOUNT_PATH,
+    Accelerator,
+    JobSpec,
+    Launcher,
+    Recovery,
+    SpotPolicy,
+)
 
 if TYPE_CHECKING:
     import jinja2
@@ -176,13 +183,20 @@ def template_variables(
     """All variables a task template receives (see the module docstring)."""
     choices, mode = _resource_choices(spec, plan)
     use_spot = uses_spot(spec, plan)
+    resources = _resources(spec, use_spot)
+    if spec.gpu_alternatives:  # each entry names its GPU type (SkyPilot: no list beside them)
+        resources.pop("accelerators", None)
+        if not choices:
+            resources["accelerators"] = [str(a) for a in _accelerators(spec)]
+        elif plan is None:
+            choices = [{**c, "accelerators": str(a)} for a in _accelerators(spec) for c in choices]
     gpus_per_node = f'"${constants.SKYPILOT_NUM_GPUS_PER_NODE}"'
     return {
         "mncloud_version": __version__,
         "name": spec.name,
         "num_nodes": spec.nodes,
         "workdir": str(spec.workdir),
-        "resources": _resources(spec, use_spot),
+        "resources": resources,
         "job_recovery": _job_recovery(spec),
         "resource_choices": choices,
         "resource_choice_mode": mode,
@@ -210,6 +224,11 @@ def template_variables(
         "export_dir": layout.EXPORT_DIR,
         "c": constants,
     }
+
+
+def _accelerators(spec: JobSpec) -> list[Accelerator]:
+    """Every GPU type the spec allows, the first one first (`--gpus H100:8,A100-80GB:8`)."""
+    return [spec.accelerator, *spec.gpu_alternatives]
 
 
 def uses_spot(spec: JobSpec, plan: Plan | None) -> bool:

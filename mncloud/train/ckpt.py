@@ -74,6 +74,7 @@ from typing import Any
 from mncloud.constants import CKPT_STAGING_ENV, CKPT_URI_ENV, PREEMPTION_WATCH_ENV
 from mncloud.errors import CheckpointError, MncloudError
 from mncloud.storage.checkpoints import CheckpointStore, Manifest
+from mncloud.train import profiler
 from mncloud.train.collectives import Collectives
 from mncloud.train.emergency import (
     agreed_notice,
@@ -249,6 +250,9 @@ class CheckpointManager:
         the straggler view (`mncloud.train.report`).
         """
         report(step)
+        if (session := profiler.session()) is not None:  # `mncloud profile`: a step ended
+            session.step_done(state)
+            session.step_started(step + 1, state, None)
         if self.preempted is not None:  # stopped for a notice (exit_on_preemption=False)
             return False
         deadline = self._step_boundary(step)

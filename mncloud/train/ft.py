@@ -54,6 +54,7 @@ import torch
 from mncloud import constants
 from mncloud.constants import min_replicas
 from mncloud.errors import MncloudError
+from mncloud.train import profiler
 
 log = logging.getLogger(__name__)
 
@@ -195,6 +196,7 @@ class Replicas:
                     batches = iter(loader)
                     held = next(batches)
             self._committed = False
+            self._profile_step(step + 1, held)
             yield step + 1, held
             if self._committed:
                 step, held = step + 1, None
@@ -205,6 +207,7 @@ class Replicas:
         could; False when this batch must be tried again."""
         if not self.enabled:
             optimizer.step()
+            self._profile_done()
             return True
         grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
         flat = torch.cat([g.reshape(-1) for g in grads]) if grads else torch.zeros(1)
@@ -225,6 +228,7 @@ class Replicas:
             offset += g.numel()
         optimizer.step()
         self._committed = True
+        self._profile_done()
         return True
 
     @property
@@ -246,6 +250,15 @@ class Replicas:
             self._manager.shutdown(wait=False)
             self._manager = None
 
+    def _profile_step(self, step: int, batch: Any) -> None:
+        """`mncloud profile`: a step starts (no cost outside a profile)."""
+        if (session := profiler.session()) is not None:
+            session.step_started(step, self.state, batch)
+
+    def _profile_done(self) -> None:
+        if (session := profiler.session()) is not None:
+            session.step_done(self.state)
+
     def _plain_steps(self, loader: Iterable[Any], total: int) -> Iterator[tuple[int, Any]]:
         """Gang mode: the loader's batches, epoch after epoch, numbered on from the start."""
         empty = 0
@@ -253,6 +266,7 @@ class Replicas:
             before = self.committed_step
             for batch in loader:
                 self.committed_step += 1
+                self._profile_step(self.committed_step, batch)
                 yield self.committed_step, batch
                 if self.committed_step >= total:
                     return

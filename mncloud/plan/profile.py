@@ -1,0 +1,265 @@
+"""A training script's profile: what one step costs, measured once, kept by script version.
+
+`run_profile` runs the script in one process on this machine (`mncloud.train.profiler`: a few
+timed steps, one counted step, then the script is stopped) and returns a `StepProfile`;
+`save` keeps it under `$MNCLOUD_HOME/profiles/`, keyed by the script's content and arguments,
+and `find` answers `plan SCRIPT` / `up SCRIPT` with the newest profile of that script and
+arguments: fresh (same content), stale (the script changed since) or missing.
+
+A script that does not import mncloud, or a plan without a script, describes its step by
+flags instead (`workload_from_flags`: parameters and FLOPs or tokens per step).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from enum import Enum
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from mncloud import layout
+from mncloud.constants import CKPT_URI_ENV, PROFILE_META_ENV, PROFILE_OUT_ENV
+from mncloud.errors import SpecError
+from mncloud.plan import hardware
+from mncloud.plan.stepmodel import Workload, measured_mfu
+from mncloud.spec import LaunchOptions
+
+#: The longest a profile run may take: a few steps of a script (the import of torch included).
+PROFILE_TIMEOUT_S = 900.0
+#: Variables of a launcher that would make the profiled script wait for peers.
+_LAUNCHER_VARS = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RUN_ID",
+    "MNCLOUD_RUN_ID",
+    "MNCLOUD_RECOVERY",
+    "MNCLOUD_PROGRESS_FILE",
+)
+
+
+class ProfileError(SpecError):
+    """The profile run failed, or a profile is missing or stale where one is needed."""
+
+
+class Freshness(str, Enum):
+    FRESH = "fresh"
+    STALE = "stale"
+    MISSING = "missing"
+
+
+class StepProfile(BaseModel):
+    """One step of a script, counted and (unless `meta`) timed on this machine."""
+
+    model_config = ConfigDict(frozen=True, allow_inf_nan=False)
+
+    script: str
+    args: list[str] = Field(default_factory=list)
+    script_sha256: str
+    created: float
+    flops_per_step: float = Field(gt=0)
+    ops_per_step: int = 0
+    params: int = 0
+    weight_bytes: int = 0
+    grad_bytes: int = 0
+    optimizer_bytes: int = 0
+    activation_bytes: int = 0
+    activations_measured: bool = False
+    """True on a GPU (peak memory); on CPU the tensors saved for backward are counted."""
+    peak_memory_bytes: int | None = None
+    samples_per_step: int | None = None
+    tokens_per_step: int | None = None
+    step_seconds: float | None = None
+    """Median measured step on `device` (None under `meta`)."""
+    steps_timed: int = 0
+    device: str = "cpu"
+    device_matmul_flops: float | None = None
+    """This device's measured matmul FLOP/s: MFU's denominator where no datasheet has one."""
+    meta: bool = False
+    torch: str = ""
+
+    @property
+    def gpu(self) -> hardware.GpuFacts | None:
+        """The data file's GPU this profile ran on, or None (a CPU, an unknown GPU)."""
+        return hardware.gpu_for_device(self.device)
+
+    @property
+    def measured_mfu(self) -> float | None:
+        """The efficiency the measured step implies on a known GPU (None on CPU)."""
+        gpu = self.gpu
+        if gpu is None or self.step_seconds is None:
+            return None
+        return measured_mfu(
+            self.flops_per_step, self.ops_per_step, self.step_seconds, gpu.peak_flops()
+        )
+
+    def workload(self) -> Workload:
+        """The step-time model's input; a GPU profile's measured efficiency replaces the
+        stated default."""
+        mfu = self.measured_mfu
+        return Workload(
+            flops_per_step=self.flops_per_step,
+            ops_per_step=self.ops_per_step,
+            grad_bytes=self.grad_bytes,
+            weight_bytes=self.weight_bytes,
+            optimizer_bytes=self.optimizer_bytes,
+            activation_bytes=max(self.activation_bytes, 0),
+            mfu=None if mfu is None else min(mfu, 1.0),
+            mfu_source="" if mfu is None else f"measured on {self.device}",
+        )
+
+
+def script_digest(script: Path, args: list[str]) -> str:
+    """The key of a profile: the script's content and its arguments."""
+    h = hashlib.sha256(script.read_bytes())
+    h.update(b"\0".join(a.encode() for a in args))
+    return h.hexdigest()
+
+
+def run_profile(script: Path, args: list[str], *, meta: bool = False) -> StepProfile:
+    """Profile `script ARGS` in one process here; ProfileError with its last error line."""
+    script = script.expanduser().resolve()
+    if not script.is_file():
+        raise ProfileError(f"{script}: no such script; give the training script's path")
+    with tempfile.TemporaryDirectory(prefix="mncloud-profile-") as tmp:
+        out = Path(tmp) / "profile.json"
+        env = {k: v for k, v in os.environ.items() if k not in _LAUNCHER_VARS}
+        env.update({PROFILE_OUT_ENV: str(out), CKPT_URI_ENV: Path(tmp, "ckpt").as_uri()})
+        env.pop(PROFILE_META_ENV, None)
+        if meta:
+            env[PROFILE_META_ENV] = "1"
+        command = [sys.executable, "-m", "mncloud.train.profiler", str(script), *args]
+        try:
+            done = subprocess.run(
+                command, env=env, capture_output=True, text=True, timeout=PROFILE_TIMEOUT_S
+            )
+        except subprocess.TimeoutExpired:
+            raise ProfileError(
+                f"profiling {script.name} took over {PROFILE_TIMEOUT_S:g} s; pass arguments "
+                "that make its steps smaller, or give --flops-per-step to plan instead"
+            ) from None
+        if done.returncode != 0 or not out.is_file():
+            lines = [line for line in done.stderr.splitlines() if line.strip()]
+            last = lines[-1].strip() if lines else f"exit code {done.returncode}"
+            raise ProfileError(f"profiling {script.name} failed: {last}")
+        counts = json.loads(out.read_text())
+    return StepProfile(
+        script=str(script),
+        args=list(args),
+        script_sha256=hashlib.sha256(script.read_bytes()).hexdigest(),
+        created=time.time(),
+        **counts,
+    )
+
+
+def _path(profile: StepProfile) -> Path:
+    return layout.profiles_dir() / f"{script_digest(Path(profile.script), profile.args)}.json"
+
+
+def save(profile: StepProfile) -> Path:
+    """Keep the profile (one file per script content and arguments); return its path."""
+    path = _path(profile)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(profile.model_dump_json(indent=1))
+    tmp.replace(path)
+    return path
+
+
+def find(script: Path, args: list[str]) -> tuple[StepProfile | None, Freshness]:
+    """The newest profile of this script and arguments, and whether the script changed since."""
+    script = script.expanduser().resolve()
+    root = layout.profiles_dir()
+    exact = root / f"{script_digest(script, args)}.json"
+    if exact.is_file():
+        return _read(exact), Freshness.FRESH
+    same: list[StepProfile] = []
+    for path in root.glob("*.json") if root.is_dir() else []:
+        found = _read(path)
+        if found is not None and found.script == str(script) and found.args == list(args):
+            same.append(found)
+    if not same:
+        return None, Freshness.MISSING
+    return max(same, key=lambda p: p.created), Freshness.STALE
+
+
+def _read(path: Path) -> StepProfile | None:
+    try:
+        return StepProfile.model_validate_json(path.read_text())
+    except (OSError, ValidationError):
+        return None  # a torn or foreign file: as if there were none
+
+
+def profile_command(script: Path, args: list[str]) -> str:
+    """The command that (re)profiles this script, for messages."""
+    import shlex
+
+    tail = f" -- {shlex.join(args)}" if args else ""
+    return f"mncloud profile {shlex.quote(str(script))}{tail}"
+
+
+def workload_from_flags(
+    *,
+    params: float | None,
+    flops_per_step: float | None,
+    tokens_per_step: float | None,
+) -> Workload | None:
+    """A step described by flags: FLOPs given, or 6 × parameters × tokens (a dense
+    transformer's forward and backward). Bytes assume fp32 weights and gradients and AdamW's
+    two fp32 moments (4 + 4 + 8 bytes per parameter); activations are unknown (0)."""
+    if params is None and flops_per_step is None and tokens_per_step is None:
+        return None
+    if flops_per_step is None:
+        if params is None or tokens_per_step is None:
+            raise SpecError(
+                "give --flops-per-step, or both --params and --tokens-per-step (FLOPs are then "
+                "6 × params × tokens)"
+            )
+        flops_per_step = 6 * params * tokens_per_step
+    n = params or 0
+    return Workload(
+        flops_per_step=flops_per_step,
+        grad_bytes=4 * n,
+        weight_bytes=4 * n,
+        optimizer_bytes=8 * n,
+    )
+
+
+def resolve_workload(
+    options: LaunchOptions, script: Path | None = None, args: list[str] | None = None
+) -> tuple[Workload | None, str]:
+    """The step's cost for a plan, and where it came from: the flags, else the script's fresh
+    profile. With `--steps`, a missing or stale profile is a ProfileError naming the command
+    to run; without, the plan goes on by `--hours` and the source says why."""
+    flags = workload_from_flags(
+        params=options.params,
+        flops_per_step=options.flops_per_step,
+        tokens_per_step=options.tokens_per_step,
+    )
+    if flags is not None:
+        return flags, "your flags (--params / --flops-per-step / --tokens-per-step)"
+    if script is None:
+        return None, ""
+    found, freshness = find(script, list(args or []))
+    command = profile_command(script, list(args or []))
+    if freshness is Freshness.FRESH and found is not None:
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(found.created))
+        how = "shapes only" if found.meta else found.device
+        return found.workload(), f"the profile of {script.name} ({how}, {when})"
+    if freshness is Freshness.STALE:
+        why = f"the profile of {script.name} is stale (the script changed since)"
+    else:
+        why = f"{script.name} has no profile for these arguments"
+    if options.steps is not None:
+        raise ProfileError(f"--steps: {why}; run `{command}` first")
+    return None, f"{why}: every offer is assumed equally fast; `{command}` times it"

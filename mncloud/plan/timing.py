@@ -1,0 +1,136 @@
+"""Each offer's step time and hours of work, from the request's workload and the hardware facts.
+
+Without a workload every offer does the request's `hours` (the plan ranks by price and
+preemptions alone). With one, each offer's step comes from `stepmodel.step_time` on its GPU
+(the instance type's variant first) and its network; its hours of work are `steps` × the
+step, or, without `--steps`, `hours` scaled by its step over the fastest step of the first
+GPU type asked for. An offer whose GPU the data file does not know, or cannot hold the replica,
+is excluded with the reason.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from mncloud.catalog import Exclusion, Offer
+from mncloud.errors import CatalogError
+from mncloud.plan import hardware
+from mncloud.plan.model import PlanRequest
+from mncloud.plan.stepmodel import GIB, StepTime, Workload, fits, step_time
+
+
+class OfferTime(NamedTuple):
+    """One offer's step (None without a workload) and its hours of work."""
+
+    step: StepTime | None
+    work_hours: float
+    network: str
+
+
+def time_offers(
+    offers: list[Offer], request: PlanRequest
+) -> tuple[dict[Offer, OfferTime], list[Exclusion]]:
+    """Every offer that can run the workload, timed; the others as exclusions with reasons."""
+    workload = request.workload
+    if workload is None:
+        return {o: OfferTime(None, request.hours, "") for o in offers}, []
+    steps: dict[Offer, tuple[StepTime, str]] = {}
+    excluded: dict[tuple[str, str], str] = {}
+    for offer in offers:
+        gpu = hardware.gpu(offer.accelerator, offer.cloud, offer.instance_type)
+        if gpu is None:
+            excluded[(offer.cloud, offer.instance_type)] = (
+                f"{offer.instance_type}: mncloud/plan/hardware.yaml has no figures for "
+                f"{offer.accelerator}, so its step time is unknown"
+            )
+            continue
+        memory = offer.gpu_memory_gib or gpu.memory_gb
+        if not fits(workload, memory):
+            excluded[(offer.cloud, offer.instance_type)] = (
+                f"{offer.instance_type}: one {offer.accelerator} ({memory:g} GiB) cannot hold "
+                f"the replica ({memory_text(workload)})"
+            )
+            continue
+        steps[offer] = _step(offer, workload, gpu, request.nodes)
+    if not steps:
+        raise CatalogError(_nothing_fits(offers, request, excluded))
+    reference = _reference_seconds(steps, request)
+    timed = {}
+    for offer, (step, network) in steps.items():
+        if request.steps is not None:
+            hours = request.steps * step.step_seconds / 3600
+        else:
+            hours = request.hours * step.step_seconds / reference
+        timed[offer] = OfferTime(step, hours, network)
+    exclusions = [Exclusion(cloud=cloud, reason=why) for (cloud, _), why in excluded.items()]
+    return timed, exclusions
+
+
+def _step(
+    offer: Offer, workload: Workload, gpu: hardware.GpuFacts, nodes: int
+) -> tuple[StepTime, str]:
+    """The offer's step, and its network in words (multi-node offers)."""
+    net = hardware.network(offer.cloud, offer.instance_type)
+    enabled = net.fabric.tier_best or net.fabric.key in {"tcp", "loopback"}
+    busbw = net.busbw_gbs(enabled=enabled)
+    step = step_time(
+        workload, gpu, gpus_per_node=offer.accelerator_count, nodes=nodes, inter_busbw_gbs=busbw
+    )
+    words = ""
+    if nodes > 1:
+        fabric = net.fabric.name if enabled else f"TCP ({net.fabric.name} not enabled by SkyPilot)"
+        gbps = net.rate_gbps(enabled=enabled)
+        words = f"{fabric} {gbps:,.0f} Gbps" + ("" if net.known else " (assumed)")
+    return step, words
+
+
+def _reference_seconds(steps: dict[Offer, tuple[StepTime, str]], request: PlanRequest) -> float:
+    """The step `--hours` is measured on: the fastest offer of the first GPU type asked for
+    (else of any type: the first had none that fits)."""
+    first = request.accelerator
+    own = [
+        s.step_seconds
+        for o, (s, _) in steps.items()
+        if (o.accelerator.lower(), o.accelerator_count) == (first.name.lower(), first.count)
+    ]
+    return min(own or [s.step_seconds for s, _ in steps.values()])
+
+
+def memory_text(workload: Workload) -> str:
+    """A replica's memory per GPU in words: the total and its parts."""
+    parts = (
+        ("weights", workload.weight_bytes),
+        ("gradients", workload.grad_bytes),
+        ("optimizer", workload.optimizer_bytes),
+        ("activations", workload.activation_bytes),
+    )
+    shown = ", ".join(f"{name} {nbytes / GIB:,.1f}" for name, nbytes in parts if nbytes)
+    return f"{workload.memory_bytes / GIB:,.1f} GiB: {shown}"
+
+
+def _nothing_fits(
+    offers: list[Offer], request: PlanRequest, excluded: dict[tuple[str, str], str]
+) -> str:
+    """What would fit when no offer's GPU holds the replica (or none has figures)."""
+    workload = request.workload
+    assert workload is not None
+    reasons = "; ".join(dict.fromkeys(excluded.values()))
+    if not any("cannot hold" in r for r in excluded.values()):
+        return f"no {request.gpus_text} offer can be timed: {reasons}"
+    headroom = hardware.model().memory_headroom
+    need = workload.memory_bytes / GIB / headroom
+    bigger = sorted(
+        (g.memory_gb, name) for name, g in hardware.facts().gpus.items() if g.memory_gb >= need
+    )
+    hint = (
+        f"ask for a GPU with {need:,.0f} GiB or more ("
+        + ", ".join(f"{name} {gb:g} GiB" for gb, name in bigger[:3])
+        + ") or shard"
+        if bigger
+        else "no single GPU holds it: shard"
+    )
+    return (
+        f"no {request.gpus_text} GPU can hold the replica ({memory_text(workload)}; "
+        f"{headroom:.0%} of a GPU is usable): {hint} the model (FSDP / ZeRO-3) so each GPU "
+        "holds a part, or use a smaller batch per GPU"
+    )

@@ -1,0 +1,393 @@
+"""Cost to finish (#34): the script's profile, the step-time model, planning in steps, GPU
+alternatives and the memory check. Real torch counting, real subprocess profiles, SkyPilot's
+catalog snapshot and its schema and dry run."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+from typer.testing import CliRunner
+
+from mncloud.cli import app
+from mncloud.errors import CatalogError, SpecError
+from mncloud.plan import PlanRequest, hardware, make_plan
+from mncloud.plan.stepmodel import Bound, Workload, step_time
+from mncloud.spec import Accelerator
+from mncloud.train.profiler import StepCounter, fake_parameters, state_bytes
+from tests.skyseed import sky_enabled_clouds  # noqa: F401 - a fixture
+
+EXAMPLE = Path(__file__).parent.parent / "examples" / "train_ddp.py"
+runner = CliRunner()
+
+
+# ------------------------------------------------------------------------- the step-time model
+
+
+def test_stepmodel_worked_example() -> None:
+    """The docstring's example, figure by figure."""
+    work = Workload(flops_per_step=6 * 1.3e9 * 8192, ops_per_step=1000, grad_bytes=1.3e9 * 4)
+    h100, p5 = hardware.gpu("H100"), hardware.network("aws", "p5.48xlarge")
+    assert h100 is not None and p5.fabric.key == "efa" and p5.cards == 32
+    fast = step_time(
+        work, h100, gpus_per_node=8, nodes=4, inter_busbw_gbs=p5.busbw_gbs(enabled=True)
+    )
+    assert fast.compute_seconds == pytest.approx(0.0100 + 0.1615, abs=1e-4)
+    assert fast.intra_busbw_gbs == pytest.approx(346.5)
+    assert fast.inter_busbw_gbs == pytest.approx(240.0)
+    assert fast.comm_seconds == pytest.approx(0.0263 + 0.0325, abs=1e-4)
+    assert fast.exposed_comm_seconds == pytest.approx(0.0049, abs=1e-4)
+    assert fast.step_seconds == pytest.approx(0.1764, abs=1e-4)
+    assert fast.bound is Bound.COMPUTE
+    slow = step_time(
+        work, h100, gpus_per_node=8, nodes=4, inter_busbw_gbs=p5.busbw_gbs(enabled=False)
+    )
+    assert slow.inter_busbw_gbs == pytest.approx(1.5)
+    assert slow.step_seconds == pytest.approx(5.34, abs=0.01)
+    assert slow.bound is Bound.NETWORK
+
+
+def test_one_gpu_has_no_all_reduce_and_a100_is_three_times_slower() -> None:
+    work = Workload(flops_per_step=1e15, grad_bytes=4e9)
+    h100, a100 = hardware.gpu("H100"), hardware.gpu("A100-80GB")
+    assert h100 is not None and a100 is not None
+    one = step_time(work, h100, gpus_per_node=1, nodes=1, inter_busbw_gbs=None)
+    assert one.comm_seconds == 0 and one.step_seconds == one.compute_seconds
+    other = step_time(work, a100, gpus_per_node=1, nodes=1, inter_busbw_gbs=None)
+    assert other.step_seconds / one.step_seconds == pytest.approx(989 / 312, rel=1e-6)
+
+
+def test_every_data_row_names_its_source() -> None:
+    facts = hardware.facts()
+    rows: list[Any] = [*facts.gpus.values(), *facts.fabrics.values(), *facts.instances]
+    assert rows and all(row.source.strip() for row in rows)
+    assert hardware.gpu("H100", "lambda", "gpu_1x_h100_pcie").variant.startswith("H100 PCIe")
+
+
+# ------------------------------------------------------------------------------ the profile
+
+
+def _count(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> dict[str, Any]:
+    opt = torch.optim.AdamW(model.parameters())
+    state = {"model": model, "optimizer": opt}
+    counter = StepCounter(state)
+    loss = nn.functional.cross_entropy(model(x), y)
+    loss.backward()
+    opt.step()
+    return {**counter.close(), **state_bytes(state)}
+
+
+def test_mlp_flops_and_bytes_match_the_analytic_count() -> None:
+    batch, dims = 32, [64, 256, 256, 10]
+    layers: list[nn.Module] = []
+    for a, b in itertools.pairwise(dims):
+        layers += [nn.Linear(a, b), nn.GELU()]
+    model = nn.Sequential(*layers[:-1])
+    counts = _count(model, torch.randn(batch, dims[0]), torch.randint(0, 10, (batch,)))
+    macs = sum(a * b for a, b in itertools.pairwise(dims))
+    # forward 2·B·macs, weight gradients the same, input gradients for all but the first layer
+    analytic = 2 * batch * macs * 2 + 2 * batch * (macs - dims[0] * dims[1])
+    assert counts["flops_per_step"] == pytest.approx(analytic, rel=0.02)
+    params = sum(a * b + b for a, b in itertools.pairwise(dims))
+    assert counts["params"] == params
+    assert counts["grad_bytes"] == counts["weight_bytes"] == 4 * params
+    assert counts["optimizer_bytes"] == 8 * params + 4 * len(list(model.parameters()))
+    assert counts["ops_per_step"] > 0 and counts["activation_bytes"] > 0
+
+
+class _Block(nn.Module):
+    def __init__(self, d: int, heads: int) -> None:
+        super().__init__()
+        self.heads, self.qkv, self.out = heads, nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.up, self.down = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, d = x.shape
+        q, k, v = self.qkv(x).view(b, s, 3, self.heads, d // self.heads).unbind(2)
+        att = nn.functional.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
+        )
+        x = x + self.out(att.transpose(1, 2).reshape(b, s, d))
+        return x + self.down(nn.functional.gelu(self.up(x)))
+
+
+class _Transformer(nn.Module):
+    def __init__(self, vocab: int, d: int, layers: int, heads: int) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d)
+        self.blocks = nn.Sequential(*[_Block(d, heads) for _ in range(layers)])
+        self.head = nn.Linear(d, vocab, bias=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(self.blocks(self.embed(tokens))).flatten(0, 1)
+
+
+def test_transformer_flops_match_the_analytic_count() -> None:
+    vocab, d, layers, heads, batch, seq = 512, 128, 2, 4, 4, 64
+    model = _Transformer(vocab, d, layers, heads)
+    tokens = torch.randint(0, vocab, (batch, seq))
+    counts = _count(model, tokens, torch.randint(0, vocab, (batch * seq,)))
+    n = batch * seq
+    per_block = d * 3 * d + d * d + d * 4 * d + 4 * d * d  # MACs per token in the linears
+    linear = layers * per_block + d * vocab
+    attention = layers * 2 * seq * d  # QKᵀ and AV, MACs per token (SDPA counts the full square)
+    # forward 2·n·MACs; backward twice that (the embedding's input needs no gradient)
+    analytic = 3 * 2 * n * (linear + attention)
+    assert counts["flops_per_step"] == pytest.approx(analytic, rel=0.02)
+    params = sum(p.numel() for p in model.parameters())
+    assert counts["params"] == params and counts["grad_bytes"] == 4 * params
+
+
+def test_meta_profile_of_a_model_larger_than_24_gb_counts_from_shapes() -> None:
+    width, depth, batch = 16384, 24, 4
+    with fake_parameters():
+        model = nn.Sequential(*[nn.Linear(width, width, bias=False) for _ in range(depth)])
+    params = depth * width * width
+    assert 4 * params > 24e9  # fp32 weights alone are more than 24 GB
+    counts = _count(model, torch.randn(batch, width), torch.randint(0, width, (batch,)))
+    weights_grads = 2 * (2 * batch * params)
+    inputs = 2 * batch * width * width * (depth - 1)
+    assert counts["flops_per_step"] == weights_grads + inputs
+    assert counts["params"] == params
+    assert counts["grad_bytes"] == counts["weight_bytes"] == 4 * params
+    assert counts["optimizer_bytes"] == 8 * params + 4 * depth
+
+
+def test_profile_cli_runs_the_example_and_plan_uses_it(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    shutil.copy(EXAMPLE, script)
+    result = runner.invoke(app, ["profile", str(script), "--json", "--", "--hidden", "64"])
+    assert result.exit_code == 0, result.output
+    profile = json.loads(result.stdout)
+    assert profile["samples_per_step"] == 32 and profile["steps_timed"] == 5
+    assert profile["step_seconds"] > 0 and profile["device"] == "cpu"
+    assert profile["params"] == 64 * 64 + 64 + 64 * 64 + 64 + 64 * 10 + 10
+    plan = runner.invoke(
+        app,
+        [
+            "plan",
+            str(script),
+            "--gpus",
+            "H100:1,L4:1",
+            "--steps",
+            "100000",
+            "--json",
+            "--",
+            "--hidden",
+            "64",
+        ],
+    )
+    assert plan.exit_code == 0, plan.output
+    data = json.loads(plan.stdout)
+    for c in data["candidates"]:
+        assert c["step_seconds"] > 0 and c["compute_seconds"] > 0 and c["comm_seconds"] == 0
+        assert c["expected_hours"] >= c["work_hours"] > 0
+    assert all(e["reason"] for e in data["excluded"])
+    # the script changed: the profile is stale, and --steps says what to run
+    script.write_text(script.read_text() + "\n# edited\n")
+    stale = runner.invoke(
+        app, ["plan", str(script), "--gpus", "H100:1", "--steps", "10", "--", "--hidden", "64"]
+    )
+    assert stale.exit_code == 2
+    assert "stale" in stale.stderr and "mncloud profile" in stale.stderr
+
+
+def test_profile_of_a_failing_script_says_its_last_error_line(tmp_path: Path) -> None:
+    script = tmp_path / "bad.py"
+    script.write_text("raise ValueError('no data at /nowhere')\n")
+    result = runner.invoke(app, ["profile", str(script)])
+    assert result.exit_code == 2
+    assert result.stderr.strip() == (
+        "error: profiling bad.py failed: ValueError: no data at /nowhere"
+    )
+
+
+# ---------------------------------------------------------------------------- the plan
+
+
+def _request(gpus: str, work: Workload, **fields: Any) -> PlanRequest:
+    first, *others = Accelerator.parse_list(gpus)
+    return PlanRequest.build(
+        accelerator=first, alternatives=others, workload=work, steps=100_000, **fields
+    )
+
+
+@pytest.mark.catalog
+def test_compute_bound_job_ranks_h100_before_a_cheaper_hour_of_a100() -> None:
+    work = Workload(flops_per_step=6 * 1.3e9 * 8192, ops_per_step=1000, grad_bytes=5.2e9)
+    plan = make_plan(_request("H100:8,A100-80GB:8", work, spot="on-demand", clouds=["aws"]))
+    assert plan.choice.accelerator == "H100:8"
+    a100 = [c for c in plan.candidates if c.accelerator == "A100-80GB:8"]
+    assert a100 and min(c.hourly_total for c in a100) < plan.choice.hourly_total
+    assert all(c.expected_cost > plan.choice.expected_cost for c in a100)
+    assert "cheaper per hour" in plan.explanation and "slower GPUs" in plan.explanation
+    # --minimize time picks the fastest finish too
+    fastest = make_plan(_request("H100:8,A100-80GB:8", work, minimize="time", clouds=["aws"]))
+    assert fastest.choice.expected_hours == min(c.expected_hours for c in fastest.candidates)
+
+
+@pytest.mark.catalog
+def test_small_job_on_one_node_ranks_the_cheapest_hour_first() -> None:
+    work = Workload(flops_per_step=1e8, ops_per_step=200, grad_bytes=1e6)
+    plan = make_plan(_request("H100:1,L4:1,A10G:1", work, spot="on-demand"))
+    assert plan.choice.accelerator != "H100:1"
+    assert plan.choice.hourly_total == min(c.hourly_total for c in plan.candidates)
+    assert plan.choice.bound is Bound.OVERHEAD
+
+
+@pytest.mark.catalog
+def test_an_offer_whose_gpu_cannot_hold_the_replica_is_excluded_with_its_reason() -> None:
+    work = Workload(flops_per_step=1e15, weight_bytes=30e9, grad_bytes=30e9, optimizer_bytes=1e9)
+    plan = make_plan(_request("L4:8,A100-80GB:8", work, spot="on-demand"))
+    assert {c.accelerator for c in plan.candidates} == {"A100-80GB:8"}
+    reasons = [e.reason for e in plan.excluded if "cannot hold" in e.reason]
+    assert reasons and "g2-standard-96" in reasons[0] and "L4" in reasons[0]
+    with pytest.raises(CatalogError, match=r"ask for a GPU with .* or shard the model"):
+        make_plan(_request("L4:8", work))
+
+
+@pytest.mark.catalog
+@pytest.mark.parametrize(
+    ("gpus", "message"),
+    [
+        ("H100:8,", "item 2 is empty"),
+        ("H100:8,A100:x", "is not a whole number"),
+        ("H100:8,H10O:8", "did you mean"),
+        ("H100:8,H100:8", "listed twice"),
+    ],
+)
+def test_bad_gpu_lists_are_one_line_errors(gpus: str, message: str) -> None:
+    with pytest.raises(SpecError, match=message):
+        Accelerator.parse_list(gpus)
+    result = runner.invoke(app, ["plan", "--gpus", gpus, "--hours", "5"])
+    assert result.exit_code == 2 and message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--steps", "0"], "--steps"),
+        (["--steps", "2.5"], "--steps"),
+        (["--minimize", "fast"], "--minimize 'fast': give cost or time"),
+        (["--steps", "10"], "--steps needs the step's cost"),
+        (["--params", "1e9"], "give --flops-per-step, or both --params and --tokens-per-step"),
+    ],
+)
+def test_bad_planning_flags_are_one_line_errors(args: list[str], message: str) -> None:
+    result = runner.invoke(app, ["plan", "--gpus", "H100:8", *args])
+    assert result.exit_code == 2, result.output
+    assert message in result.stderr
+
+
+# ---------------------------------------------------------------------- render and dry run
+
+
+@pytest.mark.catalog
+@pytest.mark.skipif(shutil.which("rsync") is None, reason="SkyPilot's dry run needs rsync on PATH")
+def test_gpu_alternatives_render_ordered_entries_skypilot_accepts(
+    tmp_path: Path,
+    sky_enabled_clouds: list[str],  # noqa: F811 - the fixture imported above
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import sky
+    import sky.jobs
+    from sky.utils import common_utils, schemas
+
+    from mncloud.backends.base import LaunchRequest
+    from mncloud.backends.skypilot import SkyPilotBackend
+    from mncloud.launch import plan_request
+    from mncloud.render import render
+    from mncloud.request import build_spec
+    from mncloud.spec import LaunchOptions
+
+    def forbidden(*_args: Any, **_kwargs: Any) -> None:
+        raise AssertionError("a dry run must not provision")
+
+    monkeypatch.setattr(sky, "launch", forbidden)
+    monkeypatch.setattr(sky.jobs, "launch", forbidden)
+    (tmp_path / "pyproject.toml").write_text("[project]\nname='p'\n")
+    script = tmp_path / "train.py"
+    script.write_text("print('hi')\n")
+    spec = build_spec(
+        script, gpus="A100-80GB:8,H100:8", nodes=2, spot=False, cloud=["gcp"], name="alt"
+    )
+    options = LaunchOptions(steps=20_000, params=1.3e9, flops_per_step=6.4e13)
+    plan = make_plan(plan_request(spec, options))
+    types = [e["accelerators"] for e in plan.ordered_resources()]
+    assert types[0] == "H100:8" and "A100-80GB:8" in types  # our ranking, not the list order
+    task = render(spec, plan=plan)
+    public = {k: v for k, v in copy.deepcopy(task.config).items() if not k.startswith("_")}
+    common_utils.validate_schema(public, schemas.get_task_schema(), "")
+    parsed = sky.Task.from_yaml_config(copy.deepcopy(task.config))
+    assert {str(r.accelerators) for r in parsed.resources} >= {"{'H100': 8}", "{'A100-80GB': 8}"}
+    request = LaunchRequest(spec=spec, task=task, plan=plan, dryrun=True)
+    status = SkyPilotBackend().launch(request)
+    assert "dry run passed" in status.detail
+    assert status.instance_type == plan.choice.instance_type == "a3-highgpu-8g"
+
+
+@pytest.mark.catalog
+def test_communication_bound_job_ranks_a_fast_fabric_first_compute_bound_by_price() -> None:
+    """4 × H100:8 on-demand: Lambda's hour is cheapest but its nodes talk over plain TCP."""
+    chatty = Workload(flops_per_step=1e13, grad_bytes=5.2e9)  # 1.3B fp32 gradients
+    plan = make_plan(
+        PlanRequest.build(
+            accelerator=Accelerator.parse("H100:8"),
+            nodes=4,
+            spot="on-demand",
+            workload=chatty,
+            steps=20_000,
+        )
+    )
+    assert plan.choice.network.startswith("AWS EFA")
+    cheapest_hour = min(plan.candidates, key=lambda c: c.hourly_total)
+    assert cheapest_hour.cloud == "lambda" and cheapest_hour.bound is Bound.NETWORK
+    assert "the network decided" in plan.explanation
+    quiet = Workload(flops_per_step=6.4e13, grad_bytes=4e6)
+    plan = make_plan(
+        PlanRequest.build(
+            accelerator=Accelerator.parse("H100:8"),
+            nodes=4,
+            spot="on-demand",
+            workload=quiet,
+            steps=20_000,
+        )
+    )
+    assert plan.choice.hourly_total == min(c.hourly_total for c in plan.candidates)
+
+
+@pytest.mark.catalog
+def test_gpu_alternatives_without_a_plan_render_a_list_or_cross_the_clouds(tmp_path: Path) -> None:
+    from mncloud.render import render
+    from mncloud.request import build_spec
+
+    (tmp_path / "pyproject.toml").write_text("[project]\nname='p'\n")
+    script = tmp_path / "train.py"
+    script.write_text("print('hi')\n")
+    spec = build_spec(script, gpus="H100:8,A100-80GB:8", nodes=2, name="alt")
+    resources = render(spec).config["resources"]  # render checks SkyPilot's schema itself
+    assert resources["accelerators"] == ["H100:8", "A100-80GB:8"]
+    spec = build_spec(script, gpus="H100:8,A100-80GB:8", nodes=2, name="alt", cloud=["aws", "gcp"])
+    resources = render(spec).config["resources"]
+    assert "accelerators" not in resources
+    pairs = {(e["infra"], e["accelerators"]) for e in resources["any_of"]}
+    assert pairs == {(f"{c}/*", a) for c in ("aws", "gcp") for a in ("H100:8", "A100-80GB:8")}
+
+
+@pytest.mark.catalog
+def test_gpu_alternatives_on_the_local_backend_are_refused(tmp_path: Path) -> None:
+    (tmp_path / "pyproject.toml").write_text("[project]\nname='p'\n")
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    result = runner.invoke(
+        app, ["up", str(tmp_path / "train.py"), "--gpus", "H100:8,A100:8", "--cloud", "local"]
+    )
+    assert result.exit_code == 2
+    assert "several GPU types is for clouds" in result.stderr
