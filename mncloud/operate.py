@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from mncloud.control.state import ControlState
     from mncloud.records.goodput import GoodputLedger, StepMark, Telemetry
     from mncloud.records.model import RunRecord
+    from mncloud.records.series import Series
 
 #: How long `status` keeps trying a bucket before it reports it unreadable.
 CKPT_LOOKUP_SECONDS = 5.0
@@ -303,10 +304,10 @@ def _prepend(status: RunStatus, note: str) -> None:
 def run_telemetry(
     record: RunRecord, ckpt_step: int | None = None, *, bucket: bool = True
 ) -> Telemetry:
-    """What `records.goodput` needs beyond the record: a local run's step lines (from its
+    """What `records.goodput` needs beyond the record: the steps from the run's telemetry
+    segments (`records.series`, every backend) or else a local run's step lines (from its
     folder, while it still holds this run), the newest complete checkpoint (`ckpt_step` when
-    the caller read it already) and the final step; `bucket=False` reads no bucket. A cloud
-    run has no step lines."""
+    the caller read it already) and the final step; `bucket=False` reads no bucket."""
     from mncloud.backends.local.state import load_state
     from mncloud.records.goodput import Telemetry
 
@@ -318,6 +319,10 @@ def run_telemetry(
             uri = uri or load_state(folder).ckpt_uri
         except (MncloudError, *_FILE_ERRORS):
             pass
+    if uri is not None and bucket:
+        series = run_series(record, uri)
+        if series is not None and series.steps:
+            steps = _series_marks(series)
     newest, final = ckpt_step, None
     if uri is not None and bucket:
         from mncloud.backends.local.figures import read_final
@@ -338,6 +343,40 @@ def run_goodput(
     from mncloud.records.goodput import goodput_ledger
 
     return goodput_ledger(record, run_telemetry(record, ckpt_step, bucket=bucket))
+
+
+def run_series(record: RunRecord, ckpt_uri: str | None = None) -> Series | None:
+    """A run's telemetry segments, compacted (`records.series`), under its checkpoint URI or
+    `ckpt_uri`; None when neither is known or the bucket cannot be read."""
+    from mncloud.records.series import read_series
+
+    uri = record.ckpt_uri or ckpt_uri
+    if uri is None and record.backend == "local":
+        uri = _local_ckpt_uri(record)
+    if uri is None:
+        return None
+    try:
+        return read_series(layout.series_uri(uri, record.run_id))
+    except (MncloudError, OSError, ValueError):
+        return None
+
+
+def _local_ckpt_uri(record: RunRecord) -> str | None:
+    from mncloud.backends.local.state import load_state
+
+    folder = layout.run_dir(record.name)
+    if _local_run_id(folder) != record.run_id:
+        return None
+    try:
+        return load_state(folder).ckpt_uri
+    except (MncloudError, *_FILE_ERRORS):
+        return None
+
+
+def _series_marks(series: Series) -> list[StepMark]:
+    from mncloud.records.goodput import StepMark
+
+    return [StepMark(t=r.t, step=r.step, ckpt_s=r.ckpt_s) for r in series.steps]
 
 
 def _step_marks(folder: Path) -> list[StepMark]:

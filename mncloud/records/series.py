@@ -1,0 +1,299 @@
+"""Training telemetry through the bucket: ranks append JSONL segments; readers compact them.
+
+One mechanism for every backend (a cloud bucket or a local run's `file://` one). Each rank
+buffers small records in memory and a daemon thread writes them, at most every
+`FLUSH_INTERVAL_S`, as one new object under `layout.series_uri(ckpt, run_id)`:
+
+    r00003-<launch>-00007.jsonl      rank 3, its launch's tag, the 8th segment of that launch
+    {"k": "head", "rank": 3, "node": 1, "launch": "…", "t0": 1700000000.0}
+    {"k": "step", "t": 1700000031.2, "step": 120, "m": {"loss": 2.31}}
+    {"k": "step", "t": 1700000031.4, "step": 121, "ckpt_s": 0.8}
+
+A segment is never rewritten (the launch tag is the process's start time and pid, the sequence
+number counts up), so a preempted rank's last segment is at worst missing, never half a
+replacement. Reading lists every segment, skips a torn or malformed one (counted in
+`Series.skipped`) and compacts them into one `Series`: steps with their times per rank and
+launch, the metrics over steps, and each launch's first step. Training never waits on it: a
+record is a list append; the bucket is written off the training thread and its errors logged.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import math
+import os
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from mncloud import constants, layout
+
+log = logging.getLogger(__name__)
+
+#: Seconds between a rank's segment writes (objects per rank per hour = 3600 / this at most).
+FLUSH_INTERVAL_S = 30.0
+#: Records a rank keeps buffered at most (older ones are dropped if the bucket is down).
+MAX_BUFFER = 200_000
+#: Reads of the segments give up after this long.
+READ_RETRY_SECONDS = 5.0
+SUFFIX = ".jsonl"
+
+
+def finite_metrics(metrics: Mapping[str, object]) -> tuple[dict[str, float], list[str]]:
+    """The finite scalars of `metrics` and the names dropped (not a finite number)."""
+    kept: dict[str, float] = {}
+    dropped: list[str] = []
+    for name, value in metrics.items():
+        try:
+            number = float(value)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            dropped.append(name)
+            continue
+        if math.isfinite(number) and not isinstance(value, bool):
+            kept[name] = number
+        else:
+            dropped.append(name)
+    return kept, dropped
+
+
+class SeriesWriter:
+    """One rank's telemetry: `add` buffers a record, a daemon thread writes segments."""
+
+    def __init__(
+        self,
+        uri: str,
+        rank: int,
+        *,
+        node: int | None = None,
+        interval: float = FLUSH_INTERVAL_S,
+        background: bool = True,
+    ) -> None:
+        self.uri, self.rank, self.node, self.interval = uri, rank, node, interval
+        self.t0 = _process_start()
+        self.launch = f"{int(self.t0 * 1000):x}-{os.getpid():x}"
+        self.segments = 0
+        self._buffer: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        if background:
+            self._thread = threading.Thread(target=self._loop, name="mncloud-series", daemon=True)
+            self._thread.start()
+            atexit.register(self.close)
+
+    def add(self, record: dict[str, Any]) -> None:
+        """Buffer one record (cheap); a step reported again (a save's `maybe_save`, then the
+        script's metrics) is merged into the buffered one of that step."""
+        with self._lock:
+            last = self._buffer[-1] if self._buffer else None
+            same = last is not None and last.get("k") == "step" == record.get("k")
+            if same and last is not None and last.get("step") == record.get("step"):
+                metrics = {**last.get("m", {}), **record.get("m", {})}
+                last.update({**record, "t": last["t"]}, **({"m": metrics} if metrics else {}))
+                return
+            if len(self._buffer) >= MAX_BUFFER:
+                del self._buffer[: MAX_BUFFER // 10]
+            self._buffer.append(record)
+
+    def flush(self) -> bool:
+        """Write the buffered records as one new segment; False when there was nothing or the
+        bucket failed (the records are kept for the next try)."""
+        with self._lock:
+            records, self._buffer = self._buffer, []
+        if not records:
+            return False
+        head = {"k": "head", "rank": self.rank, "node": self.node, "launch": self.launch,
+                "t0": self.t0}  # fmt: skip
+        body = "\n".join(json.dumps(r, separators=(",", ":")) for r in [head, *records]) + "\n"
+        name = f"r{self.rank:05d}-{self.launch}-{self.segments:05d}{SUFFIX}"
+        try:
+            from mncloud.storage import join_key, open_bucket
+
+            bucket, prefix = open_bucket(self.uri, retry_seconds=2.0)
+            bucket.put_bytes(join_key(prefix, name), body.encode())
+        except Exception as err:  # telemetry must never break training
+            log.warning("telemetry segment not written (kept for the next try): %s", err)
+            with self._lock:
+                self._buffer[:0] = records
+            return False
+        self.segments += 1
+        return True
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Write what is buffered and stop the thread (at exit; bounded)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._wake.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+        else:
+            self.flush()
+
+    def _loop(self) -> None:
+        while not self._closed:
+            self._wake.wait(self.interval)
+            self.flush()
+        self.flush()
+
+
+def _process_start() -> float:
+    """When this process started (seconds since the epoch): its launch's start on this rank."""
+    try:
+        import psutil
+
+        return float(psutil.Process().create_time())
+    except Exception:
+        return time.time()
+
+
+def writer_from_env(environ: Mapping[str, str] | None = None) -> SeriesWriter | None:
+    """The writer of this process's rank in a run (`MNCLOUD_CKPT_URI`, `MNCLOUD_RUN_ID`,
+    `RANK`, `SKYPILOT_NODE_RANK`), or None outside one."""
+    env = os.environ if environ is None else environ
+    ckpt, run_id = env.get(constants.CKPT_URI_ENV), env.get(constants.RUN_ID_ENV)
+    if not ckpt or not run_id:
+        return None
+    node = env.get(constants.SKYPILOT_NODE_RANK)
+    interval = env.get(constants.TELEMETRY_INTERVAL_ENV)
+    return SeriesWriter(
+        layout.series_uri(ckpt, run_id),
+        int(env.get("RANK", "0")),
+        node=int(node) if node and node.isdigit() else None,
+        interval=float(interval) if interval else FLUSH_INTERVAL_S,
+    )
+
+
+@dataclass(frozen=True)
+class StepRow:
+    """One finished step of one rank in one launch."""
+
+    t: float
+    step: int
+    rank: int
+    node: int | None
+    launch: str
+    ckpt_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class Point:
+    """One reported value of a metric."""
+
+    t: float
+    step: int
+    value: float
+    launch: str
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One launch as the lowest rank saw it: its process start and its steps' span."""
+
+    tag: str
+    t0: float
+    first_t: float
+    last_t: float
+    first_step: int
+    last_step: int
+
+
+@dataclass
+class Series:
+    """Every rank's telemetry of a run, compacted: rows sorted by time."""
+
+    steps: list[StepRow] = field(default_factory=list)
+    metrics: dict[str, list[Point]] = field(default_factory=dict)
+    starts: dict[str, float] = field(default_factory=dict)
+    """Each launch tag's process start time (from its segments' head lines)."""
+    segments: int = 0
+    skipped: int = 0
+    """Segments that were torn or malformed and left out."""
+
+    def launches(self) -> list[Launch]:
+        """The lowest rank's launches in time order (every launch restarts it)."""
+        if not self.steps:
+            return []
+        low = min(r.rank for r in self.steps)
+        rows: dict[str, list[StepRow]] = {}
+        for row in self.steps:
+            if row.rank == low:
+                rows.setdefault(row.launch, []).append(row)
+        out = [
+            Launch(tag, self.starts.get(tag, r[0].t), r[0].t, r[-1].t, r[0].step, r[-1].step)
+            for tag, r in rows.items()
+        ]
+        return sorted(out, key=lambda launch: launch.t0)
+
+    def first_steps(self) -> dict[str, StepRow]:
+        """Each launch's first finished step (of any rank)."""
+        out: dict[str, StepRow] = {}
+        for row in self.steps:
+            out.setdefault(row.launch, row)
+        return out
+
+
+def _parse(text: str, series: Series) -> None:
+    """Add one segment's records to `series`; raises ValueError/KeyError/TypeError when torn."""
+    lines = text.splitlines()
+    if not text.endswith("\n") or not lines:
+        raise ValueError("torn segment")
+    head = json.loads(lines[0])
+    if head.get("k") != "head":
+        raise ValueError("no head line")
+    rank, node, launch = int(head["rank"]), head.get("node"), str(head["launch"])
+    steps: list[StepRow] = []
+    points: list[tuple[str, Point]] = []
+    for line in lines[1:]:
+        rec = json.loads(line)
+        if rec.get("k") != "step":
+            continue
+        t, step = float(rec["t"]), int(rec["step"])
+        steps.append(StepRow(t, step, rank, node, launch, float(rec.get("ckpt_s") or 0.0)))
+        for name, value in (rec.get("m") or {}).items():
+            if math.isfinite(float(value)):
+                points.append((name, Point(t, step, float(value), launch)))
+    series.steps += steps
+    if head.get("t0"):
+        series.starts.setdefault(launch, float(head["t0"]))
+    for name, point in points:
+        series.metrics.setdefault(name, []).append(point)
+
+
+def _merged(rows: list[StepRow]) -> list[StepRow]:
+    """One row per (launch, rank, step): the earliest, with the largest stall; by time."""
+    best: dict[tuple[str, int, int], StepRow] = {}
+    for row in sorted(rows, key=lambda r: r.t):
+        key = (row.launch, row.rank, row.step)
+        seen = best.get(key)
+        if seen is None:
+            best[key] = row
+        elif row.ckpt_s > seen.ckpt_s:
+            best[key] = StepRow(seen.t, seen.step, seen.rank, seen.node, seen.launch, row.ckpt_s)
+    return sorted(best.values(), key=lambda r: (r.t, r.rank))
+
+
+def read_series(uri: str) -> Series:
+    """Every segment under a series URI (`layout.series_uri`), compacted (module docstring)."""
+    from mncloud.storage import open_bucket
+
+    bucket, prefix = open_bucket(uri, retry_seconds=READ_RETRY_SECONDS)
+    series = Series()
+    for obj in bucket.list(f"{prefix}/" if prefix else ""):
+        if not obj.key.endswith(SUFFIX):
+            continue
+        series.segments += 1
+        try:
+            _parse(bucket.get_bytes(obj.key).decode(), series)
+        except (ValueError, KeyError, TypeError, UnicodeDecodeError) as err:
+            log.warning("telemetry segment %s skipped: %s", obj.key, err)
+            series.skipped += 1
+    series.steps = _merged(series.steps)
+    for points in series.metrics.values():
+        points.sort(key=lambda p: p.t)
+    return series
