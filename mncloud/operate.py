@@ -15,6 +15,7 @@ is one `UnreadableRun` row with the reason, never an error that hides the other 
 from __future__ import annotations
 
 import collections
+import itertools
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +27,7 @@ from mncloud import layout
 from mncloud.backends.base import RunState, RunStatus
 from mncloud.backends.registry import backend_for_run
 from mncloud.errors import BackendError, MncloudError, RunNotFoundError, first_error
+from mncloud.records.model import OPENS_SEGMENT, Event
 
 if TYPE_CHECKING:
     from mncloud.control.state import ControlState
@@ -73,6 +75,8 @@ class UnreadableRun(BaseModel):
 
 #: Errors of a run folder's own files (torn JSON, a schema they do not match, a lost file).
 _FILE_ERRORS = (OSError, ValueError, KeyError, TypeError)
+#: An event's placement and price, copied onto a relaunch read off the telemetry.
+_PLACEMENT = {"cloud", "region", "instance_type", "spot", "hourly_price"}
 
 
 def all_statuses() -> list[RunStatus | UnreadableRun]:
@@ -302,12 +306,16 @@ def _prepend(status: RunStatus, note: str) -> None:
 
 
 def run_telemetry(
-    record: RunRecord, ckpt_step: int | None = None, *, bucket: bool = True
+    record: RunRecord,
+    ckpt_step: int | None = None,
+    *,
+    bucket: bool = True,
+    series: Series | None = None,
 ) -> Telemetry:
     """What `records.goodput` needs beyond the record: the steps from the run's telemetry
-    segments (`records.series`, every backend) or else a local run's step lines (from its
-    folder, while it still holds this run), the newest complete checkpoint (`ckpt_step` when
-    the caller read it already) and the final step; `bucket=False` reads no bucket."""
+    segments (`series`, or read here; every backend) or else a local run's step lines (from
+    its folder, while it still holds this run), the newest complete checkpoint (`ckpt_step`
+    when the caller read it already) and the final step; `bucket=False` reads no bucket."""
     from mncloud.backends.local.state import load_state
     from mncloud.records.goodput import Telemetry
 
@@ -319,10 +327,10 @@ def run_telemetry(
             uri = uri or load_state(folder).ckpt_uri
         except (MncloudError, *_FILE_ERRORS):
             pass
-    if uri is not None and bucket:
+    if series is None and uri is not None and bucket:
         series = run_series(record, uri)
-        if series is not None and series.steps:
-            steps = _series_marks(series)
+    if series is not None and series.steps:
+        steps = _series_marks(series)
     newest, final = ckpt_step, None
     if uri is not None and bucket:
         from mncloud.backends.local.figures import read_final
@@ -339,10 +347,40 @@ def run_telemetry(
 def run_goodput(
     record: RunRecord, ckpt_step: int | None = None, *, bucket: bool = True
 ) -> GoodputLedger:
-    """A run record's goodput ledger (`records/goodput.py`) over its telemetry."""
+    """A run record's goodput ledger (`records/goodput.py`) over its telemetry; a cloud run's
+    relaunches that its record does not hold are read off its telemetry (`with_relaunches`)."""
     from mncloud.records.goodput import goodput_ledger
 
-    return goodput_ledger(record, run_telemetry(record, ckpt_step, bucket=bucket))
+    series = run_series(record) if bucket else None
+    if series is not None and record.backend != "local":
+        record = with_relaunches(record, series)
+    telemetry = run_telemetry(record, ckpt_step, bucket=bucket, series=series)
+    return goodput_ledger(record, telemetry)
+
+
+def with_relaunches(record: RunRecord, series: Series) -> RunRecord:
+    """The record with a `recovery` event at each relaunch its telemetry shows and its events
+    do not: SkyPilot recovers a managed job by itself, so a cloud record holds only the first
+    launch. The lowest rank's new process marks a relaunch; the recovery opens at the last step
+    any rank finished before it started, so the billed total stays the record's and the time
+    between (the step in flight, provisioning, start-up) counts as recovery. Example: launch
+    at t=0, steps 1..14 until t=45 (process A), steps 11..30 from t=80 (process B) → a
+    recovery at t=45."""
+    opens = sorted((e for e in record.events if e.kind in OPENS_SEGMENT), key=lambda e: e.time)
+    if not opens:
+        return record
+    added = []
+    for prev, nxt in itertools.pairwise(series.launches()):
+        if any(prev.last_t < e.time <= nxt.first_t for e in opens):
+            continue  # the record saw this relaunch
+        price = max((e for e in opens if e.time <= prev.last_t), key=lambda e: e.time, default=None)
+        fields = price.model_dump(include=_PLACEMENT) if price is not None else {}
+        cut = max((r.t for r in series.steps if r.t < nxt.t0), default=prev.last_t)
+        detail = "relaunch seen in telemetry"
+        added.append(Event(kind="recovery", time=cut + 1e-6, detail=detail, **fields))
+    if not added:
+        return record
+    return record.model_copy(update={"events": [*record.events, *added]})
 
 
 def run_series(record: RunRecord, ckpt_uri: str | None = None) -> Series | None:

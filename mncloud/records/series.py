@@ -189,6 +189,7 @@ class Point:
     step: int
     value: float
     launch: str
+    rank: int = 0
 
 
 @dataclass(frozen=True)
@@ -214,6 +215,13 @@ class Series:
     segments: int = 0
     skipped: int = 0
     """Segments that were torn or malformed and left out."""
+
+    def curve(self, name: str) -> list[Point]:
+        """A metric as the lowest rank that reports it reported it, in time order (each rank
+        reports its own value; ClearML-style, one record per run shows one of them)."""
+        points = self.metrics.get(name, [])
+        low = min((p.rank for p in points), default=0)
+        return [p for p in points if p.rank == low]
 
     def launches(self) -> list[Launch]:
         """The lowest rank's launches in time order (every launch restarts it)."""
@@ -257,7 +265,7 @@ def _parse(text: str, series: Series) -> None:
         steps.append(StepRow(t, step, rank, node, launch, float(rec.get("ckpt_s") or 0.0)))
         for name, value in (rec.get("m") or {}).items():
             if math.isfinite(float(value)):
-                points.append((name, Point(t, step, float(value), launch)))
+                points.append((name, Point(t, step, float(value), launch, rank)))
     series.steps += steps
     if head.get("t0"):
         series.starts.setdefault(launch, float(head["t0"]))

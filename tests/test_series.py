@@ -1,0 +1,190 @@
+"""Training telemetry through the bucket (`mncloud/records/series.py`): segments written by
+ranks, never overwritten, compacted when read; bad input skipped and counted; and a cloud-like
+run (real processes with the cloud's environment, the real S3 test server) preempted once,
+whose goodput ledger has no `unknown` part."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from mncloud import constants, layout, records
+from mncloud.operate import run_goodput, run_series
+from mncloud.records.series import SeriesWriter, finite_metrics, read_series
+from mncloud.request import build_spec
+from mncloud.storage import join_key, open_bucket
+
+
+def _writer(uri: str, rank: int = 0) -> SeriesWriter:
+    return SeriesWriter(uri, rank, node=0, background=False)
+
+
+def test_segments_round_trip_and_are_never_overwritten(bucket_uri: str) -> None:
+    uri = f"{bucket_uri}/series"
+    w0, w1 = _writer(uri, 0), _writer(uri, 1)
+    for step in (1, 2, 3):
+        w0.add({"k": "step", "t": 100.0 + step, "step": step, "m": {"loss": 4.0 - step}})
+        w1.add({"k": "step", "t": 100.2 + step, "step": step})
+        if step == 2:
+            assert w0.flush() and w1.flush()
+    w0.add({"k": "step", "t": 103.5, "step": 3, "ckpt_s": 0.4})  # the same step again: merged
+    assert w0.flush() and w1.flush()
+    assert not w0.flush()  # nothing buffered: no empty segment
+    bucket, prefix = open_bucket(uri)
+    names = sorted(o.key.rsplit("/", 1)[-1] for o in bucket.list(f"{prefix}/" if prefix else ""))
+    assert len(names) == len(set(names)) == 4
+    assert all(n.startswith(("r00000-", "r00001-")) and n.endswith(".jsonl") for n in names)
+    series = read_series(uri)
+    assert series.segments == 4 and series.skipped == 0
+    assert [(r.rank, r.step) for r in series.steps] == [(0, 1), (1, 1), (0, 2), (1, 2), (0, 3),
+                                                         (1, 3)]  # fmt: skip
+    (three,) = [r for r in series.steps if r.rank == 0 and r.step == 3]
+    assert three.t == 103.0 and three.ckpt_s == 0.4  # earliest time, the save's stall
+    assert [(p.step, p.value) for p in series.metrics["loss"]] == [(1, 3.0), (2, 2.0), (3, 1.0)]
+    (launch,) = series.launches()
+    assert (launch.first_step, launch.last_step) == (1, 3)
+
+
+def test_a_torn_or_malformed_segment_is_skipped_and_counted(tmp_path: Path) -> None:
+    uri = f"file://{tmp_path / 'b'}/series"
+    w = _writer(uri)
+    w.add({"k": "step", "t": 1.0, "step": 1, "m": {"loss": 2.0}})
+    assert w.flush()
+    bucket, prefix = open_bucket(uri)
+    good = json.dumps({"k": "head", "rank": 1, "launch": "x"}) + "\n"
+    bucket.put_bytes(
+        join_key(prefix, "r00001-x-00000.jsonl"), (good + '{"k": "step", "t"').encode()
+    )
+    bucket.put_bytes(join_key(prefix, "r00001-x-00001.jsonl"), b"not json\n")
+    bucket.put_bytes(join_key(prefix, "r00001-x-00002.jsonl"), (good + '{"k":"step"}\n').encode())
+    series = read_series(uri)
+    assert (series.segments, series.skipped) == (4, 3)
+    assert [(r.rank, r.step) for r in series.steps] == [(0, 1)]
+    assert [p.value for p in series.metrics["loss"]] == [2.0]
+
+
+def test_a_non_finite_metric_is_dropped_with_one_warning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from mncloud.train import steptime
+
+    assert finite_metrics({"loss": 1, "x": float("nan"), "y": "abc", "z": True}) == (
+        {"loss": 1.0},
+        ["x", "y", "z"],
+    )
+    ckpt = f"file://{tmp_path / 'b'}/exp"
+    monkeypatch.setenv(constants.CKPT_URI_ENV, ckpt)
+    monkeypatch.setenv(constants.RUN_ID_ENV, "exp-1")
+    monkeypatch.setattr(steptime, "_series", None)
+    monkeypatch.setattr(steptime, "_warned", set())
+    with caplog.at_level(logging.WARNING, logger=steptime.__name__):
+        for step in (1, 2, 3):
+            steptime.report(step, loss=1.0 / step, grad_norm=float("inf"))
+    assert len([r for r in caplog.records if "grad_norm" in r.getMessage()]) == 1
+    writer = steptime._series
+    assert writer and writer.flush()
+    series = read_series(layout.series_uri(ckpt, "exp-1"))
+    assert set(series.metrics) == {"loss"} and len(series.metrics["loss"]) == 3
+
+
+def test_a_failing_bucket_never_raises_and_keeps_the_records(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")  # a file where the bucket's folder would be: every write fails
+    w = _writer(f"file://{blocker}/series")
+    w.add({"k": "step", "t": 1.0, "step": 1})
+    assert not w.flush()
+    assert len(w._buffer) == 1  # kept for the next try
+
+
+# ---------------------------------------------------------------- a cloud-like run, for real
+
+SCRIPT = textwrap.dedent("""
+    import os, sys, time
+    import mncloud.train as train
+
+    start, end = int(sys.argv[1]), int(sys.argv[2])
+    for step in range(start + 1, end + 1):
+        time.sleep(0.05)
+        train.report(step, loss=10.0 / step, ckpt_s=0.02 if step % 10 == 0 else None)
+""")
+
+
+def _ranks(script: Path, env: dict[str, str], start: int, end: int) -> list[subprocess.Popen]:
+    procs = []
+    for rank in (0, 1):
+        proc_env = {**os.environ, **env, "RANK": str(rank), constants.SKYPILOT_NODE_RANK: str(rank)}
+        cmd = [sys.executable, str(script), str(start), str(end)]
+        procs.append(subprocess.Popen(cmd, env=proc_env))
+    return procs
+
+
+def _wait_for_step(uri: str, step: int, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        series = read_series(uri)
+        if sum(r.step >= step for r in series.steps) >= 2:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"step {step} never reached the bucket")
+
+
+@pytest.mark.slow
+def test_a_cloud_run_preempted_once_has_no_unknown_part(
+    s3_env: object, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two ranks with a cloud node's environment write through `mncloud.train.report` to the
+    S3 test server; launch A is killed (a preemption: its last segment is lost), launch B
+    redoes steps 21.. and finishes. The record holds only the first launch (SkyPilot
+    recovers by itself): the relaunch is read off the telemetry, no part is `unknown`, the
+    parts add up to the total to the cent and steps 21..A's last are redone."""
+    server = s3_env
+    (tmp_path / "pyproject.toml").write_text("[project]\nname='p'\n")
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    bucket = f"s3://{server.make_bucket()}"  # type: ignore[attr-defined]
+    spec = build_spec(script, gpus="cpu:2", nodes=2, spot=True, name="cl", bucket=bucket)
+    t_launch = time.time()
+    record = records.create_record(spec, "a: 1\n", backend="skypilot", now=t_launch)
+    records.append_event("cl", "launch", cloud="aws", spot=True, hourly_price=36.0, at=t_launch)
+    assert record.ckpt_uri is not None
+    env = {
+        constants.CKPT_URI_ENV: record.ckpt_uri,
+        constants.RUN_ID_ENV: record.run_id,
+        constants.TELEMETRY_INTERVAL_ENV: "0.2",
+    }
+    uri = layout.series_uri(record.ckpt_uri, record.run_id)
+    first = _ranks(script, env, 0, 10_000)
+    _wait_for_step(uri, 25)
+    for proc in first:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    second = _ranks(script, env, 20, 40)
+    assert [p.wait(60) for p in second] == [0, 0]
+    records.append_event("cl", "finish", at=time.time())
+
+    series = run_series(records.load_current("cl"))
+    assert series is not None and len(series.launches()) == 2
+    a, b = series.launches()
+    assert a.last_step >= 25 and (b.first_step, b.last_step) == (21, 40)
+    loss = series.curve("loss")
+    assert {p.launch for p in loss} == {a.tag, b.tag} and loss[-1].value == 10.0 / 40
+
+    ledger = run_goodput(records.load_current("cl"))
+    assert ledger.parts["unknown"].node_seconds == 0 and not ledger.unmeasured
+    assert ledger.launches == 2
+    assert sum(p.cents for p in ledger.parts.values()) == round(ledger.total_cost * 100)
+    assert abs(sum(p.cost for p in ledger.parts.values()) - ledger.total_cost) < 0.005
+    trained_in_a = {r.step for r in series.steps if r.t < b.t0}
+    assert ledger.parts["redone"].steps == len(trained_in_a & set(range(21, 41)))
+    assert ledger.parts["useful"].steps == 40  # no checkpoint known: all not redone
+    assert ledger.parts["checkpoint_stall"].node_seconds > 0
+    assert ledger.goodput is not None and 0 < ledger.goodput < 1
