@@ -31,6 +31,7 @@ from mncloud.records.model import OPENS_SEGMENT, Event
 
 if TYPE_CHECKING:
     from mncloud.control.state import ControlState
+    from mncloud.records.curves import MetricsView
     from mncloud.records.goodput import GoodputLedger, StepMark, Telemetry
     from mncloud.records.model import RunRecord
     from mncloud.records.series import Series
@@ -361,7 +362,7 @@ def run_goodput(
 def with_relaunches(record: RunRecord, series: Series) -> RunRecord:
     """The record with a `recovery` event at each relaunch its telemetry shows and its events
     do not: SkyPilot recovers a managed job by itself, so a cloud record holds only the first
-    launch. The lowest rank's new process marks a relaunch; the recovery opens at the last step
+    launch. New processes of the gang mark a relaunch; the recovery opens at the last step
     any rank finished before it started, so the billed total stays the record's and the time
     between (the step in flight, provisioning, start-up) counts as recovery. Example: launch
     at t=0, steps 1..14 until t=45 (process A), steps 11..30 from t=80 (process B) → a
@@ -455,3 +456,19 @@ def status_goodput(status: RunStatus) -> float | None:
         return run_goodput(record, status.ckpt_step, bucket=found).goodput
     except (MncloudError, *_FILE_ERRORS):
         return None
+
+
+def run_metrics(run_name: str) -> MetricsView:
+    """The curves of a run's newest record (`records.curves`): its reported metrics over
+    steps, step time per node, its launches. Raises when the run or its bucket is unknown."""
+    from mncloud import records
+    from mncloud.records.curves import metrics_view
+
+    record = records.load_current(run_name)
+    series = run_series(record)
+    if series is None:
+        raise MncloudError(
+            f"run {run_name!r} has no readable telemetry: it needs a bucket (--bucket) or a "
+            f"local checkpoint folder, and the bucket must be reachable"
+        )
+    return metrics_view(record.run_id, series)

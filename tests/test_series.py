@@ -16,8 +16,10 @@ import time
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
 from mncloud import constants, layout, records
+from mncloud.cli import app
 from mncloud.operate import run_goodput, run_series
 from mncloud.records.series import SeriesWriter, finite_metrics, read_series
 from mncloud.request import build_spec
@@ -176,7 +178,8 @@ def test_a_cloud_run_preempted_once_has_no_unknown_part(
     a, b = series.launches()
     assert a.last_step >= 25 and (b.first_step, b.last_step) == (21, 40)
     loss = series.curve("loss")
-    assert {p.launch for p in loss} == {a.tag, b.tag} and loss[-1].value == 10.0 / 40
+    assert {p.launch for p in loss} <= a.tags | b.tags and len({p.launch for p in loss}) == 2
+    assert loss[-1].value == 10.0 / 40
 
     ledger = run_goodput(records.load_current("cl"))
     assert ledger.parts["unknown"].node_seconds == 0 and not ledger.unmeasured
@@ -188,3 +191,26 @@ def test_a_cloud_run_preempted_once_has_no_unknown_part(
     assert ledger.parts["useful"].steps == 40  # no checkpoint known: all not redone
     assert ledger.parts["checkpoint_stall"].node_seconds > 0
     assert ledger.goodput is not None and 0 < ledger.goodput < 1
+
+    # `mncloud metrics` prints the same series: the loss over both launches, redone steps
+    # twice, each node's step time.
+    result = CliRunner().invoke(app, ["metrics", "cl", "--json"])
+    assert result.exit_code == 0, result.output
+    view = json.loads(result.output)
+    by_launch = {
+        k: [p["step"] for p in view["metrics"]["loss"] if p["launch"] == k] for k in (1, 2)
+    }
+    assert by_launch[1][0] == 1 and by_launch[2] == list(range(21, 41))
+    assert set(by_launch[1]) & set(by_launch[2])  # redone steps show in both launches
+    assert set(view["step_time"]) == {"node 0", "node 1"}
+    assert all(0.04 < p["value"] < 5 for p in view["step_time"]["node 0"])
+    assert [m["launch"] for m in view["launches"]] == [1, 2]
+    lines = CliRunner().invoke(app, ["metrics", "cl"]).output.splitlines()
+    assert lines[0].startswith("launch 1  step       1  loss 10")
+
+
+def test_metrics_of_an_unknown_run_is_one_line_exit_2() -> None:
+    result = CliRunner().invoke(app, ["metrics", "nope"])
+    assert result.exit_code == 2
+    (line,) = result.output.splitlines()
+    assert line.startswith("error: ") and "nope" in line

@@ -22,6 +22,7 @@ from mncloud.cli import ckpt as ckpt_cli
 from mncloud.cli import control as control_cli
 from mncloud.cli import export as export_cli
 from mncloud.cli import gpus as gpus_cli
+from mncloud.cli import metrics as metrics_cli
 from mncloud.cli import ops as ops_cli
 from mncloud.cli import plan as plan_cli
 from mncloud.cli import render as render_cli
@@ -110,6 +111,7 @@ plan_cli.register(app)
 gpus_cli.register(app)
 up_cli.register(app)
 ops_cli.register(app)
+metrics_cli.register(app)
 runs_cli.register(app)
 control_cli.register(app)
 replay_cli.register(app)

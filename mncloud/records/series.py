@@ -194,14 +194,37 @@ class Point:
 
 @dataclass(frozen=True)
 class Launch:
-    """One launch as the lowest rank saw it: its process start and its steps' span."""
+    """One launch of the gang: its ranks' processes (tags), their start, their steps' span."""
 
-    tag: str
+    tags: frozenset[str]
     t0: float
     first_t: float
     last_t: float
     first_step: int
     last_step: int
+
+
+def _group_launches(rows: dict[str, list[StepRow]], starts: dict[str, float]) -> list[Launch]:
+    """Processes grouped into launches: a gang's ranks all start before any of them finishes
+    a step (they meet first), so a process started after its group's first step is the start
+    of the next launch. Example: ranks 0, 1 start at t=0, 0.3, first step t=5; rank 0 and 1
+    start again at t=60, 60.2: two launches."""
+    spans = sorted(((starts.get(tag, r[0].t), tag, r) for tag, r in rows.items()))
+    groups: list[list[tuple[float, str, list[StepRow]]]] = []
+    for span in spans:
+        if groups and span[0] < min(r[0].t for _, _, r in groups[-1]):
+            groups[-1].append(span)
+        else:
+            groups.append([span])
+    out = []
+    for group in groups:
+        low = min(group, key=lambda g: g[2][0].rank)[2]
+        out.append(Launch(
+            frozenset(tag for _, tag, _ in group), min(t for t, _, _ in group),
+            min(r[0].t for _, _, r in group), max(r[-1].t for _, _, r in group),
+            low[0].step, max(row.step for _, _, r in group for row in r),
+        ))  # fmt: skip
+    return out
 
 
 @dataclass
@@ -224,26 +247,11 @@ class Series:
         return [p for p in points if p.rank == low]
 
     def launches(self) -> list[Launch]:
-        """The lowest rank's launches in time order (every launch restarts it)."""
-        if not self.steps:
-            return []
-        low = min(r.rank for r in self.steps)
+        """The gang's launches in time order (`_group_launches`)."""
         rows: dict[str, list[StepRow]] = {}
         for row in self.steps:
-            if row.rank == low:
-                rows.setdefault(row.launch, []).append(row)
-        out = [
-            Launch(tag, self.starts.get(tag, r[0].t), r[0].t, r[-1].t, r[0].step, r[-1].step)
-            for tag, r in rows.items()
-        ]
-        return sorted(out, key=lambda launch: launch.t0)
-
-    def first_steps(self) -> dict[str, StepRow]:
-        """Each launch's first finished step (of any rank)."""
-        out: dict[str, StepRow] = {}
-        for row in self.steps:
-            out.setdefault(row.launch, row)
-        return out
+            rows.setdefault(row.launch, []).append(row)
+        return _group_launches(rows, self.starts)
 
 
 def _parse(text: str, series: Series) -> None:
