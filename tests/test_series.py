@@ -12,8 +12,10 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from typer.testing import CliRunner
@@ -21,9 +23,13 @@ from typer.testing import CliRunner
 from mncloud import constants, layout, records
 from mncloud.cli import app
 from mncloud.operate import run_goodput, run_series
-from mncloud.records.series import SeriesWriter, finite_metrics, read_series
+from mncloud.records import RunRecord
+from mncloud.records.series import Series, SeriesWriter, finite_metrics, read_series
 from mncloud.request import build_spec
 from mncloud.storage import join_key, open_bucket
+
+if TYPE_CHECKING:
+    from tests.fakesky import FakeSky
 
 
 def _writer(uri: str, rank: int = 0) -> SeriesWriter:
@@ -139,20 +145,16 @@ def _wait_for_step(uri: str, step: int, timeout: float = 60.0) -> None:
     raise AssertionError(f"step {step} never reached the bucket")
 
 
-@pytest.mark.slow
-def test_a_cloud_run_preempted_once_has_no_unknown_part(
-    s3_env: object, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.fixture
+def cloud_run(s3_env: object, tmp_path: Path) -> tuple[RunRecord, Series]:
     """Two ranks with a cloud node's environment write through `mncloud.train.report` to the
     S3 test server; launch A is killed (a preemption: its last segment is lost), launch B
-    redoes steps 21.. and finishes. The record holds only the first launch (SkyPilot
-    recovers by itself): the relaunch is read off the telemetry, no part is `unknown`, the
-    parts add up to the total to the cent and steps 21..A's last are redone."""
-    server = s3_env
+    resumes from step 20 and finishes at 40. The record holds only the first launch, as a
+    cloud run's does (SkyPilot recovers a managed job by itself)."""
     (tmp_path / "pyproject.toml").write_text("[project]\nname='p'\n")
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
-    bucket = f"s3://{server.make_bucket()}"  # type: ignore[attr-defined]
+    bucket = f"s3://{s3_env.make_bucket()}"  # type: ignore[attr-defined]
     spec = build_spec(script, gpus="cpu:2", nodes=2, spot=True, name="cl", bucket=bucket)
     t_launch = time.time()
     record = records.create_record(spec, "a: 1\n", backend="skypilot", now=t_launch)
@@ -163,25 +165,33 @@ def test_a_cloud_run_preempted_once_has_no_unknown_part(
         constants.RUN_ID_ENV: record.run_id,
         constants.TELEMETRY_INTERVAL_ENV: "0.2",
     }
-    uri = layout.series_uri(record.ckpt_uri, record.run_id)
     first = _ranks(script, env, 0, 10_000)
-    _wait_for_step(uri, 25)
+    _wait_for_step(layout.series_uri(record.ckpt_uri, record.run_id), 25)
     for proc in first:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
     second = _ranks(script, env, 20, 40)
     assert [p.wait(60) for p in second] == [0, 0]
     records.append_event("cl", "finish", at=time.time())
-
     series = run_series(records.load_current("cl"))
-    assert series is not None and len(series.launches()) == 2
+    assert series is not None
+    return records.load_current("cl"), series
+
+
+@pytest.mark.slow
+def test_a_cloud_run_preempted_once_has_no_unknown_part(
+    cloud_run: tuple[RunRecord, Series], fake_sky: FakeSky
+) -> None:
+    """The relaunch is read off the telemetry: no part is `unknown`, the parts add up to the
+    total to the cent, the steps A trained past 20 are redone; the loss spans both launches."""
+    record, series = cloud_run
     a, b = series.launches()
     assert a.last_step >= 25 and (b.first_step, b.last_step) == (21, 40)
     loss = series.curve("loss")
     assert {p.launch for p in loss} <= a.tags | b.tags and len({p.launch for p in loss}) == 2
     assert loss[-1].value == 10.0 / 40
 
-    ledger = run_goodput(records.load_current("cl"))
+    ledger = run_goodput(record)
     assert ledger.parts["unknown"].node_seconds == 0 and not ledger.unmeasured
     assert ledger.launches == 2
     assert sum(p.cents for p in ledger.parts.values()) == round(ledger.total_cost * 100)
@@ -191,9 +201,12 @@ def test_a_cloud_run_preempted_once_has_no_unknown_part(
     assert ledger.parts["useful"].steps == 40  # no checkpoint known: all not redone
     assert ledger.parts["checkpoint_stall"].node_seconds > 0
     assert ledger.goodput is not None and 0 < ledger.goodput < 1
+    _metrics_cli_shows_both_launches()
 
-    # `mncloud metrics` prints the same series: the loss over both launches, redone steps
-    # twice, each node's step time.
+
+def _metrics_cli_shows_both_launches() -> None:
+    """`mncloud metrics` prints the same series: the loss over both launches, redone steps
+    twice, each node's step time."""
     result = CliRunner().invoke(app, ["metrics", "cl", "--json"])
     assert result.exit_code == 0, result.output
     view = json.loads(result.output)
@@ -207,6 +220,51 @@ def test_a_cloud_run_preempted_once_has_no_unknown_part(
     assert [m["launch"] for m in view["launches"]] == [1, 2]
     lines = CliRunner().invoke(app, ["metrics", "cl"]).output.splitlines()
     assert lines[0].startswith("launch 1  step       1  loss 10")
+
+
+@pytest.mark.slow
+def test_the_run_page_draws_the_loss_across_both_launches_in_a_browser(
+    cloud_run: tuple[RunRecord, Series], fake_sky: FakeSky
+) -> None:
+    """The web view (real uvicorn, real chromium): the loss curve, a line per launch, the
+    relaunch marked, step time per node; offline (nothing fetched)."""
+    import uvicorn
+
+    from mncloud.ui import serve as ui_serve
+    from mncloud.ui.app import create_app
+    from tests.test_local import wait_until
+    from tests.test_ui import _browser
+
+    sync_api, chromium = _browser()
+    port = ui_serve.free_port()
+    bound = ui_serve.Binding("127.0.0.1", port, None)
+    config = uvicorn.Config(
+        create_app(allowed_hosts=ui_serve.allowed_hosts(bound)),
+        host="127.0.0.1", port=port, log_level="warning", ws="none",
+    )  # fmt: skip
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    wait_until(lambda: server.started, 20, "uvicorn to start")
+    try:
+        with sync_api.sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=chromium)
+            page = browser.new_page(viewport={"width": 1000, "height": 1400})
+            outside: list[str] = []
+            page.on("request", lambda r: None if "127.0.0.1" in r.url else outside.append(r.url))
+            page.goto(f"http://127.0.0.1:{port}/runs/cl")
+            loss = page.locator('#curves svg[data-kind="metric-loss"]')
+            sync_api.expect(loss.locator("polyline.launch")).to_have_count(2)
+            sync_api.expect(loss.locator("g.relaunch")).to_have_count(1)
+            sync_api.expect(loss.locator("g.relaunch")).to_contain_text("from step 21")
+            steps = page.locator('#curves svg[data-kind="step-time"] polyline.node')
+            sync_api.expect(steps).to_have_count(2)
+            sync_api.expect(page.locator("#goodput")).to_contain_text("over 2 launch(es)")
+            assert not outside
+            browser.close()
+    finally:
+        server.should_exit = True
+        thread.join(10)
 
 
 def test_metrics_of_an_unknown_run_is_one_line_exit_2() -> None:

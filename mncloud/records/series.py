@@ -240,11 +240,16 @@ class Series:
     """Segments that were torn or malformed and left out."""
 
     def curve(self, name: str) -> list[Point]:
-        """A metric as the lowest rank that reports it reported it, in time order (each rank
-        reports its own value; ClearML-style, one record per run shows one of them)."""
-        points = self.metrics.get(name, [])
-        low = min((p.rank for p in points), default=0)
-        return [p for p in points if p.rank == low]
+        """A metric as one record per run (ClearML-style): at each step of each launch the
+        value of the lowest rank that reported it (each rank reports its own; one rank's
+        last segment may be lost to a preemption), in time order."""
+        group = {tag: k for k, launch in enumerate(self.launches()) for tag in launch.tags}
+        best: dict[tuple[int, int], Point] = {}
+        for point in self.metrics.get(name, []):
+            key = (group.get(point.launch, 0), point.step)
+            if key not in best or point.rank < best[key].rank:
+                best[key] = point
+        return sorted(best.values(), key=lambda p: p.t)
 
     def launches(self) -> list[Launch]:
         """The gang's launches in time order (`_group_launches`)."""
