@@ -289,3 +289,38 @@ def test_stragglers_read_through_the_segments(tmp_path: Path) -> None:
     assert {r: round(s.seconds_per_step, 3) for r, s in ranks.items()} == {0: 0.1, 1: 0.18, 2: 0.1}
     times = {r: s.sustained() for r, s in ranks.items()}
     assert telemetry.straggler_ranks({r: t for r, t in times.items() if t}) == [1]
+
+
+def test_two_runs_of_a_lineage_share_the_loss_chart(tmp_path: Path) -> None:
+    """A rerun (the same name, a newer record) draws its loss over the previous run's."""
+    pytest.importorskip("fastapi.testclient", reason="needs the [ui] extra")
+    from fastapi.testclient import TestClient
+
+    from mncloud.ui.app import create_app
+
+    (tmp_path / "pyproject.toml").write_text("[project]\nname='p'\n")
+    (tmp_path / "train.py").write_text("print(1)\n")
+    spec = build_spec(
+        tmp_path / "train.py", gpus="cpu:1", name="lin", bucket=f"file://{tmp_path}/b"
+    )
+    runs = [
+        records.create_record(spec, "a: 1\n", backend="skypilot", now=t) for t in (100.0, 200.0)
+    ]
+    for k, run in enumerate(runs):
+        assert run.ckpt_uri is not None
+        w = _writer(layout.series_uri(run.ckpt_uri, run.run_id))
+        for step in range(1, 30):
+            w.add(
+                {
+                    "k": "step",
+                    "t": 100.0 * (k + 1) + step,
+                    "step": step,
+                    "m": {"loss": k + 1 / step},
+                }
+            )
+        assert w.flush()
+    page = TestClient(create_app(), raise_server_exceptions=False).get("/runs/lin")
+    assert page.status_code == 200, page.text
+    loss = page.text.split('data-kind="metric-loss"')[1].split("</svg>")[0]
+    assert loss.count('<polyline class="previous"') == 1
+    assert loss.count('<polyline class="launch launch-1"') == 1

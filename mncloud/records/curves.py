@@ -46,6 +46,8 @@ class MetricsView(BaseModel):
     segments: int = 0
     skipped: int = 0
     """Torn or malformed segments left out."""
+    previous: MetricsView | None = None
+    """The run before it in its rerun lineage (the same name's previous record), if any."""
 
 
 def _thin(points: list[CurvePoint], most: int = MAX_POINTS) -> list[CurvePoint]:

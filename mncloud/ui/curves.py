@@ -71,9 +71,14 @@ def _line(points: list[tuple[float, float]], colour: str, cls: str, title: str) 
 
 
 def metric_svg(name: str, points: list[CurvePoint], view: MetricsView) -> Markup:
-    """One metric over steps: a polyline per launch, a dashed mark at each relaunch."""
-    scale = _Scale([(p.step, p.value) for p in points])
+    """One metric over steps: a polyline per launch, a dashed mark at each relaunch, and the
+    previous run of the lineage (`view.previous`) as a grey line."""
+    before = view.previous.metrics.get(name, []) if view.previous else []
+    scale = _Scale([(p.step, p.value) for p in (*points, *before)])
     body = _frame(scale, name, "step")
+    if before and view.previous is not None:
+        line = [(scale.x(p.step), scale.y(p.value)) for p in before]
+        body.append(_line(line, "#9ca3af", "previous", f"{name}, run {view.previous.run_id}"))
     for launch in sorted({p.launch for p in points}):
         mine = [(scale.x(p.step), scale.y(p.value)) for p in points if p.launch == launch]
         title = f"{name}, launch {launch}"

@@ -301,7 +301,9 @@ def log_lines(name: str, node: int | None, tail: int) -> list[str]:
 
 
 def _metrics(record: Any, uri: str | None, errors: list[str]) -> Any:
-    """The run's telemetry curves (`records.curves`), or None without telemetry."""
+    """The run's telemetry curves (`records.curves`) with the previous run of its lineage (the
+    same name's record before it) for comparison, or None without telemetry."""
+    from mncloud import records
     from mncloud.operate import run_series
     from mncloud.records.curves import metrics_view
 
@@ -309,10 +311,17 @@ def _metrics(record: Any, uri: str | None, errors: list[str]) -> Any:
         return None
     try:
         series = run_series(record, uri)
+        earlier = [r for r in records.list_records(record.name) if r.created_at < record.created_at]
+        before = run_series(earlier[-1]) if earlier else None
     except READ_ERRORS as err:
         errors.append(f"telemetry: {err}")
         return None
-    return metrics_view(record.run_id, series) if series is not None else None
+    if series is None:
+        return None
+    view = metrics_view(record.run_id, series)
+    if before is not None and before.steps:
+        view.previous = metrics_view(earlier[-1].run_id, before)
+    return view
 
 
 def run_page(name: str) -> dict[str, Any]:
