@@ -1,7 +1,10 @@
-"""`mncloud.train.report(step)`: this rank's step time, for the straggler view of `mncloud status`.
+"""`mncloud.train.report(step, loss=…)`: this rank's steps, step time and metrics.
 
-Call it once per training step on every rank (`CheckpointManager.maybe_save` already does).
-It keeps the mean seconds per step over the last `WINDOW` steps and, at most every
+Call it once per training step on every rank (`CheckpointManager.maybe_save` already does,
+without metrics; `Progress.event(step=…, loss=…)` does with them). Each call buffers one record
+for the run's telemetry segments (`mncloud.records.series`: `mncloud metrics`, the web view's
+curves, the goodput ledger), which the segment writer's own thread appends to the bucket. It
+also keeps the mean seconds per step over the last `WINDOW` steps and, at most every
 `PUBLISH_INTERVAL_S`, hands it with the number of steps it spans to
 `mncloud.records.telemetry.publish_step_time`, which writes
 `<bucket>/<name>/runs/<run-id>/steps/rank-<r>.json`; `status` compares the ranks. No
