@@ -36,6 +36,8 @@ if TYPE_CHECKING:
     from mncloud.records.model import RunRecord
     from mncloud.records.series import Series
 
+#: What `status` says of a bucket that did not answer (then nothing else reads it).
+UNREADABLE = "checkpoints unreadable"
 #: How long `status` keeps trying a bucket before it reports it unreadable.
 CKPT_LOOKUP_SECONDS = 5.0
 #: A controller's phase → the run's state when no launch of it answers.
@@ -130,7 +132,7 @@ def _run_status(run_name: str) -> RunStatus:
         try:
             status.ckpt_step = newest_checkpoint_step(status.ckpt_uri)
         except MncloudError as err:
-            _prepend(status, f"checkpoints unreadable: {' '.join(str(err).split())[:120]}")
+            _prepend(status, f"{UNREADABLE}: {' '.join(str(err).split())[:120]}")
     _add_stragglers(status)
     if control is not None:
         _add_deadline(status, control)
@@ -446,14 +448,16 @@ def _local_run_id(folder: Path) -> str | None:
 
 def status_goodput(status: RunStatus) -> float | None:
     """The goodput `status` shows for a run: of its newest record, over its telemetry; None
-    without a record or per-step telemetry (a cloud run), or when they cannot be read. The
-    bucket is read again only where `run_status` found a checkpoint in it (it answered)."""
+    without a record or per-step telemetry, or when they cannot be read. The bucket is read
+    again only where `run_status` read it (it answered: a checkpoint found, or none there)."""
     from mncloud import records
 
     try:
         record = records.load_current(status.name)
-        found = status.ckpt_step is not None
-        return run_goodput(record, status.ckpt_step, bucket=found).goodput
+        answered = status.ckpt_step is not None or (
+            status.ckpt_uri is not None and UNREADABLE not in status.detail
+        )
+        return run_goodput(record, status.ckpt_step, bucket=answered).goodput
     except (MncloudError, *_FILE_ERRORS):
         return None
 

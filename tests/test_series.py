@@ -202,6 +202,25 @@ def test_a_cloud_run_preempted_once_has_no_unknown_part(
     assert ledger.parts["checkpoint_stall"].node_seconds > 0
     assert ledger.goodput is not None and 0 < ledger.goodput < 1
     _metrics_cli_shows_both_launches()
+    _status_shows_goodput(record, fake_sky, ledger.goodput)
+
+
+def _status_shows_goodput(record: RunRecord, fake_sky: FakeSky, goodput: float) -> None:
+    """`mncloud status` of the cloud run (its managed job on the faked SkyPilot) shows it."""
+    from sky.jobs import ManagedJobStatus
+
+    from mncloud.backends.registry import record_backend
+    from mncloud.backends.skypilot.meta import MANAGED_JOB, RunMeta, save_meta
+
+    record_backend("cl", "skypilot")
+    job_id = fake_sky.add_job("cl", ManagedJobStatus.SUCCEEDED)
+    meta = RunMeta(kind=MANAGED_JOB, name="cl", nodes=2, spot=True, ckpt_uri=record.ckpt_uri,
+                   job_id=job_id, launched_at=record.created_at)  # fmt: skip
+    save_meta(meta)
+    result = CliRunner().invoke(app, ["status", "cl", "--json"])
+    assert result.exit_code == 0, result.output
+    (row,) = json.loads(result.output)
+    assert row["state"] == "SUCCEEDED" and row["goodput"] == pytest.approx(goodput, abs=0.02)
 
 
 def _metrics_cli_shows_both_launches() -> None:
