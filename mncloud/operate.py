@@ -387,7 +387,8 @@ def with_relaunches(record: RunRecord, series: Series) -> RunRecord:
 
 
 def run_series(record: RunRecord, ckpt_uri: str | None = None) -> Series | None:
-    """A run's telemetry segments, compacted (`records.series`), under its checkpoint URI or
+    """A run's telemetry segments, merged and compacted in the bucket (`records.series`),
+    under its checkpoint URI or
     `ckpt_uri`; None when neither is known or the bucket cannot be read."""
     from mncloud.records.series import read_series
 
@@ -397,7 +398,7 @@ def run_series(record: RunRecord, ckpt_uri: str | None = None) -> Series | None:
     if uri is None:
         return None
     try:
-        return read_series(layout.series_uri(uri, record.run_id))
+        return read_series(layout.series_uri(uri, record.run_id), compact=True)
     except (MncloudError, OSError, ValueError):
         return None
 

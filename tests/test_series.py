@@ -343,3 +343,27 @@ def test_two_runs_of_a_lineage_share_the_loss_chart(tmp_path: Path) -> None:
     loss = page.text.split('data-kind="metric-loss"')[1].split("</svg>")[0]
     assert loss.count('<polyline class="previous"') == 1
     assert loss.count('<polyline class="launch launch-1"') == 1
+
+
+def test_a_read_compacts_many_segments_into_one(tmp_path: Path) -> None:
+    """Reads merge many small segments into one object; what they say is unchanged, a torn
+    one stays and is still counted, and a second compaction merges the first's output."""
+    from mncloud.records import series as series_mod
+
+    uri = f"file://{tmp_path / 'b'}/series"
+    writers = [_writer(uri, rank) for rank in (0, 1)]
+    for step in range(1, series_mod.COMPACT_AT + 1):
+        for w in writers:
+            w.add({"k": "step", "t": step + w.rank / 10, "step": step, "m": {"loss": 1 / step}})
+            assert w.flush()
+    bucket, prefix = open_bucket(uri)
+    bucket.put_bytes(join_key(prefix, "r00009-x-00000.jsonl"), b'{"k": "head"')
+    before = read_series(uri)
+    assert (before.segments, before.skipped) == (2 * series_mod.COMPACT_AT + 1, 1)
+    assert read_series(uri, compact=True).steps == before.steps
+    names = sorted(o.key.rsplit("/", 1)[-1] for o in bucket.list(f"{prefix}/" if prefix else ""))
+    assert len(names) == 2 and names[0].startswith("c-") and names[1].startswith("r00009")
+    after = read_series(uri)
+    assert after.steps == before.steps and after.curve("loss") == before.curve("loss")
+    assert (after.segments, after.skipped) == (2, 1)
+    assert after.launches() == before.launches()

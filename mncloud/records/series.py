@@ -12,7 +12,7 @@ buffers small records in memory and a daemon thread writes them, at most every
 A segment is never rewritten (the launch tag is the process's start time and pid, the sequence
 number counts up), so a preempted rank's last segment is at worst missing, never half a
 replacement. Reading lists every segment, skips a torn or malformed one (counted in
-`Series.skipped`) and compacts them into one `Series`: steps with their times per rank and
+`Series.skipped`) and merges them into one `Series`: steps with their times per rank and
 launch, the metrics over steps, and each launch's first step. Training never waits on it: a
 record is a list append; the bucket is written off the training thread and its errors logged.
 """
@@ -20,6 +20,7 @@ record is a list append; the bucket is written off the training thread and its e
 from __future__ import annotations
 
 import atexit
+import hashlib
 import json
 import logging
 import math
@@ -38,6 +39,8 @@ log = logging.getLogger(__name__)
 FLUSH_INTERVAL_S = 30.0
 #: Records a rank keeps buffered at most (older ones are dropped if the bucket is down).
 MAX_BUFFER = 200_000
+#: A compacting read merges the segments into one once there are at least this many.
+COMPACT_AT = 16
 #: Reads of the segments give up after this long.
 READ_RETRY_SECONDS = 5.0
 SUFFIX = ".jsonl"
@@ -259,29 +262,45 @@ class Series:
         return _group_launches(rows, self.starts)
 
 
-def _parse(text: str, series: Series) -> None:
-    """Add one segment's records to `series`; raises ValueError/KeyError/TypeError when torn."""
+def _blocks(text: str) -> list[tuple[str, list[str]]]:
+    """A segment's (head line, record lines) blocks (a compacted one holds several); raises
+    ValueError when it is torn or does not start with a head line."""
     lines = text.splitlines()
     if not text.endswith("\n") or not lines:
         raise ValueError("torn segment")
-    head = json.loads(lines[0])
-    if head.get("k") != "head":
-        raise ValueError("no head line")
-    rank, node, launch = int(head["rank"]), head.get("node"), str(head["launch"])
+    blocks: list[tuple[str, list[str]]] = []
+    for line in lines:
+        if json.loads(line).get("k") == "head":
+            blocks.append((line, []))
+        elif not blocks:
+            raise ValueError("no head line")
+        else:
+            blocks[-1][1].append(line)
+    return blocks
+
+
+def _parse(text: str, series: Series) -> None:
+    """Add one segment's records to `series`; raises ValueError/KeyError/TypeError when torn."""
     steps: list[StepRow] = []
     points: list[tuple[str, Point]] = []
-    for line in lines[1:]:
-        rec = json.loads(line)
-        if rec.get("k") != "step":
-            continue
-        t, step = float(rec["t"]), int(rec["step"])
-        steps.append(StepRow(t, step, rank, node, launch, float(rec.get("ckpt_s") or 0.0)))
-        for name, value in (rec.get("m") or {}).items():
-            if math.isfinite(float(value)):
-                points.append((name, Point(t, step, float(value), launch, rank)))
+    starts: dict[str, float] = {}
+    for head_line, lines in _blocks(text):
+        head = json.loads(head_line)
+        rank, node, launch = int(head["rank"]), head.get("node"), str(head["launch"])
+        if head.get("t0"):
+            starts[launch] = float(head["t0"])
+        for line in lines:
+            rec = json.loads(line)
+            if rec.get("k") != "step":
+                continue
+            t, step = float(rec["t"]), int(rec["step"])
+            steps.append(StepRow(t, step, rank, node, launch, float(rec.get("ckpt_s") or 0.0)))
+            for name, value in (rec.get("m") or {}).items():
+                if math.isfinite(float(value)):
+                    points.append((name, Point(t, step, float(value), launch, rank)))
     series.steps += steps
-    if head.get("t0"):
-        series.starts.setdefault(launch, float(head["t0"]))
+    for launch, t0 in starts.items():
+        series.starts.setdefault(launch, t0)
     for name, point in points:
         series.metrics.setdefault(name, []).append(point)
 
@@ -299,22 +318,61 @@ def _merged(rows: list[StepRow]) -> list[StepRow]:
     return sorted(best.values(), key=lambda r: (r.t, r.rank))
 
 
-def read_series(uri: str) -> Series:
-    """Every segment under a series URI (`layout.series_uri`), compacted (module docstring)."""
-    from mncloud.storage import open_bucket
+def read_series(uri: str, *, compact: bool = False) -> Series:
+    """Every segment under a series URI (`layout.series_uri`), merged (module docstring).
+
+    With `compact`, once `COMPACT_AT` readable segments are there they are written again as
+    one (`_compact`) and removed, so later reads list and fetch one object where there were
+    many. A segment removed by another reader's compaction between the listing and its
+    fetch makes the read start over (its content is in that reader's compacted segment)."""
+    from mncloud.storage import ObjectNotFoundError, open_bucket
 
     bucket, prefix = open_bucket(uri, retry_seconds=READ_RETRY_SECONDS)
-    series = Series()
-    for obj in bucket.list(f"{prefix}/" if prefix else ""):
-        if not obj.key.endswith(SUFFIX):
-            continue
-        series.segments += 1
+    for attempt in range(3):
+        series, texts = Series(), dict[str, str]()
         try:
-            _parse(bucket.get_bytes(obj.key).decode(), series)
-        except (ValueError, KeyError, TypeError, UnicodeDecodeError) as err:
-            log.warning("telemetry segment %s skipped: %s", obj.key, err)
+            for obj in bucket.list(f"{prefix}/" if prefix else ""):
+                if obj.key.endswith(SUFFIX):
+                    series.segments += 1
+                    texts[obj.key] = bucket.get_bytes(obj.key).decode(errors="replace")
+        except ObjectNotFoundError:
+            if attempt == 2:
+                raise
+            continue
+        break
+    good: dict[str, str] = {}
+    for key, text in texts.items():
+        try:
+            _parse(text, series)
+            good[key] = text
+        except (ValueError, KeyError, TypeError) as err:
+            log.warning("telemetry segment %s skipped: %s", key, err)
             series.skipped += 1
     series.steps = _merged(series.steps)
     for points in series.metrics.values():
         points.sort(key=lambda p: p.t)
+    if compact and len(good) >= COMPACT_AT:
+        _compact(bucket, prefix, good)
     return series
+
+
+def _compact(bucket: Any, prefix: str, texts: dict[str, str]) -> None:
+    """Write `texts` (key → segment) as one segment, each head's records once, then remove
+    them. Its name is a digest of what it holds, so two readers compacting the same segments
+    write the same object; where their sets differ, the records they share are merged by
+    every read (one row per launch, rank and step) and by the next compaction."""
+    from mncloud.storage import join_key
+
+    blocks: dict[str, dict[str, None]] = {}
+    for text in texts.values():
+        for head, lines in _blocks(text):
+            blocks.setdefault(head, {}).update(dict.fromkeys(lines))
+    body = "".join(head + "\n" + "".join(f"{x}\n" for x in lines) for head, lines in blocks.items())
+    digest = hashlib.sha256("\n".join(sorted(texts)).encode()).hexdigest()[:20]
+    try:
+        bucket.put_bytes(join_key(prefix, f"c-{digest}{SUFFIX}"), body.encode())
+        for key in texts:
+            if not key.endswith(f"c-{digest}{SUFFIX}"):
+                bucket.delete(key)
+    except Exception as err:  # a read never fails for want of compaction
+        log.warning("telemetry segments not compacted: %s", err)
