@@ -57,9 +57,11 @@ def _print_new(view: MetricsView, shown: dict[str, int], json_out: bool) -> None
         console.print("no telemetry yet (mncloud.train.report(step, loss=…) writes it)")
         shown["-"] = 0
     rows: dict[tuple[int, int], dict[str, float]] = {}
-    for name, points in (*view.metrics.items(), *view.step_time.items()):
+    columns = [(name, name, pts) for name, pts in view.metrics.items()]
+    columns += [(name, f"{name} s/step", pts) for name, pts in view.step_time.items()]
+    for name, column, points in columns:
         for point in points[shown.get(name, 0) :]:
-            rows.setdefault((point.launch, point.step), {})[name] = point.value
+            rows.setdefault((point.launch, point.step), {})[column] = point.value
         shown[name] = len(points)
     for (launch, step), values in sorted(rows.items()):
         if json_out:
