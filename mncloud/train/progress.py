@@ -15,6 +15,7 @@ test or a pipeline reads it. Without torchrun or mncloud it costs nothing.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -48,7 +49,8 @@ class Progress:
         (`loss=…`) as metrics, for the goodput ledger, `mncloud metrics` and the web view."""
         if "step" in record and "event" not in record:
             fields = {k: v for k, v in record.items() if k not in ("step", "ckpt_s")}
-            report(int(record["step"]), ckpt_s=record.get("ckpt_s"), **fields)
+            with contextlib.suppress(TypeError, ValueError):  # telemetry never stops training
+                report(int(record["step"]), ckpt_s=record.get("ckpt_s"), **fields)
         if self._path is None:
             return
         with open(self._path, "a") as f:
