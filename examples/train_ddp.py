@@ -10,8 +10,10 @@ optimizer, sampler position and RNG states every `--ckpt-interval` steps to `$MN
 and, after a preemption, `load` resumes from the newest complete step, so the final weights are
 the same bits as those of a run that never stopped.
 
-A `Progress` reports a line per step to mncloud (locally: how many steps a preemption cost,
-how long the resume took) and, at the end, `final.json` (steps, final loss, sha256 of the final
+A `Progress` reports each step to mncloud: its loss and checkpoint stall go to the run's
+telemetry in the bucket on every backend (`mncloud.train.report`: `mncloud metrics`, the web
+view's loss curve, the goodput ledger), locally also a line (how many steps a preemption cost,
+how long the resume took); at the end, `final.json` (steps, final loss, sha256 of the final
 weights) beside the checkpoints.
 """
 

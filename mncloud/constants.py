@@ -77,6 +77,8 @@ PROFILE_META_ENV = "MNCLOUD_PROFILE_META"
 
 # The run id (lineage record) every node gets; see mncloud/records/.
 RUN_ID_ENV = "MNCLOUD_RUN_ID"
+# Seconds between a rank's telemetry segment writes (mncloud/records/series.py; default 30).
+TELEMETRY_INTERVAL_ENV = "MNCLOUD_TELEMETRY_INTERVAL_S"
 # The deadline controller's state in the bucket, in its own SkyPilot task's envs
 # (templates/control.yaml.j2): the identity of a run's controller job, whatever its name.
 CONTROL_STATE_URI_ENV = "MNCLOUD_CONTROL_STATE_URI"

@@ -36,6 +36,8 @@ SKY_RUNTIME_DIR = "sky-runtime"
 SKY_CACHE_DIR = "sky-cache"
 PROFILES_DIR = "profiles"
 STEPS_DIR = "steps"
+#: Under a run's record prefix: the ranks' telemetry segments (`records.series`).
+SERIES_DIR = "series"
 LOCAL_CKPT_DIR = "checkpoints"
 CKPT_DIR_NAME = "ckpt-dir"
 CONTROL_DIR = "control"
@@ -133,6 +135,11 @@ def record_uri(ckpt_uri: str, run_id: str) -> str:
 def steps_uri(ckpt_uri: str, run_id: str) -> str:
     """`<ckpt uri>/runs/<run-id>/steps`: where ranks publish their step times."""
     return join_uri(record_uri(ckpt_uri, run_id), STEPS_DIR)
+
+
+def series_uri(ckpt_uri: str, run_id: str) -> str:
+    """`<ckpt uri>/runs/<run-id>/series`: the ranks' telemetry segments (`records.series`)."""
+    return join_uri(record_uri(ckpt_uri, run_id), SERIES_DIR)
 
 
 def control_state_uri(ckpt_uri: str) -> str:

@@ -15,6 +15,7 @@ is one `UnreadableRun` row with the reason, never an error that hides the other 
 from __future__ import annotations
 
 import collections
+import itertools
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,12 +27,17 @@ from mncloud import layout
 from mncloud.backends.base import RunState, RunStatus
 from mncloud.backends.registry import backend_for_run
 from mncloud.errors import BackendError, MncloudError, RunNotFoundError, first_error
+from mncloud.records.model import OPENS_SEGMENT, Event
 
 if TYPE_CHECKING:
     from mncloud.control.state import ControlState
+    from mncloud.records.curves import MetricsView
     from mncloud.records.goodput import GoodputLedger, StepMark, Telemetry
     from mncloud.records.model import RunRecord
+    from mncloud.records.series import Series
 
+#: What `status` says of a bucket that did not answer (then nothing else reads it).
+UNREADABLE = "checkpoints unreadable"
 #: How long `status` keeps trying a bucket before it reports it unreadable.
 CKPT_LOOKUP_SECONDS = 5.0
 #: A controller's phase → the run's state when no launch of it answers.
@@ -72,6 +78,8 @@ class UnreadableRun(BaseModel):
 
 #: Errors of a run folder's own files (torn JSON, a schema they do not match, a lost file).
 _FILE_ERRORS = (OSError, ValueError, KeyError, TypeError)
+#: An event's placement and price, copied onto a relaunch read off the telemetry.
+_PLACEMENT = {"cloud", "region", "instance_type", "spot", "hourly_price"}
 
 
 def all_statuses() -> list[RunStatus | UnreadableRun]:
@@ -124,7 +132,7 @@ def _run_status(run_name: str) -> RunStatus:
         try:
             status.ckpt_step = newest_checkpoint_step(status.ckpt_uri)
         except MncloudError as err:
-            _prepend(status, f"checkpoints unreadable: {' '.join(str(err).split())[:120]}")
+            _prepend(status, f"{UNREADABLE}: {' '.join(str(err).split())[:120]}")
     _add_stragglers(status)
     if control is not None:
         _add_deadline(status, control)
@@ -301,12 +309,16 @@ def _prepend(status: RunStatus, note: str) -> None:
 
 
 def run_telemetry(
-    record: RunRecord, ckpt_step: int | None = None, *, bucket: bool = True
+    record: RunRecord,
+    ckpt_step: int | None = None,
+    *,
+    bucket: bool = True,
+    series: Series | None = None,
 ) -> Telemetry:
-    """What `records.goodput` needs beyond the record: a local run's step lines (from its
-    folder, while it still holds this run), the newest complete checkpoint (`ckpt_step` when
-    the caller read it already) and the final step; `bucket=False` reads no bucket. A cloud
-    run has no step lines."""
+    """What `records.goodput` needs beyond the record: the steps from the run's telemetry
+    segments (`series`, or read here; every backend) or else a local run's step lines (from
+    its folder, while it still holds this run), the newest complete checkpoint (`ckpt_step`
+    when the caller read it already) and the final step; `bucket=False` reads no bucket."""
     from mncloud.backends.local.state import load_state
     from mncloud.records.goodput import Telemetry
 
@@ -318,6 +330,10 @@ def run_telemetry(
             uri = uri or load_state(folder).ckpt_uri
         except (MncloudError, *_FILE_ERRORS):
             pass
+    if series is None and uri is not None and bucket:
+        series = run_series(record, uri)
+    if series is not None and series.steps:
+        steps = _series_marks(series)
     newest, final = ckpt_step, None
     if uri is not None and bucket:
         from mncloud.backends.local.figures import read_final
@@ -334,10 +350,75 @@ def run_telemetry(
 def run_goodput(
     record: RunRecord, ckpt_step: int | None = None, *, bucket: bool = True
 ) -> GoodputLedger:
-    """A run record's goodput ledger (`records/goodput.py`) over its telemetry."""
+    """A run record's goodput ledger (`records/goodput.py`) over its telemetry; a cloud run's
+    relaunches that its record does not hold are read off its telemetry (`with_relaunches`)."""
     from mncloud.records.goodput import goodput_ledger
 
-    return goodput_ledger(record, run_telemetry(record, ckpt_step, bucket=bucket))
+    series = run_series(record) if bucket else None
+    if series is not None and record.backend != "local":
+        record = with_relaunches(record, series)
+    telemetry = run_telemetry(record, ckpt_step, bucket=bucket, series=series)
+    return goodput_ledger(record, telemetry)
+
+
+def with_relaunches(record: RunRecord, series: Series) -> RunRecord:
+    """The record with a `recovery` event at each relaunch its telemetry shows and its events
+    do not: SkyPilot recovers a managed job by itself, so a cloud record holds only the first
+    launch. New processes of the gang mark a relaunch; the recovery opens at the last step
+    any rank finished before it started, so the billed total stays the record's and the time
+    between (the step in flight, provisioning, start-up) counts as recovery. Example: launch
+    at t=0, steps 1..14 until t=45 (process A), steps 11..30 from t=80 (process B) → a
+    recovery at t=45."""
+    opens = sorted((e for e in record.events if e.kind in OPENS_SEGMENT), key=lambda e: e.time)
+    if not opens:
+        return record
+    added = []
+    for prev, nxt in itertools.pairwise(series.launches()):
+        if any(prev.last_t < e.time <= nxt.first_t for e in opens):
+            continue  # the record saw this relaunch
+        price = max((e for e in opens if e.time <= prev.last_t), key=lambda e: e.time, default=None)
+        fields = price.model_dump(include=_PLACEMENT) if price is not None else {}
+        cut = max((r.t for r in series.steps if r.t < nxt.t0), default=prev.last_t)
+        detail = "relaunch seen in telemetry"
+        added.append(Event(kind="recovery", time=cut + 1e-6, detail=detail, **fields))
+    if not added:
+        return record
+    return record.model_copy(update={"events": [*record.events, *added]})
+
+
+def run_series(record: RunRecord, ckpt_uri: str | None = None) -> Series | None:
+    """A run's telemetry segments, merged and compacted in the bucket (`records.series`),
+    under its checkpoint URI or
+    `ckpt_uri`; None when neither is known or the bucket cannot be read."""
+    from mncloud.records.series import read_series
+
+    uri = record.ckpt_uri or ckpt_uri
+    if uri is None and record.backend == "local":
+        uri = _local_ckpt_uri(record)
+    if uri is None:
+        return None
+    try:
+        return read_series(layout.series_uri(uri, record.run_id), compact=True)
+    except (MncloudError, OSError, ValueError):
+        return None
+
+
+def _local_ckpt_uri(record: RunRecord) -> str | None:
+    from mncloud.backends.local.state import load_state
+
+    folder = layout.run_dir(record.name)
+    if _local_run_id(folder) != record.run_id:
+        return None
+    try:
+        return load_state(folder).ckpt_uri
+    except (MncloudError, *_FILE_ERRORS):
+        return None
+
+
+def _series_marks(series: Series) -> list[StepMark]:
+    from mncloud.records.goodput import StepMark
+
+    return [StepMark(t=r.t, step=r.step, ckpt_s=r.ckpt_s) for r in series.steps]
 
 
 def _step_marks(folder: Path) -> list[StepMark]:
@@ -368,13 +449,31 @@ def _local_run_id(folder: Path) -> str | None:
 
 def status_goodput(status: RunStatus) -> float | None:
     """The goodput `status` shows for a run: of its newest record, over its telemetry; None
-    without a record or per-step telemetry (a cloud run), or when they cannot be read. The
-    bucket is read again only where `run_status` found a checkpoint in it (it answered)."""
+    without a record or per-step telemetry, or when they cannot be read. The bucket is read
+    again only where `run_status` read it (it answered: a checkpoint found, or none there)."""
     from mncloud import records
 
     try:
         record = records.load_current(status.name)
-        found = status.ckpt_step is not None
-        return run_goodput(record, status.ckpt_step, bucket=found).goodput
+        answered = status.ckpt_step is not None or (
+            status.ckpt_uri is not None and UNREADABLE not in status.detail
+        )
+        return run_goodput(record, status.ckpt_step, bucket=answered).goodput
     except (MncloudError, *_FILE_ERRORS):
         return None
+
+
+def run_metrics(run_name: str) -> MetricsView:
+    """The curves of a run's newest record (`records.curves`): its reported metrics over
+    steps, step time per node, its launches. Raises when the run or its bucket is unknown."""
+    from mncloud import records
+    from mncloud.records.curves import metrics_view
+
+    record = records.load_current(run_name)
+    series = run_series(record)
+    if series is None:
+        raise MncloudError(
+            f"run {run_name!r} has no readable telemetry: it needs a bucket (--bucket) or a "
+            f"local checkpoint folder, and the bucket must be reachable"
+        )
+    return metrics_view(record.run_id, series)

@@ -111,6 +111,12 @@ def test_a_run_page_draws_the_timeline_and_the_breakdown(client: Any) -> None:
     assert sum(values.values()) == pytest.approx(total) == pytest.approx(ledger.total_node_seconds)
     assert values["useful"] == pytest.approx(ledger.parts["useful"].node_seconds)
     assert "commit" in page.text and "<h2>Checkpoints</h2>" in page.text
+    # The local run's script reports its loss through the same telemetry segments as a cloud
+    # run's: the page draws it, one line per launch of node 0's lowest rank or more.
+    curves = page.text.split('id="curves"')[1]
+    loss = curves.split('data-kind="metric-loss"')[1].split("</svg>")[0]
+    assert loss.count('<polyline class="launch') >= 1
+    assert 'data-kind="step-time"' in curves
 
 
 @pytest.mark.slow

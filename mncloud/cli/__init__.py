@@ -23,6 +23,7 @@ from mncloud.cli import control as control_cli
 from mncloud.cli import exec as exec_cli
 from mncloud.cli import export as export_cli
 from mncloud.cli import gpus as gpus_cli
+from mncloud.cli import metrics as metrics_cli
 from mncloud.cli import ops as ops_cli
 from mncloud.cli import plan as plan_cli
 from mncloud.cli import profile as profile_cli
@@ -114,6 +115,7 @@ gpus_cli.register(app)
 up_cli.register(app)
 exec_cli.register(app)
 ops_cli.register(app)
+metrics_cli.register(app)
 runs_cli.register(app)
 control_cli.register(app)
 replay_cli.register(app)

@@ -22,6 +22,7 @@ Why, by example (a healthy 2×2 CPU demo, one publication per rank so far):
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
@@ -30,9 +31,12 @@ import time
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from mncloud import constants, layout
+
+if TYPE_CHECKING:
+    from mncloud.records.series import Series, StepRow
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +133,9 @@ def publish_step_time(
 
 
 def read_steps(uri: str) -> dict[int, RankSteps]:
-    """Every rank's newest publication under a steps URI (`layout.steps_uri`), by rank."""
+    """Every rank's newest publication under a steps URI (`layout.steps_uri`), by rank; where
+    no rank published one, the same read off the run's telemetry segments beside it
+    (`records.series`, `from_series`)."""
     from mncloud.storage import open_bucket
 
     bucket, prefix = open_bucket(uri, retry_seconds=BUCKET_RETRY_SECONDS)
@@ -137,6 +143,34 @@ def read_steps(uri: str) -> dict[int, RankSteps]:
     for obj in bucket.list(f"{prefix}/" if prefix else ""):
         steps = RankSteps.from_json(json.loads(bucket.get_bytes(obj.key)))
         found[steps.rank] = steps
+    if not found and uri.rstrip("/").endswith(f"/{layout.STEPS_DIR}"):
+        from mncloud.records.series import read_series
+
+        series_uri = f"{uri.rstrip('/')[: -len(layout.STEPS_DIR)]}{layout.SERIES_DIR}"
+        found = from_series(read_series(series_uri))
+    return found
+
+
+def from_series(series: Series, window: int = 50) -> dict[int, RankSteps]:
+    """Each rank's step-time windows from its telemetry segments: its newest launch's steps
+    cut into windows of `window` steps, the last `SUSTAINED_WINDOWS` kept, as if published."""
+    rows: dict[int, list[StepRow]] = {}
+    for row in series.steps:
+        rows.setdefault(row.rank, []).append(row)
+    found: dict[int, RankSteps] = {}
+    for rank, mine in rows.items():
+        newest = [r for r in mine if r.launch == mine[-1].launch]
+        gaps = [(b.t - a.t, b.step - a.step) for a, b in itertools.pairwise(newest)]
+        gaps = [(t, n) for t, n in gaps if n > 0 and t > 0]
+        windows: list[tuple[float, int]] = []
+        for i in range(0, len(gaps), window):
+            chunk = gaps[i : i + window]
+            steps = sum(n for _, n in chunk)
+            windows.append((sum(t for t, _ in chunk) / steps, steps))
+        if windows:
+            found[rank] = RankSteps(
+                rank, windows[-1][0], newest[-1].step, tuple(windows[-SUSTAINED_WINDOWS:])
+            )
     return found
 
 

@@ -5,6 +5,7 @@
     progress.event(step=step, loss=loss)           # once a step
     progress.finish(steps=step, final_loss=loss)   # at the end: `final.json` and a `done` event
 
+Every rank's step events go to the run's telemetry segments (`mncloud.train.report`).
 Rank 0 (of each node, under node recovery, tagged with its number) appends one JSON line per
 event to `$MNCLOUD_PROGRESS_FILE` when the local backend sets it: the steps lost and the time to
 resume that `mncloud up` prints are read from there. `finish` writes the result as
@@ -14,6 +15,7 @@ test or a pipeline reads it. Without torchrun or mncloud it costs nothing.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -21,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from mncloud.constants import PROGRESS_FILE_ENV
 from mncloud.storage import join_key, open_bucket
+from mncloud.train.steptime import report
 
 if TYPE_CHECKING:
     from mncloud.train.ckpt import CheckpointManager
@@ -39,7 +42,15 @@ class Progress:
         self._node = {"node": replicas.replica} if replicas.enabled else {}
 
     def event(self, **record: Any) -> None:
-        """Append one event (a step, a start) to the progress file, if this rank keeps it."""
+        """Append one event (a step, a start) to the progress file, if this rank keeps it.
+
+        A step event (`step=…` and no `event`) also goes to the run's telemetry through
+        `mncloud.train.report`, on every rank: its `ckpt_s` and each other finite scalar
+        (`loss=…`) as metrics, for the goodput ledger, `mncloud metrics` and the web view."""
+        if "step" in record and "event" not in record:
+            fields = {k: v for k, v in record.items() if k not in ("step", "ckpt_s")}
+            with contextlib.suppress(TypeError, ValueError):  # telemetry never stops training
+                report(int(record["step"]), ckpt_s=record.get("ckpt_s"), **fields)
         if self._path is None:
             return
         with open(self._path, "a") as f:

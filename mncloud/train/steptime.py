@@ -1,7 +1,10 @@
-"""`mncloud.train.report(step)`: this rank's step time, for the straggler view of `mncloud status`.
+"""`mncloud.train.report(step, loss=…)`: this rank's steps, step time and metrics.
 
-Call it once per training step on every rank (`CheckpointManager.maybe_save` already does).
-It keeps the mean seconds per step over the last `WINDOW` steps and, at most every
+Call it once per training step on every rank (`CheckpointManager.maybe_save` already does,
+without metrics; `Progress.event(step=…, loss=…)` does with them). Each call buffers one record
+for the run's telemetry segments (`mncloud.records.series`: `mncloud metrics`, the web view's
+curves, the goodput ledger), which the segment writer's own thread appends to the bucket. It
+also keeps the mean seconds per step over the last `WINDOW` steps and, at most every
 `PUBLISH_INTERVAL_S`, hands it with the number of steps it spans to
 `mncloud.records.telemetry.publish_step_time`, which writes
 `<bucket>/<name>/runs/<run-id>/steps/rank-<r>.json`; `status` compares the ranks. No
@@ -27,6 +30,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -122,13 +126,47 @@ class StepTimer:
 
 
 _timer = StepTimer()
+_series: Any = None  # this rank's `records.series.SeriesWriter`, made on the first report
+_warned: set[str] = set()
 
 
-def report(step: int) -> float | None:
-    """Report that this rank reached `step`; returns its mean seconds per step (or None).
+def _writer() -> Any:
+    global _series
+    if _series is None:
+        from mncloud.records.series import writer_from_env
 
-    Cheap (a clock read) and never raises; see the module docstring.
+        _series = writer_from_env() or False
+    return _series
+
+
+def report(step: int, *, ckpt_s: float | None = None, **metrics: object) -> float | None:
+    """Report that this rank reached `step`, with any finite scalar metrics (`loss=…`) and the
+    seconds a save blocked it (`ckpt_s`); returns its mean seconds per step (or None).
+
+    Cheap (a clock read and a list append) and never raises; see the module docstring. The
+    step and its metrics go to the run's telemetry segments (`mncloud.records.series`),
+    written off this thread; a metric that is not a finite number is dropped with one warning.
     """
     with contextlib.suppress(Exception):
-        return _timer.report(step)
+        mean = _timer.report(step)
+        writer = _writer()
+        if writer:
+            record: dict[str, Any] = {"k": "step", "t": time.time(), "step": step}
+            if ckpt_s:
+                record["ckpt_s"] = round(float(ckpt_s), 4)
+            if metrics:
+                record["m"] = _finite(metrics)
+            writer.add(record)
+        return mean
     return None
+
+
+def _finite(metrics: dict[str, object]) -> dict[str, float]:
+    from mncloud.records.series import finite_metrics
+
+    kept, dropped = finite_metrics(metrics)
+    for name in dropped:
+        if name not in _warned:
+            _warned.add(name)
+            log.warning("metric %r dropped: not a finite number (reported %r)", name, metrics[name])
+    return kept

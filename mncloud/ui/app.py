@@ -20,7 +20,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from mncloud.errors import RunNotFoundError
-from mncloud.ui import svg, views
+from mncloud.ui import curves, svg, views
 
 TEMPLATES = Path(__file__).resolve().parents[1] / "templates" / "ui"
 COOKIE = "mncloud_ui_token"
@@ -116,6 +116,7 @@ def create_app(token: str | None = None, allowed_hosts: list[str] | None = None)
         return page(
             request, "run.html.j2", **data, timeline_svg=svg.timeline_svg(data["timeline"]),
             breakdown_svg=chart, refresh=data["running"],
+            curve_svgs=curves.curve_charts(data["metrics"]) if data["metrics"] else {},
         )  # fmt: skip
 
     @app.get("/runs/{name}/logs")

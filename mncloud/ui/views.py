@@ -300,6 +300,30 @@ def log_lines(name: str, node: int | None, tail: int) -> list[str]:
     return list(run_logs(name, node, tail=tail))
 
 
+def _metrics(record: Any, uri: str | None, errors: list[str]) -> Any:
+    """The run's telemetry curves (`records.curves`) with the previous run of its lineage (the
+    same name's record before it) for comparison, or None without telemetry."""
+    from mncloud import records
+    from mncloud.operate import run_series
+    from mncloud.records.curves import metrics_view
+
+    if record is None:
+        return None
+    try:
+        series = run_series(record, uri)
+        earlier = [r for r in records.list_records(record.name) if r.created_at < record.created_at]
+        before = run_series(earlier[-1]) if earlier else None
+    except READ_ERRORS as err:
+        errors.append(f"telemetry: {err}")
+        return None
+    if series is None:
+        return None
+    view = metrics_view(record.run_id, series)
+    if before is not None and before.steps:
+        view.previous = metrics_view(earlier[-1].run_id, before)
+    return view
+
+
 def run_page(name: str) -> dict[str, Any]:
     """Everything a run's page shows; each part that cannot be read becomes an error line.
     RunNotFoundError for a run neither `status` nor the records know."""
@@ -329,6 +353,7 @@ def run_page(name: str) -> dict[str, Any]:
             errors.append(f"goodput: {err}")
     running = status is not None and not status.state.is_final
     return {
+        "metrics": _metrics(record, uri, errors),
         "name": name,
         "status": status,
         "row": _row(status, ledger.goodput if ledger else None) if status else None,

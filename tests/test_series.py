@@ -1,0 +1,369 @@
+"""Training telemetry through the bucket (`mncloud/records/series.py`): segments written by
+ranks, never overwritten, compacted when read; bad input skipped and counted; and a cloud-like
+run (real processes with the cloud's environment, the real S3 test server) preempted once,
+whose goodput ledger has no `unknown` part."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+from typer.testing import CliRunner
+
+from mncloud import constants, layout, records
+from mncloud.cli import app
+from mncloud.operate import run_goodput, run_series
+from mncloud.records import RunRecord
+from mncloud.records.series import Series, SeriesWriter, finite_metrics, read_series
+from mncloud.request import build_spec
+from mncloud.storage import join_key, open_bucket
+
+if TYPE_CHECKING:
+    from tests.fakesky import FakeSky
+
+
+def _writer(uri: str, rank: int = 0) -> SeriesWriter:
+    return SeriesWriter(uri, rank, node=0, background=False)
+
+
+def test_segments_round_trip_and_are_never_overwritten(bucket_uri: str) -> None:
+    uri = f"{bucket_uri}/series"
+    w0, w1 = _writer(uri, 0), _writer(uri, 1)
+    for step in (1, 2, 3):
+        w0.add({"k": "step", "t": 100.0 + step, "step": step, "m": {"loss": 4.0 - step}})
+        w1.add({"k": "step", "t": 100.2 + step, "step": step})
+        if step == 2:
+            assert w0.flush() and w1.flush()
+    w0.add({"k": "step", "t": 103.5, "step": 3, "ckpt_s": 0.4})  # the same step again: merged
+    assert w0.flush() and w1.flush()
+    assert not w0.flush()  # nothing buffered: no empty segment
+    bucket, prefix = open_bucket(uri)
+    names = sorted(o.key.rsplit("/", 1)[-1] for o in bucket.list(f"{prefix}/" if prefix else ""))
+    assert len(names) == len(set(names)) == 4
+    assert all(n.startswith(("r00000-", "r00001-")) and n.endswith(".jsonl") for n in names)
+    series = read_series(uri)
+    assert series.segments == 4 and series.skipped == 0
+    assert [(r.rank, r.step) for r in series.steps] == [(0, 1), (1, 1), (0, 2), (1, 2), (0, 3),
+                                                         (1, 3)]  # fmt: skip
+    (three,) = [r for r in series.steps if r.rank == 0 and r.step == 3]
+    assert three.t == 103.0 and three.ckpt_s == 0.4  # earliest time, the save's stall
+    assert [(p.step, p.value) for p in series.metrics["loss"]] == [(1, 3.0), (2, 2.0), (3, 1.0)]
+    (launch,) = series.launches()
+    assert (launch.first_step, launch.last_step) == (1, 3)
+
+
+def test_a_torn_or_malformed_segment_is_skipped_and_counted(tmp_path: Path) -> None:
+    uri = f"file://{tmp_path / 'b'}/series"
+    w = _writer(uri)
+    w.add({"k": "step", "t": 1.0, "step": 1, "m": {"loss": 2.0}})
+    assert w.flush()
+    bucket, prefix = open_bucket(uri)
+    good = json.dumps({"k": "head", "rank": 1, "launch": "x"}) + "\n"
+    bucket.put_bytes(
+        join_key(prefix, "r00001-x-00000.jsonl"), (good + '{"k": "step", "t"').encode()
+    )
+    bucket.put_bytes(join_key(prefix, "r00001-x-00001.jsonl"), b"not json\n")
+    bucket.put_bytes(join_key(prefix, "r00001-x-00002.jsonl"), (good + '{"k":"step"}\n').encode())
+    series = read_series(uri)
+    assert (series.segments, series.skipped) == (4, 3)
+    assert [(r.rank, r.step) for r in series.steps] == [(0, 1)]
+    assert [p.value for p in series.metrics["loss"]] == [2.0]
+
+
+def test_a_non_finite_metric_is_dropped_with_one_warning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from mncloud.train import steptime
+
+    assert finite_metrics({"loss": 1, "x": float("nan"), "y": "abc", "z": True}) == (
+        {"loss": 1.0},
+        ["x", "y", "z"],
+    )
+    ckpt = f"file://{tmp_path / 'b'}/exp"
+    monkeypatch.setenv(constants.CKPT_URI_ENV, ckpt)
+    monkeypatch.setenv(constants.RUN_ID_ENV, "exp-1")
+    monkeypatch.setattr(steptime, "_series", None)
+    monkeypatch.setattr(steptime, "_warned", set())
+    with caplog.at_level(logging.WARNING, logger=steptime.__name__):
+        for step in (1, 2, 3):
+            steptime.report(step, loss=1.0 / step, grad_norm=float("inf"))
+    assert len([r for r in caplog.records if "grad_norm" in r.getMessage()]) == 1
+    writer = steptime._series
+    assert writer and writer.flush()
+    series = read_series(layout.series_uri(ckpt, "exp-1"))
+    assert set(series.metrics) == {"loss"} and len(series.metrics["loss"]) == 3
+
+
+def test_a_failing_bucket_never_raises_and_keeps_the_records(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")  # a file where the bucket's folder would be: every write fails
+    w = _writer(f"file://{blocker}/series")
+    w.add({"k": "step", "t": 1.0, "step": 1})
+    assert not w.flush()
+    assert len(w._buffer) == 1  # kept for the next try
+
+
+# ---------------------------------------------------------------- a cloud-like run, for real
+
+SCRIPT = textwrap.dedent("""
+    import os, sys, time
+    import mncloud.train as train
+
+    start, end = int(sys.argv[1]), int(sys.argv[2])
+    for step in range(start + 1, end + 1):
+        time.sleep(0.05)
+        train.report(step, loss=10.0 / step, ckpt_s=0.02 if step % 10 == 0 else None)
+""")
+
+
+def _ranks(script: Path, env: dict[str, str], start: int, end: int) -> list[subprocess.Popen]:
+    procs = []
+    for rank in (0, 1):
+        proc_env = {**os.environ, **env, "RANK": str(rank), constants.SKYPILOT_NODE_RANK: str(rank)}
+        cmd = [sys.executable, str(script), str(start), str(end)]
+        procs.append(subprocess.Popen(cmd, env=proc_env))
+    return procs
+
+
+def _wait_for_step(uri: str, step: int, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        series = read_series(uri)
+        if sum(r.step >= step for r in series.steps) >= 2:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"step {step} never reached the bucket")
+
+
+@pytest.fixture
+def cloud_run(s3_env: object, tmp_path: Path) -> tuple[RunRecord, Series]:
+    """Two ranks with a cloud node's environment write through `mncloud.train.report` to the
+    S3 test server; launch A is killed (a preemption: its last segment is lost), launch B
+    resumes from step 20 and finishes at 40. The record holds only the first launch, as a
+    cloud run's does (SkyPilot recovers a managed job by itself)."""
+    (tmp_path / "pyproject.toml").write_text("[project]\nname='p'\n")
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    bucket = f"s3://{s3_env.make_bucket()}"  # type: ignore[attr-defined]
+    spec = build_spec(script, gpus="cpu:2", nodes=2, spot=True, name="cl", bucket=bucket)
+    t_launch = time.time()
+    record = records.create_record(spec, "a: 1\n", backend="skypilot", now=t_launch)
+    records.append_event("cl", "launch", cloud="aws", spot=True, hourly_price=36.0, at=t_launch)
+    assert record.ckpt_uri is not None
+    env = {
+        constants.CKPT_URI_ENV: record.ckpt_uri,
+        constants.RUN_ID_ENV: record.run_id,
+        constants.TELEMETRY_INTERVAL_ENV: "0.2",
+    }
+    first = _ranks(script, env, 0, 10_000)
+    _wait_for_step(layout.series_uri(record.ckpt_uri, record.run_id), 25)
+    for proc in first:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    second = _ranks(script, env, 20, 40)
+    assert [p.wait(60) for p in second] == [0, 0]
+    records.append_event("cl", "finish", at=time.time())
+    series = run_series(records.load_current("cl"))
+    assert series is not None
+    return records.load_current("cl"), series
+
+
+@pytest.mark.slow
+def test_a_cloud_run_preempted_once_has_no_unknown_part(
+    cloud_run: tuple[RunRecord, Series], fake_sky: FakeSky
+) -> None:
+    """The relaunch is read off the telemetry: no part is `unknown`, the parts add up to the
+    total to the cent, the steps A trained past 20 are redone; the loss spans both launches."""
+    record, series = cloud_run
+    a, b = series.launches()
+    assert a.last_step >= 25 and (b.first_step, b.last_step) == (21, 40)
+    loss = series.curve("loss")
+    assert {p.launch for p in loss} <= a.tags | b.tags and len({p.launch for p in loss}) == 2
+    assert loss[-1].value == 10.0 / 40
+
+    ledger = run_goodput(record)
+    assert ledger.parts["unknown"].node_seconds == 0 and not ledger.unmeasured
+    assert ledger.launches == 2
+    assert sum(p.cents for p in ledger.parts.values()) == round(ledger.total_cost * 100)
+    assert abs(sum(p.cost for p in ledger.parts.values()) - ledger.total_cost) < 0.005
+    trained_in_a = {r.step for r in series.steps if r.t < b.t0}
+    assert ledger.parts["redone"].steps == len(trained_in_a & set(range(21, 41)))
+    assert ledger.parts["useful"].steps == 40  # no checkpoint known: all not redone
+    assert ledger.parts["checkpoint_stall"].node_seconds > 0
+    assert ledger.goodput is not None and 0 < ledger.goodput < 1
+    _metrics_cli_shows_both_launches()
+    _status_shows_goodput(record, fake_sky, ledger.goodput)
+
+
+def _status_shows_goodput(record: RunRecord, fake_sky: FakeSky, goodput: float) -> None:
+    """`mncloud status` of the cloud run (its managed job on the faked SkyPilot) shows it."""
+    from sky.jobs import ManagedJobStatus
+
+    from mncloud.backends.registry import record_backend
+    from mncloud.backends.skypilot.meta import MANAGED_JOB, RunMeta, save_meta
+
+    record_backend("cl", "skypilot")
+    job_id = fake_sky.add_job("cl", ManagedJobStatus.SUCCEEDED)
+    meta = RunMeta(kind=MANAGED_JOB, name="cl", nodes=2, spot=True, ckpt_uri=record.ckpt_uri,
+                   job_id=job_id, launched_at=record.created_at)  # fmt: skip
+    save_meta(meta)
+    result = CliRunner().invoke(app, ["status", "cl", "--json"])
+    assert result.exit_code == 0, result.output
+    (row,) = json.loads(result.output)
+    assert row["state"] == "SUCCEEDED" and row["goodput"] == pytest.approx(goodput, abs=0.02)
+
+
+def _metrics_cli_shows_both_launches() -> None:
+    """`mncloud metrics` prints the same series: the loss over both launches, redone steps
+    twice, each node's step time."""
+    result = CliRunner().invoke(app, ["metrics", "cl", "--json"])
+    assert result.exit_code == 0, result.output
+    view = json.loads(result.output)
+    by_launch = {
+        k: [p["step"] for p in view["metrics"]["loss"] if p["launch"] == k] for k in (1, 2)
+    }
+    assert by_launch[1][0] == 1 and by_launch[2] == list(range(21, 41))
+    assert set(by_launch[1]) & set(by_launch[2])  # redone steps show in both launches
+    assert set(view["step_time"]) == {"node 0", "node 1"}
+    assert all(0.04 < p["value"] < 5 for p in view["step_time"]["node 0"])
+    assert [m["launch"] for m in view["launches"]] == [1, 2]
+    lines = CliRunner().invoke(app, ["metrics", "cl"]).output.splitlines()
+    assert lines[0].startswith("launch 1  step       1  loss 10")
+
+
+@pytest.mark.slow
+def test_the_run_page_draws_the_loss_across_both_launches_in_a_browser(
+    cloud_run: tuple[RunRecord, Series], fake_sky: FakeSky
+) -> None:
+    """The web view (real uvicorn, real chromium): the loss curve, a line per launch, the
+    relaunch marked, step time per node; offline (nothing fetched)."""
+    import uvicorn
+
+    from mncloud.ui import serve as ui_serve
+    from mncloud.ui.app import create_app
+    from tests.test_local import wait_until
+    from tests.test_ui import _browser
+
+    sync_api, chromium = _browser()
+    port = ui_serve.free_port()
+    bound = ui_serve.Binding("127.0.0.1", port, None)
+    config = uvicorn.Config(
+        create_app(allowed_hosts=ui_serve.allowed_hosts(bound)),
+        host="127.0.0.1", port=port, log_level="warning", ws="none",
+    )  # fmt: skip
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    wait_until(lambda: server.started, 20, "uvicorn to start")
+    try:
+        with sync_api.sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=chromium)
+            page = browser.new_page(viewport={"width": 1000, "height": 1400})
+            outside: list[str] = []
+            page.on("request", lambda r: None if "127.0.0.1" in r.url else outside.append(r.url))
+            page.goto(f"http://127.0.0.1:{port}/runs/cl")
+            loss = page.locator('#curves svg[data-kind="metric-loss"]')
+            sync_api.expect(loss.locator("polyline.launch")).to_have_count(2)
+            sync_api.expect(loss.locator("g.relaunch")).to_have_count(1)
+            sync_api.expect(loss.locator("g.relaunch")).to_contain_text("from step 21")
+            steps = page.locator('#curves svg[data-kind="step-time"] polyline.node')
+            sync_api.expect(steps).to_have_count(2)
+            sync_api.expect(page.locator("#goodput")).to_contain_text("over 2 launch(es)")
+            assert not outside
+            browser.close()
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+def test_metrics_of_an_unknown_run_is_one_line_exit_2() -> None:
+    result = CliRunner().invoke(app, ["metrics", "nope"])
+    assert result.exit_code == 2
+    (line,) = result.output.splitlines()
+    assert line.startswith("error: ") and "nope" in line
+
+
+def test_stragglers_read_through_the_segments(tmp_path: Path) -> None:
+    """Where no rank published a step-time object, `status` reads the same windows off the
+    segments: rank 1, 1.8× slower over its newest launch's last windows, is a straggler."""
+    from mncloud.records import telemetry
+
+    ckpt = f"file://{tmp_path / 'b'}/exp"
+    for rank, seconds in ((0, 0.1), (1, 0.18), (2, 0.1)):
+        w = _writer(layout.series_uri(ckpt, "exp-1"), rank)
+        for step in range(1, 200):
+            w.add({"k": "step", "t": 1000.0 + step * seconds, "step": step})
+        assert w.flush()
+    ranks = telemetry.read_steps(layout.steps_uri(ckpt, "exp-1"))
+    assert {r: round(s.seconds_per_step, 3) for r, s in ranks.items()} == {0: 0.1, 1: 0.18, 2: 0.1}
+    times = {r: s.sustained() for r, s in ranks.items()}
+    assert telemetry.straggler_ranks({r: t for r, t in times.items() if t}) == [1]
+
+
+def test_two_runs_of_a_lineage_share_the_loss_chart(tmp_path: Path) -> None:
+    """A rerun (the same name, a newer record) draws its loss over the previous run's."""
+    pytest.importorskip("fastapi.testclient", reason="needs the [ui] extra")
+    from fastapi.testclient import TestClient
+
+    from mncloud.ui.app import create_app
+
+    (tmp_path / "pyproject.toml").write_text("[project]\nname='p'\n")
+    (tmp_path / "train.py").write_text("print(1)\n")
+    spec = build_spec(
+        tmp_path / "train.py", gpus="cpu:1", name="lin", bucket=f"file://{tmp_path}/b"
+    )
+    runs = [
+        records.create_record(spec, "a: 1\n", backend="skypilot", now=t) for t in (100.0, 200.0)
+    ]
+    for k, run in enumerate(runs):
+        assert run.ckpt_uri is not None
+        w = _writer(layout.series_uri(run.ckpt_uri, run.run_id))
+        for step in range(1, 30):
+            w.add(
+                {
+                    "k": "step",
+                    "t": 100.0 * (k + 1) + step,
+                    "step": step,
+                    "m": {"loss": k + 1 / step},
+                }
+            )
+        assert w.flush()
+    page = TestClient(create_app(), raise_server_exceptions=False).get("/runs/lin")
+    assert page.status_code == 200, page.text
+    loss = page.text.split('data-kind="metric-loss"')[1].split("</svg>")[0]
+    assert loss.count('<polyline class="previous"') == 1
+    assert loss.count('<polyline class="launch launch-1"') == 1
+
+
+def test_a_read_compacts_many_segments_into_one(tmp_path: Path) -> None:
+    """Reads merge many small segments into one object; what they say is unchanged, a torn
+    one stays and is still counted, and a second compaction merges the first's output."""
+    from mncloud.records import series as series_mod
+
+    uri = f"file://{tmp_path / 'b'}/series"
+    writers = [_writer(uri, rank) for rank in (0, 1)]
+    for step in range(1, series_mod.COMPACT_AT + 1):
+        for w in writers:
+            w.add({"k": "step", "t": step + w.rank / 10, "step": step, "m": {"loss": 1 / step}})
+            assert w.flush()
+    bucket, prefix = open_bucket(uri)
+    bucket.put_bytes(join_key(prefix, "r00009-x-00000.jsonl"), b'{"k": "head"')
+    before = read_series(uri)
+    assert (before.segments, before.skipped) == (2 * series_mod.COMPACT_AT + 1, 1)
+    assert read_series(uri, compact=True).steps == before.steps
+    names = sorted(o.key.rsplit("/", 1)[-1] for o in bucket.list(f"{prefix}/" if prefix else ""))
+    assert len(names) == 2 and names[0].startswith("c-") and names[1].startswith("r00009")
+    after = read_series(uri)
+    assert after.steps == before.steps and after.curve("loss") == before.curve("loss")
+    assert (after.segments, after.skipped) == (2, 1)
+    assert after.launches() == before.launches()
