@@ -252,6 +252,8 @@ RENDER_OPTIONS = {
     "--master-port",
     "--nccl-debug",
     "--nccl-socket-ifname",
+    "--network",
+    "--min-bandwidth",
     "--require-path",
     "--preflight",
     "--no-preflight",

@@ -10,7 +10,7 @@ Template variables (also what a `--template PATH` of your own receives):
 | `name`, `num_nodes`, `workdir` | run name, node count, local project folder synced to nodes |
 | `resources` | dict for `resources:` (accelerators or cpus, use_spot, infra, disk_size, …) |
 | `job_recovery` | dict for `resources.job_recovery` (every cloud run is a managed job) |
-| `resource_choices`, `resource_choice_mode` | list of resource dicts and `ordered`/`any_of` |
+| `resource_choices`, `resource_choice_mode` | list of resource dicts and `ordered`/`any_of` (`network_tier: best` per entry: `render/network.py`) |
 | `envs` | dict of environment variables (user `--env` + `MNCLOUD_*`) |
 | `secrets` | list of secret names (values never rendered) |
 | `file_mounts` | dict of mount path → mount spec (`--mount-bucket`, `--ckpt-dir`) |
@@ -23,6 +23,7 @@ Template variables (also what a `--template PATH` of your own receives):
 | `requirements`, `user_setup` | pip requirements file (relative) and the `--setup` command |
 | `preempted_exit_code`, `c` | the preemption exit code and `mncloud.constants` |
 | `preflight`, `preflight_gpus`, `require_paths` | node checks before torchrun (`mncloud.doctor`) |
+| `bandwidth_expect`, `bandwidth_fabric`, `bandwidth_min` | the preflight's all-reduce test (`render/network.py`) |
 | `export_on_finish`, `export_dir` | `up --export-on-finish` format (or None), its folder name |
 
 Filters: `q` (shell-quote), `yaml` (one safe YAML value), `yaml_block` (a multi-line string
@@ -47,7 +48,7 @@ import yaml
 
 from mncloud import __version__, constants, layout
 from mncloud.errors import RenderError
-from mncloud.render import jobgroup
+from mncloud.render import jobgroup, network
 from mncloud.spec import BUCKET_MOUNT_PATH, JobSpec, Launcher, Recovery, SpotPolicy
 
 if TYPE_CHECKING:
@@ -162,7 +163,10 @@ def template_variables(
 ) -> dict[str, Any]:
     """All variables a task template receives (see the module docstring)."""
     choices, mode = _resource_choices(spec, plan)
+    choices = network.with_tiers(spec, choices)
     use_spot = uses_spot(spec, plan)
+    envs = {**network.fabric_env(spec, choices), **task_env(spec, use_spot, run_id)}
+    expected = network.expected_busbw(spec, choices)
     gpus_per_node = f'"${constants.SKYPILOT_NUM_GPUS_PER_NODE}"'
     return {
         "mncloud_version": __version__,
@@ -173,7 +177,7 @@ def template_variables(
         "job_recovery": _job_recovery(spec),
         "resource_choices": choices,
         "resource_choice_mode": mode,
-        "envs": task_env(spec, use_spot, run_id),
+        "envs": envs,
         "secrets": list(spec.secrets),
         "file_mounts": _file_mounts(spec),
         "script": spec.script_relpath,
@@ -193,6 +197,9 @@ def template_variables(
         "preflight": spec.preflight,
         "preflight_gpus": "0" if spec.accelerator.is_cpu else gpus_per_node,
         "require_paths": list(spec.require_paths),
+        "bandwidth_expect": round(expected[0], 3) if expected else None,
+        "bandwidth_fabric": expected[1] if expected else None,
+        "bandwidth_min": spec.min_bandwidth,
         "export_on_finish": spec.export_on_finish.value if spec.export_on_finish else None,
         "export_dir": layout.EXPORT_DIR,
         "c": constants,
