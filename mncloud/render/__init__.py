@@ -10,7 +10,7 @@ Template variables (also what a `--template PATH` of your own receives):
 | `name`, `num_nodes`, `workdir` | run name, node count, local project folder synced to nodes |
 | `resources` | dict for `resources:` (accelerators or cpus, use_spot, infra, disk_size, …) |
 | `job_recovery` | dict for `resources.job_recovery` (every cloud run is a managed job) |
-| `resource_choices`, `resource_choice_mode` | list of resource dicts and `ordered`/`any_of` (`network_tier: best` per entry: `render/network.py`) |
+| `resource_choices`, `resource_choice_mode` | list of resource dicts and `ordered`/`any_of` |
 | `envs` | dict of environment variables (user `--env` + `MNCLOUD_*`) |
 | `secrets` | list of secret names (values never rendered) |
 | `file_mounts` | dict of mount path → mount spec (`--mount-bucket`, `--ckpt-dir`) |
@@ -23,11 +23,14 @@ Template variables (also what a `--template PATH` of your own receives):
 | `requirements`, `user_setup` | pip requirements file (relative) and the `--setup` command |
 | `preempted_exit_code`, `c` | the preemption exit code and `mncloud.constants` |
 | `preflight`, `preflight_gpus`, `require_paths` | node checks before torchrun (`mncloud.doctor`) |
-| `bandwidth_expect`, `bandwidth_fabric`, `bandwidth_min` | the preflight's all-reduce test (`render/network.py`) |
+| `bandwidth_expect`, `bandwidth_fabric`, `bandwidth_min` | the preflight's all-reduce test |
 | `export_on_finish`, `export_dir` | `up --export-on-finish` format (or None), its folder name |
 
 Filters: `q` (shell-quote), `yaml` (one safe YAML value), `yaml_block` (a multi-line string
 as a YAML block). The shell templates `setup.sh.j2` and `run.sh.j2` can be included.
+
+The fast network (`network.py`): `network_tier: best` on each entry whose fabric needs it,
+the fabric's env, and the bus bandwidth the preflight expects.
 
 `--recovery node` on a cloud renders a SkyPilot job group instead (`jobgroup.py`,
 `templates/jobgroup.yaml.j2`): each node task is this template with its own variables.
