@@ -10,6 +10,7 @@ import sys
 import time
 
 from mncloud import constants
+from mncloud.doctor import bandwidth
 from mncloud.doctor.checks import (
     DEFAULT_TIMEOUT,
     PREFLIGHT_FAILED_EXIT_CODE,
@@ -25,7 +26,6 @@ from mncloud.doctor.checks import (
     count_gpus,
     failures,
 )
-from mncloud.doctor import bandwidth
 from mncloud.doctor.gang import NodeInfo, run_head, run_member
 
 # --------------------------------------------------------------------------- the node command
