@@ -159,6 +159,12 @@ def publish(result: Bandwidth, bucket_uri: str | None) -> None:
         bucket.put_bytes(join_key(prefix), json.dumps(payload).encode())
 
 
+def describe(figures: dict[str, Any]) -> str:
+    """The one line `status` shows for published figures."""
+    known = {k: figures[k] for k in Bandwidth.__dataclass_fields__ if k in figures}
+    return Bandwidth(**known).line()
+
+
 def read(ckpt_uri: str, run_id: str) -> dict[str, Any] | None:
     """The published figure of run `run_id`, or None when there is none."""
     from mncloud.storage import ObjectNotFoundError, join_key, open_bucket
