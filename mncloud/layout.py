@@ -129,11 +129,6 @@ def steps_uri(ckpt_uri: str, run_id: str) -> str:
     return join_uri(record_uri(ckpt_uri, run_id), STEPS_DIR)
 
 
-def bandwidth_uri(ckpt_uri: str, run_id: str) -> str:
-    """`<ckpt uri>/runs/<run-id>/bandwidth.json`: the preflight's all-reduce bandwidth test."""
-    return join_uri(record_uri(ckpt_uri, run_id), "bandwidth.json")
-
-
 def control_state_uri(ckpt_uri: str) -> str:
     """`<ckpt uri>/control/state.json`: the deadline controller's state beside the checkpoints
     (a cloud run's controller runs away from this machine; `status` reads it there)."""

@@ -155,8 +155,8 @@ def publish(result: Bandwidth, bucket_uri: str | None) -> None:
     if bucket_uri and run_id:
         from mncloud.storage import join_key, open_bucket
 
-        bucket, prefix = open_bucket(layout.bandwidth_uri(bucket_uri, run_id))
-        bucket.put_bytes(join_key(prefix), json.dumps(payload).encode())
+        bucket, prefix = open_bucket(layout.record_uri(bucket_uri, run_id))
+        bucket.put_bytes(join_key(prefix, FILE_NAME), json.dumps(payload).encode())
 
 
 def describe(figures: dict[str, Any]) -> str:
@@ -169,9 +169,9 @@ def read(ckpt_uri: str, run_id: str) -> dict[str, Any] | None:
     """The published figure of run `run_id`, or None when there is none."""
     from mncloud.storage import ObjectNotFoundError, join_key, open_bucket
 
-    bucket, prefix = open_bucket(layout.bandwidth_uri(ckpt_uri, run_id), retry_seconds=2)
+    bucket, prefix = open_bucket(layout.record_uri(ckpt_uri, run_id), retry_seconds=2)
     try:
-        data = json.loads(bucket.get_bytes(join_key(prefix)))
+        data = json.loads(bucket.get_bytes(join_key(prefix, FILE_NAME)))
     except (ObjectNotFoundError, ValueError):
         return None
     return data if isinstance(data, dict) else None
