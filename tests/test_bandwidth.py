@@ -84,6 +84,9 @@ def test_local_run_shows_the_figure_in_status_and_record(tmp_path: Path) -> None
     figures = status["bandwidth"]
     assert figures["busbw_gbs"] > 0 and figures["fabric"] == "loopback (local backend)"
     assert records.load_current("bw").bandwidth == figures
+    # `doctor --bandwidth RUN`: the test alone across the run's nodes, against its expectation.
+    again = cli("doctor", "--bandwidth", "bw").output
+    assert "all-reduce bus bandwidth" in again and "expected for loopback" in again
 
 
 @pytest.mark.slow
