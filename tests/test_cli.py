@@ -118,10 +118,9 @@ def test_render_with_plan_orders_the_cheapest_offers(script: Path) -> None:
     assert result.exit_code == 0, result.output
     ordered = yaml.safe_load(result.stdout)["resources"]["ordered"]
     from mncloud.plan import PlanRequest, make_plan
-    from mncloud.request import build_spec
-
     from mncloud.plan.hardware import network
     from mncloud.render.network import with_tiers
+    from mncloud.request import build_spec
 
     spec = build_spec(script, gpus="H100:8", nodes=4, spot=True)
     plan = make_plan(PlanRequest.from_spec(spec))
