@@ -297,11 +297,29 @@ def _add_stragglers(status: RunStatus) -> None:
         record = records.load_current(status.name)
     except MncloudError:
         return
+    _add_bandwidth(status, record)
     status.step_times = records.step_times(record, ckpt_uri=status.ckpt_uri)
     status.stragglers = records.straggler_ranks(status.step_times)
     note = records.straggler_note(status.step_times, status.stragglers)
     if note:
         _prepend(status, note)
+
+
+def _add_bandwidth(status: RunStatus, record: RunRecord) -> None:
+    """The preflight's bandwidth figure from beside the record, kept in the record once read."""
+    from mncloud import records
+    from mncloud.doctor import bandwidth
+
+    found = record.bandwidth
+    uri = record.ckpt_uri or status.ckpt_uri
+    if found is None and uri and record.nodes > 1:
+        try:
+            found = bandwidth.read(uri, record.run_id)
+        except (MncloudError, OSError, ValueError):
+            found = None
+        if found is not None:
+            records.record_bandwidth(record.name, record.run_id, found)
+    status.bandwidth = found
 
 
 def _prepend(status: RunStatus, note: str) -> None:

@@ -24,6 +24,7 @@ from mncloud.spec import (
     Accelerator,
     JobSpec,
     Launcher,
+    NetworkTier,
     Recovery,
     SpotPolicy,
     default_of,
@@ -136,6 +137,8 @@ class ProjectConfig(BaseModel):
     master_port: int | None = None
     nccl_debug: str | None = None
     nccl_socket_ifname: str | None = None
+    network: str | None = None
+    min_bandwidth: float | None = None
     require_path: _Words = None
     preflight: bool | None = None
     launcher: str | None = None
@@ -278,6 +281,8 @@ def _spec_from_options(
             master_port=opts.get("master_port"),
             nccl_debug=opts.get("nccl_debug"),
             nccl_socket_ifname=opts.get("nccl_socket_ifname"),
+            network=_network(opts.get("network")),
+            min_bandwidth=_min_bandwidth(opts.get("min_bandwidth")),
             require_paths=as_list(opts.get("require_path")),
             preflight=bool(opts.get("preflight", default_of("preflight"))),
             launcher=Launcher.parse(opts.get("launcher") or default_of("launcher")),
@@ -298,6 +303,36 @@ def opts_in_to_node_recovery(script: Path) -> bool:
         return bool(_OPTS_IN.search(script.read_text(errors="replace")))
     except OSError:
         return False
+
+
+def _network(value: Any) -> NetworkTier:
+    """`--network best|standard` (or mncloud.yaml's `network`); a fabric's name is no setting."""
+    if value is None:
+        return default_of("network")
+    text = str(getattr(value, "value", value)).strip().lower()
+    try:
+        return NetworkTier(text)
+    except ValueError:
+        raise SpecError(
+            f"--network {value!r} is not a setting: choose best (each offer's fast fabric: "
+            "EFA, GPUDirect-TCPX, InfiniBand) or standard (TCP); fabrics are not named"
+        ) from None
+
+
+def _min_bandwidth(value: Any) -> float | None:
+    """`--min-bandwidth GBPS`: a positive, finite number of GB/s."""
+    if value is None:
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = float("nan")
+    if not number > 0 or number == float("inf"):
+        raise SpecError(
+            f"--min-bandwidth {value!r} must be a positive number of GB/s (bus bandwidth), "
+            "e.g. --min-bandwidth 5"
+        )
+    return number
 
 
 def _recovery(opts: dict[str, Any], script: Path, nodes: int, bucket: BucketURL | None) -> Recovery:

@@ -72,6 +72,15 @@ class Recovery(str, Enum):
     (the script uses `mncloud.train.Replicas`)."""
 
 
+class NetworkTier(str, Enum):
+    """Whether a multi-node task asks for each offer's fast fabric (`--network`)."""
+
+    BEST = "best"
+    """`network_tier: best` on every offer whose fabric needs it (EFA, GPUDirect-TCPX, IB)."""
+    STANDARD = "standard"
+    """The clouds' ordinary network: NCCL over TCP sockets."""
+
+
 #: Where the bucket is mounted on a cloud node (`--mount-bucket`, `--ckpt-dir`).
 BUCKET_MOUNT_PATH = "/mncloud-bucket"
 
@@ -195,6 +204,12 @@ class JobSpec(BaseModel):
     (chosen at launch, so local runs side by side never collide)."""
     nccl_debug: str | None = None
     nccl_socket_ifname: str | None = None
+    network: NetworkTier = NetworkTier.BEST
+    """Multi-node tasks: ask for each offer's fast fabric (best) or not (standard); one node
+    and local runs are never changed."""
+    min_bandwidth: float | None = Field(None, gt=0, allow_inf_nan=False)
+    """GB/s: the preflight's all-reduce bus bandwidth below this refuses to train (else the
+    shortfall against the plan's expectation only warns)."""
     require_paths: list[str] = Field(default_factory=list)
     """Paths (local or bucket URLs) every node must see before training starts."""
     preflight: bool = True

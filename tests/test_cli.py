@@ -118,16 +118,22 @@ def test_render_with_plan_orders_the_cheapest_offers(script: Path) -> None:
     assert result.exit_code == 0, result.output
     ordered = yaml.safe_load(result.stdout)["resources"]["ordered"]
     from mncloud.plan import PlanRequest, make_plan
+    from mncloud.plan.hardware import network
+    from mncloud.render.network import with_tiers
     from mncloud.request import build_spec
 
-    plan = make_plan(PlanRequest.from_spec(build_spec(script, gpus="H100:8", nodes=4, spot=True)))
+    spec = build_spec(script, gpus="H100:8", nodes=4, spot=True)
+    plan = make_plan(PlanRequest.from_spec(spec))
     assert len(ordered) >= 2
-    assert ordered == plan.ordered_resources()  # exactly what `up` would hand SkyPilot
+    # exactly what `up` would hand SkyPilot: the plan's entries, the fast fabric's asked for
+    assert ordered == with_tiers(spec, plan.ordered_resources())
+    fast = network(plan.choice.cloud, plan.choice.instance_type).fabric.tier_best
     assert ordered[0] == {
         "infra": f"{plan.choice.cloud}/{plan.choice.region}",
         "instance_type": plan.choice.instance_type,
         "accelerators": "H100:8",
         "use_spot": True,
+        **({"network_tier": "best"} if fast else {}),
     }
     assert all(entry["use_spot"] is True for entry in ordered)
 
@@ -252,6 +258,8 @@ RENDER_OPTIONS = {
     "--master-port",
     "--nccl-debug",
     "--nccl-socket-ifname",
+    "--network",
+    "--min-bandwidth",
     "--require-path",
     "--preflight",
     "--no-preflight",

@@ -667,6 +667,8 @@ def test_rerun_keeps_every_option(
         master_port=31234,
         nccl_debug="INFO",
         nccl_socket_ifname="eth1",
+        network="standard",
+        min_bandwidth=3.5,
         require_path=["/data/shard-0", f"{bucket}/data"],
         preflight=False,
         launcher="accelerate",

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, Field, computed_field
 
@@ -123,6 +123,9 @@ class RunStatus(BaseModel):
     """Node recovery: each node's state (running, replacing, healing, finished, stopped)."""
     quorum: list[int] = Field(default_factory=list)
     """Node recovery: the nodes in the replicas' newest quorum."""
+    bandwidth: dict[str, Any] | None = None
+    """The preflight's all-reduce test (`doctor/bandwidth.py`): `busbw_gbs`, per-size figures,
+    the expectation and fabric; None before it ran (or on one node)."""
 
     @computed_field  # type: ignore[prop-decorator]
     @property

@@ -45,12 +45,25 @@ def doctor_command(
         ),
     ] = 20.0,
     as_json: opts.Json = False,
+    bandwidth_of: Annotated[
+        str | None,
+        typer.Option(
+            "--bandwidth",
+            metavar="RUN",
+            help="Run the all-reduce bandwidth test alone across a live local run's nodes.",
+        ),
+    ] = None,
+    min_bandwidth: opts.MinBandwidth = None,
 ) -> None:
     """Check credentials, bucket and data paths now, instead of at a stuck rendezvous.
 
     s3:// and gs:// --require-path paths are checked here; local ones on every node at start.
     """
     from mncloud import doctor
+
+    if bandwidth_of is not None:
+        _bandwidth(bandwidth_of, min_bandwidth, timeout)
+        return
 
     if not math.isfinite(timeout):
         raise SpecError(f"--timeout {timeout:g}: give a number of seconds, e.g. 20")
@@ -70,6 +83,27 @@ def doctor_command(
         for c in bad:
             console.print(f"[red]✗[/] {escape(c.detail)}")
     if bad:
+        raise typer.Exit(code=1)
+
+
+def _bandwidth(run_name: str, min_bandwidth: float | None, timeout: float) -> None:
+    """`doctor --bandwidth RUN`: the preflight's bandwidth test alone on the run's nodes."""
+    from mncloud.backends.registry import backend_name_of
+
+    if min_bandwidth is not None and not (math.isfinite(min_bandwidth) and min_bandwidth > 0):
+        raise SpecError(f"--min-bandwidth {min_bandwidth:g} must be a positive number of GB/s")
+    backend = backend_name_of(run_name)
+    if backend != "local":
+        raise SpecError(
+            f"doctor --bandwidth {run_name}: runs on a live local run's nodes; a {backend} run's "
+            "preflight measured it at start (`mncloud status` shows the network line)"
+        )
+    from mncloud.backends.local.netcheck import measure
+
+    passed, lines = measure(run_name, min_bandwidth, max(timeout, 30.0))
+    for line in lines:
+        console.print(escape(line), highlight=False)
+    if not passed:
         raise typer.Exit(code=1)
 
 

@@ -169,6 +169,16 @@ def _detail_lines(
             line = f"node recovery: nodes {nodes}; quorum [{quorum}]"
             console.print(Text(f"{s.name}: ", style="bold") + Text(line, style="dim"))
     for s in statuses:
+        if s.bandwidth:
+            from mncloud.doctor.bandwidth import WARN_FRACTION, describe
+
+            expected = s.bandwidth.get("expected_gbs") or 0
+            low = s.bandwidth.get("busbw_gbs", 0) < WARN_FRACTION * expected
+            line = f"network: {describe(s.bandwidth)}"
+            console.print(
+                Text(f"{s.name}: ", style="bold") + Text(line, style="yellow" if low else "dim")
+            )
+    for s in statuses:
         if folders[s.name]:
             from mncloud.cli.ckpt import describe_files
 

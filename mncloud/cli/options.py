@@ -168,6 +168,26 @@ NcclIfname = Annotated[
         help="NCCL_SOCKET_IFNAME; default: the default route's.",
     ),
 ]
+Network = Annotated[
+    str | None,
+    typer.Option(
+        "--network",
+        rich_help_panel=ADVANCED,
+        help=f"best or standard: {default_of('network').value} asks 2+ node tasks for each "
+        "offer's fast fabric (network_tier: best on AWS EFA, GCP a3-high TCPX, Nebius IB); "
+        "standard keeps TCP.",
+    ),
+]
+MinBandwidth = Annotated[
+    float | None,
+    typer.Option(
+        "--min-bandwidth",
+        rich_help_panel=ADVANCED,
+        metavar="GBPS",
+        help="Refuse to train when the preflight's all-reduce bus bandwidth between nodes is "
+        "below GBPS GB/s (default: warn when far below the plan's expectation).",
+    ),
+]
 Name = Annotated[
     str | None,
     typer.Option(
@@ -569,6 +589,8 @@ JOB = _group(
     ("master_port", MasterPort, None),
     ("nccl_debug", NcclDebug, None),
     ("nccl_socket_ifname", NcclIfname, None),
+    ("network", Network, None),
+    ("min_bandwidth", MinBandwidth, None),
     ("require_path", RequirePath, None),
     ("preflight", Preflight, None),
     ("launcher", Launcher, None),

@@ -10,6 +10,7 @@ import sys
 import time
 
 from mncloud import constants
+from mncloud.doctor import bandwidth
 from mncloud.doctor.checks import (
     DEFAULT_TIMEOUT,
     PREFLIGHT_FAILED_EXIT_CODE,
@@ -57,6 +58,10 @@ def node_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", default=".", help="the synced workdir")
     parser.add_argument("--launcher", default=None, help="must be on PATH (e.g. accelerate)")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT)
+    parser.add_argument("--bandwidth", action="store_true", help="all-reduce test (2+ nodes)")
+    parser.add_argument("--expect-busbw", type=float, default=None, help="GB/s the plan expects")
+    parser.add_argument("--fabric", default=None, help="the offer's fabric, for the messages")
+    parser.add_argument("--min-bandwidth", type=float, default=None, help="GB/s, else refuse")
     args = parser.parse_args(argv)
     start = time.monotonic()
     rank = int(os.environ.get(constants.SKYPILOT_NODE_RANK, "0") or 0)
@@ -84,6 +89,8 @@ def node_main(argv: list[str] | None = None) -> int:
         problems, note = run_member(own, master, port, args.timeout)
         if not problems and own.failures:  # joined a running job: own failures still count
             problems = [c.line() for c in failures(checks)]
+    if not problems and nodes > 1 and args.bandwidth and not note.startswith("the master port"):
+        problems = bandwidth_test(args, rank, nodes, master, port)
     took = time.monotonic() - start
     if problems:
         for line in problems:
@@ -97,6 +104,35 @@ def node_main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     return 0
+
+
+def bandwidth_test(
+    args: argparse.Namespace, rank: int, nodes: int, master: str, port: int
+) -> list[str]:
+    """The all-reduce bandwidth test (`doctor/bandwidth.py`) once the gang agreed: its
+    failures, one line each; its figure (and a warning) printed, published by node 0."""
+    try:
+        result = bandwidth.measure(rank, nodes, master, port, args.timeout)
+    except ImportError:
+        print("preflight: bandwidth test skipped (torch is not installed)", file=sys.stderr)
+        return []
+    except Exception as err:  # torch raises RuntimeError and its own DistError types
+        return [
+            f"preflight failed on node {rank}: the all-reduce bandwidth test could not run "
+            f"({' '.join(str(err).split())[:200]}); a node unreachable from {master}:{port} "
+            "or a firewall between the nodes"
+        ]
+    result.expected_gbs, result.fabric = args.expect_busbw, args.fabric
+    result.run_id = os.environ.get(constants.RUN_ID_ENV)
+    problems, warnings = bandwidth.judge(result, args.min_bandwidth)
+    for line in warnings or ([] if problems else [f"preflight: {result.line()}"]):
+        print(line, file=sys.stderr, flush=True)
+    if rank == 0:
+        try:
+            bandwidth.publish(result, args.bucket)
+        except Exception as err:  # the figure is for status: a bucket hiccup never stops a run
+            print(f"preflight: bandwidth figure not published ({err})", file=sys.stderr)
+    return problems
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -31,7 +31,8 @@ _EXPORTS = {
     "store": (
         "append_event", "create_record", "fetch_record", "find_record", "list_bucket_records",
         "list_records",
-        "load_current", "load_diff", "new_run_id", "record_export", "save_record",
+        "load_current", "load_diff", "new_run_id", "record_bandwidth", "record_export",
+        "save_record",
     ),
     "ledger": ("CostSummary", "Segment", "cost_segments", "cost_summary", "observed_spot_hazard"),
     "goodput": ("GoodputLedger", "StepMark", "Telemetry", "goodput_ledger"),

@@ -112,6 +112,8 @@ class RunRecord(BaseModel):
     events: list[Event] = Field(default_factory=list)
     step_times: dict[int, float] = Field(default_factory=dict)
     """Newest mean seconds per step, by global rank (from `telemetry.step_times`)."""
+    bandwidth: dict[str, Any] | None = None
+    """The preflight's all-reduce bus bandwidth test, as `status` first read it."""
 
     @property
     def finished(self) -> bool:

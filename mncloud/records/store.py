@@ -345,6 +345,19 @@ def append_event(
         return None
 
 
+def record_bandwidth(name: str, run_id: str, figures: dict[str, Any]) -> None:
+    """The preflight's bandwidth test into run `run_id`'s current record (under its lock);
+    best effort: a failure is logged, never raised."""
+    try:
+        with _locked(name):
+            record = load_current(name)
+            if record.run_id == run_id and record.bandwidth != figures:
+                record.bandwidth = figures
+                save_record(record)
+    except MncloudError as err:
+        log.warning("bandwidth not recorded for run %s: %s", name, err)
+
+
 def record_export(name: str, run_id: str, ckpt_uri: str, *, step: int, detail: str) -> None:
     """An `export` event (`up --export-on-finish`) in run `run_id`'s record: appended to this
     machine's copy when it holds that record (the local backend; the bucket copy follows),

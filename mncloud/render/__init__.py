@@ -23,10 +23,14 @@ Template variables (also what a `--template PATH` of your own receives):
 | `requirements`, `user_setup` | pip requirements file (relative) and the `--setup` command |
 | `preempted_exit_code`, `c` | the preemption exit code and `mncloud.constants` |
 | `preflight`, `preflight_gpus`, `require_paths` | node checks before torchrun (`mncloud.doctor`) |
+| `bandwidth_expect`, `bandwidth_fabric`, `bandwidth_min` | the preflight's all-reduce test |
 | `export_on_finish`, `export_dir` | `up --export-on-finish` format (or None), its folder name |
 
 Filters: `q` (shell-quote), `yaml` (one safe YAML value), `yaml_block` (a multi-line string
 as a YAML block). The shell templates `setup.sh.j2` and `run.sh.j2` can be included.
+
+The fast network (`network.py`): `network_tier: best` on each entry whose fabric needs it,
+the fabric's env, and the bus bandwidth the preflight expects.
 
 `--recovery node` on a cloud renders a SkyPilot job group instead (`jobgroup.py`,
 `templates/jobgroup.yaml.j2`): each node task is this template with its own variables.
@@ -47,7 +51,7 @@ import yaml
 
 from mncloud import __version__, constants, layout
 from mncloud.errors import RenderError
-from mncloud.render import jobgroup
+from mncloud.render import jobgroup, network
 from mncloud.spec import (
     BUCKET_MOUNT_PATH,
     Accelerator,
@@ -190,6 +194,9 @@ def template_variables(
             resources["accelerators"] = [str(a) for a in _accelerators(spec)]
         elif plan is None:
             choices = [{**c, "accelerators": str(a)} for a in _accelerators(spec) for c in choices]
+    choices = network.with_tiers(spec, choices)
+    envs = {**network.fabric_env(spec, choices), **task_env(spec, use_spot, run_id)}
+    expected = network.expected_busbw(spec, choices)
     gpus_per_node = f'"${constants.SKYPILOT_NUM_GPUS_PER_NODE}"'
     return {
         "mncloud_version": __version__,
@@ -200,7 +207,7 @@ def template_variables(
         "job_recovery": _job_recovery(spec),
         "resource_choices": choices,
         "resource_choice_mode": mode,
-        "envs": task_env(spec, use_spot, run_id),
+        "envs": envs,
         "secrets": list(spec.secrets),
         "file_mounts": _file_mounts(spec),
         "script": spec.script_relpath,
@@ -220,6 +227,9 @@ def template_variables(
         "preflight": spec.preflight,
         "preflight_gpus": "0" if spec.accelerator.is_cpu else gpus_per_node,
         "require_paths": list(spec.require_paths),
+        "bandwidth_expect": round(expected[0], 3) if expected else None,
+        "bandwidth_fabric": expected[1] if expected else None,
+        "bandwidth_min": spec.min_bandwidth,
         "export_on_finish": spec.export_on_finish.value if spec.export_on_finish else None,
         "export_dir": layout.EXPORT_DIR,
         "c": constants,

@@ -8,8 +8,10 @@ the managed job (every cloud run is one, spot or on-demand).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +20,9 @@ import yaml
 from mncloud.backends.base import RunState, RunStatus
 from mncloud.backends.skypilot.errors import sky_errors
 from mncloud.backends.skypilot.meta import BACKEND_NAME
+
+#: The EFA AMI the dry run writes: SkyPilot finds the real one by name (EC2) at launch.
+EFA_AMI_STAND_IN = "ami-00000000efadry0un"
 
 if TYPE_CHECKING:
     import sky
@@ -35,6 +40,7 @@ def dryrun(task: sky.Task, spec: JobSpec, plan: Plan | None, spot: bool) -> RunS
         with (
             sky_errors(f"dry-run {spec.name}", keep=(sx.NoCloudAccessError,)),
             sky_logging.silent(),
+            efa_cards_offline(),
         ):
             execution.launch(
                 task,
@@ -58,6 +64,31 @@ def dryrun(task: sky.Task, spec: JobSpec, plan: Plan | None, spot: bool) -> RunS
             "see `sky launch --dryrun` for why)"
         )
     return _dryrun_status(spec, plan, spot, detail, **_placement(chosen))
+
+
+@contextlib.contextmanager
+def efa_cards_offline() -> Iterator[None]:
+    """Keep SkyPilot's dry run of a `network_tier: best` AWS entry offline: its two EC2 calls
+    are answered here, during the dry run only (a launch asks EC2). The EFA card count comes
+    from `plan/hardware.yaml` (the counts SkyPilot's aws_efa README lists); the EFA AMI (SkyPilot
+    looks up its Deep Learning Base OSS AMI by name) is `EFA_AMI_STAND_IN` in the dry run."""
+    from sky.clouds import aws as sky_aws
+
+    from mncloud.plan import hardware
+
+    def cards(instance_type: str, region_name: str) -> int:
+        net = hardware.network("aws", instance_type)
+        return net.cards if net.fabric.key == "efa" else 0
+
+    def no_efa_image(region_name: str) -> str:
+        return EFA_AMI_STAND_IN
+
+    asked = sky_aws._get_max_efa_interfaces, sky_aws._get_efa_image_id
+    sky_aws._get_max_efa_interfaces, sky_aws._get_efa_image_id = cards, no_efa_image
+    try:
+        yield
+    finally:
+        sky_aws._get_max_efa_interfaces, sky_aws._get_efa_image_id = asked
 
 
 def dryrun_job_group(dag: sky.Dag, spec: JobSpec, plan: Plan | None, spot: bool) -> RunStatus:
@@ -158,7 +189,7 @@ def dryrun_group(dag: sky.Dag, name: str, nodes: int, spot: bool) -> tuple[str, 
     lighthouse, node0 = dag.tasks[0], dag.tasks[1]
     chosen: dict[str, str] = {}
     for task in (lighthouse, node0):
-        with sky_errors(f"dry-run {task.name}"), sky_logging.silent():
+        with sky_errors(f"dry-run {task.name}"), sky_logging.silent(), efa_cards_offline():
             execution.launch(
                 _fresh(task),
                 cluster_name=task.name,

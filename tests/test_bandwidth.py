@@ -1,0 +1,102 @@
+"""The preflight's all-reduce bandwidth test (`mncloud/doctor/bandwidth.py`): real node
+processes over gloo on loopback, then a real local run whose figure reaches `status --json` and
+the run record, and a `--min-bandwidth` above loopback's that refuses before training."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from mncloud.backends.base import RunState
+from mncloud.doctor import bandwidth
+from tests.servers import free_port
+from tests.test_doctor import FAILED, finish, start_node, workdir
+from tests.test_local import cli, run_log, up, wait_final
+
+
+def test_bus_bandwidth_is_nccl_tests_definition() -> None:
+    # 1 GB in 1 s over 4 ranks: algbw 1 GB/s × 2·3/4.
+    assert bandwidth.bus_bandwidth(10**9, 1.0, 4) == pytest.approx(1.5)
+    assert bandwidth.bus_bandwidth(10**9, 1.0, 1) == 0.0
+
+
+def _pair(tmp_path: Path, *flags: str) -> list[tuple[int, str]]:
+    port, wd = free_port(), workdir(tmp_path, "wd")
+    env = {"GLOO_SOCKET_IFNAME": "lo", "MNCLOUD_RUN_ID": "r-1"}
+    common = ("--bandwidth", "--timeout", "30", *flags)
+    head = start_node(0, 2, port, wd, *common, env=env)
+    member = start_node(1, 2, port, wd, *common, env=env)
+    return finish(head, member, timeout=90)
+
+
+def test_two_nodes_measure_and_publish_the_figure(tmp_path: Path) -> None:
+    bucket = f"file://{tmp_path / 'bucket'}"
+    (rc0, err0), (rc1, err1) = _pair(tmp_path, "--bucket", bucket)
+    assert (rc0, rc1) == (0, 0), err0 + err1
+    assert "all-reduce bus bandwidth" in err0 and "between 2 nodes (gloo)" in err0
+    figures = bandwidth.read(bucket, "r-1")
+    assert figures is not None and figures["busbw_gbs"] > 0
+    assert len(figures["sizes"]) == len(bandwidth.SIZES)
+
+
+def test_far_below_the_expectation_warns_and_trains(tmp_path: Path) -> None:
+    (rc0, err0), (rc1, _) = _pair(tmp_path, "--expect-busbw", "1e6", "--fabric", "AWS EFA")
+    assert (rc0, rc1) == (0, 0), err0
+    warning = next(line for line in err0.splitlines() if line.startswith("preflight warning"))
+    assert "of the 1000000.00 GB/s expected for AWS EFA" in warning
+    assert "NCCL_SOCKET_IFNAME" in warning and "EFA not enabled" in warning
+
+
+def test_min_bandwidth_above_loopback_refuses_on_every_node(tmp_path: Path) -> None:
+    (rc0, err0), (rc1, err1) = _pair(tmp_path, "--min-bandwidth", "1e6")
+    assert rc0 == rc1 == FAILED
+    for err in (err0, err1):
+        (line,) = [x for x in err.splitlines() if x.startswith("preflight failed")]
+        assert "below --min-bandwidth 1e+06 GB/s" in line
+
+
+def test_a_node_that_never_joins_fails_the_test_naming_it(tmp_path: Path) -> None:
+    """The gang check passes, then node 1 dies before the all-reduce: node 0 names the
+    process group it could not form; (a node unreachable earlier is the gang check's)."""
+    port, wd = free_port(), workdir(tmp_path, "wd")
+    env = {"GLOO_SOCKET_IFNAME": "lo"}
+    head = start_node(0, 2, port, wd, "--bandwidth", "--timeout", "5", env=env)
+    member = start_node(1, 2, port, wd, "--timeout", "5", env=env)  # no test: never joins
+    (rc0, err0), (rc1, _) = finish(head, member, timeout=60)
+    assert rc0 == FAILED and rc1 == 0
+    assert "preflight failed on node 0: the all-reduce bandwidth test could not run" in err0
+
+
+@pytest.mark.slow
+@pytest.mark.catalog
+def test_local_run_shows_the_figure_in_status_and_record(tmp_path: Path) -> None:
+    from mncloud import records
+
+    (tmp_path / "pyproject.toml").write_text("[project]\nname='bw'\n")
+    script = tmp_path / "hello.py"
+    script.write_text("print('trained', flush=True)\n")
+    up("bw", script, "--nodes", "2", "--gpus", "cpu:1")
+    assert wait_final("bw").state is RunState.SUCCEEDED, run_log("bw")
+    assert "all-reduce bus bandwidth" in run_log("bw")
+    (status,) = json.loads(cli("status", "bw", "--json").output)
+    figures = status["bandwidth"]
+    assert figures["busbw_gbs"] > 0 and figures["fabric"] == "loopback (local backend)"
+    assert records.load_current("bw").bandwidth == figures
+    # `doctor --bandwidth RUN`: the test alone across the run's nodes, against its expectation.
+    again = cli("doctor", "--bandwidth", "bw").output
+    assert "all-reduce bus bandwidth" in again and "expected for loopback" in again
+
+
+@pytest.mark.slow
+@pytest.mark.catalog
+def test_min_bandwidth_above_loopback_refuses_before_training(tmp_path: Path) -> None:
+    (tmp_path / "pyproject.toml").write_text("[project]\nname='bw'\n")
+    script = tmp_path / "hello.py"
+    script.write_text("print('trained', flush=True)\n")
+    up("bwmin", script, "--nodes", "2", "--gpus", "cpu:1", "--min-bandwidth", "100000")
+    assert wait_final("bwmin").state is RunState.FAILED
+    log = run_log("bwmin")
+    assert "below --min-bandwidth 100000 GB/s" in log
+    assert "trained" not in log
