@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from mncloud.backends.base import RunState
@@ -76,7 +77,8 @@ def test_up_cluster_then_exec_sends_the_same_task_and_down_tears_it_down(
     _job_done(fake_sky, "dev", 2)
     result = _cli("exec", "dev", "eval.py", "--detach", "--", "--fast")
     assert result.exit_code == 0, result.output
-    assert "eval.py --fast" in fake_sky.cluster_yamls["dev"][2]
+    *_, sent = yaml.safe_load_all(fake_sky.cluster_yamls["dev"][2])  # the DAG's task document
+    assert "eval.py --fast" in sent["run"]  # (the text wraps long double-quoted lines)
 
     result = _cli("down", "dev", "--now")
     assert result.exit_code == 0, result.output
