@@ -30,6 +30,7 @@ from mncloud.spec import LaunchOptions
 if TYPE_CHECKING:
     from mncloud.backends.base import Backend, RunStatus
     from mncloud.plan import LearnedHazard, Plan, PlanRequest
+    from mncloud.plan.stepmodel import Workload
     from mncloud.render import RenderedTask
     from mncloud.spec import JobSpec
 
@@ -82,6 +83,9 @@ def model_inputs(
     from mncloud.plan.profile import resolve_workload
 
     workload, source = resolve_workload(options, script, args)
+    measured: dict[str, float] | None = None
+    if options.learn:
+        workload, measured, source = _learned_hardware(workload, source, script, args)
 
     fields = {
         "hours": options.hours,
@@ -95,8 +99,29 @@ def model_inputs(
         "minimize": options.minimize,
         "workload": workload,
         "workload_source": source or None,
+        "measured_busbw": measured or None,
     }
     return {k: v for k, v in fields.items() if v is not None}
+
+
+def _learned_hardware(
+    workload: Workload | None, source: str, script: Path | None, args: list[str] | None
+) -> tuple[Workload | None, dict[str, float], str]:
+    """`--learn`: bandwidths earlier runs' preflights measured, and this script's efficiency
+    per GPU type from their step times (`plan.learned`)."""
+    from mncloud.plan import learned
+    from mncloud.records import observed_runs
+
+    observed = observed_runs()
+    busbw = learned.node_busbw(observed)
+    if workload is None or script is None or not observed:
+        return workload, busbw, source
+    found = learned.mfu_by_gpu(workload, observed, str(script.resolve()), list(args or []))
+    if found:
+        shown = ", ".join(f"{name} {mfu:.2f}" for name, mfu in sorted(found.items()))
+        source += f"; MFU measured by earlier runs: {shown}"
+        workload = workload.model_copy(update={"mfu_by_gpu": found})
+    return workload, busbw, source
 
 
 def plan_request(spec: JobSpec, options: LaunchOptions) -> PlanRequest:

@@ -347,7 +347,9 @@ def test_communication_bound_job_ranks_a_fast_fabric_first_compute_bound_by_pric
             steps=20_000,
         )
     )
-    assert plan.choice.network.startswith("AWS EFA")
+    # a fabric, not TCP (AWS EFA counts one card of a p5's 32 unless SkyPilot's config has
+    # aws.use_internal_ips: GCP's TCPX then beats it)
+    assert plan.choice.network.startswith(("GCP GPUDirect-TCPX", "AWS EFA"))
     cheapest_hour = min(plan.candidates, key=lambda c: c.hourly_total)
     assert cheapest_hour.cloud == "lambda" and cheapest_hour.bound is Bound.NETWORK
     assert "the network decided" in plan.explanation
@@ -391,3 +393,65 @@ def test_gpu_alternatives_on_the_local_backend_are_refused(tmp_path: Path) -> No
     )
     assert result.exit_code == 2
     assert "several GPU types is for clouds" in result.stderr
+
+
+def _chatty_plan(**fields: Any) -> Any:
+    fields.setdefault("workload", Workload(flops_per_step=1e13, grad_bytes=5.2e9))
+    return make_plan(
+        PlanRequest.build(
+            accelerator=Accelerator.parse("H100:8"),
+            nodes=4,
+            spot="on-demand",
+            clouds=["aws"],
+            steps=20_000,
+            **fields,
+        )
+    )
+
+
+@pytest.mark.catalog
+def test_efa_is_priced_at_the_cards_skypilot_will_attach(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    one_card = _chatty_plan()
+    assert "1 of 32 EFA cards" in one_card.choice.network
+    config = tmp_path / "config.yaml"
+    config.write_text("aws:\n  use_internal_ips: true\n")
+    monkeypatch.setenv("SKYPILOT_GLOBAL_CONFIG", str(config))
+    all_cards = _chatty_plan()
+    assert "EFA cards" not in all_cards.choice.network
+    assert all_cards.choice.step_seconds < one_card.choice.step_seconds
+    standard = _chatty_plan(network="standard")
+    assert standard.choice.network.startswith("TCP (AWS EFA: --network standard)")
+    assert standard.choice.step_seconds > one_card.choice.step_seconds
+
+
+@pytest.mark.catalog
+def test_learn_takes_measured_bandwidth_and_efficiency_from_earlier_runs() -> None:
+    from mncloud.plan import learned
+    from mncloud.records import RunRecord, observed_runs
+
+    def record(run_id: str, created: float, step: float | None, busbw: float | None) -> Any:
+        return RunRecord(
+            run_id=run_id, name="llm", user="u", host="h", created_at=created,
+            backend="skypilot", nodes=4, task_yaml="",
+            spec={"script": "/p/train.py", "script_args": ["--big"]},
+            plan={"choice": {"cloud": "aws", "instance_type": "p5.48xlarge",
+                             "accelerator": "H100:8"}},
+            step_times={0: step, 1: step} if step else {},
+            bandwidth={"busbw_gbs": busbw} if busbw else None,
+        )  # fmt: skip
+
+    runs = observed_runs(
+        [record("a", 1.0, 0.5, 3.0), record("b", 2.0, None, 5.0), record("c", 3.0, 0.4, None)]
+    )
+    assert [r.created_at for r in runs] == [3.0, 2.0, 1.0]
+    busbw = learned.node_busbw(runs)
+    assert busbw == {"aws/p5.48xlarge": 5.0 * 8}  # the newest, one rank per node × 8 rails
+    work = Workload(flops_per_step=6.4e13, grad_bytes=5.2e9)
+    mfu = learned.mfu_by_gpu(work, runs, "/p/train.py", ["--big"])
+    assert set(mfu) == {"H100"} and 0 < mfu["H100"] < 0.4
+    assert learned.mfu_by_gpu(work, runs, "/p/other.py", []) == {}
+    plan = _chatty_plan(workload=work.model_copy(update={"mfu_by_gpu": mfu}), measured_busbw=busbw)
+    p5 = next(c for c in plan.candidates if c.instance_type == "p5.48xlarge")
+    assert "measured 40 GB/s" in p5.network

@@ -33,6 +33,7 @@ from mncloud.spec import (
     MAX_NODES,
     Accelerator,
     JobSpec,
+    NetworkTier,
     Recovery,
     SpotPolicy,
     canonical_cloud,
@@ -75,6 +76,12 @@ class PlanRequest(BaseModel):
     workload_source: str = ""
     """Where `workload` came from, for the plan's explanation."""
     minimize: Minimize = Minimize.COST
+    network: NetworkTier = NetworkTier.BEST
+    """`--network`: best prices each multi-node offer at its fabric's rate (render enables it),
+    standard at its ordinary network's."""
+    measured_busbw: dict[str, float] = Field(default_factory=dict)
+    """`cloud/instance_type` → inter-node bus bandwidth per node (GB/s) that earlier runs'
+    preflights measured (`--learn`): replaces the data file's nominal figure."""
     max_hourly: float | None = Field(None, gt=0)
     """Budget: the most the whole job may cost per hour, USD."""
     max_cost: float | None = Field(None, gt=0)
@@ -199,6 +206,7 @@ class PlanRequest(BaseModel):
             "hours": hours,
             "max_hourly": spec.max_hourly,
             "recovery": spec.recovery,
+            "network": spec.network,
         }
         fields.update({k: v for k, v in overrides.items() if v is not None})
         return cls.build(**fields)

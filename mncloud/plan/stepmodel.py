@@ -65,6 +65,9 @@ class Workload(BaseModel):
     mfu: float | None = Field(None, gt=0, le=1)
     """Measured share of peak the matmuls reach (a GPU profile); None: the stated default."""
     mfu_source: str = ""
+    mfu_by_gpu: dict[str, float] = Field(default_factory=dict)
+    """GPU type → the efficiency earlier runs of this script measured there (`--learn`): wins
+    over `mfu` on that type."""
 
     @property
     def memory_bytes(self) -> float:
@@ -103,7 +106,8 @@ def compute_seconds(
     workload: Workload, gpu: GpuFacts, defaults: ModelDefaults, dtype: str = "bf16"
 ) -> tuple[float, float, float]:
     """(compute seconds, launch overhead seconds, the efficiency assumed) on one GPU."""
-    mfu = min(workload.mfu or defaults.mfu, gpu.matmul_fraction)
+    measured = workload.mfu_by_gpu.get(gpu.name) or workload.mfu
+    mfu = min(measured or defaults.mfu, gpu.matmul_fraction)
     overhead = workload.ops_per_step * OP_SECONDS
     return overhead + workload.flops_per_step / (gpu.peak_flops(dtype) * mfu), overhead, mfu
 

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from mncloud.catalog import Exclusion, Offer
+from mncloud.catalog import Exclusion, Offer, skyconfig
 from mncloud.errors import CatalogError
 from mncloud.plan import hardware
 from mncloud.plan.model import PlanRequest
 from mncloud.plan.stepmodel import GIB, StepTime, Workload, fits, step_time
+from mncloud.spec import NetworkTier
 
 
 class OfferTime(NamedTuple):
@@ -51,7 +52,7 @@ def time_offers(
                 f"the replica ({memory_text(workload)})"
             )
             continue
-        steps[offer] = _step(offer, workload, gpu, request.nodes)
+        steps[offer] = _step(offer, workload, gpu, request)
     if not steps:
         raise CatalogError(_nothing_fits(offers, request, excluded))
     reference = _reference_seconds(steps, request)
@@ -67,20 +68,39 @@ def time_offers(
 
 
 def _step(
-    offer: Offer, workload: Workload, gpu: hardware.GpuFacts, nodes: int
+    offer: Offer, workload: Workload, gpu: hardware.GpuFacts, request: PlanRequest
 ) -> tuple[StepTime, str]:
-    """The offer's step, and its network in words (multi-node offers)."""
+    """The offer's step, and its network in words (multi-node offers).
+
+    The fabric counts as enabled where the render enables it (`network_tier: best` on the
+    offer's entry, unless `--network standard`) or where it needs nothing (TCP); AWS EFA at one
+    card of its `cards` unless SkyPilot's config gives it them all. A bandwidth an earlier
+    run's preflight measured on this instance type replaces the data file's.
+    """
     net = hardware.network(offer.cloud, offer.instance_type)
-    enabled = net.fabric.tier_best or net.fabric.key in {"tcp", "loopback"}
-    busbw = net.busbw_gbs(enabled=enabled)
+    best = request.network is NetworkTier.BEST
+    enabled = (best and net.fabric.tier_best) or net.fabric.key in {"tcp", "loopback"}
+    all_cards = net.fabric.key != "efa" or net.cards == 1 or skyconfig.aws_all_efa_cards()
+    measured = request.measured_busbw.get(f"{offer.cloud}/{offer.instance_type}")
+    busbw = measured or net.busbw_gbs(enabled=enabled, all_cards=all_cards)
     step = step_time(
-        workload, gpu, gpus_per_node=offer.accelerator_count, nodes=nodes, inter_busbw_gbs=busbw
+        workload,
+        gpu,
+        gpus_per_node=offer.accelerator_count,
+        nodes=request.nodes,
+        inter_busbw_gbs=busbw,
     )
     words = ""
-    if nodes > 1:
-        fabric = net.fabric.name if enabled else f"TCP ({net.fabric.name} not enabled by SkyPilot)"
-        gbps = net.rate_gbps(enabled=enabled)
-        words = f"{fabric} {gbps:,.0f} Gbps" + ("" if net.known else " (assumed)")
+    if request.nodes > 1:
+        fabric = net.fabric.name if enabled else "TCP"
+        if net.fabric.tier_best and not enabled:
+            why = "--network standard" if not best else "not enabled by SkyPilot on VMs"
+            fabric += f" ({net.fabric.name}: {why})"
+        gbps = net.rate_gbps(enabled=enabled, all_cards=all_cards)
+        cards = "" if all_cards or not enabled else f", 1 of {net.cards} EFA cards"
+        words = f"{fabric} {gbps:,.0f} Gbps{cards}" + ("" if net.known else " (assumed)")
+        if measured:
+            words += f", measured {measured:,.3g} GB/s"
     return step, words
 
 

@@ -34,7 +34,10 @@ _EXPORTS = {
         "load_current", "load_diff", "new_run_id", "record_bandwidth", "record_export",
         "save_record",
     ),
-    "ledger": ("CostSummary", "Segment", "cost_segments", "cost_summary", "observed_spot_hazard"),
+    "ledger": (
+        "CostSummary", "ObservedRun", "Segment", "cost_segments", "cost_summary",
+        "observed_runs", "observed_spot_hazard",
+    ),
     "goodput": ("GoodputLedger", "StepMark", "Telemetry", "goodput_ledger"),
     "rerun": ("RerunSetup", "prepare_rerun"),
     "telemetry": (

@@ -151,3 +151,50 @@ def observed_spot_hazard(
         for cloud, (count, hours) in totals.items()
         if hours >= min_node_hours
     }
+
+
+class ObservedRun(BaseModel):
+    """What an earlier cloud run measured on the offer its plan chose (for `plan --learn`)."""
+
+    script: str
+    args: list[str]
+    cloud: str
+    instance_type: str
+    accelerator: str
+    """Per node, e.g. `H100:8`."""
+    nodes: int
+    step_seconds: float | None
+    """The median over ranks of their newest mean seconds per step."""
+    busbw_gbs: float | None
+    """The preflight's all-reduce bus bandwidth between nodes (one rank per node)."""
+    created_at: float
+
+
+def observed_runs(records: list[RunRecord] | None = None) -> list[ObservedRun]:
+    """Step times and bandwidths earlier cloud runs measured, newest first. A local run's
+    figures describe this machine, not an offer, and are left out."""
+    records = list_records() if records is None else records
+    found: list[ObservedRun] = []
+    for record in records:
+        choice = (record.plan or {}).get("choice") or {}
+        if record.backend != "skypilot" or not choice.get("instance_type"):
+            continue
+        times = sorted(record.step_times.values())
+        step = times[len(times) // 2] if times else None
+        busbw = (record.bandwidth or {}).get("busbw_gbs")
+        if step is None and busbw is None:
+            continue
+        found.append(
+            ObservedRun(
+                script=str(record.spec.get("script", "")),
+                args=[str(a) for a in record.spec.get("script_args", [])],
+                cloud=str(choice.get("cloud", "")),
+                instance_type=str(choice["instance_type"]),
+                accelerator=str(choice.get("accelerator", "")),
+                nodes=record.nodes,
+                step_seconds=step,
+                busbw_gbs=float(busbw) if busbw else None,
+                created_at=record.created_at,
+            )
+        )
+    return sorted(found, key=lambda o: o.created_at, reverse=True)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from mncloud.catalog import skyconfig
 from mncloud.plan import hardware
 from mncloud.spec import JobSpec, NetworkTier
 
@@ -100,13 +101,6 @@ def _network(entry: dict[str, Any]) -> hardware.Network:
     return hardware.network(_cloud(entry), str(entry.get("instance_type") or ""))
 
 
-def aws_all_efa_cards() -> bool:
-    """Whether the user's SkyPilot config lets SkyPilot attach every EFA card."""
-    from sky import skypilot_config
-
-    return bool(skypilot_config.get_nested(("aws", "use_internal_ips"), False))
-
-
 def expected_busbw(spec: JobSpec, choices: list[dict[str, Any]]) -> tuple[float, str] | None:
     """The all-reduce bus bandwidth (GB/s) the preflight expects between nodes, and a word on
     why: the first entry's (the plan's choice) at the rate it will really get; None for one node.
@@ -124,7 +118,7 @@ def expected_busbw(spec: JobSpec, choices: list[dict[str, Any]]) -> tuple[float,
     entry = choices[0]
     net = _network(entry)
     enabled = entry.get("network_tier") == "best" or not net.fabric.tier_best
-    all_cards = net.fabric.key != "efa" or net.cards == 1 or aws_all_efa_cards()
+    all_cards = net.fabric.key != "efa" or net.cards == 1 or skyconfig.aws_all_efa_cards()
     busbw = net.busbw_gbs(enabled=enabled, all_cards=all_cards)
     railed = enabled and all_cards and net.fabric.key not in ("tcp", "loopback")
     if railed and spec.accelerator.count > 1:
