@@ -144,6 +144,7 @@ SCENARIOS: dict[str, tuple[list[str], int]] = {
     "runs cost": (["runs", "cost", "no-such-run"], 8),
     "status": (["status", "no-such-run"], 6),
     "logs": (["logs", "no-such-run"], 6),
+    "metrics": (["metrics", "no-such-run"], 6),
     "gpus": (["gpus"], 10),
     "control": (["control", "no-such-run"], 10),
     "chaos preempt": (["chaos", "preempt", "no-such-run"], 15),

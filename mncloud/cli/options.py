@@ -13,9 +13,30 @@ from typing import Annotated
 
 import typer
 
-from mncloud.cli.params import ADVANCED, DEADLINE_PANEL, ESSENTIALS, LOCAL_PANEL, PLAN_PANEL
+from mncloud.cli.params import ADVANCED, ESSENTIALS, LOCAL_PANEL, PLAN_PANEL
 from mncloud.cli.params import command as command
 from mncloud.cli.params import group as _group
+from mncloud.cli.plan_options import (  # noqa: F401 - re-exported: commands read opts.X
+    Budget,
+    CkptSeconds,
+    Deadline,
+    FlopsPerStep,
+    HazardsFrom,
+    Hours,
+    Learn,
+    MaxCost,
+    Minimize,
+    OnDemandPrice,
+    Params,
+    PlanBudget,
+    PreemptionRate,
+    RecoveryMinutes,
+    SpotPrice,
+    SpotTrace,
+    Steps,
+    TimeScale,
+    TokensPerStep,
+)
 from mncloud.cli.values import deadline_options as deadline_options
 from mncloud.cli.values import deadline_seconds as deadline_seconds
 from mncloud.cli.values import launch_options_from as launch_options_from
@@ -23,15 +44,12 @@ from mncloud.cli.values import parse_duration as parse_duration
 from mncloud.cli.values import print_notices as print_notices
 from mncloud.cli.values import retry_alias as retry_alias
 from mncloud.cli.values import spec_from_options as spec_from_options
-from mncloud.constants import LOCAL_ON_DEMAND_PRICE, LOCAL_SPOT_PRICE
 from mncloud.errors import SpecError as SpecError  # re-exported: commands raise it
+from mncloud.spec import DEFAULT_HOURS as DEFAULT_HOURS  # re-exported: commands default to it
 from mncloud.spec import (
-    DEFAULT_CKPT_SECONDS,
     DEFAULT_IDLE_MINUTES,
-    DEFAULT_RECOVERY_MINUTES,
     default_of,
 )
-from mncloud.spec import DEFAULT_HOURS as DEFAULT_HOURS  # re-exported: commands default to it
 
 # Job options (render, up): everything a JobSpec is built from.
 Gpus = Annotated[
@@ -267,106 +285,10 @@ StatusJson = Annotated[
     bool, typer.Option("--json", rich_help_panel=ESSENTIALS, help="Print the final status as JSON.")
 ]
 
-# Planning options shared by `plan` and `up`.
-MaxCost = Annotated[
-    float | None,
-    typer.Option(
-        "--max-cost",
-        rich_help_panel=PLAN_PANEL,
-        help="Budget: most USD the job may be expected to cost.",
-    ),
-]
-PreemptionRate = Annotated[
-    float | None,
-    typer.Option(
-        "--preemption-rate",
-        rich_help_panel=PLAN_PANEL,
-        help="Spot preemptions per node-hour for every cloud (default: per-cloud priors).",
-    ),
-]
-Learn = Annotated[
-    bool,
-    typer.Option(
-        "--learn",
-        rich_help_panel=PLAN_PANEL,
-        help="Blend the spot preemptions seen in this machine's run records into the priors.",
-    ),
-]
-RecoveryMinutes = Annotated[
-    float | None,
-    typer.Option(
-        "--recovery-minutes",
-        rich_help_panel=PLAN_PANEL,
-        help=f"Minutes from a preemption to training again ({DEFAULT_RECOVERY_MINUTES:g}).",
-    ),
-]
-CkptSeconds = Annotated[
-    float | None,
-    typer.Option(
-        "--ckpt-seconds",
-        rich_help_panel=PLAN_PANEL,
-        help=f"Seconds training stalls to save a checkpoint ({DEFAULT_CKPT_SECONDS:g}).",
-    ),
-]
 Template = Annotated[
     Path | None,
     typer.Option(
         "--template", rich_help_panel=ADVANCED, help="Render your own Jinja2 task template."
-    ),
-]
-Hours = Annotated[
-    float,
-    typer.Option(
-        "--hours",
-        rich_help_panel=PLAN_PANEL,
-        min=0.0,
-        show_default=False,
-        help=f"Hours of work the job needs without interruptions, for the plan (without it: "
-        f"{DEFAULT_HOURS:g}); up --deadline needs it given.",
-    ),
-]
-Steps = Annotated[
-    int | None,
-    typer.Option(
-        "--steps",
-        rich_help_panel=PLAN_PANEL,
-        help="The work as optimizer steps: each offer's hours are steps × its step time (from "
-        "`mncloud profile SCRIPT`, or --flops-per-step / --params with --tokens-per-step).",
-    ),
-]
-Minimize = Annotated[
-    str | None,
-    typer.Option(
-        "--minimize",
-        rich_help_panel=PLAN_PANEL,
-        help="Rank by expected cost to finish (cost, the default) or expected time to finish "
-        "(time, within --max-cost / --max-hourly).",
-    ),
-]
-Params = Annotated[
-    float | None,
-    typer.Option(
-        "--params",
-        rich_help_panel=PLAN_PANEL,
-        help="Model parameters (e.g. 7e9), for a step described by flags instead of a profile.",
-    ),
-]
-FlopsPerStep = Annotated[
-    float | None,
-    typer.Option(
-        "--flops-per-step",
-        rich_help_panel=PLAN_PANEL,
-        help="Model FLOPs of one GPU's optimizer step, forward and backward (instead of a "
-        "profile).",
-    ),
-]
-TokensPerStep = Annotated[
-    float | None,
-    typer.Option(
-        "--tokens-per-step",
-        rich_help_panel=PLAN_PANEL,
-        help="Tokens one GPU processes per optimizer step: with --params, FLOPs are 6 × params "
-        "× tokens.",
     ),
 ]
 Json = Annotated[bool, typer.Option("--json", rich_help_panel=ESSENTIALS, help="Print JSON.")]
@@ -475,85 +397,6 @@ Catalog = Annotated[
         rich_help_panel=PLAN_PANEL,
         envvar="MNCLOUD_CATALOG_DIR",
         help="Offline SkyPilot catalog snapshot (a folder holding v8/<cloud>/vms.csv).",
-    ),
-]
-
-
-# Deadline runs (`up --deadline`, the controller is `mncloud control`; `plan --deadline`, its
-# estimate; `replay --deadline`, a policy over a trace). One option, read by `deadline_seconds`.
-Deadline = Annotated[
-    str | None,
-    typer.Option(
-        "--deadline",
-        rich_help_panel=DEADLINE_PANEL,
-        help="Finish within this long of the start (e.g. 30h, 90m) at the least cost: a policy "
-        "switches between spot and on-demand to meet it.",
-    ),
-]
-Budget = Annotated[
-    float | None,
-    typer.Option(
-        "--budget",
-        rich_help_panel=DEADLINE_PANEL,
-        help="With --deadline: a hard cap in USD. A cloud run expected to cost more is refused, "
-        "and a run stops cleanly (checkpoint kept) before it would cross it. (`plan --budget` "
-        "only warns.)",
-    ),
-]
-SpotTrace = Annotated[
-    list[Path] | None,
-    typer.Option(
-        "--spot-trace",
-        rich_help_panel=LOCAL_PANEL,
-        help="Local rehearsal: spot capacity follows this trace "
-        '({"metadata": {"gap_seconds": N}, "data": [nodes per tick]}); repeatable: one '
-        "place per trace, named by its file name.",
-    ),
-]
-TimeScale = Annotated[
-    float | None,
-    typer.Option(
-        "--time-scale",
-        rich_help_panel=LOCAL_PANEL,
-        help="Local rehearsal: run time passes this many times faster than wall time "
-        "(trace, deadline, --hours).",
-    ),
-]
-SpotPrice = Annotated[
-    list[float] | None,
-    typer.Option(
-        "--spot-price",
-        rich_help_panel=DEADLINE_PANEL,
-        help=f"With --deadline: USD per node-hour on spot (local: {LOCAL_SPOT_PRICE}; clouds: "
-        "the plan's); once, or once per place.",
-    ),
-]
-OnDemandPrice = Annotated[
-    float | None,
-    typer.Option(
-        "--on-demand-price",
-        rich_help_panel=DEADLINE_PANEL,
-        help=f"With --deadline: USD per node-hour on-demand (local: {LOCAL_ON_DEMAND_PRICE}; "
-        "clouds: the plan's).",
-    ),
-]
-# `plan --deadline`'s budget (a warning, where `up`'s is a hard cap) and its hazards.
-PlanBudget = Annotated[
-    float | None,
-    typer.Option(
-        "--budget",
-        rich_help_panel=DEADLINE_PANEL,
-        help="With --deadline: most USD the run may be expected to cost; the plan warns above "
-        "it. (`up --budget` is a hard cap: refused above it, stopped before crossing it.)",
-    ),
-]
-HazardsFrom = Annotated[
-    list[Path] | None,
-    typer.Option(
-        "--hazards-from",
-        rich_help_panel=PLAN_PANEL,
-        help="Spot trace JSON to measure preemption hazards from (repeatable); its metadata "
-        "`cloud`/`region` or its path says where it applies.",
     ),
 ]
 
