@@ -244,6 +244,8 @@ MUTATIONS: list[tuple[str, Any]] = [
     ("resources.job_recovery", {"strategy": "BOGUS"}),
     ("resources.any_of", [{"infra": "aws"}]),
     ("resources.image_id", "ami-123"),
+    ("resources.network_tier", "best"),
+    ("resources.network_tier", "fastest"),
     ("envs", {"A": None}),
     ("envs", {"A": 1}),
     ("envs", {"1X": "v"}),

@@ -10,11 +10,12 @@ from rich import box
 from rich.table import Table
 
 from mncloud.cli import options as opts
+from mncloud.cli import plan_rows
 from mncloud.cli._common import console, err_console, handle_errors, print_json
 from mncloud.cli.params import ESSENTIALS
 
 if TYPE_CHECKING:
-    from mncloud.deadline.pricing import DeadlineReport, PlaceEstimate
+    from mncloud.deadline.pricing import DeadlineReport
     from mncloud.plan import Candidate, Plan, PlanRequest
 
 
@@ -87,7 +88,7 @@ def plan_command(
 
         report = estimate_deadline(plan, deadline_s, budget=budget)
     if as_json:
-        print_json(_json(plan, report, top))
+        print_json(plan_rows.json(plan, report, top))
         return
     show_plan(plan, top=top, verbose=verbose)
     if values["learn"] and not request.learned:
@@ -196,20 +197,6 @@ def _deadline_seconds(deadline: str | None, budget: float | None) -> float | Non
     return seconds
 
 
-def _json(plan: Plan, report: DeadlineReport | None, top: int | None) -> dict[str, object]:
-    """The plan's JSON; with a deadline, its figures per candidate and in `deadline`."""
-    data = plan.to_json(top=top)
-    if report is None:
-        return data
-    data["deadline"] = report.model_dump(mode="json") | {"warning": report.over_budget()}
-    for c, entry in zip(plan.candidates, data["candidates"], strict=False):
-        place = report.for_candidate(c)
-        entry["deadline"] = None if place is None else place.model_dump(mode="json")
-    choice = report.for_candidate(plan.choice)
-    data["choice"]["deadline"] = None if choice is None else choice.model_dump(mode="json")
-    return data
-
-
 NOTHING_LEARNED = "--learn: no spot node-hours in this machine's run records yet; priors used"
 
 
@@ -220,7 +207,7 @@ def show_plan(plan: Plan, *, top: int | None = None, verbose: bool = False) -> N
     only in region, at the same price, share one row ("lambda us-east-1 +16 regions").
     """
     request = plan.request
-    groups = _same_offer_groups(plan.candidates)
+    groups = plan_rows.same_offer_groups(plan.candidates)
     shown = groups[:top] if top else groups
     rows = [c for group in shown for c in group]
     title = f"{request.nodes} × {request.gpus_text}, {request.work}"
@@ -249,11 +236,11 @@ def show_plan(plan: Plan, *, top: int | None = None, verbose: bool = False) -> N
             f"{c.expected_hours:,.2f}",
             f"${c.expected_cost:,.2f}",
             f"{c.expected_preemptions:.2f}",
-            _duration(c.checkpoint_interval_s),
+            plan_rows.duration(c.checkpoint_interval_s),
             style="bold green" if plan.choice in group else None,
         )
     console.print(table)
-    note = _top_note(len(groups), top) if top else None
+    note = plan_rows.top_note(len(groups), top) if top else None
     if note:
         console.print(note, style="dim", highlight=False)
     console.print(plan.explanation, highlight=False)
@@ -264,15 +251,6 @@ def show_plan(plan: Plan, *, top: int | None = None, verbose: bool = False) -> N
         if timed:
             show_steps(plan, rows)
         show_recovery(plan, rows)
-
-
-def _top_note(rows: int, top: int) -> str | None:
-    """What `--top` left out, or that fewer offers fit than it asked for."""
-    if rows > top:
-        return f"({rows - top} more; drop --top to see all)"
-    if rows < top:
-        return f"(only {rows} offer(s) fit, fewer than --top {top}: all are shown)"
-    return None
 
 
 def show_recovery(plan: Plan, rows: list[Candidate]) -> None:
@@ -300,7 +278,7 @@ def show_recovery(plan: Plan, rows: list[Candidate]) -> None:
     for header in ("gang\nhours", "gang\ncost $", "node\nhours", "node\ncost $", "node\nrelaunch"):
         table.add_column(header, justify="right", no_wrap=True)
     starred = False
-    for group in _same_offer_groups(shown):
+    for group in plan_rows.same_offer_groups(shown):
         c, cells = group[0], []
         for mode in (Recovery.GANG, Recovery.NODE):
             est = c.by_recovery[mode]
@@ -342,7 +320,7 @@ def show_deadline(report: DeadlineReport, *, top: int | None = None) -> None:
         table.add_column(header, justify="right", no_wrap=True)
     for header in ("hours\nspot\nod", "done\nby h"):
         table.add_column(header, justify="right", no_wrap=True)
-    groups = _same_place_groups(report.places)
+    groups = plan_rows.same_place_groups(report.places)
     for group in groups[:top] if top else groups:
         p = group[0]
         where = f"{p.cloud} {p.region}" + (f" +{len(group) - 1} regions" if len(group) > 1 else "")
@@ -374,41 +352,6 @@ def show_deadline(report: DeadlineReport, *, top: int | None = None) -> None:
     warning = report.over_budget()
     if warning:
         console.print(f"warning: {warning}", style="yellow", highlight=False)
-
-
-def _same_place_groups(places: list[PlaceEstimate]) -> list[list[PlaceEstimate]]:
-    """Consecutive places that differ only in region, with the same figures, grouped."""
-    groups: list[list[PlaceEstimate]] = []
-    for p in places:
-        last = groups[-1][0] if groups else None
-        key = (p.cloud, p.instance_type, p.expected_cost, p.on_demand_cost, p.spot_only_cost)
-        if last is not None and key == (
-            last.cloud,
-            last.instance_type,
-            last.expected_cost,
-            last.on_demand_cost,
-            last.spot_only_cost,
-        ):
-            groups[-1].append(p)
-        else:
-            groups.append([p])
-    return groups
-
-
-def _same_offer_groups(rows: list[Candidate]) -> list[list[Candidate]]:
-    """Consecutive offers that differ only in region, at the same price, grouped together."""
-    groups: list[list[Candidate]] = []
-    for c in rows:
-        last = groups[-1][0] if groups else None
-        same = last is not None and (
-            (last.cloud, last.instance_type, last.spot, last.hourly_per_node, last.expected_cost)
-            == (c.cloud, c.instance_type, c.spot, c.hourly_per_node, c.expected_cost)
-        )
-        if same:
-            groups[-1].append(c)
-        else:
-            groups.append([c])
-    return groups
 
 
 def show_steps(plan: Plan, rows: list[Candidate]) -> None:
@@ -516,8 +459,3 @@ def show_learned(plan: Plan) -> None:
             + (", overridden by --preemption-rate" if request.preemption_rate is not None else ""),
             highlight=False,
         )
-
-
-def _duration(seconds: float) -> str:
-    minutes = seconds / 60
-    return f"{minutes / 60:.1f} h" if minutes >= 90 else f"{minutes:.0f} min"

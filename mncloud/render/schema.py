@@ -24,7 +24,9 @@ from typing import Any
 from mncloud.catalog import cache as skycache
 
 _TOP_FIELDS = {"name", "num_nodes", "workdir", "resources", "envs", "secrets", "setup", "run"}
-_ENTRY_FIELDS = {"accelerators", "cpus", "use_spot", "infra", "instance_type", "disk_size"}
+_ENTRY_FIELDS = {
+    "accelerators", "cpus", "use_spot", "infra", "instance_type", "disk_size", "network_tier",
+}  # fmt: skip
 _RESOURCE_FIELDS = _ENTRY_FIELDS | {"job_recovery", "ordered", "any_of"}
 _ACCELERATOR = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(?::([1-9][0-9]{0,3}))?$")
 _CPUS = re.compile(r"^[1-9][0-9]{0,3}\+?$")
@@ -181,6 +183,8 @@ def _entry_ok(entry: dict[str, Any]) -> bool:
     ):
         return False
     if not _optional(entry.get("use_spot"), bool):
+        return False
+    if entry.get("network_tier") not in (None, "best", "standard"):
         return False
     disk = entry.get("disk_size")
     if disk is not None and not _positive_int(disk):
