@@ -206,7 +206,10 @@ def test_a_local_run_preempted_once() -> None:
     ledger = goodput_ledger(record, run_telemetry(record))
     assert ledger.launches == 2
     last_before_kill = max(s for s, t in _steps_with_times("gp") if launches[0] <= t < launches[1])
-    assert ledger.parts["redone"].steps == last_before_kill - newest > 0
+    # The ledger reads the telemetry segments, where a step is recorded at `maybe_save`, a
+    # moment before the example's progress line for it: the kill may land in between.
+    assert last_before_kill - newest > 0
+    assert ledger.parts["redone"].steps - (last_before_kill - newest) in (0, 1)
     assert ledger.parts["useful"].steps == 1500 and ledger.kept_step == 1500
     _adds_up(ledger)
     assert ledger.goodput is not None and 0 < ledger.goodput < 1
