@@ -36,6 +36,7 @@ def time_offers(
     if workload is None:
         return {o: OfferTime(None, request.hours, "") for o in offers}, []
     steps: dict[Offer, tuple[StepTime, str]] = {}
+    all_efa = request.nodes > 1 and skyconfig.aws_all_efa_cards()  # SkyPilot's config, once
     excluded: dict[tuple[str, str], str] = {}
     for offer in offers:
         gpu = hardware.gpu(offer.accelerator, offer.cloud, offer.instance_type)
@@ -52,7 +53,7 @@ def time_offers(
                 f"the replica ({memory_text(workload)})"
             )
             continue
-        steps[offer] = _step(offer, workload, gpu, request)
+        steps[offer] = _step(offer, workload, gpu, request, all_efa=all_efa)
     if not steps:
         raise CatalogError(_nothing_fits(offers, request, excluded))
     reference = _reference_seconds(steps, request)
@@ -68,19 +69,24 @@ def time_offers(
 
 
 def _step(
-    offer: Offer, workload: Workload, gpu: hardware.GpuFacts, request: PlanRequest
+    offer: Offer,
+    workload: Workload,
+    gpu: hardware.GpuFacts,
+    request: PlanRequest,
+    *,
+    all_efa: bool,
 ) -> tuple[StepTime, str]:
     """The offer's step, and its network in words (multi-node offers).
 
     The fabric counts as enabled where the render enables it (`network_tier: best` on the
     offer's entry, unless `--network standard`) or where it needs nothing (TCP); AWS EFA at one
-    card of its `cards` unless SkyPilot's config gives it them all. A bandwidth an earlier
-    run's preflight measured on this instance type replaces the data file's.
+    card of its `cards` unless SkyPilot's config gives it them all (`all_efa`). A bandwidth an
+    earlier run's preflight measured on this instance type replaces the data file's.
     """
     net = hardware.network(offer.cloud, offer.instance_type)
     best = request.network is NetworkTier.BEST
     enabled = (best and net.fabric.tier_best) or net.fabric.key in {"tcp", "loopback"}
-    all_cards = net.fabric.key != "efa" or net.cards == 1 or skyconfig.aws_all_efa_cards()
+    all_cards = net.fabric.key != "efa" or net.cards == 1 or all_efa
     measured = request.measured_busbw.get(f"{offer.cloud}/{offer.instance_type}")
     busbw = measured or net.busbw_gbs(enabled=enabled, all_cards=all_cards)
     step = step_time(
