@@ -126,7 +126,11 @@ class FakeSky:
         self.cluster_yamls: dict[str, list[str]] = {}
         """Per cluster, the YAML of each task `launch` and `exec` sent, in order."""
         self.messages: list[str] = []
-        self.logs: dict[tuple[int | str, str | None], str] = {}
+        self.logs: dict[tuple[int | str, str | int | None], str] = {}
+        """A managed job's log by (job id or name, task); a cluster's by (name, job id or None)."""
+        self.on_job: Callable[[str, int, str], object] | None = None
+        """Called with (cluster, job id, task YAML) for each job `launch` or `exec` puts on a
+        cluster: what the cluster does with it (`tests/skynodes.py` runs it on local nodes)."""
         self.next_job_id = 1
         self.cancel_polls = 1
         """Queue reads a cancelled live task stays CANCELLING before it is CANCELLED."""
@@ -432,6 +436,8 @@ class FakeSky:
         job_id = max(cluster["jobs"], default=0) + 1
         cluster["jobs"][job_id] = job_lib.JobStatus.PENDING
         self.cluster_yamls.setdefault(name, []).append(body.task)
+        if self.on_job is not None:
+            self.on_job(name, job_id, body.task)
         return job_id, None
 
     def _exec(self, body: Any) -> tuple[int, None]:
@@ -447,6 +453,8 @@ class FakeSky:
         job_id = max(cluster["jobs"], default=0) + 1
         cluster["jobs"][job_id] = job_lib.JobStatus.PENDING
         self.cluster_yamls.setdefault(name, []).append(body.task)
+        if self.on_job is not None:
+            self.on_job(name, job_id, body.task)
         return job_id, None
 
     def _autostop(self, cluster_name: str, idle_minutes: int, down: bool, **_kw: Any) -> None:
@@ -456,7 +464,8 @@ class FakeSky:
         cluster["record"].update(autostop=idle_minutes, to_down=down)
 
     def _tail_logs(self, cluster_name: str, job_id: int | None, **_kw: Any) -> Any:
-        return _chunks(self.logs.get((cluster_name, None), ""))
+        text = self.logs.get((cluster_name, job_id), self.logs.get((cluster_name, None), ""))
+        return _chunks(text)
 
     # ------------------------------------------------------------------ the model
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -14,6 +15,9 @@ from mncloud.doctor import bandwidth
 from tests.servers import free_port
 from tests.test_doctor import FAILED, finish, start_node, workdir
 from tests.test_local import cli, run_log, up, wait_final
+
+if TYPE_CHECKING:
+    from tests.fakesky import FakeSky
 
 
 def test_bus_bandwidth_is_nccl_tests_definition() -> None:
@@ -100,3 +104,74 @@ def test_min_bandwidth_above_loopback_refuses_before_training(tmp_path: Path) ->
     log = run_log("bwmin")
     assert "below --min-bandwidth 100000 GB/s" in log
     assert "trained" not in log
+
+
+# ----------------------------------------------------- a live cloud cluster (`up --cluster`)
+
+
+@pytest.mark.catalog
+def test_doctor_measures_a_live_cloud_cluster_with_sky_exec(
+    tmp_path: Path, fake_sky: FakeSky, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`doctor --bandwidth` on a `--cluster` run: `sky.exec` (the fake bound to its real
+    signature) hands the cluster a task whose `run` is the test alone; the "cluster" runs it
+    on two real local node processes (gloo over loopback); node 0's line comes back through
+    SkyPilot's job log. The launch's own figure is not replaced; `--min-bandwidth` refuses."""
+    from sky.skylet import job_lib
+
+    from tests.skynodes import cluster_jobs
+
+    (tmp_path / "pyproject.toml").write_text("[project]\nname='bw'\n")
+    (tmp_path / "train.py").write_text("print('trained')\n")
+    monkeypatch.chdir(tmp_path)
+    port = str(free_port())
+    up_args = ["up", "train.py", "--gpus", "H100:8", "--nodes", "2", "--cloud", "aws", "--yes"]
+    result = _invoke(*up_args, "--cluster", "--name", "dev", "--master-port", port, "--detach")
+    assert result.exit_code == 0, result.output
+    fake_sky.clusters["dev"]["jobs"][1] = job_lib.JobStatus.SUCCEEDED  # training is over
+    fake_sky.on_job = cluster_jobs(fake_sky)  # CPU "nodes": no GPUs to count
+
+    measured = _invoke("doctor", "--bandwidth", "dev")
+    assert measured.exit_code == 0, measured.output
+    # Loopback against p5's EFA expectation (the plan's choice, as rendered): a warning.
+    line = next(x for x in measured.output.splitlines() if "all-reduce bus bandwidth" in x)
+    assert line.startswith("preflight warning: ") and "between 2 nodes (gloo)" in line
+    assert "expected for p5.48xlarge: AWS EFA" in line and "likely causes" in line
+    ((args, kwargs),) = fake_sky.called("exec")
+    assert kwargs == {"cluster_name": "dev"}
+    sent = args[0]
+    assert (
+        "--bandwidth" in sent.run
+        and "torchrun" not in sent.run
+        and f"MASTER_PORT={port}" in sent.run
+    )
+    assert "MNCLOUD_RUN_ID" not in sent.envs and sent.workdir is None  # the run's figure stays
+    assert fake_sky.clusters["dev"]["jobs"][2] == job_lib.JobStatus.SUCCEEDED
+
+    refused = _invoke("doctor", "--bandwidth", "dev", "--min-bandwidth", "100000")
+    assert refused.exit_code == 1
+    assert "preflight failed on node 0" in refused.output
+    assert "below --min-bandwidth 100000 GB/s" in refused.output
+
+
+@pytest.mark.catalog
+def test_doctor_bandwidth_of_a_managed_job_says_where_the_figure_is(
+    tmp_path: Path, fake_sky: FakeSky, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "pyproject.toml").write_text("[project]\nname='bw'\n")
+    (tmp_path / "train.py").write_text("print('trained')\n")
+    monkeypatch.chdir(tmp_path)
+    up_args = ["up", "train.py", "--gpus", "H100:8", "--nodes", "2", "--cloud", "aws", "--yes"]
+    assert _invoke(*up_args, "--name", "job", "--recovery", "gang", "--detach").exit_code == 0
+    result = _invoke("doctor", "--bandwidth", "job")
+    assert result.exit_code == 2
+    assert "managed job" in result.output and "mncloud status job" in result.output
+    assert len(result.output.strip().splitlines()) == 1 and not fake_sky.called("exec")
+
+
+def _invoke(*args: str) -> Any:
+    from typer.testing import CliRunner
+
+    from mncloud.cli import app
+
+    return CliRunner().invoke(app, list(args))

@@ -167,6 +167,14 @@ class Backend(Protocol):
         what to do, when the run has no such nodes or still runs."""
         ...
 
+    def measure_bandwidth(
+        self, run_name: str, minimum: float | None, timeout: float
+    ) -> tuple[bool, list[str]]:
+        """`mncloud doctor --bandwidth`: the preflight's all-reduce test alone across the
+        run's nodes, which are still there; (passed, node 0's lines). SpecError, saying what
+        to do, when the run has no such nodes."""
+        ...
+
     def status(self, run_name: str) -> RunStatus:
         """The current status of one run; RunNotFoundError if unknown."""
         ...

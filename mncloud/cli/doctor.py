@@ -50,7 +50,8 @@ def doctor_command(
         typer.Option(
             "--bandwidth",
             metavar="RUN",
-            help="Run the all-reduce bandwidth test alone across a live local run's nodes.",
+            help="Run the all-reduce bandwidth test alone across a run's nodes (a local run's, "
+            "or a live --cluster's).",
         ),
     ] = None,
     min_bandwidth: opts.MinBandwidth = None,
@@ -88,21 +89,14 @@ def doctor_command(
 
 def _bandwidth(run_name: str, min_bandwidth: float | None, timeout: float) -> None:
     """`doctor --bandwidth RUN`: the preflight's bandwidth test alone on the run's nodes."""
-    from mncloud.backends.registry import backend_name_of
+    from mncloud.backends.registry import backend_name_of, get_backend
 
     if min_bandwidth is not None and not (math.isfinite(min_bandwidth) and min_bandwidth > 0):
         raise SpecError(f"--min-bandwidth {min_bandwidth:g} must be a positive number of GB/s")
-    backend = backend_name_of(run_name)
-    if backend != "local":
-        raise SpecError(
-            f"doctor --bandwidth {run_name}: runs on a live local run's nodes; a {backend} run's "
-            "preflight measured it at start (`mncloud status` shows the network line)"
-        )
-    from mncloud.backends.local.netcheck import measure
-
-    passed, lines = measure(run_name, min_bandwidth, max(timeout, 30.0))
+    backend = get_backend(backend_name_of(run_name))  # RunNotFoundError: an unknown name
+    passed, lines = backend.measure_bandwidth(run_name, min_bandwidth, max(timeout, 30.0))
     for line in lines:
-        console.print(escape(line), highlight=False)
+        console.print(escape(line), highlight=False, soft_wrap=True)
     if not passed:
         raise typer.Exit(code=1)
 

@@ -140,6 +140,14 @@ class LocalBackend:
         execute.start_exec(request, launch)
         return self.status(launch.name)
 
+    def measure_bandwidth(
+        self, run_name: str, minimum: float | None, timeout: float
+    ) -> tuple[bool, list[str]]:
+        """`doctor --bandwidth`: the test across the run's local nodes (`netcheck.py`)."""
+        from mncloud.backends.local.netcheck import measure
+
+        return measure(run_name, minimum, timeout)
+
     def status(self, run_name: str) -> RunStatus:
         folder = layout.run_dir(run_name)
         state = load_state(folder)

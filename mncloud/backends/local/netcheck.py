@@ -5,17 +5,13 @@ own rendezvous port is torchrun's), held against the expectation its task was re
 from __future__ import annotations
 
 import os
-import re
-import shlex
 import subprocess
 import sys
 
 from mncloud import constants, layout
 from mncloud.backends.local.processes import free_port
 from mncloud.backends.local.state import load_launch
-
-#: The expectation as the rendered preflight line carries it (`templates/run.sh.j2`).
-_EXPECTED = re.compile(r"--expect-busbw (\S+) --fabric ('[^']*'|\S+)")
+from mncloud.render.bandwidth import recorded_expectation
 
 
 def measure(run_name: str, min_bandwidth: float | None, timeout: float) -> tuple[bool, list[str]]:
@@ -23,9 +19,9 @@ def measure(run_name: str, min_bandwidth: float | None, timeout: float) -> tuple
     launch = load_launch(layout.run_dir(run_name))
     nodes, port = launch.num_nodes, free_port()
     args = ["--bandwidth", "--timeout", str(timeout), "--workdir", launch.workdir]
-    found = _EXPECTED.search(launch.run)
-    if found:
-        args += ["--expect-busbw", found.group(1), "--fabric", shlex.split(found.group(2))[0]]
+    expected = recorded_expectation(launch.run)
+    if expected:
+        args += ["--expect-busbw", f"{expected[0]:g}", "--fabric", expected[1]]
     if min_bandwidth is not None:
         args += ["--min-bandwidth", str(min_bandwidth)]
     procs = [_start(rank, nodes, port, args) for rank in range(nodes)]

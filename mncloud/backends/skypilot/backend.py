@@ -129,6 +129,14 @@ class SkyPilotBackend:
         meta = require_live_cluster(request.spec.name)
         return exec_on_cluster(build_task(request), meta, self.progress)
 
+    def measure_bandwidth(
+        self, run_name: str, minimum: float | None, timeout: float
+    ) -> tuple[bool, list[str]]:
+        """`doctor --bandwidth`: the test on the run's live cluster (`netcheck.py`)."""
+        from mncloud.backends.skypilot.netcheck import measure
+
+        return measure(run_name, minimum, timeout, self.progress)
+
     def status(self, run_name: str) -> RunStatus:
         """Ask SkyPilot for the run's state; add the newest checkpoint and cost so far."""
         meta = require_meta(run_name)

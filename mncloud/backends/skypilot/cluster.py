@@ -60,9 +60,12 @@ def launch_cluster(task: sky.Task, meta: RunMeta, idle_minutes: int, progress: T
     )
 
 
-def require_live_cluster(name: str) -> RunMeta:
+EXEC_NEEDS = "`exec` reruns on a cluster kept up by `up --cluster`"
+
+
+def require_live_cluster(name: str, needs: str = EXEC_NEEDS) -> RunMeta:
     """The record of `name`, a cluster that is UP with no job running; SpecError saying what
-    the run is and what to do otherwise (`exec` needs a live cluster)."""
+    the run is, what `needs` a live cluster, and what to do otherwise."""
     import sky
     from sky.utils import common
 
@@ -70,8 +73,7 @@ def require_live_cluster(name: str) -> RunMeta:
     again = f"`mncloud up SCRIPT --cluster --name {name} --resume` starts one"
     if meta.kind != CLUSTER:
         raise SpecError(
-            f"run {name!r} is a SkyPilot managed job, not a live cluster: `exec` reruns on a "
-            f"cluster kept up by `up --cluster`; {again}"
+            f"run {name!r} is a SkyPilot managed job, not a live cluster: {needs}; {again}"
         )
     if meta.downed_at is not None or meta.error is not None:
         why = "torn down by `mncloud down`" if meta.downed_at else f"never launched: {meta.error}"
