@@ -170,13 +170,16 @@ def launch(
     approve: Callable[[Plan], bool] | None = None,
     notify: Callable[[str], None] = lambda _text: None,
     run_id: str | None = None,
+    record_events: bool = True,
 ) -> Launched:
     """Plan, render, prepare the bucket, write the run record and hand the task to a backend.
 
     `approve(plan)` may decline (LaunchCancelled); `notify(text)` receives notes and warnings
     (a bucket created, egress across regions). `run_id`: the record's id, chosen by the caller
     (the deadline controller journals it before the launch, so a restarted controller finds
-    the launch by it); a new one when None. Raises MncloudError on bad input.
+    the launch by it); a new one when None. `record_events=False`: the caller writes the
+    record's launch and end events itself (the deadline controller). Raises MncloudError on
+    bad input.
     """
     from mncloud.backends.base import LaunchRequest
     from mncloud.backends.registry import get_backend, record_backend
@@ -222,6 +225,7 @@ def launch(
         options=options,
         run_id=run_id,
         dryrun=dryrun,
+        record_events=record_events,
     )
     return Launched(prepared=prepared, run_id=run_id, status=backend.launch(request))
 

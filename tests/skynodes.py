@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -47,10 +46,19 @@ class Nodes:
         return codes
 
     def kill(self) -> None:
-        """The VMs are gone (a preemption): every node's processes killed at once."""
+        """The VMs are gone (a preemption): every process of every node killed at once
+        (torchrun starts its workers in sessions of their own: walked, not signalled)."""
+        import psutil
+
+        doomed: list[psutil.Process] = []
         for proc in self.procs:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(psutil.NoSuchProcess):
+                node = psutil.Process(proc.pid)
+                doomed += [node, *node.children(recursive=True)]
+        for one in doomed:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                one.kill()
+        psutil.wait_procs(doomed, timeout=30)
         self.wait(30)
 
     @property

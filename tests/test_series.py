@@ -7,17 +7,14 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import signal
-import subprocess
-import sys
-import textwrap
+import shutil
 import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from sky.jobs import ManagedJobStatus
 from typer.testing import CliRunner
 
 from mncloud import constants, layout, records
@@ -113,83 +110,84 @@ def test_a_failing_bucket_never_raises_and_keeps_the_records(tmp_path: Path) -> 
     assert len(w._buffer) == 1  # kept for the next try
 
 
-# ---------------------------------------------------------------- a cloud-like run, for real
+# ---------------------------------------------------------------- a cloud run, for real
 
-SCRIPT = textwrap.dedent("""
-    import os, sys, time
-    import mncloud.train as train
-
-    start, end = int(sys.argv[1]), int(sys.argv[2])
-    for step in range(start + 1, end + 1):
-        time.sleep(0.05)
-        train.report(step, loss=10.0 / step, ckpt_s=0.02 if step % 10 == 0 else None)
-""")
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train_ddp.py"
+STEPS, EVERY = 40, 10
+UP = ["up", "train.py", "--gpus", "H100:8", "--nodes", "2", "--cloud", "aws", "--spot",
+      "--recovery", "gang", "--name", "cl", "--yes", "--detach", "--no-preflight"]  # fmt: skip
+FAST_TELEMETRY = {constants.TELEMETRY_INTERVAL_ENV: "0.2"}  # segments every 0.2 s, not 30
+ARGS = ["--", "--steps", str(STEPS), "--ckpt-interval", str(EVERY), "--compute-ms", "100"]
 
 
-def _ranks(script: Path, env: dict[str, str], start: int, end: int) -> list[subprocess.Popen]:
-    procs = []
-    for rank in (0, 1):
-        proc_env = {**os.environ, **env, "RANK": str(rank), constants.SKYPILOT_NODE_RANK: str(rank)}
-        cmd = [sys.executable, str(script), str(start), str(end)]
-        procs.append(subprocess.Popen(cmd, env=proc_env))
-    return procs
-
-
-def _wait_for_step(uri: str, step: int, timeout: float = 60.0) -> None:
+def _wait_for_step(uri: str, step: int, timeout: float = 120.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        series = read_series(uri)
-        if sum(r.step >= step for r in series.steps) >= 2:
+        if any(r.step >= step for r in read_series(uri).steps):
             return
         time.sleep(0.2)
     raise AssertionError(f"step {step} never reached the bucket")
 
 
 @pytest.fixture
-def cloud_run(s3_env: object, tmp_path: Path) -> tuple[RunRecord, Series]:
-    """Two ranks with a cloud node's environment write through `mncloud.train.report` to the
-    S3 test server; launch A is killed (a preemption: its last segment is lost), launch B
-    resumes from step 20 and finishes at 40. The record holds only the first launch, as a
-    cloud run's does (SkyPilot recovers a managed job by itself)."""
+def cloud_run(
+    s3_env: object, tmp_path: Path, fake_sky: FakeSky, monkeypatch: pytest.MonkeyPatch
+) -> tuple[RunRecord, Series]:
+    """`mncloud up` of examples/train_ddp.py as a 2-node spot managed job on the faked
+    SkyPilot; the task SkyPilot got runs on real local "nodes" (`tests/skynodes.py`: real
+    torchrun, 2 ranks each, the cloud's environment) writing through `mncloud.train` to the
+    S3 test server. Past step 15 every node is killed (a preemption; SkyPilot's queue shows
+    RECOVERING), the same task starts again (the recovery: it resumes from the newest complete
+    checkpoint) and finishes; `status` then sees the job SUCCEEDED. Only SkyPilot's API is
+    faked: the record's events are the ones `up` and `status` wrote."""
+    from tests.skynodes import start
+
     (tmp_path / "pyproject.toml").write_text("[project]\nname='p'\n")
-    script = tmp_path / "train.py"
-    script.write_text(SCRIPT)
+    shutil.copy(EXAMPLE, tmp_path / "train.py")
+    monkeypatch.chdir(tmp_path)
     bucket = f"s3://{s3_env.make_bucket()}"  # type: ignore[attr-defined]
-    spec = build_spec(script, gpus="cpu:2", nodes=2, spot=True, name="cl", bucket=bucket)
-    t_launch = time.time()
-    record = records.create_record(spec, "a: 1\n", backend="skypilot", now=t_launch)
-    records.append_event("cl", "launch", cloud="aws", spot=True, hourly_price=36.0, at=t_launch)
+    result = CliRunner().invoke(app, [*UP, "--bucket", bucket, *ARGS])
+    assert result.exit_code == 0, result.output
+    ((job_id, job),) = fake_sky.jobs.items()
+    record = records.load_current("cl")
     assert record.ckpt_uri is not None
-    env = {
-        constants.CKPT_URI_ENV: record.ckpt_uri,
-        constants.RUN_ID_ENV: record.run_id,
-        constants.TELEMETRY_INTERVAL_ENV: "0.2",
-    }
-    first = _ranks(script, env, 0, 10_000)
-    _wait_for_step(layout.series_uri(record.ckpt_uri, record.run_id), 25)
-    for proc in first:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-    second = _ranks(script, env, 20, 40)
-    assert [p.wait(60) for p in second] == [0, 0]
-    records.append_event("cl", "finish", at=time.time())
+    uri = layout.series_uri(record.ckpt_uri, record.run_id)
+
+    fake_sky.set_status(job_id, ManagedJobStatus.RUNNING)
+    node = {"task_id": f"sky-managed-{job_id}", "gpus_per_node": 2, "env": FAST_TELEMETRY}
+    first = start(job.yaml, **node)
+    _wait_for_step(uri, 15)
+    first.kill()
+    fake_sky.set_status(job_id, ManagedJobStatus.RECOVERING)
+    fake_sky.set_status(job_id, ManagedJobStatus.RUNNING)
+    second = start(job.yaml, **node)
+    assert second.wait(180) == [0, 0], second.log[-3000:]
+    fake_sky.set_status(job_id, ManagedJobStatus.SUCCEEDED)
+    shown = CliRunner().invoke(app, ["status", "cl", "--json"])
+    assert shown.exit_code == 0, shown.output
     series = run_series(records.load_current("cl"))
     assert series is not None
     return records.load_current("cl"), series
 
 
 @pytest.mark.slow
+@pytest.mark.catalog
 def test_a_cloud_run_preempted_once_has_no_unknown_part(
-    cloud_run: tuple[RunRecord, Series], fake_sky: FakeSky
+    cloud_run: tuple[RunRecord, Series],
 ) -> None:
     """The relaunch is read off the telemetry: no part is `unknown`, the parts add up to the
-    total to the cent, the steps A trained past 20 are redone; the loss spans both launches."""
+    total to the cent, the steps A trained past its last checkpoint are redone; the loss
+    spans both launches; `status` shows the goodput."""
     record, series = cloud_run
+    assert [e.kind for e in record.events] == ["launch", "finish"]  # what `up`, `status` wrote
+    launch = record.events[0]
+    assert launch.spot and launch.cloud == "aws" and launch.hourly_price
     a, b = series.launches()
-    assert a.last_step >= 25 and (b.first_step, b.last_step) == (21, 40)
+    kept = b.first_step - 1
+    assert kept % EVERY == 0 and kept <= a.last_step and b.last_step == STEPS
     loss = series.curve("loss")
-    assert {p.launch for p in loss} <= a.tags | b.tags and len({p.launch for p in loss}) == 2
-    assert loss[-1].value == 10.0 / 40
+    assert {p.launch for p in loss} <= a.tags | b.tags
+    assert {p.launch in b.tags for p in loss} == {False, True}  # both launches
 
     ledger = run_goodput(record)
     assert ledger.parts["unknown"].node_seconds == 0 and not ledger.unmeasured
@@ -197,33 +195,16 @@ def test_a_cloud_run_preempted_once_has_no_unknown_part(
     assert sum(p.cents for p in ledger.parts.values()) == round(ledger.total_cost * 100)
     assert abs(sum(p.cost for p in ledger.parts.values()) - ledger.total_cost) < 0.005
     trained_in_a = {r.step for r in series.steps if r.t < b.t0}
-    assert ledger.parts["redone"].steps == len(trained_in_a & set(range(21, 41)))
-    assert ledger.parts["useful"].steps == 40  # no checkpoint known: all not redone
+    assert ledger.parts["redone"].steps == len(trained_in_a & set(range(kept + 1, STEPS + 1)))
     assert ledger.parts["checkpoint_stall"].node_seconds > 0
     assert ledger.goodput is not None and 0 < ledger.goodput < 1
-    _metrics_cli_shows_both_launches()
-    _status_shows_goodput(record, fake_sky, ledger.goodput)
+    _metrics_cli_shows_both_launches(kept)
+    (row,) = json.loads(CliRunner().invoke(app, ["status", "cl", "--json"]).output)
+    assert row["state"] == "SUCCEEDED"
+    assert row["goodput"] == pytest.approx(ledger.goodput, abs=0.02)
 
 
-def _status_shows_goodput(record: RunRecord, fake_sky: FakeSky, goodput: float) -> None:
-    """`mncloud status` of the cloud run (its managed job on the faked SkyPilot) shows it."""
-    from sky.jobs import ManagedJobStatus
-
-    from mncloud.backends.registry import record_backend
-    from mncloud.backends.skypilot.meta import MANAGED_JOB, RunMeta, save_meta
-
-    record_backend("cl", "skypilot")
-    job_id = fake_sky.add_job("cl", ManagedJobStatus.SUCCEEDED)
-    meta = RunMeta(kind=MANAGED_JOB, name="cl", nodes=2, spot=True, ckpt_uri=record.ckpt_uri,
-                   job_id=job_id, launched_at=record.created_at)  # fmt: skip
-    save_meta(meta)
-    result = CliRunner().invoke(app, ["status", "cl", "--json"])
-    assert result.exit_code == 0, result.output
-    (row,) = json.loads(result.output)
-    assert row["state"] == "SUCCEEDED" and row["goodput"] == pytest.approx(goodput, abs=0.02)
-
-
-def _metrics_cli_shows_both_launches() -> None:
+def _metrics_cli_shows_both_launches(kept: int) -> None:
     """`mncloud metrics` prints the same series: the loss over both launches, redone steps
     twice, each node's step time."""
     result = CliRunner().invoke(app, ["metrics", "cl", "--json"])
@@ -232,16 +213,17 @@ def _metrics_cli_shows_both_launches() -> None:
     by_launch = {
         k: [p["step"] for p in view["metrics"]["loss"] if p["launch"] == k] for k in (1, 2)
     }
-    assert by_launch[1][0] == 1 and by_launch[2] == list(range(21, 41))
+    assert by_launch[1][0] == 1 and by_launch[2] == list(range(kept + 1, STEPS + 1))
     assert set(by_launch[1]) & set(by_launch[2])  # redone steps show in both launches
     assert set(view["step_time"]) == {"node 0", "node 1"}
-    assert all(0.04 < p["value"] < 5 for p in view["step_time"]["node 0"])
+    assert all(0.09 < p["value"] < 5 for p in view["step_time"]["node 0"])  # 100 ms compute
     assert [m["launch"] for m in view["launches"]] == [1, 2]
     lines = CliRunner().invoke(app, ["metrics", "cl"]).output.splitlines()
-    assert lines[0].startswith("launch 1  step       1  loss 10")
+    assert lines[0].startswith("launch 1  step       1  loss ")
 
 
 @pytest.mark.slow
+@pytest.mark.catalog
 def test_the_run_page_draws_the_loss_across_both_launches_in_a_browser(
     cloud_run: tuple[RunRecord, Series], fake_sky: FakeSky
 ) -> None:
@@ -275,7 +257,8 @@ def test_the_run_page_draws_the_loss_across_both_launches_in_a_browser(
             loss = page.locator('#curves svg[data-kind="metric-loss"]')
             sync_api.expect(loss.locator("polyline.launch")).to_have_count(2)
             sync_api.expect(loss.locator("g.relaunch")).to_have_count(1)
-            sync_api.expect(loss.locator("g.relaunch")).to_contain_text("from step 21")
+            resumed = f"from step {cloud_run[1].launches()[1].first_step}"
+            sync_api.expect(loss.locator("g.relaunch")).to_contain_text(resumed)
             steps = page.locator('#curves svg[data-kind="step-time"] polyline.node')
             sync_api.expect(steps).to_have_count(2)
             sync_api.expect(page.locator("#goodput")).to_contain_text("over 2 launch(es)")

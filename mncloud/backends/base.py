@@ -149,6 +149,9 @@ class LaunchRequest:
     """How to run it (local: recovery_delay, retry_on_error, chaos_preempt_after)."""
     run_id: str | None = None
     """The run record's id (None for a dry run)."""
+    record_events: bool = True
+    """Whether the backend writes the run record's events; a deadline controller writes its
+    own (`control/loop.py`)."""
 
 
 @runtime_checkable

@@ -299,6 +299,7 @@ class Controller:
         run_id = st.launching.run_id if st.launching is not None else None
         launched = self.launcher(
             spec, options, existing=existing, approve=lambda _plan: True, notify=log.info,
+            record_events=False,  # the controller records its own launches and ends
             **({"run_id": run_id} if run_id else {}),
         )  # fmt: skip
         plan = launched.prepared.plan

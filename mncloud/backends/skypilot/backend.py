@@ -21,6 +21,7 @@ from mncloud.backends.skypilot.cluster import (
 )
 from mncloud.backends.skypilot.dryrun import dryrun, dryrun_job_group
 from mncloud.backends.skypilot.errors import sky_errors
+from mncloud.backends.skypilot.events import record_end, record_launch
 from mncloud.backends.skypilot.group import job_group_status, tail_group_logs
 from mncloud.backends.skypilot.logs import tail_logs
 from mncloud.backends.skypilot.meta import (
@@ -71,7 +72,9 @@ class SkyPilotBackend:
             return dryrun(task, spec, request.plan, spot)
         meta = meta_from_plan(spec, request.plan, spot, config)
         if request.options.cluster:  # `up --cluster`: kept up for `exec` (cluster.py)
-            return launch_cluster(task, meta, request.options.idle_minutes, self.progress)
+            status = launch_cluster(task, meta, request.options.idle_minutes, self.progress)
+            _record_launch(request, meta)
+            return status
         try:
             meta.job_id = self._launch_managed_job(task, spec.name, meta)
         except MncloudError as err:
@@ -81,6 +84,7 @@ class SkyPilotBackend:
             raise
         meta.last_state = RunState.PENDING
         save_meta(meta)
+        _record_launch(request, meta)
         market = "spot" if spot else "on-demand"
         return status_from_meta(
             meta, meta.last_state, f"launched (managed job {meta.job_id}, {market})"
@@ -110,6 +114,7 @@ class SkyPilotBackend:
             raise
         meta.last_state = RunState.PENDING
         save_meta(meta)
+        _record_launch(request, meta)
         what = f"job group {meta.job_id}: {len(names) - 1} node tasks and a lighthouse"
         return status_from_meta(meta, meta.last_state, f"launched ({what})")
 
@@ -148,7 +153,9 @@ class SkyPilotBackend:
             status = managed_job_status(meta)
         else:
             status = cluster_status(meta, self.idle_minutes)
-        if status.state != meta.last_state:
+        recorded = meta.end_recorded
+        record_end(meta, status)
+        if status.state != meta.last_state or meta.end_recorded != recorded:
             meta.last_state = status.state
             save_meta(meta)
         return status
@@ -217,11 +224,13 @@ class SkyPilotBackend:
             except RunNotFoundError:
                 pass  # SkyPilot has no such cluster: already gone, down is idempotent
         meta.downed_at = meta.downed_at or time.time()
-        save_meta(meta)
         final = meta.last_state if meta.last_state and meta.last_state.is_final else None
-        return status_from_meta(
+        status = status_from_meta(
             meta, final or RunState.CANCELLED, "cluster torn down; checkpoints stay"
         )
+        record_end(meta, status)
+        save_meta(meta)
+        return status
 
     def _notice(self, meta: RunMeta, notice_s: float, by: str) -> tuple[float, int | None] | None:
         """Give a running job its stop notice: (the notice, the step saved), or None if none
@@ -235,6 +244,14 @@ class SkyPilotBackend:
             return None
         saved = give_notice(meta.ckpt_uri, notice_s, lambda: self.status(meta.name).state, by)
         return notice_s, saved
+
+
+def _record_launch(request: LaunchRequest, meta: RunMeta) -> None:
+    """The run record's `launch` event (`events.py`), unless the caller records its own."""
+    if request.record_events and request.run_id:
+        meta.records_events = True
+        save_meta(meta)
+        record_launch(meta)
 
 
 def _ids(job_ids: list[int]) -> str:

@@ -50,9 +50,15 @@ class RunMeta(BaseModel):
     error: str | None = None
     """Why the launch failed, when it did."""
     tasks: list[str] = []
+    """A job group's task names (lighthouse first, then node 0, 1, …); empty otherwise."""
     idle_minutes: int | None = None
     """`up --cluster`: the cluster's autodown after this many idle minutes (`cluster.py`)."""
-    """A job group's task names (lighthouse first, then node 0, 1, …); empty otherwise."""
+    records_events: bool = False
+    """Whether this backend writes the run record's launch and end (`events.py`); False for
+    a deadline controller's launches (it writes its own) and runs of an older mncloud."""
+    end_recorded: bool = False
+    gone_at: float | None = None
+    """When `status` first found the run's cluster gone (a `--cluster` run's autodown)."""
 
     @property
     def hourly_total(self) -> float | None:

@@ -3,6 +3,7 @@ mncloud launched on demand with `sky.launch`, its cluster and the job on it."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from mncloud.backends.base import Failure, RunState, RunStatus
@@ -136,6 +137,7 @@ def idle_timer(record: Any, meta: RunMeta) -> str:
 
 def _cluster_gone(meta: RunMeta) -> RunStatus:
     """The status of a run whose cluster SkyPilot no longer knows."""
+    meta.gone_at = meta.gone_at or time.time()
     last = meta.last_state
     if last is not None and last.is_final:
         return status_from_meta(meta, last, "cluster torn down")
