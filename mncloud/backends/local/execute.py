@@ -30,11 +30,13 @@ from mncloud.backends.local.state import (
     load_state,
     node_log,
 )
+from mncloud.backends.local.warm import HOSTS_FILE
 from mncloud.errors import BackendError, SpecError
 
-KEEP = ("nodes", RUN_LOG, LOG_MARKS)
+KEEP = ("nodes", RUN_LOG, LOG_MARKS, HOSTS_FILE)
 """What an exec keeps of the run folder besides what any launch keeps: the nodes' own
-folders and the logs (appended to, as a cluster's job logs accumulate)."""
+folders, the logs (appended to, as a cluster's job logs accumulate) and a `--cluster` run's
+warm hosts."""
 
 
 def exec_launch(request: LaunchRequest, fresh: LocalLaunch) -> LocalLaunch:

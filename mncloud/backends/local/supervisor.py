@@ -46,7 +46,7 @@ from typing import Any
 
 from mncloud import constants
 from mncloud.backends.base import RunState
-from mncloud.backends.local import processes
+from mncloud.backends.local import processes, warm
 from mncloud.backends.local.chaos import preempt_node
 from mncloud.backends.local.ckptdir import CkptDirSync
 from mncloud.backends.local.metadata import MetadataServer
@@ -115,6 +115,7 @@ class Supervisor:
             else None
         )
         self._node_env: dict[str, str] = {}
+        self._hosts: warm.HostsRecord | None = None
 
     # ------------------------------------------------------------------ plumbing
     def _save(self) -> None:
@@ -150,6 +151,8 @@ class Supervisor:
         env = node_env(self.launch, self.folder, node, metadata_url=self._metadata.url(node),
                        setup=script == "setup.sh")  # fmt: skip
         env.update(self._node_env)
+        if script == "run.sh":  # a worker forked from the node's warm host, when it listens
+            env.update(warm.worker_env(self.folder, node, self._hosts))
         proc = start_node(self.launch, self.folder, node, script, env)
         assert proc.stdout is not None
         self.logs.follow(node, proc.stdout, label)
@@ -167,6 +170,7 @@ class Supervisor:
 
     def _kill_all(self) -> None:
         processes.kill_tagged(self.launch.token)
+        warm.wait_workers_gone(self._hosts)  # their clients died: the hosts kill them
         if self._replacer is not None:
             self._replacer.stop_lighthouse()
         for proc in self._procs.values():
@@ -208,6 +212,7 @@ class Supervisor:
         st.state = RunState.STARTING
         st.nodes = [NodeRecord(node=n) for n in range(self.launch.num_nodes)]
         self._save()
+        self._hosts = warm.hosts_for(self.folder, self.launch, self.logs.write)
         try:
             final = self._run()
         except Exception as err:  # anything unexpected: stop the nodes, say why
