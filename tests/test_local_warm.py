@@ -175,4 +175,4 @@ def test_idle_hosts_end_and_exec_falls_back_to_cold_workers(
     assert log.count("warm hosts are gone") == 1
     assert [w["start"] for w in _records(project) if w["rank"] == 0] == [3]
     assert not any(w["torch"] for w in _records(project))  # cold interpreters
-    assert not _run_processes("idle")
+    _wait(lambda: not _run_processes("idle"), 15, "the supervisor to exit")

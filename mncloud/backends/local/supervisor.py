@@ -115,7 +115,7 @@ class Supervisor:
             else None
         )
         self._node_env: dict[str, str] = {}
-        self._hosts: warm.HostsRecord | None = None
+        self._hosts = warm.Hosts(folder, self.launch)  # `up --cluster`
 
     # ------------------------------------------------------------------ plumbing
     def _save(self) -> None:
@@ -152,7 +152,7 @@ class Supervisor:
                        setup=script == "setup.sh")  # fmt: skip
         env.update(self._node_env)
         if script == "run.sh":  # a worker forked from the node's warm host, when it listens
-            env.update(warm.worker_env(self.folder, node, self._hosts))
+            env.update(self._hosts.env(node))
         proc = start_node(self.launch, self.folder, node, script, env)
         assert proc.stdout is not None
         self.logs.follow(node, proc.stdout, label)
@@ -170,7 +170,7 @@ class Supervisor:
 
     def _kill_all(self) -> None:
         processes.kill_tagged(self.launch.token)
-        warm.wait_workers_gone(self._hosts)  # their clients died: the hosts kill them
+        self._hosts.wait_workers_gone()  # their clients died: the hosts kill them
         if self._replacer is not None:
             self._replacer.stop_lighthouse()
         for proc in self._procs.values():
@@ -212,7 +212,7 @@ class Supervisor:
         st.state = RunState.STARTING
         st.nodes = [NodeRecord(node=n) for n in range(self.launch.num_nodes)]
         self._save()
-        self._hosts = warm.hosts_for(self.folder, self.launch, self.logs.write)
+        self._hosts.begin(self.logs.write)
         try:
             final = self._run()
         except Exception as err:  # anything unexpected: stop the nodes, say why
@@ -220,6 +220,8 @@ class Supervisor:
             self.event("failed", f"supervisor error: {type(err).__name__}: {err}")
         finally:
             self._kill_all()
+            if not self.stop.is_set():  # a run that ended before its first step
+                self._hosts.start(first_step=False)
             self._metadata.stop()
             if self._ckpt_dir is not None:
                 self._ckpt_dir.stop()
@@ -387,6 +389,7 @@ class Supervisor:
             if now - last_scan >= 1.0:
                 last_scan = now
                 self._refresh_pids()
+                self._hosts.start()  # once the first step is reported
                 processes.reap_orphans({p.pid for p in self._procs.values()})
 
     def _notify_stop(self) -> float | None:

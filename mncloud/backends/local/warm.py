@@ -1,14 +1,16 @@
 """Warm node hosts of a local `up --cluster` run: its nodes kept up between runs.
 
 The local analog of `sky exec` on a cluster kept up. When a `--cluster` run's supervisor
-starts, it starts one host per node (`warmhost.py`, in a session of its own, tagged
-`<hosts token>/host-N`, recorded in `hosts.json`) while setup and the preflight run. A node
-whose host listens gets `PYTHON_EXEC=<node folder>/python` (`warmclient.py`): torchrun stays
-real and the rendered task unchanged, but each worker is forked from the host, torch already
-imported, instead of a fresh interpreter (torchrun's agent still imports torch itself). A node
-whose host is not ready yet (the first run) starts cold. Example, `--idle-minutes 10`:
+reports its first step (or ends), it starts one host per node (`warmhost.py`, in a session of
+its own, tagged `<hosts token>/host-N`, recorded in `hosts.json`): their imports never compete
+with the first run's own start on a few cores. A node whose host listens gets
+`PYTHON_EXEC=<node folder>/python` (`warmclient.py`): torchrun stays real and the rendered
+task unchanged, but each worker is forked from the host, torch already
+imported, instead of a fresh interpreter (torchrun's agent still imports torch itself).
+Example, `--idle-minutes 10`:
 
-    t=0      up --cluster: hosts start on nodes 0, 1; setup; run 1 (warm where ready)
+    t=0      up --cluster: setup, preflight, run 1 with cold workers
+    t=20     its first step: hosts start on nodes 0, 1 (or when run 1 ends, if sooner)
     t=60     run 1 fails on a typo; the hosts stay, idle
     t=120    exec: both nodes' workers forked from the hosts, first step seconds sooner
     t=780    10 minutes without a job: each host exits (the local autostop); a later exec
@@ -34,13 +36,16 @@ from pydantic import BaseModel
 
 from mncloud import constants
 from mncloud.backends.local import processes
-from mncloud.backends.local.state import SUPERVISOR_LOG, LocalLaunch, node_dir
+from mncloud.backends.local.state import SUPERVISOR_LOG, LocalLaunch, last_step, node_dir
 from mncloud.storage import write_atomic
 
 HOSTS_FILE = "hosts.json"
 CLIENT = "python"
 """The client's name in a node's folder (torchrun's PYTHON_EXEC there)."""
 SOCKET = "host.sock"
+READY_WAIT_S = 30.0
+"""How long an `exec` waits for hosts still importing (one started a moment ago): a worker
+forked from one a second later still starts sooner than a cold one."""
 
 
 class HostsRecord(BaseModel):
@@ -93,20 +98,52 @@ def start_hosts(folder: Path, launch: LocalLaunch, idle_s: float) -> HostsRecord
     return record
 
 
-def hosts_for(folder: Path, launch: LocalLaunch, say: Callable[[str], None]) -> HostsRecord | None:
-    """A supervisor's hosts: none (not `--cluster`), new ones (a fresh `up`: none recorded
-    yet), or the recorded ones (`exec`; None, said in one line, when they are gone)."""
-    if launch.idle_s is None:
-        return None
-    if load_hosts(folder) is None:
-        nodes = launch.num_nodes
-        say(f"[mncloud] warm hosts starting on {nodes} node(s); a node not ready yet starts cold")
-        return start_hosts(folder, launch, launch.idle_s)
-    record = live_hosts(folder)
-    if record is None:
-        say("[mncloud] the local cluster's warm hosts are gone (its idle time passed, or they "
-            "were stopped): workers start cold")  # fmt: skip
-    return record
+class Hosts:
+    """A supervisor's warm hosts: none (not `--cluster`), pending (a fresh `up`: they start
+    once the first step is reported, or when the run ends, so their imports never compete with
+    the first run's start on a few cores), or the recorded ones (`exec`)."""
+
+    def __init__(self, folder: Path, launch: LocalLaunch) -> None:
+        self.folder, self.launch = folder, launch
+        self.record: HostsRecord | None = None
+        self._pending = False
+
+    def begin(self, say: Callable[[str], None]) -> None:
+        """At the supervisor's start: note pending hosts, or find (and wait for) live ones."""
+        launch, folder = self.launch, self.folder
+        self._pending = launch.idle_s is not None and load_hosts(folder) is None
+        if self._pending:
+            say("[mncloud] local cluster: warm hosts start on each node once the first step is "
+                "reported (this run's workers start cold)")  # fmt: skip
+        elif launch.idle_s is not None:
+            self.record = live_hosts(folder)
+            if self.record is None:
+                say("[mncloud] the local cluster's warm hosts are gone (its idle time passed, "
+                    "or they were stopped): workers start cold")  # fmt: skip
+            else:  # started when the run's first step came: seconds from ready at most
+                _wait_ready(folder, self.record, READY_WAIT_S)
+
+    def start(self, *, first_step: bool = True) -> None:
+        """Start the pending hosts (with `first_step`: only once a step was reported)."""
+        if self._pending and (not first_step or last_step(self.folder) is not None):
+            self._pending = False
+            assert self.launch.idle_s is not None
+            self.record = start_hosts(self.folder, self.launch, self.launch.idle_s)
+
+    def env(self, node: int) -> dict[str, str]:
+        return worker_env(self.folder, node, self.record)
+
+    def wait_workers_gone(self) -> list[int]:
+        return wait_workers_gone(self.record)
+
+
+def _wait_ready(folder: Path, record: HostsRecord, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    nodes = range(len(record.pids))
+    while time.monotonic() < deadline and not all(worker_env(folder, n, record) for n in nodes):
+        if not all(_is_host(pid, record.token) for pid in record.pids):
+            return
+        time.sleep(0.05)
 
 
 def _is_host(pid: int, token: str) -> bool:
