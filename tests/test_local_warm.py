@@ -139,6 +139,13 @@ def test_exec_on_warm_hosts_trains_fails_and_leaves_nothing(
     assert {w["pid"] for w in pids} <= children  # each a child of its node's host (psutil)
     for w in pids:
         assert psutil.Process(w["pid"]).ppid() in hosts.pids
+    listed = _wait(
+        lambda: {p for n in load_state(run_dir("dev")).nodes for p in n.pids} >= children,
+        10, "the workers in state.json",
+    )  # fmt: skip
+    assert listed
+    for text in ((run_dir("dev") / f).read_text() for f in ("run.sh", "task.yaml")):
+        assert "PYTHON_EXEC" not in text  # the rendered task is untouched: only the env
 
     # chaos preemption: SIGKILL to node 1's launcher, torchrun and clients; its host kills
     # its workers at once, and the supervisor relaunches the gang.

@@ -486,6 +486,7 @@ class Supervisor:
         changed = False
         for record in self.state.nodes:
             pids = processes.tagged_pids(self.launch.token, record.node)
+            pids = sorted(pids + self._hosts.node_workers(record.node))  # forked by its host
             if pids != record.pids:
                 record.pids, changed = pids, True
         if changed:

@@ -133,6 +133,13 @@ class Hosts:
     def env(self, node: int) -> dict[str, str]:
         return worker_env(self.folder, node, self.record)
 
+    def node_workers(self, node: int) -> list[int]:
+        """The workers `node`'s host forked (tagged as the host, not as the launch)."""
+        if self.record is None or node >= len(self.record.pids):
+            return []
+        one = self.record.model_copy(update={"pids": [self.record.pids[node]]})
+        return workers(one)
+
     def wait_workers_gone(self) -> list[int]:
         return wait_workers_gone(self.record)
 
