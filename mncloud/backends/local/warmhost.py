@@ -154,7 +154,12 @@ def _start(
             os.close(fd)
         return None
     host = os.getpid()
-    pid = os.fork()
+    try:
+        pid = os.fork()
+    except OSError:  # no memory or pids left: the client, told nothing, runs cold
+        for fd in fds:
+            os.close(fd)
+        return None
     if pid == 0:
         inherited = [listener.fileno(), conn.fileno(), _selector_fd(sel)]
         inherited += [j.conn.fileno() for j in jobs.values()] + [j.pidfd for j in jobs.values()]
