@@ -1,4 +1,4 @@
-"""bench/exec: `mncloud exec` on a local run's nodes vs a fresh `mncloud up`, to the first step.
+"""bench/exec: local `mncloud exec` vs a fresh `mncloud up --cluster`, to the first step.
 
     .venv/bin/python bench/exec.py [--rounds 3] [--nodes 2] [--json]
 
@@ -6,14 +6,19 @@ A copy of `examples/train_ddp.py` in a project folder of its own with a `require
 (numpy and torch, both installed already, so pip only checks them, offline), as a project
 that fixes a typo and runs again has one. Each round:
 
-- fresh: `mncloud up train.py --cloud local --nodes N --gpus cpu:2 --requirements
+- fresh: `mncloud up train.py --cloud local --nodes N --gpus cpu:2 --cluster --requirements
   requirements.txt --detach -- --steps 60`, from the command's start to the first training
   step rank 0 reports (progress.jsonl): CLI, render, run record, supervisor, setup (pip on
-  every node, one after the other, as the local nodes share a folder), torchrun, the script's
-  imports, rendezvous, the first step;
+  every node, one after the other, as the local nodes share a folder) while the nodes' warm
+  hosts start, the preflight, torchrun, the script's imports (in workers forked from a host
+  where it is ready, cold where not), rendezvous, the first step;
 - exec: once that run ended, `mncloud exec NAME --detach --restart` (from step 0, so both
   train the same steps), timed the same way: no setup (it ran when the nodes came up, as
-  `sky.exec` skips setup and provisioning on a cluster kept up).
+  `sky.exec` skips setup and provisioning on a cluster kept up), no preflight, and every
+  worker forked from its node's warm host, torch and mncloud.train already imported
+  (`backends/local/warm.py`); torchrun's agent still imports torch on each node.
+
+Each round ends with `mncloud down NAME --now`, which stops its hosts.
 
 `--no-requirements` drops the requirements file: then the two differ only by what a fresh
 `up` does besides setup. The figure is the median ratio exec / fresh (lower is better; the
@@ -68,18 +73,21 @@ def one_round(k: int, folder: Path, nodes: int, requirements: bool) -> tuple[flo
     t0 = time.time()
     mncloud("up", str(folder / "train.py"), "--cloud", "local", "--nodes", str(nodes),
             "--gpus", "cpu:2", "--name", name, "--detach", "--yes", "--recovery", "gang",
-            *setup, "--", "--steps", "60", "--ckpt-interval", "20")  # fmt: skip
+            "--cluster", *setup, "--", "--steps", "60", "--ckpt-interval", "20")  # fmt: skip
     fresh = first_step_after(name, t0)
     ended(name)
     t1 = time.time()
     mncloud("exec", name, "--detach", "--restart")
     again = first_step_after(name, t1)
     ended(name)
+    mncloud("down", name, "--now")
     return fresh, again
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description="Local exec vs a fresh up: time to the first step.")
+    p = argparse.ArgumentParser(
+        description="Local exec vs a fresh up --cluster: time to the first step."
+    )
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--nodes", type=int, default=2)
     p.add_argument("--no-requirements", action="store_true")
@@ -103,6 +111,9 @@ def main() -> None:
     if args.json:
         print(json.dumps(result, indent=2))
         return
+    import mncloud as package
+
+    print(f"mncloud from {Path(package.__file__).parent}")
     print(f"time to first step, {args.nodes} local nodes × 2 processes, {args.rounds} rounds"
           f"{' (requirements.txt: numpy, torch)' if requirements else ' (no setup)'}:")  # fmt: skip
     print(f"  fresh up   {fresh:6.2f} s (median; {result['fresh_up_first_step_s']})")

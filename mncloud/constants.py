@@ -66,6 +66,9 @@ CKPT_STAGING_ENV = "MNCLOUD_CKPT_STAGING"
 # Every process of a local node carries this variable (`<run token>/<node>`), so the supervisor,
 # `mncloud chaos` and `mncloud down` find a node's processes, wherever they were reparented.
 LOCAL_NODE_TAG_ENV = "MNCLOUD_LOCAL_NODE"
+LOCAL_HOST_IDLE_ENV = "MNCLOUD_LOCAL_HOST_IDLE_S"
+"""Seconds a local `--cluster` run's warm hosts wait without a job before they exit, instead of
+`--idle-minutes` (tests use a few seconds)."""
 # Rank 0 of a training script may append one JSON line per step here ({"t", "step", ...}); the
 # local backend sets it and derives steps lost and time-to-resume from it.
 PROGRESS_FILE_ENV = "MNCLOUD_PROGRESS_FILE"

@@ -20,7 +20,7 @@ from typing import Any
 
 from mncloud import constants, layout
 from mncloud.backends.base import LaunchRequest, RunState, RunStatus
-from mncloud.backends.local import execute, figures, lifecycle
+from mncloud.backends.local import execute, figures, lifecycle, warm
 from mncloud.backends.local.processes import port_is_free
 from mncloud.backends.local.state import (
     LOG_MARKS,
@@ -96,7 +96,19 @@ def launch_record(request: LaunchRequest) -> LocalLaunch:
         hourly_price=opts.hourly_price or 0.0,
         recovery=spec.recovery.value,
         min_replicas=min_replicas(nodes),
+        idle_s=_idle_s(opts.idle_minutes) if opts.cluster else None,
     )
+
+
+def _idle_s(idle_minutes: int) -> float:
+    """A `--cluster` run's warm hosts' idle time (`constants.LOCAL_HOST_IDLE_ENV` overrides)."""
+    override = os.environ.get(constants.LOCAL_HOST_IDLE_ENV, "")
+    try:
+        return max(0.0, float(override)) if override else idle_minutes * 60.0
+    except ValueError:
+        raise BackendError(
+            f"{constants.LOCAL_HOST_IDLE_ENV}={override!r}: give a number of seconds"
+        ) from None
 
 
 def _node_view(folder: Path, state: LocalState) -> dict[str, Any]:
@@ -130,6 +142,7 @@ class LocalBackend:
                 detail=f"dry run: would start {nodes} local node(s) × {procs} process(es)",
             )  # fmt: skip
         folder = layout.run_dir(launch.name)
+        warm.stop_hosts(folder)  # an earlier --cluster run's hosts: the folder is rewritten
         lifecycle.prepare_run(folder, launch, request.task.yaml_text)
         lifecycle.start_supervised(folder)
         return self.status(launch.name)
@@ -160,12 +173,16 @@ class LocalBackend:
                     f"the supervisor stopped unexpectedly (see {folder / SUPERVISOR_LOG}); "
                     f"`mncloud down {run_name}` cleans up"
                 )
+        detail = state.detail
+        note = warm.idle_note(folder) if state.state.is_final else None
+        if note:
+            detail = f"{detail}; {note}" if detail else note
         return RunStatus(
             name=run_name, backend=self.name, state=state.state, nodes=state.num_nodes,
             cloud="local", instance_type=f"cpu:{state.procs_per_node}", spot=None,
             restarts=state.restarts, preemptions=state.preemptions,
             started_at=state.started_at, ended_at=state.ended_at, hourly_total=0.0,
-            ckpt_uri=state.ckpt_uri, detail=state.detail, **_node_view(folder, state),
+            ckpt_uri=state.ckpt_uri, detail=detail, **_node_view(folder, state),
         )  # fmt: skip
 
     def logs(
@@ -203,9 +220,10 @@ class LocalBackend:
         load_state(folder)  # RunNotFoundError for an unknown run
         lifecycle.stop_folder(folder / REFERENCE_DIR)
         report = lifecycle.stop_folder(folder, notice_s=notice_s, by=by)
+        hosts = warm.stop_hosts(folder)  # the local cluster itself
         status = self.status(run_name)
-        status.detail = f"{status.detail}; {report.describe()}" if status.detail else (
-            report.describe())  # fmt: skip
+        said = report.describe() + (f"; {hosts} warm host process(es) stopped" if hosts else "")
+        status.detail = f"{status.detail}; {said}" if status.detail else said
         if report.left:
             raise BackendError(f"mncloud down {run_name}: {report.describe()}")
         return status

@@ -5,7 +5,9 @@ under `nodes/`, the same rendezvous port), the logs appended to, no setup (it ra
 nodes came up). The supervisor starts afresh with a new token and task id; the script's
 `CheckpointManager.load()` resumes from the newest complete checkpoint unless the caller set
 the checkpoints aside first (`exec --restart`). Nodes whose preflight passed when they came up
-skip it (`constants.PREFLIGHT_PASSED_ENV`). Example:
+skip it (`constants.PREFLIGHT_PASSED_ENV`). On a `--cluster` run whose warm hosts still run
+(`warm.py`), every worker is forked from its node's host, torch already imported; when they are
+gone (idle time passed, `down`), the workers start cold and the run log says so. Example:
 
     mncloud up train.py --cloud local --nodes 2 --name dev     (fails on a typo at step 40)
     (fix the typo)
@@ -30,11 +32,13 @@ from mncloud.backends.local.state import (
     load_state,
     node_log,
 )
+from mncloud.backends.local.warm import HOSTS_FILE
 from mncloud.errors import BackendError, SpecError
 
-KEEP = ("nodes", RUN_LOG, LOG_MARKS)
+KEEP = ("nodes", RUN_LOG, LOG_MARKS, HOSTS_FILE)
 """What an exec keeps of the run folder besides what any launch keeps: the nodes' own
-folders and the logs (appended to, as a cluster's job logs accumulate)."""
+folders, the logs (appended to, as a cluster's job logs accumulate) and a `--cluster` run's
+warm hosts."""
 
 
 def exec_launch(request: LaunchRequest, fresh: LocalLaunch) -> LocalLaunch:

@@ -4,7 +4,7 @@
 (written only by the supervisor, atomically), `chaos.jsonl` (requests from `mncloud chaos`,
 appended), `progress.jsonl` (rank 0's steps, if the script writes them), `run.log`,
 `node-N.log`, `supervisor.log`, `lighthouse.log` (node recovery), `task.yaml`, `setup.sh`,
-`run.sh` and `nodes/node-N/`.
+`run.sh`, `hosts.json` (a `--cluster` run's warm hosts) and `nodes/node-N/`.
 """
 
 from __future__ import annotations
@@ -89,6 +89,9 @@ class LocalLaunch(RunShape):
     """`node`: a lost node is replaced alone (`replacing.py`); `gang`: all are relaunched."""
     min_replicas: int = 1
     """Node recovery: with fewer nodes alive, the whole gang is relaunched instead."""
+    idle_s: float | None = None
+    """`up --cluster`: warm node hosts (`warm.py`) that end after this long without a job;
+    None: cold workers only."""
 
 
 class NodeRecord(BaseModel):

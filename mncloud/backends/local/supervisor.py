@@ -46,7 +46,7 @@ from typing import Any
 
 from mncloud import constants
 from mncloud.backends.base import RunState
-from mncloud.backends.local import processes
+from mncloud.backends.local import processes, warm
 from mncloud.backends.local.chaos import preempt_node
 from mncloud.backends.local.ckptdir import CkptDirSync
 from mncloud.backends.local.metadata import MetadataServer
@@ -115,6 +115,7 @@ class Supervisor:
             else None
         )
         self._node_env: dict[str, str] = {}
+        self._hosts = warm.Hosts(folder, self.launch)  # `up --cluster`
 
     # ------------------------------------------------------------------ plumbing
     def _save(self) -> None:
@@ -150,6 +151,8 @@ class Supervisor:
         env = node_env(self.launch, self.folder, node, metadata_url=self._metadata.url(node),
                        setup=script == "setup.sh")  # fmt: skip
         env.update(self._node_env)
+        if script == "run.sh":  # a worker forked from the node's warm host, when it listens
+            env.update(self._hosts.env(node))
         proc = start_node(self.launch, self.folder, node, script, env)
         assert proc.stdout is not None
         self.logs.follow(node, proc.stdout, label)
@@ -167,6 +170,7 @@ class Supervisor:
 
     def _kill_all(self) -> None:
         processes.kill_tagged(self.launch.token)
+        self._hosts.wait_workers_gone()  # their clients died: the hosts kill them
         if self._replacer is not None:
             self._replacer.stop_lighthouse()
         for proc in self._procs.values():
@@ -208,6 +212,7 @@ class Supervisor:
         st.state = RunState.STARTING
         st.nodes = [NodeRecord(node=n) for n in range(self.launch.num_nodes)]
         self._save()
+        self._hosts.begin(self.logs.write)
         try:
             final = self._run()
         except Exception as err:  # anything unexpected: stop the nodes, say why
@@ -215,6 +220,8 @@ class Supervisor:
             self.event("failed", f"supervisor error: {type(err).__name__}: {err}")
         finally:
             self._kill_all()
+            if not self.stop.is_set():  # a run that ended before its first step
+                self._hosts.start(first_step=False)
             self._metadata.stop()
             if self._ckpt_dir is not None:
                 self._ckpt_dir.stop()
@@ -382,6 +389,7 @@ class Supervisor:
             if now - last_scan >= 1.0:
                 last_scan = now
                 self._refresh_pids()
+                self._hosts.start()  # once the first step is reported
                 processes.reap_orphans({p.pid for p in self._procs.values()})
 
     def _notify_stop(self) -> float | None:
@@ -478,6 +486,7 @@ class Supervisor:
         changed = False
         for record in self.state.nodes:
             pids = processes.tagged_pids(self.launch.token, record.node)
+            pids = sorted(pids + self._hosts.node_workers(record.node))  # forked by its host
             if pids != record.pids:
                 record.pids, changed = pids, True
         if changed:
