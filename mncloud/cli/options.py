@@ -327,7 +327,8 @@ Cluster = Annotated[
         "--cluster",
         rich_help_panel=ESSENTIALS,
         help="Keep a plain cluster up (on-demand unless --spot; no recovery) so `mncloud exec "
-        "NAME` reruns on it in seconds; it tears down after --idle-minutes without a job.",
+        "NAME` reruns on it in seconds; it tears down after --idle-minutes without a job. "
+        "Locally: each node keeps a warm Python (torch imported) for exec's workers.",
     ),
 ]
 IdleMinutes = Annotated[
