@@ -206,8 +206,8 @@ def test_a_local_run_preempted_once() -> None:
     ledger = goodput_ledger(record, run_telemetry(record))
     assert ledger.launches == 2
     last_before_kill = max(s for s, t in _steps_with_times("gp") if launches[0] <= t < launches[1])
-    # The ledger reads the telemetry segments, where a step is recorded at `maybe_save`, a
-    # moment before the example's progress line for it: the kill may land in between.
+    # The ledger reads every rank's telemetry segments, this count rank 0's: a rank whose
+    # last segment the kill cut short may differ from rank 0 by a step.
     assert last_before_kill - newest > 0
     assert ledger.parts["redone"].steps - (last_before_kill - newest) in (0, 1)
     assert ledger.parts["useful"].steps == 1500 and ledger.kept_step == 1500
@@ -232,8 +232,8 @@ def test_a_local_run_preempted_once() -> None:
 
 
 def _steps_with_times(name: str) -> list[tuple[int, float]]:
-    from mncloud.backends.local.state import is_step, read_jsonl
+    """Rank 0's steps with their times, from the run's telemetry segments."""
+    from mncloud.backends.local.figures import read_run_series
     from mncloud.layout import run_dir
 
-    return [(int(r["step"]), float(r["t"])) for r in read_jsonl(run_dir(name) / "progress.jsonl")
-            if is_step(r)]  # fmt: skip
+    return [(r.step, r.t) for r in read_run_series(run_dir(name)).steps if r.rank == 0]

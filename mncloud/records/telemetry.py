@@ -39,6 +39,7 @@ SUSTAINED_WINDOWS = 3
 #: Steps a window must have timed to count (the first windows include warm-up).
 MIN_SAMPLES = 10
 
+
 @dataclass(frozen=True)
 class RankSteps:
     """One rank's recent step-time windows (`from_series`)."""
