@@ -43,13 +43,17 @@ def project(requirements: bool) -> Path:
 
 
 def first_step_after(name: str, t0: float, timeout: float = 600) -> float:
-    """Seconds from `t0` to the first step rank 0 reported after it."""
-    from mncloud.backends.local.state import PROGRESS_FILE, is_step, read_jsonl
+    """Seconds from `t0` to the first step rank 0 reported after it (its telemetry)."""
+    from mncloud.backends.local.state import series_uri
     from mncloud.layout import run_dir
+    from mncloud.records.seriestail import SeriesTail
+
+    tails: dict[str, SeriesTail] = {}
 
     def found() -> float | None:
-        steps = [r for r in read_jsonl(run_dir(name) / PROGRESS_FILE) if is_step(r)]
-        times = [float(r["t"]) for r in steps if float(r["t"]) >= t0]
+        uri = series_uri(run_dir(name))
+        tail = tails.setdefault(uri, SeriesTail(uri)) if uri else None
+        times = [r.t for r in tail.read().steps if r.rank == 0 and r.t >= t0] if tail else []
         return min(times) - t0 if times else None
 
     return wait(found, timeout, f"the first step of {name}")
