@@ -105,12 +105,13 @@ def progress_of(folder: Path, label: str | None = None, *, summary: bool = False
 
 
 def read_run_series(folder: Path) -> Series:
-    """The run's telemetry (empty when it has none or its bucket cannot be read)."""
+    """The run's telemetry (empty when it has none or its bucket cannot be read), compacted
+    in its bucket as it is read (a local run writes a segment per rank every 0.5 s)."""
     uri = series_uri(folder)
     if uri is None:
         return Series()
     try:
-        return read_series(uri)
+        return read_series(uri, compact=True)
     except Exception:  # figures of what could be read: none
         return Series()
 

@@ -80,6 +80,7 @@ class NodeReplacer:
         self._joining: set[int] = set()
         self._news_uri = layout.series_uri(launch.ckpt_uri, run_id_of(launch))
         self._tail = SeriesTail(self._news_uri)
+        self._since = 0.0
 
     # ------------------------------------------------------------------ per attempt
     def start_attempt(self) -> dict[str, str]:
@@ -101,7 +102,8 @@ class NodeReplacer:
         self._joining.clear()
         self.state.quorum = []
         self._tail = SeriesTail(self._news_uri)
-        self._tail.read()  # news of earlier attempts: read and left
+        self._tail.skip()  # news of earlier attempts: left unread
+        self._since = time.time()
         return {constants.LIGHTHOUSE_ENV: self.lighthouse_url}
 
     def stop_lighthouse(self) -> None:
@@ -146,9 +148,9 @@ class NodeReplacer:
         last call; a node whose replacement steps is running."""
         news = self._tail.read()
         for e in news.events:
-            if e.node is not None:
+            if e.node is not None and e.t >= self._since:
                 self._news({"t": e.t, "event": e.event, **e.data, "node": e.node})
-        for node in {row.node for row in news.steps if row.node is not None}:
+        for node in {r.node for r in news.steps if r.node is not None and r.t >= self._since}:
             if 0 <= node < len(self.state.nodes) and self.state.nodes[node].status == "healing":
                 self.state.nodes[node].status = "running"  # stepping (no heal needed)
 
