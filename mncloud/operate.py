@@ -15,6 +15,7 @@ is one `UnreadableRun` row with the reason, never an error that hides the other 
 from __future__ import annotations
 
 import collections
+import contextlib
 import itertools
 import json
 from collections.abc import Iterator
@@ -336,8 +337,7 @@ def run_telemetry(
     """What `records.goodput` needs beyond the record: the steps from the run's telemetry
     segments (`series`, or read here; every backend), the newest complete checkpoint
     (`ckpt_step` when the caller read it already) and the final step. `bucket=False` reads no
-    bucket but a local run's `file://` one (its folder's checkpoints, while it holds this
-    run); such a run's steps are known (none yet) even before its first segment."""
+    bucket but a local run's `file://` one (while its folder holds this run)."""
     from mncloud.backends.local.state import load_state
     from mncloud.records.goodput import Telemetry
 
@@ -345,7 +345,7 @@ def run_telemetry(
     steps: list[StepMark] | None = None
     uri = record.ckpt_uri
     if record.backend == "local" and _local_run_id(folder) == record.run_id:
-        steps = []
+        steps = _legacy_step_marks(folder)
         try:
             uri = uri or load_state(folder).ckpt_uri
         except (MncloudError, *_FILE_ERRORS):
@@ -440,6 +440,21 @@ def _series_marks(series: Series) -> list[StepMark]:
     from mncloud.records.goodput import StepMark
 
     return [StepMark(t=r.t, step=r.step, ckpt_s=r.ckpt_s) for r in series.steps]
+
+
+def _legacy_step_marks(folder: Path) -> list[StepMark]:
+    """A local run's steps from before the telemetry segments (rank 0's `progress.jsonl`)."""
+    from pydantic import ValidationError
+
+    from mncloud.backends.local.state import read_jsonl
+    from mncloud.records.goodput import StepMark
+
+    marks = []
+    for line in read_jsonl(folder / "progress.jsonl"):
+        if isinstance(line, dict) and "step" in line and "event" not in line:
+            with contextlib.suppress(ValidationError):
+                marks.append(StepMark.model_validate(line))
+    return marks
 
 
 def _local_run_id(folder: Path) -> str | None:

@@ -4,6 +4,7 @@ real local 2-node run preempted once, read back through `runs cost --breakdown -
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -157,6 +158,28 @@ def test_a_running_run_and_a_cloud_run_without_step_telemetry() -> None:
     assert set(cloud.unmeasured) == {"useful", "redone", "unsaved", "recovery",
                                      "checkpoint_stall", "idle"}  # fmt: skip
     assert set(cloud.parts) == set(PARTS)
+
+
+def test_an_old_local_run_folder_with_only_progress_lines(tmp_path: Path) -> None:
+    """A local run from before the telemetry segments kept its steps in the run folder's
+    `progress.jsonl` (rank 0's lines): the ledger still reads them; a torn line is skipped."""
+    from mncloud import layout
+    from mncloud.backends.local.state import LocalLaunch, save_launch
+    from mncloud.operate import run_telemetry
+
+    record = _record(1, ("launch", 0.0))
+    folder = layout.run_dir(record.name)
+    folder.mkdir(parents=True)
+    save_launch(folder, LocalLaunch(
+        name=record.name, token="t", task_id="x", num_nodes=1, procs_per_node=1,
+        master_port=1, ckpt_uri=f"file://{tmp_path / 'ckpt'}", run_id=record.run_id,
+        workdir=str(tmp_path), run="true",
+    ))  # fmt: skip
+    lines = [{"t": 1.0, "event": "start", "resumed_from": 0}, {"t": 2.0, "step": 1, "loss": 1.0}]
+    body = "".join(json.dumps(r) + "\n" for r in [*lines, {"t": 3.0, "step": 2}])
+    (folder / "progress.jsonl").write_text(body + '{"t": 4.0, "st')
+    telemetry = run_telemetry(record, bucket=False)
+    assert telemetry.steps is not None and [m.step for m in telemetry.steps] == [1, 2]
 
 
 def test_breakdown_needs_a_known_run() -> None:
