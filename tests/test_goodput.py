@@ -229,10 +229,9 @@ def test_a_local_run_preempted_once() -> None:
     ledger = goodput_ledger(record, run_telemetry(record))
     assert ledger.launches == 2
     last_before_kill = max(s for s, t in _steps_with_times("gp") if launches[0] <= t < launches[1])
-    # The ledger reads every rank's telemetry segments, this count rank 0's: a rank whose
-    # last segment the kill cut short may differ from rank 0 by a step.
-    assert last_before_kill - newest > 0
-    assert ledger.parts["redone"].steps - (last_before_kill - newest) in (0, 1)
+    # The ledger reads the same segments: what the kill's lost last segments held (at most
+    # one local segment interval of steps) is neither here nor there.
+    assert ledger.parts["redone"].steps == max(0, last_before_kill - newest)
     assert ledger.parts["useful"].steps == 1500 and ledger.kept_step == 1500
     _adds_up(ledger)
     assert ledger.goodput is not None and 0 < ledger.goodput < 1
@@ -255,8 +254,8 @@ def test_a_local_run_preempted_once() -> None:
 
 
 def _steps_with_times(name: str) -> list[tuple[int, float]]:
-    """Rank 0's steps with their times, from the run's telemetry segments."""
+    """Every rank's steps with their times, from the run's telemetry segments."""
     from mncloud.backends.local.figures import read_run_series
     from mncloud.layout import run_dir
 
-    return [(r.step, r.t) for r in read_run_series(run_dir(name)).steps if r.rank == 0]
+    return [(r.step, r.t) for r in read_run_series(run_dir(name)).steps]
