@@ -22,8 +22,8 @@ replacement. Reading lists every segment, skips a torn or malformed one (counted
 `Series.skipped`) and merges them into one `Series`: steps with their times per rank and
 launch, the metrics over steps, the events, and each launch's first step. A live reader
 polls with `SeriesTail` (`records.seriestail`), which fetches only the segments it has not
-read. Training never waits on it: a
-record is a list append; the bucket is written off the training thread and its errors logged.
+read. Training never waits on it: a record is a list append; the bucket is written off the
+training thread and its errors logged.
 """
 
 from __future__ import annotations
@@ -388,7 +388,8 @@ def read_series(uri: str, *, compact: bool = False) -> Series:
             log.warning("telemetry segment %s skipped: %s", key, err)
             series.skipped += 1
     series.steps = _merged(series.steps)
-    series.events.sort(key=lambda e: e.t)
+    once = {(e.launch, e.rank, e.t, e.event): e for e in series.events}  # compactions overlap
+    series.events = sorted(once.values(), key=lambda e: e.t)
     for points in series.metrics.values():
         points.sort(key=lambda p: p.t)
     if compact and len(good) >= COMPACT_AT:
