@@ -69,7 +69,9 @@ def read_steps(series_uri: str) -> dict[int, RankSteps]:
 
 def from_series(series: Series, window: int = 50) -> dict[int, RankSteps]:
     """Each rank's step-time windows from its telemetry segments: its newest launch's steps
-    cut into windows of `window` steps, the last `SUSTAINED_WINDOWS` kept."""
+    cut into windows of `window` steps, the last `SUSTAINED_WINDOWS` kept; its newest seconds
+    per step is the mean over its last `window` steps (as `mncloud.train.StepTimer` keeps it),
+    never a last window of a step or two."""
     rows: dict[int, list[StepRow]] = {}
     for row in series.steps:
         rows.setdefault(row.rank, []).append(row)
@@ -84,8 +86,10 @@ def from_series(series: Series, window: int = 50) -> dict[int, RankSteps]:
             steps = sum(n for _, n in chunk)
             windows.append((sum(t for t, _ in chunk) / steps, steps))
         if windows:
+            recent = gaps[-window:]
+            mean = sum(t for t, _ in recent) / sum(n for _, n in recent)
             found[rank] = RankSteps(
-                rank, windows[-1][0], newest[-1].step, tuple(windows[-SUSTAINED_WINDOWS:])
+                rank, mean, newest[-1].step, tuple(windows[-SUSTAINED_WINDOWS:])
             )
     return found
 
