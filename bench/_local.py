@@ -1,4 +1,5 @@
-"""What the local-backend benchmarks share: the example, the CLI, waiting on run state."""
+"""What the local-backend benchmarks share: the example, the CLI, waiting on run state, the
+run's telemetry as lines."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -42,3 +43,14 @@ def fresh_home() -> Path:
     if shared.is_dir():
         os.environ.setdefault("MNCLOUD_CATALOG_DIR", str(shared))
     return home
+
+
+def progress_lines(folder: Path) -> list[dict[str, Any]]:
+    """A local run's telemetry as lines in time order: rank 0's steps `{"t", "step", "node"}`
+    (of each node under node recovery) and every event `{"t", "event", "node", …}`."""
+    from mncloud.backends.local.figures import read_run_series
+
+    series = read_run_series(folder)
+    lines = [{"t": r.t, "step": r.step, "node": r.node or 0} for r in series.steps if r.rank == 0]
+    lines += [{**e.data, "t": e.t, "event": e.event, "node": e.node or 0} for e in series.events]
+    return sorted(lines, key=lambda r: r["t"])

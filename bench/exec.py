@@ -8,7 +8,7 @@ that fixes a typo and runs again has one. Each round:
 
 - fresh: `mncloud up train.py --cloud local --nodes N --gpus cpu:2 --cluster --requirements
   requirements.txt --detach -- --steps 60`, from the command's start to the first training
-  step rank 0 reports (progress.jsonl): CLI, render, run record, supervisor, setup (pip on
+  step rank 0 reports (its telemetry segments): CLI, render, run record, supervisor, setup (pip on
   every node, one after the other, as the local nodes share a folder) while the nodes' warm
   hosts start, the preflight, torchrun, the script's imports (in workers forked from a host
   where it is ready, cold where not), rendezvous, the first step;
@@ -48,13 +48,17 @@ def project(requirements: bool) -> Path:
 
 
 def first_step_after(name: str, t0: float, timeout: float = 600) -> float:
-    """Seconds from `t0` to the first step rank 0 reported after it."""
-    from mncloud.backends.local.state import PROGRESS_FILE, is_step, read_jsonl
+    """Seconds from `t0` to the first step rank 0 reported after it (its telemetry)."""
+    from mncloud.backends.local.state import series_uri
     from mncloud.layout import run_dir
+    from mncloud.records.seriestail import SeriesTail
+
+    tails: dict[str, SeriesTail] = {}
 
     def found() -> float | None:
-        steps = [r for r in read_jsonl(run_dir(name) / PROGRESS_FILE) if is_step(r)]
-        times = [float(r["t"]) for r in steps if float(r["t"]) >= t0]
+        uri = series_uri(run_dir(name))
+        tail = tails.setdefault(uri, SeriesTail(uri)) if uri else None
+        times = [r.t for r in tail.read().steps if r.rank == 0 and r.t >= t0] if tail else []
         return min(times) - t0 if times else None
 
     return wait(found, timeout, f"the first step of {name}")

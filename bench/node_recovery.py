@@ -39,7 +39,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from _local import EXAMPLE, fresh_home, mncloud, wait
+from _local import EXAMPLE, fresh_home, mncloud, progress_lines, wait
 
 INTERVAL, KILLS = 100, ((0.15, 1), (0.40, 2), (0.65, 1))
 
@@ -55,13 +55,11 @@ def launch(
 
 
 def _progress(folder: Path) -> list[dict[str, Any]]:
-    from mncloud.backends.local.state import PROGRESS_FILE, read_jsonl
-
-    return read_jsonl(folder / PROGRESS_FILE)
+    return progress_lines(folder)
 
 
 def _steps(folder: Path, after: float = 0.0) -> list[dict[str, Any]]:
-    return [r for r in _progress(folder) if "loss" in r and r["t"] > after]
+    return [r for r in _progress(folder) if "event" not in r and r["t"] > after]
 
 
 def _events(folder: Path, kind: str, after: float) -> list[Any]:
@@ -118,7 +116,9 @@ def _step_s(lines: list[dict[str, Any]]) -> float:
 
 def _figures(folder: Path, kills: list[float], back: list[float], steps: int, nodes: int) -> dict:
     lines = _steps(folder)
-    node_mode = any("node" in r for r in lines)
+    from mncloud.backends.local.state import load_launch
+
+    node_mode = load_launch(folder).recovery == "node"
     if node_mode:
         trained = sum(len({r["step"] for r in lines if r["node"] == n}) for n in range(nodes))
         retries = [r for r in _progress(folder) if r.get("event") == "retry" and r["t"] > kills[0]]

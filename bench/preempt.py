@@ -13,8 +13,9 @@ Launches `examples/train_ddp.py` twice with `mncloud up --cloud local --nodes 2 
   next step boundary, save it, exit 115; the node would be killed at the deadline.
 
 Steps lost = steps trained before a preemption and trained again after it (from rank 0's
-progress lines). It also checks that both runs end with the same final weights (sha256 in
-final.json), so both recoveries are correct, and reports the preemptions that needed the kill.
+steps in the run's telemetry). It also checks that both runs end with the same final weights
+(sha256 in final.json), so both recoveries are correct, and reports the preemptions that
+needed the kill.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import json
 import random
 from typing import Any
 
-from _local import EXAMPLE, fresh_home, mncloud, wait
+from _local import EXAMPLE, fresh_home, mncloud, progress_lines, wait
 
 STEPS, INTERVAL = 600, 50
 
@@ -33,7 +34,7 @@ def run(
     name: str, preemptions: int, notice: str | None, protocol: str, rng: random.Random
 ) -> dict[str, Any]:
     from mncloud.backends.local.figures import read_final, recovery_figures
-    from mncloud.backends.local.state import load_state, read_jsonl
+    from mncloud.backends.local.state import load_state
     from mncloud.layout import run_dir
 
     mncloud("up", str(EXAMPLE), "--cloud", "local", "--nodes", "2", "--gpus", "cpu:2",
@@ -46,8 +47,8 @@ def run(
         launched = [e.t for e in load_state(folder).events if e.kind == "launch"][-1]
 
         def steps(t0: float = launched) -> list[int]:
-            recs = read_jsonl(folder / "progress.jsonl")
-            return [r["step"] for r in recs if "step" in r and "event" not in r and r["t"] >= t0]
+            recs = progress_lines(folder)
+            return [r["step"] for r in recs if "event" not in r and r["t"] >= t0]
 
         offset = rng.randrange(10, 90)
         wait(lambda o=offset: len(steps()) >= o, 300, f"{offset} steps in attempt {attempt}")
@@ -58,9 +59,7 @@ def run(
              300, "the relaunch")  # fmt: skip
     state = wait(lambda: (s := load_state(folder)).state.is_final and s, 900, f"{name} to end")
     fig = recovery_figures(folder)
-    progress = [
-        r for r in read_jsonl(folder / "progress.jsonl") if "step" in r and "event" not in r
-    ]
+    progress = [r for r in progress_lines(folder) if "event" not in r]
     chaos = [e.t for e in state.events if e.kind == ("chaos-notice" if notice else "chaos-preempt")]
     # The step rank 0 had finished when the notice (or the kill) landed.
     at_steps = [max((r["step"] for r in progress if r["t"] <= t), default=0) for t in chaos]

@@ -5,8 +5,8 @@
 Launches `examples/train_ddp.py` with `mncloud up --cloud local --nodes 2 --gpus cpu:2
 --detach` (1000 steps, checkpoint every 50) and preempts it (SIGKILL of a whole node, like a
 spot VM vanishing) once per attempt, ~60 steps into it: node 1, then node 0 (the rendezvous
-host), then node 1 while it writes a checkpoint. From the run's events and rank 0's progress
-lines it reports:
+host), then node 1 while it writes a checkpoint. From the run's events and rank 0's telemetry
+it reports:
 
 - cold start: first launch of the nodes → first finished training step;
 - resume: preemption → first finished step after the relaunch (includes `--recovery-delay`,
@@ -24,7 +24,7 @@ import argparse
 import json
 from pathlib import Path
 
-from _local import EXAMPLE, fresh_home, mncloud, wait
+from _local import EXAMPLE, fresh_home, mncloud, progress_lines, wait
 
 STEPS, INTERVAL = 1000, 50
 
@@ -98,7 +98,7 @@ def main() -> None:
 def _preempt(folder: Path, preemptions: int) -> list[dict]:
     """Kill a node ~60 steps into each attempt: node 1, node 0, node 1 during a save, …"""
     from mncloud.backends.local.chaos import preempt_node
-    from mncloud.backends.local.state import load_state, read_jsonl
+    from mncloud.backends.local.state import load_state
 
     plan = [(1, False), (0, False), (1, True)]
     kills = []
@@ -109,8 +109,8 @@ def _preempt(folder: Path, preemptions: int) -> list[dict]:
         launched = [e.t for e in load_state(folder).events if e.kind == "launch"][-1]
 
         def steps(t0: float = launched) -> list[int]:
-            recs = read_jsonl(folder / "progress.jsonl")
-            return [r["step"] for r in recs if "step" in r and "event" not in r and r["t"] >= t0]
+            recs = progress_lines(folder)
+            return [r["step"] for r in recs if "event" not in r and r["t"] >= t0]
 
         wait(lambda: len(steps()) >= 60, 300, f"60 steps in attempt {attempt}")
         kills.append(preempt_node(folder, node, by="bench", during_save=during_save))

@@ -17,7 +17,7 @@ injected one after the other, each drawn at random (seeded; every kind at least 
     down-resume       `mncloud down` (a notice: every rank saves), then `mncloud up --resume`
 
 Each fault is injected once the run trains again after the previous one and has trained
-21–40 more steps (read from the run's own state and progress files; every wait is bounded).
+21–40 more steps (read from the run's own state and telemetry; every wait is bounded).
 Goals: the run SUCCEEDS; its final weights equal the reference's (sha256 in final.json);
 0 failed checkpoint loads; 0 checkpoints lost; 0 processes left. Definitions:
 
@@ -122,7 +122,9 @@ class Run:
         self.segments: list[Path] = []
         self.tokens: set[str] = set()
         self.controller_pids: set[int] = set()
-        self._ino, self._offset, self._lines = 0, 0, []
+        self._uri: str | None = None
+        self._tail: Any = None
+        self._lines: list[dict[str, Any]] = []
 
     def up(self, *extra: str) -> None:
         cli("up", str(EXAMPLE), "--name", self.name, *NODES, *extra, *self.args)
@@ -150,23 +152,20 @@ class Run:
             self.controller_pids |= {p for p in (st.pid, st.keeper_pid) if p}
 
     def progress(self) -> list[dict[str, Any]]:
-        """Rank 0's progress lines, read on from where the last call stopped (the file grows
-        to thousands of lines; a relaunch after `down` starts a new one)."""
-        path = self.folder / "progress.jsonl"
-        try:
-            st = path.stat()
-        except FileNotFoundError:
+        """Rank 0's steps and every event of the run's telemetry as lines, read on from where
+        the last call stopped (thousands of steps; a relaunch after `down` is a new run id,
+        a new series)."""
+        from mncloud.backends.local.state import series_uri
+        from mncloud.records.seriestail import SeriesTail
+
+        uri = series_uri(self.folder)
+        if uri is None:
             return []
-        if st.st_ino != self._ino or st.st_size < self._offset:
-            self._ino, self._offset, self._lines = st.st_ino, 0, []
-        with open(path, "rb") as f:
-            f.seek(self._offset)
-            chunk = f.read()
-        end = chunk.rfind(b"\n") + 1  # a torn last line waits for the next call
-        self._offset += end
-        for line in chunk[:end].decode(errors="replace").splitlines():
-            with contextlib.suppress(ValueError):
-                self._lines.append(json.loads(line))
+        if uri != self._uri:
+            self._uri, self._tail, self._lines = uri, SeriesTail(uri), []
+        new = self._tail.read()
+        self._lines += [{"t": r.t, "step": r.step} for r in new.steps if r.rank == 0 and not r.node]
+        self._lines += [{**e.data, "t": e.t, "event": e.event} for e in new.events]
         return self._lines
 
     def steps_after(self, t0: float) -> list[int]:
@@ -185,12 +184,15 @@ class Run:
         return good[0] if good else None
 
     def keep_segment(self) -> None:
-        """Copy the run folder's state, progress and logs aside (a relaunch wipes them)."""
+        """Copy the run folder's state and logs aside (a relaunch wipes them), with its
+        telemetry's lines as `progress.jsonl`."""
         dest = self.archive / f"segment-{len(self.segments)}"
         dest.mkdir(parents=True, exist_ok=True)
         for f in self.folder.glob("*"):
             if f.is_file() and f.suffix in (".json", ".jsonl", ".log"):
                 shutil.copy2(f, dest / f.name)
+        lines = "".join(json.dumps(r) + "\n" for r in self.progress())
+        (dest / "progress.jsonl").write_text(lines)
         self.segments.append(dest)
 
     def down_resume(self) -> None:
@@ -201,7 +203,6 @@ class Run:
         self.keep_segment()
         self.up("--resume", *self.deadline())
         self._wait_launch(old)
-        self._ino = -1  # a new progress file (it may reuse the old one's inode)
 
 
 def inject(run: Run, fault: dict[str, Any]) -> dict[str, Any]:

@@ -13,8 +13,8 @@ For two sizes of `examples/train_ddp.py` (`--hidden 256` and `--hidden 1024`) it
    model (`plan.stepmodel.step_time`), the "GPU" being this CPU shared by every process
    (peak = the profile's one-thread matmul rate × cores ÷ processes, at most 1×;
    efficiency = what the profile measured);
-4. measures it: `mncloud up --cloud local`, the median interval between rank 0's per-step
-   progress lines after 20 steps of warm-up;
+4. measures it: `mncloud up --cloud local`, the median interval between rank 0's steps in
+   its telemetry after 20 steps of warm-up;
 
 and prints predicted / measured per case. The model is the planner's; only the hardware row
 (this CPU, loopback) is made here. A ratio near 1 says the model's parts (compute scaled by
@@ -34,7 +34,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._local import EXAMPLE, fresh_home
+from bench._local import EXAMPLE, fresh_home, progress_lines
 
 SIZES = (256, 1024)
 NODES = (1, 2, 3)
@@ -124,11 +124,10 @@ def predict(profile: Any, nodes: int, busbw: float) -> dict[str, float]:
 
 
 def measure(hidden: int, nodes: int) -> float:
-    """Median seconds per step of a local run, from rank 0's per-step progress lines (the
+    """Median seconds per step of a local run, from rank 0's steps in its telemetry (the
     first `WARMUP` steps left out)."""
     import statistics
 
-    from mncloud.backends.local.state import read_jsonl
     from mncloud.layout import run_dir
 
     exe = Path(sys.executable).parent / "mncloud"
@@ -140,7 +139,7 @@ def measure(hidden: int, nodes: int) -> float:
          "--log-every", "100000"],
         check=True, capture_output=True, text=True,
     )  # fmt: skip
-    times = [r["t"] for r in read_jsonl(run_dir(name) / "progress.jsonl") if "loss" in r]
+    times = [r["t"] for r in progress_lines(run_dir(name)) if "event" not in r]
     return statistics.median(b - a for a, b in itertools.pairwise(times[WARMUP:]))
 
 

@@ -12,9 +12,9 @@ the same bits as those of a run that never stopped.
 
 A `Progress` reports each step to mncloud: its loss and checkpoint stall go to the run's
 telemetry in the bucket on every backend (`mncloud.train.report`: `mncloud metrics`, the web
-view's loss curve, the goodput ledger), locally also a line (how many steps a preemption cost,
-how long the resume took); at the end, `final.json` (steps, final loss, sha256 of the final
-weights) beside the checkpoints.
+view's loss curve, the goodput ledger) with its start and end events (a local run's summary
+reads how many steps a preemption cost and how long the resume took off them); at the end,
+`final.json` (steps, final loss, sha256 of the final weights) beside the checkpoints.
 """
 
 from __future__ import annotations

@@ -69,9 +69,6 @@ LOCAL_NODE_TAG_ENV = "MNCLOUD_LOCAL_NODE"
 LOCAL_HOST_IDLE_ENV = "MNCLOUD_LOCAL_HOST_IDLE_S"
 """Seconds a local `--cluster` run's warm hosts wait without a job before they exit, instead of
 `--idle-minutes` (tests use a few seconds)."""
-# Rank 0 of a training script may append one JSON line per step here ({"t", "step", ...}); the
-# local backend sets it and derives steps lost and time-to-resume from it.
-PROGRESS_FILE_ENV = "MNCLOUD_PROGRESS_FILE"
 
 # `mncloud profile` (mncloud/train/profiler.py): where the script's profile is written, and
 # whether it runs under FakeTensorMode (`--meta`: shapes only, no memory).
@@ -80,7 +77,8 @@ PROFILE_META_ENV = "MNCLOUD_PROFILE_META"
 
 # The run id (lineage record) every node gets; see mncloud/records/.
 RUN_ID_ENV = "MNCLOUD_RUN_ID"
-# Seconds between a rank's telemetry segment writes (mncloud/records/series.py; default 30).
+# Seconds between a rank's telemetry segment writes (mncloud/records/series.py; default 30, a
+# local run's nodes 0.5: its figures count the steps a SIGKILLed rank reported).
 TELEMETRY_INTERVAL_ENV = "MNCLOUD_TELEMETRY_INTERVAL_S"
 # The deadline controller's state in the bucket, in its own SkyPilot task's envs
 # (templates/control.yaml.j2): the identity of a run's controller job, whatever its name.

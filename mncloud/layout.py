@@ -13,7 +13,7 @@ One owner for each location, so two modules can never disagree on where a thing 
       sky-cache/                what plan and render read from SkyPilot, cached (skycache.py)
     <bucket>/<name>                       MNCLOUD_CKPT_URI: the run's checkpoints
     <bucket>/<name>/runs/<run-id>         the bucket copy of a run record
-    <bucket>/<name>/runs/<run-id>/steps   per-rank step-time telemetry
+    <bucket>/<name>/runs/<run-id>/series  the ranks' telemetry segments (steps, metrics, events)
     <bucket>/<name>/ckpt-dir              what a script saves in its `--ckpt-dir` folder
     <bucket>/<name>/control/state.json    the deadline controller's state (cloud runs)
     <bucket>/<name>/export                `up --export-on-finish`: the exported model
@@ -35,7 +35,6 @@ RERUNS_DIR = "reruns"
 SKY_RUNTIME_DIR = "sky-runtime"
 SKY_CACHE_DIR = "sky-cache"
 PROFILES_DIR = "profiles"
-STEPS_DIR = "steps"
 #: Under a run's record prefix: the ranks' telemetry segments (`records.series`).
 SERIES_DIR = "series"
 LOCAL_CKPT_DIR = "checkpoints"
@@ -130,11 +129,6 @@ def ckpt_uri(bucket: object, run_name: str) -> str:
 def record_uri(ckpt_uri: str, run_id: str) -> str:
     """`<ckpt uri>/runs/<run-id>`: the bucket copy of a run record."""
     return join_uri(ckpt_uri, RUNS_DIR, run_id)
-
-
-def steps_uri(ckpt_uri: str, run_id: str) -> str:
-    """`<ckpt uri>/runs/<run-id>/steps`: where ranks publish their step times."""
-    return join_uri(record_uri(ckpt_uri, run_id), STEPS_DIR)
 
 
 def series_uri(ckpt_uri: str, run_id: str) -> str:

@@ -15,6 +15,7 @@ is one `UnreadableRun` row with the reason, never an error that hides the other 
 from __future__ import annotations
 
 import collections
+import contextlib
 import itertools
 import json
 from collections.abc import Iterator
@@ -334,21 +335,23 @@ def run_telemetry(
     series: Series | None = None,
 ) -> Telemetry:
     """What `records.goodput` needs beyond the record: the steps from the run's telemetry
-    segments (`series`, or read here; every backend) or else a local run's step lines (from
-    its folder, while it still holds this run), the newest complete checkpoint (`ckpt_step`
-    when the caller read it already) and the final step; `bucket=False` reads no bucket."""
+    segments (`series`, or read here; every backend), the newest complete checkpoint
+    (`ckpt_step` when the caller read it already) and the final step. `bucket=False` reads no
+    bucket but a local run's `file://` one (while its folder holds this run)."""
     from mncloud.backends.local.state import load_state
     from mncloud.records.goodput import Telemetry
 
     folder = layout.run_dir(record.name)
-    steps, uri = None, record.ckpt_uri
+    steps: list[StepMark] | None = None
+    uri = record.ckpt_uri
     if record.backend == "local" and _local_run_id(folder) == record.run_id:
-        steps = _step_marks(folder)
+        steps = _legacy_step_marks(folder)
         try:
             uri = uri or load_state(folder).ckpt_uri
         except (MncloudError, *_FILE_ERRORS):
             pass
-    if series is None and uri is not None and bucket:
+    on_disk = steps is not None and uri is not None and uri.startswith("file://")
+    if series is None and uri is not None and (bucket or on_disk):
         series = run_series(record, uri)
     if series is not None and series.steps:
         steps = _series_marks(series)
@@ -439,20 +442,18 @@ def _series_marks(series: Series) -> list[StepMark]:
     return [StepMark(t=r.t, step=r.step, ckpt_s=r.ckpt_s) for r in series.steps]
 
 
-def _step_marks(folder: Path) -> list[StepMark]:
-    """A local run's finished steps from its progress lines (a malformed line is skipped)."""
+def _legacy_step_marks(folder: Path) -> list[StepMark]:
+    """A local run's steps from before the telemetry segments (rank 0's `progress.jsonl`)."""
     from pydantic import ValidationError
 
-    from mncloud.backends.local.state import PROGRESS_FILE, is_step, read_jsonl
+    from mncloud.backends.local.state import read_jsonl
     from mncloud.records.goodput import StepMark
 
     marks = []
-    for line in read_jsonl(folder / PROGRESS_FILE):
-        if isinstance(line, dict) and is_step(line):
-            try:
+    for line in read_jsonl(folder / "progress.jsonl"):
+        if isinstance(line, dict) and "step" in line and "event" not in line:
+            with contextlib.suppress(ValidationError):
                 marks.append(StepMark.model_validate(line))
-            except ValidationError:
-                continue
     return marks
 
 

@@ -1,7 +1,7 @@
 """The local backend end to end: real supervisor, real torchrun, real SIGKILLs.
 
 The slow tests launch runs with `mncloud up --detach` and wait on the run's own state and
-progress files (bounded polls, no sleeps standing in for events).
+telemetry (bounded polls, no sleeps standing in for events).
 """
 
 from __future__ import annotations
@@ -24,11 +24,12 @@ from typer.testing import CliRunner
 from mncloud import constants
 from mncloud.backends.base import RunState
 from mncloud.backends.local.backend import tail_lines
-from mncloud.backends.local.figures import read_final, recovery_figures
+from mncloud.backends.local.figures import read_final, read_run_series, recovery_figures
 from mncloud.backends.local.processes import kill_tagged, pid_alive, tagged_pids
-from mncloud.backends.local.state import LocalState, load_state, read_jsonl
+from mncloud.backends.local.state import LocalState, load_state
 from mncloud.cli import app
 from mncloud.layout import run_dir
+from mncloud.records.series import Series, SeriesWriter
 
 pytestmark = pytest.mark.catalog
 runner = CliRunner()
@@ -75,9 +76,14 @@ def wait_final(name: str, timeout: float = 240) -> LocalState:
     return state
 
 
+def run_series(name: str) -> Series:
+    """The run's telemetry segments, as its figures read them."""
+    return read_run_series(run_dir(name))
+
+
 def steps_since(name: str, t0: float) -> list[int]:
-    records = read_jsonl(run_dir(name) / "progress.jsonl")
-    return [r["step"] for r in records if "step" in r and "event" not in r and r["t"] >= t0]
+    """Rank 0's steps since `t0`."""
+    return [r.step for r in run_series(name).steps if r.rank == 0 and r.t >= t0]
 
 
 def run_log(name: str) -> str:
@@ -118,7 +124,27 @@ def test_kill_tagged_finds_processes_in_their_own_sessions(tmp_path: Path) -> No
             os.killpg(proc.pid, signal.SIGKILL)
 
 
-def test_recovery_figures_from_events_and_progress(tmp_path: Path) -> None:
+def write_attempts(folder: Path, attempts: list[list[dict[str, Any]]]) -> None:
+    """A local run folder's launch.json and, per attempt, rank 0's telemetry: a line with
+    `event` is an event, any other a step."""
+    from mncloud.backends.local.state import LocalLaunch, save_launch, series_uri
+
+    launch = LocalLaunch(
+        name="r", token="t", task_id="x", num_nodes=2, procs_per_node=1, master_port=1,
+        ckpt_uri=f"file://{folder.parent / 'ckpt'}", workdir=str(folder), run="true",
+    )  # fmt: skip
+    save_launch(folder, launch)
+    uri = series_uri(folder)
+    assert uri is not None
+    for k, lines in enumerate(attempts):
+        writer = SeriesWriter(uri, 0, node=0, background=False)
+        writer.launch = f"attempt-{k}"
+        for line in lines:
+            writer.add({"k": "event" if "event" in line else "step", **line})
+        assert writer.flush()
+
+
+def test_recovery_figures_from_events_and_telemetry(tmp_path: Path) -> None:
     from mncloud.backends.local.state import Event, save_state
 
     folder = tmp_path / "run"
@@ -135,11 +161,11 @@ def test_recovery_figures_from_events_and_progress(tmp_path: Path) -> None:
         ],
     )  # fmt: skip
     save_state(folder, state)
-    lines = [{"t": 110.0, "event": "start", "resumed_from": 0}]
-    lines += [{"t": 111.0 + s, "step": s} for s in range(1, 15)]  # steps 1..14 before the kill
-    lines += [{"t": 143.0, "event": "start", "resumed_from": 10}]
-    lines += [{"t": 144.0 + s, "step": 10 + s} for s in range(1, 11)]
-    (folder / "progress.jsonl").write_text("\n".join(json.dumps(r) for r in lines) + "\n")
+    first = [{"t": 110.0, "event": "start", "resumed_from": 0}]
+    first += [{"t": 111.0 + s, "step": s} for s in range(1, 15)]  # steps 1..14 before the kill
+    second = [{"t": 143.0, "event": "start", "resumed_from": 10}]
+    second += [{"t": 144.0 + s, "step": 10 + s} for s in range(1, 11)]
+    write_attempts(folder, [first, second])
     fig = recovery_figures(folder)
     assert fig.attempts == 2 and fig.resumed_from == [0, 10]
     assert fig.steps_lost == 4 and fig.lost_per_recovery == [4]
@@ -333,8 +359,7 @@ def test_down_leaves_no_process_behind(tmp_path: Path) -> None:
 
 
 def _start_event(name: str) -> dict[str, Any]:
-    records = read_jsonl(run_dir(name) / "progress.jsonl")
-    return next(r for r in records if r.get("event") == "start")
+    return next(e.data for e in run_series(name).events if e.event == "start")
 
 
 @pytest.mark.slow

@@ -18,9 +18,11 @@ import pytest
 from mncloud import constants
 from mncloud.backends.base import RunState
 from mncloud.backends.local.replacing import NodeReplacer
-from mncloud.backends.local.state import LocalLaunch, LocalState, NodeRecord, read_jsonl
+from mncloud.backends.local.state import LocalLaunch, LocalState, NodeRecord, series_uri
 from mncloud.errors import SpecError
 from mncloud.layout import run_dir
+from mncloud.records.series import Series
+from mncloud.records.seriestail import SeriesTail
 from mncloud.records.store import load_current
 from mncloud.request import build_spec
 from mncloud.spec import Recovery, min_replicas
@@ -35,16 +37,32 @@ SLOW_NODES = [*NODES[:-1], "8s"]
 TRAIN = ["--steps", "2500", "--ckpt-interval", "50", "--log-every", "500"]
 
 
-def progress(name: str) -> list[dict[str, Any]]:
-    return read_jsonl(run_dir(name) / "progress.jsonl")
+_read: dict[str, tuple[SeriesTail, Series]] = {}
+
+
+def telemetry(name: str) -> Series:
+    """Everything the run's ranks wrote to its telemetry segments so far (read incrementally:
+    the tests poll it every few milliseconds)."""
+    uri = series_uri(run_dir(name))
+    assert uri is not None
+    tail, seen = _read.setdefault(uri, (SeriesTail(uri), Series()))
+    new = tail.read()
+    seen.steps += new.steps
+    seen.events += new.events
+    return seen
 
 
 def events_of(name: str, kind: str, node: int | None = None) -> list[dict[str, Any]]:
-    return [r for r in progress(name) if r.get("event") == kind and node in (None, r["node"])]
+    """The replicas' events of `kind` (of `node`), each as its fields with `t` and `node`."""
+    return [{**e.data, "t": e.t, "node": e.node} for e in telemetry(name).events
+            if e.event == kind and node in (None, e.node)]  # fmt: skip
 
 
 def steps_of(name: str, node: int) -> list[tuple[float, int]]:
-    return [(r["t"], r["step"]) for r in progress(name) if "loss" in r and r["node"] == node]
+    """(time, step) of each step `node`'s rank 0 finished, once per process."""
+    rows = [r for r in telemetry(name).steps if r.rank == 0 and r.node == node]
+    first = {(r.launch, r.step): r.t for r in reversed(rows)}
+    return sorted((t, step) for (_, step), t in first.items())
 
 
 def all_three_stepping(name: str) -> bool:
@@ -293,12 +311,10 @@ def test_heal_cut_off_mid_transfer_falls_back_to_the_bucket_and_never_half_loads
         lambda: [e.t for e in state_of("cut").events if e.kind == "node-lost"], 30, "node-lost"
     )[0]
     token = state_of("cut").token
-    joined = run_dir("cut") / "progress.jsonl"
     deadline = time.monotonic() + 120
     while not [r for r in events_of("cut", "join", 1) if r["t"] > lost_at]:  # poll fast: the
         assert time.monotonic() < deadline, "node 1's replacement never joined"  # heal is short
         time.sleep(0.005)
-    assert joined.is_file()
     frozen = [psutil.Process(p) for p in tagged_pids(token, 0)]
     for proc in frozen:  # the peer stops answering mid-heal, as behind a partition
         proc.suspend()

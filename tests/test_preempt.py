@@ -284,7 +284,9 @@ def test_notice_at_a_random_step_loses_no_step(s3_env: Any) -> None:
     assert preempted.data["exit_codes"] == {"0": 115, "1": 115}  # both nodes stopped on purpose
     assert not any(e.kind == "chaos-preempt" for e in state.events)  # nobody had to be killed
     fig = recovery_figures(run_dir("notice"))
-    assert fig.resumed_from[1] == saved == max(fig.steps_per_attempt[0]) + 1 >= at
+    # The step saved on the notice is the last one trained: `maybe_save` reports it (to the
+    # telemetry) before it saves it and exits 115.
+    assert fig.resumed_from[1] == saved == max(fig.steps_per_attempt[0]) >= at
     assert fig.lost_per_recovery == [0] and (state.restarts, state.preemptions) == (1, 1)
     final, reference = read_final(state.ckpt_uri), read_final(ref.ckpt_uri)
     assert final and reference and final["weights_sha256"] == reference["weights_sha256"]

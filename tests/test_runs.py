@@ -311,17 +311,34 @@ def test_straggler_ranks() -> None:
 FULL = telemetry.MIN_SAMPLES
 
 
+#: Steps a window of `telemetry.from_series` spans (what `status` reads).
+WINDOW = 50
+_written: dict[tuple[str, int, str], tuple[int, float, int]] = {}
+
+
 def publish_windows(
-    env: dict[str, str], by_rank: dict[int, list[float | tuple[float, int]]]
+    env: dict[str, str], by_rank: dict[int, list[float | tuple[float, int]]], launch: str = "a"
 ) -> None:
-    """Each rank publishes its windows in order, as StepTimer does every 30 s: a bare
-    number is a full window; (seconds, steps) a window that timed that many steps."""
+    """Each rank's steps in its telemetry segments, as `mncloud.train.report` writes them: a
+    bare number is a full window (`WINDOW` steps that many seconds apart); (seconds, steps) a
+    window that timed that many steps. A rank's windows go on in its `launch`; a new launch
+    starts afresh (`status` reads each rank's newest launch)."""
+    from mncloud.records.series import SeriesWriter
+
+    uri = layout.series_uri(env[constants.CKPT_URI_ENV], env[constants.RUN_ID_ENV])
     for rank, windows in by_rank.items():
+        step, t, segment = _written.get((uri, rank, launch), (0, 1000.0, 0))
+        writer = SeriesWriter(uri, rank, background=False)
+        writer.launch, writer.segments = launch, segment
+        if step == 0:
+            writer.add({"k": "step", "t": t, "step": 0})
         for window in windows:
-            secs, samples = window if isinstance(window, tuple) else (window, FULL)
-            assert telemetry.publish_step_time(
-                secs, 100, samples=samples, rank=rank, environ=env, min_interval=0
-            )
+            secs, samples = window if isinstance(window, tuple) else (window, WINDOW)
+            for _ in range(samples):
+                step, t = step + 1, t + secs
+                writer.add({"k": "step", "t": t, "step": step})
+        assert writer.flush()
+        _written[(uri, rank, launch)] = (step, t, writer.segments)
 
 
 def run_env(record: RunRecord, ckpt_uri: str | None = None) -> dict[str, str]:
@@ -336,9 +353,7 @@ def test_published_step_times(repo: Path, tmp_path: Path) -> None:
     record = records.create_record(make_spec(repo, bucket=uri), "a: 1\n")
     env = run_env(record)
     assert env[constants.CKPT_URI_ENV] == f"{uri}/exp"
-    assert records.publish_step_time(1.0, 100, samples=FULL, rank=0, environ=env)
-    assert not records.publish_step_time(5.0, 101, rank=0, environ=env)  # rate-limited
-    assert not records.publish_step_time(5.0, 101, rank=9, environ={})  # not in a run
+    publish_windows(env, {0: [1.0]})
     assert records.step_times(record) == {}  # one window is not sustained yet
     publish_windows(env, {0: [1.0, 1.0], 1: [1.0, 1.0, 1.0], 2: [2.0, 2.0, 2.0]})
     times = records.step_times(record)
@@ -352,25 +367,26 @@ def test_stragglers_need_a_sustained_slowdown(repo: Path, bucket_uri: str) -> No
     record = records.create_record(make_spec(repo, bucket=bucket_uri), "a: 1\n")
     env = run_env(record)
     assert env[constants.CKPT_URI_ENV] == f"{bucket_uri}/exp"
-    steps_uri = layout.steps_uri(env[constants.CKPT_URI_ENV], record.run_id)
+    series_uri = layout.series_uri(env[constants.CKPT_URI_ENV], record.run_id)
 
-    # First publications: rank 3's 3 steps include its warm-up, 2.6× the median.
+    # First steps: rank 3's 3 steps include its warm-up, 2.6× the median.
     publish_windows(env, {0: [(0.2, 3)], 1: [(0.2, 3)], 2: [(0.2, 3)], 3: [(0.52, 3)]})
-    newest = {r: s.seconds_per_step for r, s in telemetry.read_steps(steps_uri).items()}
+    newest = {r: s.seconds_per_step for r, s in telemetry.read_steps(series_uri).items()}
     assert records.straggler_ranks(newest) == [3]  # what the old rule flagged
     assert records.step_times(record) == {}
     # Full windows; rank 3 slow once more, then calm: never slow throughout.
-    publish_windows(env, {r: [0.2, 0.2, 0.2] for r in range(3)} | {3: [0.52, 0.2, 0.21]})
+    full = {r: [0.2, 0.2, 0.2] for r in range(3)}
+    publish_windows(env, full | {3: [0.52, 0.2, 0.21]}, launch="b")
     times = records.step_times(record)
-    assert times == {0: 0.2, 1: 0.2, 2: 0.2, 3: 0.2}
+    assert times == pytest.approx({0: 0.2, 1: 0.2, 2: 0.2, 3: 0.2})
     assert records.straggler_ranks(times) == []
     # A real straggler: 1.8× or more over the last windows, each well sampled.
-    publish_windows(env, {r: [0.2, 0.2, 0.2] for r in range(3)} | {3: [0.36, 0.4, 0.37]})
+    publish_windows(env, full | {3: [0.36, 0.4, 0.37]}, launch="c")
     times = records.step_times(record)
     assert records.straggler_ranks(times) == [3]
     assert records.straggler_note(times, [3]) == "straggler rank 3 (1.8× median)"
     # The same slowdown timed over too few steps in its newest window: not (yet) flagged.
-    publish_windows(env, {3: [(0.5, FULL - 1)]})
+    publish_windows(env, {3: [(0.5, FULL - 1)]}, launch="c")
     assert 3 not in records.step_times(record)
     assert records.straggler_ranks(records.step_times(record)) == []
 
@@ -400,22 +416,19 @@ def test_status_flags_the_straggling_rank(
     uri = f"file://{tmp_path / 'b'}"
     record = records.create_record(make_spec(repo, bucket=uri), "a: 1\n")
     _local_run("exp", f"{uri}/exp")
-    for key, value in run_env(record).items():  # as render sets them on every node
-        monkeypatch.setenv(key, value)
-    for rank, secs in enumerate([1.0, 1.05, 0.95, 1.8]):  # median 1.025: rank 3 is 1.76×
-        monkeypatch.setenv("RANK", str(rank))
-        for _ in range(telemetry.SUSTAINED_WINDOWS):
-            assert records.publish_step_time(secs, 200, samples=FULL, min_interval=0)
-    assert (tmp_path / "b" / "exp" / "runs" / record.run_id / "steps" / "rank-3.json").is_file()
+    env = run_env(record)  # as render sets them on every node
+    times = [1.0, 1.05, 0.95, 1.8]  # median 1.025: rank 3 is 1.76×
+    publish_windows(env, {r: [s] * telemetry.SUSTAINED_WINDOWS for r, s in enumerate(times)})
+    assert any((tmp_path / "b" / "exp" / "runs" / record.run_id / "series").glob("r00003-*"))
 
     status = run_status("exp")
     assert status.stragglers == [3]
-    assert status.step_times == {0: 1.0, 1: 1.05, 2: 0.95, 3: 1.8}
+    assert status.step_times == pytest.approx({0: 1.0, 1: 1.05, 2: 0.95, 3: 1.8})
     assert status.detail.startswith("straggler rank 3 (1.8× median)")
     code, out, _ = cli("status", "exp", "--json")
     assert code == 0
     (row,) = json.loads(out)
-    assert row["stragglers"] == [3] and row["step_times"]["3"] == 1.8
+    assert row["stragglers"] == [3] and row["step_times"]["3"] == pytest.approx(1.8)
     assert "straggler rank 3 (1.8× median)" in row["detail"]
     code, out, _ = cli("status")
     assert code == 0 and "straggler rank 3 (1.8× median)" in out
@@ -423,7 +436,7 @@ def test_status_flags_the_straggling_rank(
     # A run without a record, and one whose ranks are even again: nothing flagged.
     _local_run("norec", f"file://{tmp_path / 'c'}")
     assert run_status("norec").stragglers == []
-    assert records.publish_step_time(1.1, 400, samples=FULL, rank=3, min_interval=0)
+    publish_windows(env, {3: [1.1]})
     calm = run_status("exp")
     assert (calm.stragglers, calm.detail) == ([], "")
 
@@ -729,11 +742,12 @@ def test_rerun_keeps_every_option(
 def test_local_run_records_preemption_segments(repo: Path, tmp_path: Path) -> None:
     import time
 
-    # One progress line: --chaos-preempt-after counts from the first step a script reports.
+    # One step: --chaos-preempt-after counts from the first step a script reports (its
+    # telemetry writes a launch's first step at once).
     (repo / "train.py").write_text(
-        "import json, os, time\n"
-        "with open(os.environ['MNCLOUD_PROGRESS_FILE'], 'a') as f:\n"
-        "    f.write(json.dumps({'t': time.time(), 'step': 1}) + '\\n')\n"
+        "import time\n"
+        "from mncloud.records.series import writer_from_env\n"
+        "writer_from_env().add({'k': 'step', 't': time.time(), 'step': 1})\n"
         "time.sleep(5)\n"
     )
     bucket = tmp_path / "bucket"

@@ -277,8 +277,8 @@ def test_metrics_of_an_unknown_run_is_one_line_exit_2() -> None:
 
 
 def test_stragglers_read_through_the_segments(tmp_path: Path) -> None:
-    """Where no rank published a step-time object, `status` reads the same windows off the
-    segments: rank 1, 1.8× slower over its newest launch's last windows, is a straggler."""
+    """`status` reads each rank's step-time windows off the segments: rank 1, 1.8× slower
+    over its newest launch's last windows, is a straggler."""
     from mncloud.records import telemetry
 
     ckpt = f"file://{tmp_path / 'b'}/exp"
@@ -287,7 +287,7 @@ def test_stragglers_read_through_the_segments(tmp_path: Path) -> None:
         for step in range(1, 200):
             w.add({"k": "step", "t": 1000.0 + step * seconds, "step": step})
         assert w.flush()
-    ranks = telemetry.read_steps(layout.steps_uri(ckpt, "exp-1"))
+    ranks = telemetry.read_steps(layout.series_uri(ckpt, "exp-1"))
     assert {r: round(s.seconds_per_step, 3) for r, s in ranks.items()} == {0: 0.1, 1: 0.18, 2: 0.1}
     times = {r: s.sustained() for r, s in ranks.items()}
     assert telemetry.straggler_ranks({r: t for r, t in times.items() if t}) == [1]

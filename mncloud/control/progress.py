@@ -40,7 +40,7 @@ def seconds_per_step(st: ControlState) -> float | None:
         return None
     for run_id in reversed(st.run_ids[-3:]):
         try:
-            ranks = read_steps(layout.steps_uri(st.ckpt_uri, run_id))
+            ranks = read_steps(layout.series_uri(st.ckpt_uri, run_id))
         except Exception:  # the bucket may be unreachable for a tick
             continue
         times = [r.seconds_per_step for r in ranks.values() if r.seconds_per_step > 0]

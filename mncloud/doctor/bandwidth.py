@@ -5,21 +5,21 @@ against what the plan expected for the offer's fabric (rendered as `--expect-bus
 
 Below `WARN_FRACTION` of the expectation it warns with the likely causes; below
 `--min-bandwidth` it refuses (exit 78, one line) before training. Node 0 writes the figure to
-`<ckpt uri>/runs/<run-id>/bandwidth.json` (status and the run record read it there) and to the
-local backend's progress file. `time_allreduce` is the timing loop `bench/allreduce.py` reuses.
+`<ckpt uri>/runs/<run-id>/bandwidth.json` (status and the run record read it there) and, as a
+`bandwidth` event, to the run's telemetry segments. `time_allreduce` is the timing loop
+`bench/allreduce.py` reuses.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from mncloud import constants, layout
+from mncloud import layout
 
 #: Message sizes (bytes) the preflight all-reduces: small (latency) to large (bandwidth).
 SIZES = (1 << 20, 8 << 20, 32 << 20)
@@ -145,12 +145,15 @@ def _causes(result: Bandwidth) -> str:
 
 
 def publish(result: Bandwidth, bucket_uri: str | None) -> None:
-    """Node 0: the figure to the bucket (status, the run record) and the local progress file."""
+    """Node 0: the figure to the bucket (status, the run record) and, as a `bandwidth` event,
+    to the run's telemetry segments (`records.series`)."""
+    from mncloud.records.series import writer_from_env
+
     payload = asdict(result)
-    progress = os.environ.get(constants.PROGRESS_FILE_ENV)
-    if progress:
-        with open(progress, "a") as f:
-            f.write(json.dumps({"t": time.time(), "event": "bandwidth", **payload}) + "\n")
+    writer = writer_from_env()
+    if writer is not None:
+        writer.add({"k": "event", "t": time.time(), "event": "bandwidth", **payload})
+        writer.close()
     run_id = result.run_id
     if bucket_uri and run_id:
         from mncloud.storage import join_key, open_bucket

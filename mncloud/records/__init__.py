@@ -9,8 +9,10 @@ One module per job, each importable alone:
     ledger.py     billed segments, cost summary, spot hazards learned for `plan --learn`
     goodput.py    the goodput ledger: billed node-seconds and dollars split by what they bought
     rerun.py      rebuild a recorded run's tree in a worktree, with its spec and options
-    telemetry.py  per-rank step times and stragglers; torch-free and light, imported by
-                  every training process (`mncloud.train.steptime`)
+    series.py     the ranks' telemetry segments (steps, metrics, events): written by every
+                  training process (`mncloud.train.steptime`), read by everything else
+    seriestail.py a live series read as it grows (the local supervisor's polls)
+    telemetry.py  per-rank step times and stragglers, off the segments; torch-free and light
 
 The names below are importable from the package itself (`from mncloud.records import
 create_record`); each loads only its own module, so `mncloud.records.telemetry` stays light.
@@ -41,8 +43,7 @@ _EXPORTS = {
     "goodput": ("GoodputLedger", "StepMark", "Telemetry", "goodput_ledger"),
     "rerun": ("RerunSetup", "prepare_rerun"),
     "telemetry": (
-        "STRAGGLER_FACTOR", "publish_step_time", "step_times", "straggler_note",
-        "straggler_ranks",
+        "STRAGGLER_FACTOR", "step_times", "straggler_note", "straggler_ranks",
     ),
 }  # fmt: skip
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}

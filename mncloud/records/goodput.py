@@ -25,7 +25,7 @@ The parts, in node-seconds and dollars, add up to the ledger's total:
 - unsaved: steps past the newest complete checkpoint, not (yet) trained again: at risk while
   the run lives, lost if it ended without saving them;
 - recovery: from a launch to its first step (less that step's own time);
-- checkpoint_stall: the seconds a step's progress line says its save blocked (`ckpt_s`);
+- checkpoint_stall: the seconds a step's telemetry says its save blocked (`ckpt_s`);
   without it, a save's stall is inside that step's time (and `unmeasured` says so);
 - waiting: a replacement node from its start until it healed from a live peer (node
   recovery). Time with nothing billed (a deadline run waiting for its market, the gap between

@@ -8,13 +8,22 @@ buffers small records in memory and a daemon thread writes them, at most every
     {"k": "head", "rank": 3, "node": 1, "launch": "…", "t0": 1700000000.0}
     {"k": "step", "t": 1700000031.2, "step": 120, "m": {"loss": 2.31}}
     {"k": "step", "t": 1700000031.4, "step": 121, "ckpt_s": 0.8}
+    {"k": "event", "t": 1700000032.0, "event": "done", "node": 1, "weights_sha256": "…"}
+
+Events are what is not a step: a launch's `start` (`resumed_from`), `done`, a replica's
+`join`, `quorum` and `heal` under node recovery (`node` names the replica), a bandwidth
+figure. A launch's first step and every event are written at once (readers wait on them: the
+local supervisor's first step, node recovery's replica news); the rest waits for the interval.
+A record of a kind this code does not know is skipped, not an error.
 
 A segment is never rewritten (the launch tag is the process's start time and pid, the sequence
 number counts up), so a preempted rank's last segment is at worst missing, never half a
 replacement. Reading lists every segment, skips a torn or malformed one (counted in
 `Series.skipped`) and merges them into one `Series`: steps with their times per rank and
-launch, the metrics over steps, and each launch's first step. Training never waits on it: a
-record is a list append; the bucket is written off the training thread and its errors logged.
+launch, the metrics over steps, the events, and each launch's first step. A live reader
+polls with `SeriesTail` (`records.seriestail`), which fetches only the segments it has not
+read. Training never waits on it: a record is a list append; the bucket is written off the
+training thread and its errors logged.
 """
 
 from __future__ import annotations
@@ -79,6 +88,7 @@ class SeriesWriter:
         self.t0 = _process_start()
         self.launch = f"{int(self.t0 * 1000):x}-{os.getpid():x}"
         self.segments = 0
+        self._stepped = False
         self._buffer: list[dict[str, Any]] = []
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -91,10 +101,14 @@ class SeriesWriter:
 
     def add(self, record: dict[str, Any]) -> None:
         """Buffer one record (cheap); a step reported again (a save's `maybe_save`, then the
-        script's metrics) is merged into the buffered one of that step."""
+        script's metrics) is merged into the buffered one of that step. An event or this
+        launch's first step wakes the writer's thread to write it now."""
+        kind = record.get("k")
+        urgent = kind == "event" or (kind == "step" and not self._stepped)
+        self._stepped = self._stepped or kind == "step"
         with self._lock:
             last = self._buffer[-1] if self._buffer else None
-            same = last is not None and last.get("k") == "step" == record.get("k")
+            same = last is not None and last.get("k") == "step" == kind
             if same and last is not None and last.get("step") == record.get("step"):
                 metrics = {**last.get("m", {}), **record.get("m", {})}
                 last.update({**record, "t": last["t"]}, **({"m": metrics} if metrics else {}))
@@ -102,6 +116,8 @@ class SeriesWriter:
             if len(self._buffer) >= MAX_BUFFER:
                 del self._buffer[: MAX_BUFFER // 10]
             self._buffer.append(record)
+        if urgent:  # after the append: the thread's flush takes it
+            self._wake.set()
 
     def flush(self) -> bool:
         """Write the buffered records as one new segment; False when there was nothing or the
@@ -112,7 +128,8 @@ class SeriesWriter:
             return False
         head = {"k": "head", "rank": self.rank, "node": self.node, "launch": self.launch,
                 "t0": self.t0}  # fmt: skip
-        body = "\n".join(json.dumps(r, separators=(",", ":")) for r in [head, *records]) + "\n"
+        lines = (json.dumps(r, separators=(",", ":"), default=str) for r in [head, *records])
+        body = "\n".join(lines) + "\n"
         name = f"r{self.rank:05d}-{self.launch}-{self.segments:05d}{SUFFIX}"
         try:
             from mncloud.storage import join_key, open_bucket
@@ -141,6 +158,7 @@ class SeriesWriter:
     def _loop(self) -> None:
         while not self._closed:
             self._wake.wait(self.interval)
+            self._wake.clear()
             self.flush()
         self.flush()
 
@@ -182,6 +200,18 @@ class StepRow:
     node: int | None
     launch: str
     ckpt_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class EventRow:
+    """One event of one rank (module docstring): its name and its other fields in `data`."""
+
+    t: float
+    event: str
+    rank: int
+    node: int | None
+    launch: str
+    data: dict[str, Any] = field(default_factory=dict, compare=False)
 
 
 @dataclass(frozen=True)
@@ -236,6 +266,7 @@ class Series:
 
     steps: list[StepRow] = field(default_factory=list)
     metrics: dict[str, list[Point]] = field(default_factory=dict)
+    events: list[EventRow] = field(default_factory=list)
     starts: dict[str, float] = field(default_factory=dict)
     """Each launch tag's process start time (from its segments' head lines)."""
     segments: int = 0
@@ -283,6 +314,7 @@ def _parse(text: str, series: Series) -> None:
     """Add one segment's records to `series`; raises ValueError/KeyError/TypeError when torn."""
     steps: list[StepRow] = []
     points: list[tuple[str, Point]] = []
+    events: list[EventRow] = []
     starts: dict[str, float] = {}
     for head_line, lines in _blocks(text):
         head = json.loads(head_line)
@@ -291,6 +323,12 @@ def _parse(text: str, series: Series) -> None:
             starts[launch] = float(head["t0"])
         for line in lines:
             rec = json.loads(line)
+            if rec.get("k") == "event":
+                data = {k: v for k, v in rec.items() if k not in ("k", "t", "event")}
+                at = data.get("node", node)
+                events.append(EventRow(float(rec["t"]), str(rec["event"]), rank,
+                                       None if at is None else int(at), launch, data))  # fmt: skip
+                continue
             if rec.get("k") != "step":
                 continue
             t, step = float(rec["t"]), int(rec["step"])
@@ -299,6 +337,7 @@ def _parse(text: str, series: Series) -> None:
                 if math.isfinite(float(value)):
                     points.append((name, Point(t, step, float(value), launch, rank)))
     series.steps += steps
+    series.events += events
     for launch, t0 in starts.items():
         series.starts.setdefault(launch, t0)
     for name, point in points:
@@ -349,6 +388,8 @@ def read_series(uri: str, *, compact: bool = False) -> Series:
             log.warning("telemetry segment %s skipped: %s", key, err)
             series.skipped += 1
     series.steps = _merged(series.steps)
+    once = {(e.launch, e.rank, e.t, e.event): e for e in series.events}  # compactions overlap
+    series.events = sorted(once.values(), key=lambda e: e.t)
     for points in series.metrics.values():
         points.sort(key=lambda p: p.t)
     if compact and len(good) >= COMPACT_AT:

@@ -1,5 +1,6 @@
 """What a training script imports: checkpoints, preemption notices, process-group set-up, a
-resumable sampler, step-time reports for the straggler view.
+resumable sampler, the steps and metrics it reports to the run's telemetry (`report`,
+`Progress`; `StepTimer` is the moving mean `report` returns).
 
 Needs torch (`pip install mncloud[train]`); nothing outside `mncloud.train` imports it.
 """

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import json
 import logging
 import os
 import time
@@ -55,6 +54,7 @@ from mncloud import constants
 from mncloud.constants import min_replicas
 from mncloud.errors import MncloudError
 from mncloud.train import profiler
+from mncloud.train.steptime import event as record_event
 
 log = logging.getLogger(__name__)
 
@@ -360,11 +360,8 @@ class Replicas:
             else:
                 self.state[key] = value
 
-    def _report(self, **record: Any) -> None:
-        """One JSON line in $MNCLOUD_PROGRESS_FILE (the local backend's node states)."""
-        path = os.environ.get(constants.PROGRESS_FILE_ENV)
-        if not path or not self.reports:
-            return
-        line = {"t": time.time(), "node": self.replica, **record}
-        with open(path, "a") as f:
-            f.write(json.dumps(line) + "\n")
+    def _report(self, *, event: str, **record: Any) -> None:
+        """One event of this replica in the run's telemetry segments (the local backend's
+        node states), from its rank 0."""
+        if self.reports:
+            record_event(event, node=self.replica, **record)

@@ -5,10 +5,10 @@
     progress.event(step=step, loss=loss)           # once a step
     progress.finish(steps=step, final_loss=loss)   # at the end: `final.json` and a `done` event
 
-Every rank's step events go to the run's telemetry segments (`mncloud.train.report`).
-Rank 0 (of each node, under node recovery, tagged with its number) appends one JSON line per
-event to `$MNCLOUD_PROGRESS_FILE` when the local backend sets it: the steps lost and the time to
-resume that `mncloud up` prints are read from there. `finish` writes the result as
+Every rank's step events go to the run's telemetry segments (`mncloud.train.report`); rank 0
+(of each node, under node recovery, tagged with its number) records the other events there too
+(`mncloud.train.steptime.event`): the steps lost and the time to resume that `mncloud up`
+prints are read from them, on every backend. `finish` writes the result as
 `final.json` beside the checkpoints (one writer: rank 0 of the replica that saves), where a
 test or a pipeline reads it. Without torchrun or mncloud it costs nothing.
 """
@@ -17,13 +17,10 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import time
 from typing import TYPE_CHECKING, Any
 
-from mncloud.constants import PROGRESS_FILE_ENV
 from mncloud.storage import join_key, open_bucket
-from mncloud.train.steptime import report
+from mncloud.train.steptime import event, report
 
 if TYPE_CHECKING:
     from mncloud.train.ckpt import CheckpointManager
@@ -33,28 +30,27 @@ FINAL_FILE = "final.json"
 
 
 class Progress:
-    """Progress lines for the local backend and the final result beside the checkpoints."""
+    """Steps and events into the run's telemetry; the final result beside the checkpoints."""
 
     def __init__(self, ckpt: CheckpointManager, replicas: Replicas, *, rank: int) -> None:
         self._ckpt, self._replicas, self._main = ckpt, replicas, rank == 0
-        path = os.environ.get(PROGRESS_FILE_ENV)
-        self._path = path if self._main and path else None
         self._node = {"node": replicas.replica} if replicas.enabled else {}
 
     def event(self, **record: Any) -> None:
-        """Append one event (a step, a start) to the progress file, if this rank keeps it.
+        """Record a step (`step=…`, no `event`) on every rank, or an event (`event="start"`,
+        …) on rank 0, in the run's telemetry segments.
 
-        A step event (`step=…` and no `event`) also goes to the run's telemetry through
-        `mncloud.train.report`, on every rank: its `ckpt_s` and each other finite scalar
+        A step goes through `mncloud.train.report`: its `ckpt_s` and each other finite scalar
         (`loss=…`) as metrics, for the goodput ledger, `mncloud metrics` and the web view."""
-        if "step" in record and "event" not in record:
-            fields = {k: v for k, v in record.items() if k not in ("step", "ckpt_s")}
-            with contextlib.suppress(TypeError, ValueError):  # telemetry never stops training
-                report(int(record["step"]), ckpt_s=record.get("ckpt_s"), **fields)
-        if self._path is None:
+        if "event" not in record:
+            if "step" in record:
+                fields = {k: v for k, v in record.items() if k not in ("step", "ckpt_s")}
+                with contextlib.suppress(TypeError, ValueError):  # telemetry never stops training
+                    report(int(record["step"]), ckpt_s=record.get("ckpt_s"), **fields)
             return
-        with open(self._path, "a") as f:
-            f.write(json.dumps({"t": time.time(), **self._node, **record}) + "\n")
+        if self._main:
+            fields = {k: v for k, v in record.items() if k != "event"}
+            event(str(record["event"]), **{**self._node, **fields})
 
     def finish(self, **result: Any) -> None:
         """Write `final.json` beside the checkpoints (once per run) and a `done` event."""

@@ -1,17 +1,16 @@
-"""`mncloud.train.report(step, loss=…)`: this rank's steps, step time and metrics.
+"""`mncloud.train.report(step, loss=…)`: this rank's steps, step time, metrics and events.
 
 Call it once per training step on every rank (`CheckpointManager.maybe_save` already does,
 without metrics; `Progress.event(step=…, loss=…)` does with them). Each call buffers one record
-for the run's telemetry segments (`mncloud.records.series`: `mncloud metrics`, the web view's
-curves, the goodput ledger), which the segment writer's own thread appends to the bucket. It
-also keeps the mean seconds per step over the last `WINDOW` steps and, at most every
-`PUBLISH_INTERVAL_S`, hands it with the number of steps it spans to
-`mncloud.records.telemetry.publish_step_time`, which writes
-`<bucket>/<name>/runs/<run-id>/steps/rank-<r>.json`; `status` compares the ranks. No
-collectives, no torch: ranks never wait on each other, and the write runs on a daemon thread so
-a slow bucket never stalls training. Outside a run (no `MNCLOUD_RUN_ID`) nothing is written.
+for the run's telemetry segments (`mncloud.records.series`), which the segment writer's own
+thread appends to the bucket: `mncloud metrics`, the web view's curves, the goodput ledger,
+`status`'s stragglers, the deadline controller and, on the local backend, the supervisor and
+its figures all read them. `event(name, …)` records what is not a step (a launch's start, its
+end, a replica's news); it is written at once. No collectives: ranks never wait on each other,
+and a slow bucket never stalls training. Outside a run (no `MNCLOUD_RUN_ID`) nothing is written.
 
-Steps, not calls, are timed: a call for the step already reported is ignored (so `report` and
+`report` returns the mean seconds per step over the last `WINDOW` steps (`StepTimer`). Steps,
+not calls, are timed: a call for the step already reported is ignored (so `report` and
 `maybe_save` may both run each step), a jump of k steps counts as k steps, and a step that goes
 backwards (a resume) restarts the timing. Example on one rank:
 
@@ -26,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -36,42 +34,27 @@ log = logging.getLogger(__name__)
 
 #: Steps the moving mean spans.
 WINDOW = 50
-#: Intervals needed before the first publication (the first steps include warm-up).
+#: Intervals needed before the mean is known (the first steps include warm-up).
 MIN_STEPS = 3
-#: Seconds between publications (one small object per rank in the bucket).
-PUBLISH_INTERVAL_S = 30.0
-
-#: `publish(mean seconds per step, step, steps the mean spans)`.
-Publish = Callable[[float, int, int], object]
-
-
-def _publish(seconds_per_step: float, step: int, samples: int) -> bool:
-    from mncloud.records import telemetry
-
-    # The timer rate-limits already; telemetry's own limit would race with its thread's start.
-    return telemetry.publish_step_time(seconds_per_step, step, samples=samples, min_interval=0.0)
 
 
 class StepTimer:
-    """Mean seconds per step over the last `window` steps of one rank, published now and then."""
+    """Mean seconds per step over the last `window` steps of one rank (module docstring).
+
+    It publishes nothing of its own: the steps it times are in the run's telemetry segments,
+    where `status` compares the ranks (`records.telemetry.from_series`)."""
 
     def __init__(
         self,
         *,
         window: int = WINDOW,
         min_steps: int = MIN_STEPS,
-        interval: float = PUBLISH_INTERVAL_S,
         clock: Callable[[], float] = time.monotonic,
-        publish: Publish = _publish,
-        background: bool = True,
     ) -> None:
-        self.window, self.min_steps, self.interval = window, min_steps, interval
-        self.clock, self.publish, self.background = clock, publish, background
+        self.window, self.min_steps, self.clock = window, min_steps, clock
         self._samples: deque[tuple[float, int]] = deque()  # (seconds, steps) per interval
         self._steps = 0
         self._last: tuple[int, float] | None = None
-        self._next_publish = -float("inf")
-        self._thread: threading.Thread | None = None
 
     @property
     def mean(self) -> float | None:
@@ -95,34 +78,7 @@ class StepTimer:
             while len(self._samples) > 1 and self._steps - self._samples[0][1] >= self.window:
                 self._steps -= self._samples.popleft()[1]
         self._last = (step, now)
-        mean = self.mean
-        if mean is not None and now >= self._next_publish and not self._publishing():
-            self._next_publish = now + self.interval
-            if self.background:
-                self._thread = threading.Thread(
-                    target=self._send,
-                    args=(mean, step, self._steps),
-                    name="mncloud-steptime",
-                    daemon=True,
-                )
-                self._thread.start()
-            else:
-                self._send(mean, step, self._steps)
-        return mean
-
-    def wait(self, timeout: float | None = None) -> None:
-        """Wait for a publication in flight (tests; training never needs to)."""
-        if self._thread is not None:
-            self._thread.join(timeout)
-
-    def _publishing(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
-
-    def _send(self, mean: float, step: int, samples: int) -> None:
-        try:
-            self.publish(mean, step, samples)
-        except Exception as err:  # a report must never break training
-            log.debug("step time not published: %s", err)
+        return self.mean
 
 
 _timer = StepTimer()
@@ -159,6 +115,15 @@ def report(step: int, *, ckpt_s: float | None = None, **metrics: object) -> floa
             writer.add(record)
         return mean
     return None
+
+
+def event(name: str, **fields: object) -> None:
+    """Record an event of this rank (`start` with `resumed_from`, `done`, a replica's `join`)
+    in the run's telemetry segments, written at once; never raises."""
+    with contextlib.suppress(Exception):
+        writer = _writer()
+        if writer:
+            writer.add({"k": "event", "t": time.time(), "event": name, **fields})
 
 
 def _finite(metrics: dict[str, object]) -> dict[str, float]:

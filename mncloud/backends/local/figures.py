@@ -1,9 +1,10 @@
 """What a local run did, in numbers: its live progress, what its relaunches cost, and whether
 it ended with the weights of the same run without interruptions (the reference run).
 
-The figures come from the supervisor's events (state.json) and rank 0's progress lines
-(progress.jsonl, written by the script through `$MNCLOUD_PROGRESS_FILE`). The demo summary,
-the tests and the benchmarks in `bench/` read them here and nowhere else.
+The figures come from the supervisor's events (state.json) and the run's telemetry segments
+(`records.series`: rank 0's steps and its `start` events, each node's `done`), which the
+script's ranks write to the run's bucket as on a cloud. The demo summary, the tests and the
+benchmarks in `bench/` read them here and nowhere else.
 """
 
 from __future__ import annotations
@@ -21,19 +22,18 @@ from mncloud.backends.base import RunState
 from mncloud.backends.local.lifecycle import run_ended, start_reference, stop_folder
 from mncloud.backends.local.state import (
     FINAL_FILE,
-    PROGRESS_FILE,
     LocalState,
-    is_step,
     last_step,
     load_state,
-    read_jsonl,
+    series_uri,
 )
+from mncloud.records.series import Series, read_series
 
 POLL_S = 0.25
 
 
 class RecoveryFigures(BaseModel):
-    """What a run's relaunches cost, from its events and rank 0's progress lines."""
+    """What a run's relaunches cost, from its events and rank 0's telemetry."""
 
     attempts: int
     restarts: int
@@ -74,7 +74,7 @@ class RunProgress(BaseModel):
     ended_at: float | None
     detail: str
     figures: RecoveryFigures | None = None
-    """Filled when asked for (`summary=True`): reads every progress line and the bucket."""
+    """Filled when asked for (`summary=True`): reads the whole telemetry and the bucket."""
 
     @property
     def elapsed_s(self) -> float:
@@ -104,25 +104,43 @@ def progress_of(folder: Path, label: str | None = None, *, summary: bool = False
     )  # fmt: skip
 
 
+def read_run_series(folder: Path) -> Series:
+    """The run's telemetry (empty when it has none or its bucket cannot be read), compacted
+    in its bucket as it is read (a local run writes a segment per rank every 0.5 s)."""
+    uri = series_uri(folder)
+    if uri is None:
+        return Series()
+    try:
+        return read_series(uri, compact=True)
+    except Exception:  # figures of what could be read: none
+        return Series()
+
+
 def _attempt_steps(
-    state: LocalState, progress: list[dict[str, Any]]
+    state: LocalState, series: Series
 ) -> tuple[list[list[int]], list[float | None], list[int | None]]:
-    """Per attempt: the steps trained, the time of the first, the step it resumed from."""
+    """Per attempt: the steps trained, the time of the first, the step it resumed from. Rank 0
+    of node 0 speaks for all (under node recovery each node has a rank 0)."""
     launches = [e.t for e in state.events if e.kind == "launch"]
     bounds = [*launches, float("inf")]
     steps: list[list[int]] = [[] for _ in launches]
     first_t: list[float | None] = [None for _ in launches]
     resumed: list[int | None] = [None for _ in launches]
-    for rec in progress:
-        k = next((i for i in range(len(launches)) if bounds[i] <= rec["t"] < bounds[i + 1]), None)
-        if k is None or rec.get("node", 0) != 0:  # node recovery: node 0's lines speak for all
+
+    def attempt(t: float) -> int | None:
+        return next((i for i in range(len(launches)) if bounds[i] <= t < bounds[i + 1]), None)
+
+    for e in series.events:
+        k = attempt(e.t)
+        if k is not None and e.event == "start" and not e.node and resumed[k] is None:
+            resumed[k] = int(e.data.get("resumed_from") or 0)
+    for row in series.steps:
+        k = attempt(row.t)
+        if k is None or row.rank != 0 or row.node:
             continue
-        if rec.get("event") == "start" and resumed[k] is None:
-            resumed[k] = int(rec.get("resumed_from") or 0)
-        elif is_step(rec):
-            steps[k].append(int(rec["step"]))
-            if first_t[k] is None:
-                first_t[k] = float(rec["t"])
+        steps[k].append(row.step)
+        if first_t[k] is None:
+            first_t[k] = row.t
     return steps, first_t, resumed
 
 
@@ -131,7 +149,8 @@ def recovery_figures(folder: Path) -> RecoveryFigures:
     state = load_state(folder)
     launches = [e.t for e in state.events if e.kind == "launch"]
     hits = [e.t for e in state.events if e.kind in ("chaos-preempt", "preempted", "error")]
-    steps, first_t, resumed = _attempt_steps(state, read_jsonl(folder / PROGRESS_FILE))
+    series = read_run_series(folder)
+    steps, first_t, resumed = _attempt_steps(state, series)
     bounds = [*launches, float("inf")]
     lost, resume_s = [], []
     for k in range(1, len(launches)):
@@ -145,7 +164,6 @@ def recovery_figures(folder: Path) -> RecoveryFigures:
     final = None
     with contextlib.suppress(Exception):
         final = read_final(state.ckpt_uri)
-    progress = read_jsonl(folder / PROGRESS_FILE)
     return RecoveryFigures(
         node_losses=sum(e.kind == "node-lost" for e in state.events),
         heal_s=[
@@ -154,9 +172,11 @@ def recovery_figures(folder: Path) -> RecoveryFigures:
             if e.kind == "node-healed" and e.data.get("seconds") is not None
         ],
         replica_weights={
-            int(r["node"]): str(r["weights_sha256"])
-            for r in progress
-            if r.get("event") == "done" and "node" in r and "weights_sha256" in r
+            e.node: str(e.data["weights_sha256"])
+            for e in series.events
+            if e.event == "done"
+            and e.node is not None
+            and {"node", "weights_sha256"} <= e.data.keys()
         },
         attempts=len(launches),
         restarts=state.restarts,

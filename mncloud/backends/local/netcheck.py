@@ -40,7 +40,7 @@ def _start(rank: int, nodes: int, port: int, args: list[str]) -> subprocess.Pope
         "MASTER_ADDR": "127.0.0.1",
         "GLOO_SOCKET_IFNAME": "lo",
     }
-    for key in ("NCCL_SOCKET_IFNAME", constants.RUN_ID_ENV, constants.PROGRESS_FILE_ENV):
+    for key in ("NCCL_SOCKET_IFNAME", constants.RUN_ID_ENV):
         env.pop(key, None)  # a second measurement never overwrites the run's own figure
     cmd = [sys.executable, "-m", "mncloud.doctor", "node", "--port", str(port), *args]
     return subprocess.Popen(

@@ -24,16 +24,20 @@ from mncloud import constants
 from mncloud.backends.local.processes import LOCALHOST, node_tag
 from mncloud.backends.local.state import (
     LOG_MARKS,
-    PROGRESS_FILE,
     RUN_LOG,
     LocalLaunch,
     node_ckpt_dir,
     node_dir,
     node_log,
+    run_id_of,
 )
 
 NOTICE_POLL_S = 0.5
 """How often a local node polls its (simulated) metadata for a preemption notice."""
+TELEMETRY_INTERVAL_S = 0.5
+"""Seconds between a local rank's telemetry segments (a cloud's default is 30 s): a rank
+killed by `chaos preempt` loses at most this much of its steps, which the run's figures
+count (steps lost, steps per attempt). `--env MNCLOUD_TELEMETRY_INTERVAL_S=…` overrides it."""
 _RANK_PREFIX = re.compile(r"^\[rank(\d+)\]:(.*)$", re.DOTALL)
 
 
@@ -55,8 +59,11 @@ def node_env(
         constants.SKYPILOT_NUM_GPUS_PER_NODE: str(launch.procs_per_node),
         constants.SKYPILOT_TASK_ID: launch.task_id,
         constants.CKPT_URI_ENV: launch.ckpt_uri,
+        constants.RUN_ID_ENV: run_id_of(launch),
+        constants.TELEMETRY_INTERVAL_ENV: launch.envs.get(
+            constants.TELEMETRY_INTERVAL_ENV, str(TELEMETRY_INTERVAL_S)
+        ),
         constants.CKPT_STAGING_ENV: str(own / "staging"),
-        constants.PROGRESS_FILE_ENV: str(folder / PROGRESS_FILE),
         constants.CPU_THREADS_ENV: threads,
         constants.CLOUD_ENV: "local",
         constants.METADATA_URL_ENV: metadata_url,

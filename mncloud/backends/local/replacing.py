@@ -15,13 +15,13 @@ points every node at it (`TORCHFT_LIGHTHOUSE`). Example, 3 nodes, `--provision-d
 
 When fewer than `min_replicas` nodes would be left (two of three lost at once), the loss is
 handed back to the supervisor, which relaunches the whole gang from the bucket checkpoint.
-Join, heal and quorum news come from the replicas themselves (`mncloud.train.Replicas` writes
-them to `$MNCLOUD_PROGRESS_FILE`), read here as the file grows.
+Join, heal and quorum news come from the replicas themselves (`mncloud.train.Replicas` records
+them as events in the run's telemetry segments, written at once), read here as segments come
+(`records.seriestail`).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -31,9 +31,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from mncloud import constants
+from mncloud import constants, layout
 from mncloud.backends.local.processes import LOCALHOST, free_port, node_tag
-from mncloud.backends.local.state import LIGHTHOUSE_LOG, PROGRESS_FILE, LocalLaunch, LocalState
+from mncloud.backends.local.state import LIGHTHOUSE_LOG, LocalLaunch, LocalState, run_id_of
+from mncloud.records.seriestail import SeriesTail
 
 LIGHTHOUSE_NODE = "lighthouse"
 """The lighthouse's process tag suffix (`<token>/lighthouse`)."""
@@ -77,7 +78,9 @@ class NodeReplacer:
         self._due: dict[int, float] = {}
         """Nodes being provisioned → when their replacement starts."""
         self._joining: set[int] = set()
-        self._progress_offset = 0
+        self._news_uri = layout.series_uri(launch.ckpt_uri, run_id_of(launch))
+        self._tail = SeriesTail(self._news_uri)
+        self._since = 0.0
 
     # ------------------------------------------------------------------ per attempt
     def start_attempt(self) -> dict[str, str]:
@@ -98,7 +101,9 @@ class NodeReplacer:
         self._due.clear()
         self._joining.clear()
         self.state.quorum = []
-        self._progress_offset = _size(self.folder / PROGRESS_FILE)
+        self._tail = SeriesTail(self._news_uri)
+        self._tail.skip()  # news of earlier attempts: left unread
+        self._since = time.time()
         return {constants.LIGHTHOUSE_ENV: self.lighthouse_url}
 
     def stop_lighthouse(self) -> None:
@@ -139,23 +144,15 @@ class NodeReplacer:
         return node in self._due
 
     def read_progress(self) -> None:
-        """Take the replicas' join, heal and quorum news from the progress file."""
-        path = self.folder / PROGRESS_FILE
-        try:
-            with open(path, "rb") as f:
-                f.seek(self._progress_offset)
-                chunk = f.read()
-        except OSError:
-            return
-        end = chunk.rfind(b"\n") + 1
-        self._progress_offset += end
-        for raw in chunk[:end].splitlines():
-            try:
-                record = json.loads(raw)
-            except ValueError:
-                continue
-            if isinstance(record, dict) and isinstance(record.get("node"), int):
-                self._news(record)
+        """Take the replicas' join, heal and quorum news from the segments written since the
+        last call; a node whose replacement steps is running."""
+        news = self._tail.read()
+        for e in news.events:
+            if e.node is not None and e.t >= self._since:
+                self._news({"t": e.t, "event": e.event, **e.data, "node": e.node})
+        for node in {r.node for r in news.steps if r.node is not None and r.t >= self._since}:
+            if 0 <= node < len(self.state.nodes) and self.state.nodes[node].status == "healing":
+                self.state.nodes[node].status = "running"  # stepping (no heal needed)
 
     # ------------------------------------------------------------------ internals
     def _lose(self, node: int, code: int | None, now: float) -> None:
@@ -193,8 +190,6 @@ class NodeReplacer:
                         f"{record.get('from_step')} → {record.get('step')} in "
                         f"{record.get('seconds')}s", node=node, t=at, step=record.get("step"),
                         seconds=record.get("seconds"))  # fmt: skip
-        elif "loss" in record and self.state.nodes[node].status == "healing":
-            self.state.nodes[node].status = "running"  # stepping (no heal needed)
 
 
 def _preempted(code: int | None, requested: bool) -> bool:
@@ -202,10 +197,3 @@ def _preempted(code: int | None, requested: bool) -> bool:
     if code is None or code == 0:
         return False
     return code < 0 or code == constants.PREEMPTED_EXIT_CODE or requested
-
-
-def _size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except OSError:
-        return 0

@@ -2,9 +2,11 @@
 
 `$MNCLOUD_HOME/runs/<name>/` holds `launch.json` (what to run, fixed at `up`), `state.json`
 (written only by the supervisor, atomically), `chaos.jsonl` (requests from `mncloud chaos`,
-appended), `progress.jsonl` (rank 0's steps, if the script writes them), `run.log`,
-`node-N.log`, `supervisor.log`, `lighthouse.log` (node recovery), `task.yaml`, `setup.sh`,
-`run.sh`, `hosts.json` (a `--cluster` run's warm hosts) and `nodes/node-N/`.
+appended), `run.log`, `node-N.log`, `supervisor.log`, `lighthouse.log` (node recovery),
+`task.yaml`, `setup.sh`, `run.sh`, `hosts.json` (a `--cluster` run's warm hosts) and
+`nodes/node-N/`. What the script reports (steps, metrics, its start and end) is not here: its
+ranks write it, as on a cloud, to the run's telemetry segments in its bucket (`series_uri`; a
+run without `--bucket` has a `file://` one).
 """
 
 from __future__ import annotations
@@ -16,9 +18,10 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from mncloud import layout
+from mncloud import constants, layout
 from mncloud.backends.base import RunState
 from mncloud.errors import RunNotFoundError
+from mncloud.records.seriestail import SeriesTail
 from mncloud.storage import write_atomic
 
 LAUNCH_FILE = "launch.json"
@@ -28,7 +31,6 @@ RUN_LOG = "run.log"
 LOG_MARKS = "run.log.marks"
 """Lines `{"t": time, "offset": bytes}`: run.log's size at that time, at most one a second
 (`mncloud logs --since` starts reading there)."""
-PROGRESS_FILE = "progress.jsonl"
 SUPERVISOR_LOG = "supervisor.log"
 LIGHTHOUSE_LOG = "lighthouse.log"
 FINAL_FILE = "final.json"
@@ -178,24 +180,32 @@ def append_jsonl(path: Path, record: dict[str, Any]) -> None:
         f.write(json.dumps(record) + "\n")
 
 
-def is_step(record: dict[str, Any]) -> bool:
-    """A progress line that reports a finished training step (not a start/end event)."""
-    return "step" in record and "event" not in record
+def run_id_of(launch: LocalLaunch) -> str:
+    """The run id the run's ranks write their telemetry under (`MNCLOUD_RUN_ID`): the task's
+    (its record's), else one made of the run's token (a run started without a record)."""
+    return launch.envs.get(constants.RUN_ID_ENV) or launch.run_id or f"local-{launch.token}"
+
+
+def series_uri(folder: Path) -> str | None:
+    """Where the run's ranks write their telemetry segments (`records.series`), or None for a
+    folder without a readable launch.json."""
+    try:
+        launch = load_launch(folder)
+    except (OSError, ValueError):
+        return None
+    return layout.series_uri(launch.ckpt_uri, run_id_of(launch))
+
+
+_newest: dict[str, tuple[SeriesTail, list[int]]] = {}
 
 
 def last_step(folder: Path) -> int | None:
-    """The newest step in the run's progress.jsonl, read from its tail only."""
-    path = folder / PROGRESS_FILE
-    if not path.is_file():
+    """The newest step rank 0 reported (of node 0), read incrementally: a call fetches only
+    the segments written since the last one (`records.seriestail`)."""
+    uri = series_uri(folder)
+    if uri is None:
         return None
-    with open(path, "rb") as f:
-        f.seek(max(0, path.stat().st_size - 4096))
-        tail = f.read().decode(errors="replace")
-    for line in reversed(tail.splitlines()):
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict) and "step" in record:
-            return int(record["step"])
-    return None
+    tail, newest = _newest.setdefault(uri, (SeriesTail(uri), []))
+    steps = [r.step for r in tail.read().steps if r.rank == 0 and not r.node]
+    newest[:] = steps[-1:] or newest
+    return newest[0] if newest else None

@@ -22,7 +22,7 @@ is in `chaos.py`): after a node exits 115, the others get `NOTICE_EXIT_GRACE_S` 
 before the preemption is counted. Each relaunch resets the metadata (fresh VMs).
 
 `--chaos-preempt-after D` does what `chaos preempt` does to the last node, once, D after the
-first training step the script reports in `$MNCLOUD_PROGRESS_FILE` (or D + 60 s after the
+first training step the script reports in its telemetry segments (or D + 60 s after the
 launch when it reports none), so the preemption lands mid-training however long start-up takes.
 On SIGTERM (`mncloud down --now`) it SIGKILLs every node process and records CANCELLED. On
 SIGUSR1 with a `stop` request in chaos.jsonl (`mncloud down`, and the deadline controller's
@@ -44,7 +44,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from mncloud import constants
+from mncloud import constants, layout
 from mncloud.backends.base import RunState
 from mncloud.backends.local import processes, warm
 from mncloud.backends.local.chaos import preempt_node
@@ -55,15 +55,15 @@ from mncloud.backends.local.recordwriter import RecordWriter
 from mncloud.backends.local.replacing import NodeReplacer
 from mncloud.backends.local.state import (
     CHAOS_FILE,
-    PROGRESS_FILE,
     Event,
     NodeRecord,
-    is_step,
     load_launch,
     load_state,
     read_jsonl,
+    run_id_of,
     save_state,
 )
+from mncloud.records.seriestail import SeriesTail
 
 POLL_S = 0.1
 NOTICE_EXIT_GRACE_S = 10.0
@@ -98,6 +98,7 @@ class Supervisor:
         self._preempt_requests: list[dict[str, Any]] = []
         self._procs: dict[int, subprocess.Popen[bytes]] = {}
         self._first_step_t: float | None = None
+        self._steps = SeriesTail(layout.series_uri(self.launch.ckpt_uri, run_id_of(self.launch)))
         # Every node's cloud metadata (AWS, GCP, Azure): "no notice" until `chaos preempt
         # --notice` flips one; the node is killed at the notice's deadline if still running.
         self._metadata = MetadataServer()
@@ -473,11 +474,9 @@ class Supervisor:
         """`--chaos-preempt-after D`: D after the first step the script reports, else after
         launch (when no step is reported within D + CHAOS_NO_PROGRESS_S)."""
         delay = self.launch.chaos_preempt_after or 0.0
-        if self._first_step_t is None:
-            for record in read_jsonl(self.folder / PROGRESS_FILE):
-                if is_step(record) and record["t"] >= started:
-                    self._first_step_t = float(record["t"])
-                    break
+        if self._first_step_t is None:  # a launch's first step is written at once
+            steps = [row.t for row in self._steps.read().steps if row.t >= started]
+            self._first_step_t = min(steps, default=None)
         if self._first_step_t is not None:
             return now >= self._first_step_t + delay
         return now >= started + delay + CHAOS_NO_PROGRESS_S
