@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +20,7 @@ from mncloud.backends.local.processes import pid_alive, tagged_pids
 from mncloud.backends.local.state import load_state
 from mncloud.cli import app
 from mncloud.layout import run_dir
+from tests.test_local import wait_until
 
 pytestmark = pytest.mark.slow
 runner = CliRunner()
@@ -50,16 +49,6 @@ if len(sys.argv) > 1 and sys.argv[1] == "--sleep":
 
 def _cli(*args: str) -> Any:
     return runner.invoke(app, list(args))
-
-
-def _wait(check: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def _records(folder: Path) -> list[dict[str, Any]]:
@@ -100,7 +89,7 @@ def _up(name: str, idle_s: float, monkeypatch: pytest.MonkeyPatch) -> warm.Hosts
     folder = run_dir(name)
     record = warm.live_hosts(folder)
     assert record is not None and len(record.pids) == 2
-    _wait(lambda: all(warm.worker_env(folder, n, record) for n in (0, 1)), 60, "hosts ready")
+    wait_until(lambda: all(warm.worker_env(folder, n, record) for n in (0, 1)), 60, "hosts ready")
     return record
 
 
@@ -134,12 +123,12 @@ def test_exec_on_warm_hosts_trains_fails_and_leaves_nothing(
     for path in project.glob("workers-*.json"):
         path.unlink()
     assert _cli("exec", "dev", "train.py", "--detach", "--", "--sleep").exit_code == 0
-    pids = _wait(lambda: len(_records(project)) == 4 and _records(project), 60, "4 workers")
+    pids = wait_until(lambda: len(_records(project)) == 4 and _records(project), 60, "4 workers")
     children = set(warm.workers(hosts))
     assert {w["pid"] for w in pids} <= children  # each a child of its node's host (psutil)
     for w in pids:
         assert psutil.Process(w["pid"]).ppid() in hosts.pids
-    listed = _wait(
+    listed = wait_until(
         lambda: {p for n in load_state(run_dir("dev")).nodes for p in n.pids} >= children,
         10, "the workers in state.json",
     )  # fmt: skip
@@ -150,9 +139,9 @@ def test_exec_on_warm_hosts_trains_fails_and_leaves_nothing(
     # chaos preemption: SIGKILL to node 1's launcher, torchrun and clients; its host kills
     # its workers at once, and the supervisor relaunches the gang.
     assert _cli("chaos", "preempt", "dev", "--node", "1").exit_code == 0
-    gone = _wait(lambda: not any(pid_alive(w["pid"]) for w in pids), 15, "the workers gone")
+    gone = wait_until(lambda: not any(pid_alive(w["pid"]) for w in pids), 15, "the workers gone")
     assert gone
-    _wait(lambda: len(_records(project)) >= 8, 90, "the relaunch's workers")
+    wait_until(lambda: len(_records(project)) >= 8, 90, "the relaunch's workers")
 
     down = _cli("down", "dev", "--now")
     assert down.exit_code == 0, down.output
@@ -169,7 +158,7 @@ def test_idle_hosts_end_and_exec_falls_back_to_cold_workers(
     folder = run_dir("idle")
     (shown,) = json.loads(_cli("status", "idle", "--json").output)
     assert "local cluster tears down after 0.05 idle minutes" in shown["detail"]
-    _wait(lambda: not any(pid_alive(p) for p in hosts.pids), 30, "the idle hosts to exit")
+    wait_until(lambda: not any(pid_alive(p) for p in hosts.pids), 30, "the idle hosts to exit")
     assert not (folder / "nodes" / "node-0" / warm.SOCKET).exists()
     (shown,) = json.loads(_cli("status", "idle", "--json").output)
     assert "warm hosts are gone" in shown["detail"]
@@ -182,4 +171,4 @@ def test_idle_hosts_end_and_exec_falls_back_to_cold_workers(
     assert log.count("warm hosts are gone") == 1
     assert [w["start"] for w in _records(project) if w["rank"] == 0] == [3]
     assert not any(w["torch"] for w in _records(project))  # cold interpreters
-    _wait(lambda: not _run_processes("idle"), 15, "the supervisor to exit")
+    wait_until(lambda: not _run_processes("idle"), 15, "the supervisor to exit")
