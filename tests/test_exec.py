@@ -185,3 +185,30 @@ def test_local_exec_reruns_on_the_same_nodes_and_resumes(
     assert [s.split()[0] for s in starts if s] == ["0", "3", "0"]  # from step 0 again
     aside = [p.name for p in run_dir("loc").iterdir() if p.name.startswith("checkpoints.")]
     assert len(aside) == 1  # the old checkpoints set aside, never deleted
+
+
+@pytest.mark.catalog
+def test_a_cluster_bills_in_its_record_until_down_and_a_relaunch_takes_over(
+    project: Path, fake_sky: FakeSky
+) -> None:
+    """The record's billed time: `up --cluster` writes the launch; a job that ended on a
+    cluster still up ends nothing (it bills on, idle); `up --resume` onto the same cluster
+    closes the first record and opens its own; `down` closes that one."""
+    from mncloud.records import list_records
+
+    assert _cli(*UP, "--cluster", "--name", "dev", "--detach").exit_code == 0
+    _job_done(fake_sky, "dev", 1)
+    assert _cli("status", "dev", "--json").exit_code == 0
+    (first,) = list_records("dev")
+    assert [e.kind for e in first.events] == ["launch"]  # the cluster is up: billing on
+    assert first.events[0].hourly_price and first.events[0].cloud == "aws"
+
+    again = _cli(*UP, "--cluster", "--name", "dev", "--detach", "--resume")
+    assert again.exit_code == 0, again.output
+    first, second = list_records("dev")
+    assert [e.kind for e in first.events] == ["launch", "finish"]
+    assert [e.kind for e in second.events] == ["launch"]
+    assert _cli("down", "dev").exit_code == 0
+    first, second = list_records("dev")
+    assert [e.kind for e in second.events] == ["launch", "finish"]
+    assert len(first.events) == 2

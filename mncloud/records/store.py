@@ -293,6 +293,13 @@ def load_current(name: str) -> RunRecord:
     return found[-1]
 
 
+def _record_of(name: str, run_id: str) -> RunRecord:
+    for record in reversed(list_records(name)):
+        if record.run_id == run_id:
+            return record
+    raise RunNotFoundError(f"run {name!r} has no record {run_id} on this machine")
+
+
 def append_event(
     name: str,
     kind: EventKind,
@@ -306,8 +313,10 @@ def append_event(
     step: int | None = None,
     detail: str = "",
     at: float | None = None,
+    run_id: str | None = None,
 ) -> RunRecord | None:
-    """Append one event to run `name`'s current record and write it out.
+    """Append one event to run `name`'s current record (or its record `run_id`, an earlier
+    launch's) and write it out.
 
     For a segment-opening event, missing placement fields are taken from the previous opening
     event. Returns the updated record, or None (with a log line) when the run has no record:
@@ -322,7 +331,7 @@ def append_event(
     }
     try:
         with _locked(name):
-            record = load_current(name)
+            record = load_current(name) if run_id is None else _record_of(name, run_id)
             previous = next((e for e in reversed(record.events) if e.kind in OPENS_SEGMENT), None)
             if kind in OPENS_SEGMENT and previous is not None:
                 for key in _PLACEMENT:

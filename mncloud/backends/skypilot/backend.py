@@ -21,7 +21,7 @@ from mncloud.backends.skypilot.cluster import (
 )
 from mncloud.backends.skypilot.dryrun import dryrun, dryrun_job_group
 from mncloud.backends.skypilot.errors import sky_errors
-from mncloud.backends.skypilot.events import record_end, record_launch
+from mncloud.backends.skypilot.events import record_end, record_launch, record_superseded
 from mncloud.backends.skypilot.group import job_group_status, tail_group_logs
 from mncloud.backends.skypilot.logs import tail_logs
 from mncloud.backends.skypilot.meta import (
@@ -70,6 +70,7 @@ class SkyPilotBackend:
         task = build_task(request)
         if request.dryrun:
             return dryrun(task, spec, request.plan, spot)
+        record_superseded(spec.name)
         meta = meta_from_plan(spec, request.plan, spot, config)
         if request.options.cluster:  # `up --cluster`: kept up for `exec` (cluster.py)
             status = launch_cluster(task, meta, request.options.idle_minutes, self.progress)
@@ -99,6 +100,7 @@ class SkyPilotBackend:
         if request.dryrun:
             return dryrun_job_group(dag, spec, request.plan, spot)
         names = [str(task.name) for task in dag.tasks]
+        record_superseded(spec.name)
         meta = meta_from_plan(spec, request.plan, spot, request.task.config, names)
         try:
             with sky_errors(f"launch job group {spec.name}"):
@@ -249,7 +251,7 @@ class SkyPilotBackend:
 def _record_launch(request: LaunchRequest, meta: RunMeta) -> None:
     """The run record's `launch` event (`events.py`), unless the caller records its own."""
     if request.record_events and request.run_id:
-        meta.records_events = True
+        meta.records_events, meta.run_id = True, request.run_id
         save_meta(meta)
         record_launch(meta)
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 
 from mncloud.backends.base import RunState, RunStatus
-from mncloud.backends.skypilot.meta import CLUSTER, RunMeta
+from mncloud.backends.skypilot.meta import CLUSTER, RunMeta, load_meta, save_meta
 
 
 def record_launch(meta: RunMeta) -> None:
@@ -29,7 +29,7 @@ def record_launch(meta: RunMeta) -> None:
     append_event(
         meta.name, "launch", cloud=meta.cloud, region=meta.region,
         instance_type=meta.instance_type, spot=meta.spot, hourly_price=meta.hourly_total,
-        detail=f"SkyPilot: {what}", at=meta.launched_at,
+        detail=f"SkyPilot: {what}", at=meta.launched_at, run_id=meta.run_id,
     )  # fmt: skip
 
 
@@ -47,5 +47,20 @@ def record_end(meta: RunMeta, status: RunStatus) -> None:
     kind = "failure" if status.state is RunState.FAILED else "finish"
     at = ended if meta.kind == CLUSTER else status.ended_at or ended or time.time()
     detail = f"SkyPilot: {status.detail or status.state.value.lower()}"
-    append_event(meta.name, kind, detail=detail, at=at)
+    append_event(meta.name, kind, detail=detail, at=at, run_id=meta.run_id)
     meta.end_recorded = True
+
+
+def record_superseded(name: str) -> None:
+    """Before a new launch of `name` replaces its meta: the end of the earlier launch's record
+    if no `status` saw it (a `--cluster` run relaunched onto its own cluster, still up, is
+    billed from here on under the new record)."""
+    from mncloud.records import append_event
+
+    old = load_meta(name)
+    if old is None or not old.records_events or old.end_recorded:
+        return
+    detail = "SkyPilot: a new launch of the run took over"
+    append_event(name, "finish", detail=detail, at=time.time(), run_id=old.run_id)
+    old.end_recorded = True
+    save_meta(old)

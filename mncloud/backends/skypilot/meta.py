@@ -57,6 +57,8 @@ class RunMeta(BaseModel):
     """Whether this backend writes the run record's launch and end (`events.py`); False for
     a deadline controller's launches (it writes its own) and runs of an older mncloud."""
     end_recorded: bool = False
+    run_id: str | None = None
+    """The run record this launch's events go to (a later launch of the name has its own)."""
     gone_at: float | None = None
     """When `status` first found the run's cluster gone (a `--cluster` run's autodown)."""
 
