@@ -417,7 +417,6 @@ class FakeSky:
 
     def _launch_cluster(self, body: Any) -> tuple[int, None]:
         """The server's `launch`: a cluster UP (or the existing one) with a new job on it."""
-        from sky.skylet import job_lib
 
         (task,) = dag_utils.load_dag_from_yaml_str(body.task).tasks
         name = str(body.cluster_name)
@@ -433,16 +432,10 @@ class FakeSky:
             "region": first.region,
         }  # fmt: skip
         cluster = self.clusters.setdefault(name, {"record": record, "jobs": {}})
-        job_id = max(cluster["jobs"], default=0) + 1
-        cluster["jobs"][job_id] = job_lib.JobStatus.PENDING
-        self.cluster_yamls.setdefault(name, []).append(body.task)
-        if self.on_job is not None:
-            self.on_job(name, job_id, body.task)
-        return job_id, None
+        return self._new_job(name, cluster, body.task), None
 
     def _exec(self, body: Any) -> tuple[int, None]:
         """The server's `exec`: a new job on a cluster that is UP (no setup, no provisioning)."""
-        from sky.skylet import job_lib
 
         name = str(body.cluster_name)
         cluster = self.clusters.get(name)
@@ -450,12 +443,18 @@ class FakeSky:
             raise sx.ClusterDoesNotExist(f"Cluster {name!r} does not exist.")
         if cluster["record"]["status"] != "UP":
             raise ValueError(f"Cluster {name!r} is not up.")
+        return self._new_job(name, cluster, body.task), None
+
+    def _new_job(self, name: str, cluster: dict[str, Any], yaml_text: str) -> int:
+        """A PENDING job on a cluster, its task YAML kept, handed to `on_job` if set."""
+        from sky.skylet import job_lib
+
         job_id = max(cluster["jobs"], default=0) + 1
         cluster["jobs"][job_id] = job_lib.JobStatus.PENDING
-        self.cluster_yamls.setdefault(name, []).append(body.task)
+        self.cluster_yamls.setdefault(name, []).append(yaml_text)
         if self.on_job is not None:
-            self.on_job(name, job_id, body.task)
-        return job_id, None
+            self.on_job(name, job_id, yaml_text)
+        return job_id
 
     def _autostop(self, cluster_name: str, idle_minutes: int, down: bool, **_kw: Any) -> None:
         cluster = self.clusters.get(cluster_name)
