@@ -1,4 +1,4 @@
-"""Training telemetry through the bucket (`mncloud/records/series.py`): segments written by
+"""Training telemetry through the bucket (`mncloud/telemetry/series.py`): segments written by
 ranks, never overwritten, compacted when read; bad input skipped and counted; and a cloud-like
 run (real processes with the cloud's environment, the real S3 test server) preempted once,
 whose goodput ledger has no `unknown` part."""

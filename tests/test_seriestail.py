@@ -1,5 +1,5 @@
 """Events in the telemetry segments, the writer's prompt flushes, and `SeriesTail`, the
-incremental read a live run's pollers use (`mncloud/records/series.py`, `seriestail.py`)."""
+incremental read a live run's pollers use (`mncloud/telemetry/series.py`, `seriestail.py`)."""
 
 from __future__ import annotations
 
