@@ -6,7 +6,8 @@ too. `from P import n` is an import of the submodule `P.n` when there is one, el
 `__init__`, and then `n` must be a name P binds (no lazy facade: a package `__getattr__` that
 loads a module on first use would hide its edges, so it is refused, and nothing is importable
 from a package that its `__init__` does not bind). Importing a module of another package also
-runs that package's `__init__`, so it counts as importing that too. `importlib.import_module`
+runs that package's `__init__`, so it counts as importing that too; a submodule used as an
+attribute of an imported package (`import p` … `p.sub.f()`) is an edge. `importlib.import_module`
 and `__import__` with a literal name are edges; with a name built at run time they are refused
 outside `DYNAMIC_IMPORTS`, whose modules' strings naming modules of the tree (`"mncloud.x"`,
 `"mncloud.x:Class"`: the backends' registry table) are their edges. Any other such string is
@@ -207,6 +208,7 @@ def scan(
                     imported.append(node.value.partition(":")[0])
                 elif name not in strings_ok:
                     out.refused.append(f"{name}: the module string {node.value!r}")
+        imported += _submodules_reached(tree, mods, here)
         for target in imported:
             parts = target.split(".")
             for i in range(1, len(parts)):  # the packages it runs on the way
@@ -216,6 +218,41 @@ def scan(
             if target in mods and target != name:
                 out.graph[name].add(target)
     return out
+
+
+def _submodules_reached(tree: ast.Module, mods: dict[str, Path], here: str) -> list[str]:
+    """Submodules used as attributes of an imported package (`import p` … `p.sub.f()`,
+    `from p import q` … `q.sub`): each works only if something loaded it, so it is an edge."""
+    bound: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                bound[alias.asname or alias.name.split(".")[0]] = (
+                    alias.name if alias.asname else alias.name.split(".")[0]
+                )
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = here.split(".")[: len(here.split(".")) - node.level + 1]
+                base = ".".join([*up, base] if base else up)
+            for alias in node.names:
+                bound[alias.asname or alias.name] = f"{base}.{alias.name}"
+    reached = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            chain: list[str] = []
+            inner: ast.expr = node
+            while isinstance(inner, ast.Attribute):
+                chain.insert(0, inner.attr)
+                inner = inner.value
+            if isinstance(inner, ast.Name) and bound.get(inner.id) in mods:
+                module = bound[inner.id]
+                for attr in chain:
+                    if f"{module}.{attr}" not in mods:
+                        break
+                    module = f"{module}.{attr}"
+                    reached.append(module)
+    return reached
 
 
 def _import_argument(tree: ast.Module, constant: ast.Constant) -> bool:
@@ -344,6 +381,11 @@ def test_an_import_by_name_is_an_edge_and_closes_a_circle(planted: Path, call: s
     found = scan(planted, "pkg", {}, {})
     assert found.refused == []
     assert circles(found.graph) == [["pkg.a", "pkg.b", "pkg.a"]]
+
+
+def test_a_submodule_reached_as_an_attribute_is_an_edge(planted: Path) -> None:
+    (planted / "pkg" / "b.py").write_text("import pkg\n\n\ndef f():\n    return pkg.a.g\n")
+    assert circles(import_graph(planted, "pkg")) == [["pkg.a", "pkg.b", "pkg.a"]]
 
 
 def test_a_lazy_facade_is_refused(planted: Path) -> None:
