@@ -51,7 +51,7 @@ def first_step_after(name: str, t0: float, timeout: float = 600) -> float:
     """Seconds from `t0` to the first step rank 0 reported after it (its telemetry)."""
     from mncloud.backends.local.state import series_uri
     from mncloud.layout import run_dir
-    from mncloud.records.seriestail import SeriesTail
+    from mncloud.telemetry.seriestail import SeriesTail
 
     tails: dict[str, SeriesTail] = {}
 

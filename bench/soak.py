@@ -156,7 +156,7 @@ class Run:
         the last call stopped (thousands of steps; a relaunch after `down` is a new run id,
         a new series)."""
         from mncloud.backends.local.state import series_uri
-        from mncloud.records.seriestail import SeriesTail
+        from mncloud.telemetry.seriestail import SeriesTail
 
         uri = series_uri(self.folder)
         if uri is None:

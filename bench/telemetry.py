@@ -57,7 +57,7 @@ def main() -> None:
         constants.CKPT_URI_ENV: ckpt, constants.RUN_ID_ENV: "bench-1", "RANK": "0",
         constants.TELEMETRY_INTERVAL_ENV: str(args.interval),
     })  # fmt: skip
-    from mncloud.records.series import read_series
+    from mncloud.telemetry.series import read_series
     from mncloud.train import steptime
 
     off: list[float] = []

@@ -30,8 +30,8 @@ def _populate(runs: int, events: int) -> str:
     from mncloud.backends.base import RunState
     from mncloud.backends.local.state import LocalLaunch, LocalState, save_launch, save_state
     from mncloud.backends.registry import BACKEND_FILE
-    from mncloud.records import save_record
     from mncloud.records.model import Event, RunRecord
+    from mncloud.records.store import save_record
 
     now = time.time() - 3600
     for i in range(runs):

@@ -77,7 +77,7 @@ PROFILE_META_ENV = "MNCLOUD_PROFILE_META"
 
 # The run id (lineage record) every node gets; see mncloud/records/.
 RUN_ID_ENV = "MNCLOUD_RUN_ID"
-# Seconds between a rank's telemetry segment writes (mncloud/records/series.py; default 30, a
+# Seconds between a rank's telemetry segment writes (mncloud/telemetry/series.py; default 30, a
 # local run's nodes 0.5: its figures count the steps a SIGKILLed rank reported).
 TELEMETRY_INTERVAL_ENV = "MNCLOUD_TELEMETRY_INTERVAL_S"
 # The deadline controller's state in the bucket, in its own SkyPilot task's envs

@@ -69,7 +69,7 @@ class Launched:
 def learned_hazards() -> list[LearnedHazard]:
     """Spot hazards learned from this machine's run records, blended with the priors."""
     from mncloud.plan import learn_hazards
-    from mncloud.records import observed_spot_hazard
+    from mncloud.records.ledger import observed_spot_hazard
 
     return learn_hazards(observed_spot_hazard())
 
@@ -110,7 +110,7 @@ def _learned_hardware(
     """`--learn`: bandwidths earlier runs' preflights measured, and this script's efficiency
     per GPU type from their step times (`plan.learned`)."""
     from mncloud.plan import learned
-    from mncloud.records import observed_runs
+    from mncloud.records.ledger import observed_runs
 
     observed = observed_runs()
     busbw = learned.node_busbw(observed)
@@ -206,7 +206,7 @@ def launch(
             notify(f"warning: {warning}")
         _clear_leftover_stop(spec)
     if run_id is not None:
-        from mncloud.records import create_record
+        from mncloud.records.store import create_record
 
         record_backend(spec.name, prepared.backend)
         create_record(
@@ -246,7 +246,7 @@ def exec_run(
     """
     from mncloud.backends.base import LaunchRequest
     from mncloud.backends.registry import backend_name_of, get_backend
-    from mncloud.records import load_current
+    from mncloud.records.store import load_current
     from mncloud.render import render, rendered_from_yaml
     from mncloud.spec import JobSpec, LaunchOptions
 
@@ -317,7 +317,7 @@ def _clear_leftover_stop(spec: JobSpec) -> None:
 
 
 def _new_run_id(name: str) -> str:
-    from mncloud.records import new_run_id
+    from mncloud.records.store import new_run_id
 
     return new_run_id(name)
 

@@ -35,7 +35,7 @@ RERUNS_DIR = "reruns"
 SKY_RUNTIME_DIR = "sky-runtime"
 SKY_CACHE_DIR = "sky-cache"
 PROFILES_DIR = "profiles"
-#: Under a run's record prefix: the ranks' telemetry segments (`records.series`).
+#: Under a run's record prefix: the ranks' telemetry segments (`telemetry.series`).
 SERIES_DIR = "series"
 LOCAL_CKPT_DIR = "checkpoints"
 CKPT_DIR_NAME = "ckpt-dir"
@@ -132,7 +132,7 @@ def record_uri(ckpt_uri: str, run_id: str) -> str:
 
 
 def series_uri(ckpt_uri: str, run_id: str) -> str:
-    """`<ckpt uri>/runs/<run-id>/series`: the ranks' telemetry segments (`records.series`)."""
+    """`<ckpt uri>/runs/<run-id>/series`: the ranks' telemetry segments (`telemetry.series`)."""
     return join_uri(record_uri(ckpt_uri, run_id), SERIES_DIR)
 
 

@@ -32,10 +32,10 @@ from mncloud.records.model import OPENS_SEGMENT, Event
 
 if TYPE_CHECKING:
     from mncloud.control.state import ControlState
-    from mncloud.records.curves import MetricsView
     from mncloud.records.goodput import GoodputLedger, StepMark, Telemetry
     from mncloud.records.model import RunRecord
-    from mncloud.records.series import Series
+    from mncloud.telemetry.curves import MetricsView
+    from mncloud.telemetry.series import Series
 
 #: What `status` says of a bucket that did not answer (then nothing else reads it).
 UNREADABLE = "checkpoints unreadable"
@@ -292,24 +292,25 @@ def _add_deadline(status: RunStatus, control: ControlState) -> None:
 
 
 def _add_stragglers(status: RunStatus) -> None:
-    from mncloud import records
+    from mncloud.records.store import load_current
+    from mncloud.telemetry.steps import step_times, straggler_note, straggler_ranks
 
     try:
-        record = records.load_current(status.name)
+        record = load_current(status.name)
     except MncloudError:
         return
     _add_bandwidth(status, record)
-    status.step_times = records.step_times(record, ckpt_uri=status.ckpt_uri)
-    status.stragglers = records.straggler_ranks(status.step_times)
-    note = records.straggler_note(status.step_times, status.stragglers)
+    status.step_times = step_times(record, ckpt_uri=status.ckpt_uri)
+    status.stragglers = straggler_ranks(status.step_times)
+    note = straggler_note(status.step_times, status.stragglers)
     if note:
         _prepend(status, note)
 
 
 def _add_bandwidth(status: RunStatus, record: RunRecord) -> None:
     """The preflight's bandwidth figure from beside the record, kept in the record once read."""
-    from mncloud import records
     from mncloud.doctor import bandwidth
+    from mncloud.records.store import record_bandwidth
 
     found = record.bandwidth
     uri = record.ckpt_uri or status.ckpt_uri
@@ -319,7 +320,7 @@ def _add_bandwidth(status: RunStatus, record: RunRecord) -> None:
         except (MncloudError, OSError, ValueError):
             found = None
         if found is not None:
-            records.record_bandwidth(record.name, record.run_id, found)
+            record_bandwidth(record.name, record.run_id, found)
     status.bandwidth = found
 
 
@@ -408,10 +409,10 @@ def with_relaunches(record: RunRecord, series: Series) -> RunRecord:
 
 
 def run_series(record: RunRecord, ckpt_uri: str | None = None) -> Series | None:
-    """A run's telemetry segments, merged and compacted in the bucket (`records.series`),
+    """A run's telemetry segments, merged and compacted in the bucket (`telemetry.series`),
     under its checkpoint URI or
     `ckpt_uri`; None when neither is known or the bucket cannot be read."""
-    from mncloud.records.series import read_series
+    from mncloud.telemetry.series import read_series
 
     uri = record.ckpt_uri or ckpt_uri
     if uri is None and record.backend == "local":
@@ -470,10 +471,10 @@ def status_goodput(status: RunStatus) -> float | None:
     """The goodput `status` shows for a run: of its newest record, over its telemetry; None
     without a record or per-step telemetry, or when they cannot be read. The bucket is read
     again only where `run_status` read it (it answered: a checkpoint found, or none there)."""
-    from mncloud import records
+    from mncloud.records.store import load_current
 
     try:
-        record = records.load_current(status.name)
+        record = load_current(status.name)
         answered = status.ckpt_step is not None or (
             status.ckpt_uri is not None and UNREADABLE not in status.detail
         )
@@ -483,12 +484,13 @@ def status_goodput(status: RunStatus) -> float | None:
 
 
 def run_metrics(run_name: str) -> MetricsView:
-    """The curves of a run's newest record (`records.curves`): its reported metrics over
+    """The curves of a run's newest record (`telemetry.curves`): its reported metrics over
     steps, step time per node, its launches. Raises when the run or its bucket is unknown."""
-    from mncloud import records
-    from mncloud.records.curves import metrics_view
 
-    record = records.load_current(run_name)
+    from mncloud.records.store import load_current
+    from mncloud.telemetry.curves import metrics_view
+
+    record = load_current(run_name)
     series = run_series(record)
     if series is None:
         raise MncloudError(

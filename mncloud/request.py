@@ -417,7 +417,7 @@ def _checked_envs(opts: dict[str, Any]) -> dict[str, str]:
     envs = _as_mapping(opts.get("env"), "--env")
     if opts.get("allow_secret_env"):
         return envs
-    from mncloud.records.redact import looks_like_credential
+    from mncloud.redact import looks_like_credential
 
     for key, value in envs.items():
         if looks_like_credential(key, value):

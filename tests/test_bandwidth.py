@@ -76,7 +76,7 @@ def test_a_node_that_never_joins_fails_the_test_naming_it(tmp_path: Path) -> Non
 @pytest.mark.slow
 @pytest.mark.catalog
 def test_local_run_shows_the_figure_in_status_and_record(tmp_path: Path) -> None:
-    from mncloud import records
+    from mncloud.records.store import load_current
 
     (tmp_path / "pyproject.toml").write_text("[project]\nname='bw'\n")
     script = tmp_path / "hello.py"
@@ -87,7 +87,7 @@ def test_local_run_shows_the_figure_in_status_and_record(tmp_path: Path) -> None
     (status,) = json.loads(cli("status", "bw", "--json").output)
     figures = status["bandwidth"]
     assert figures["busbw_gbs"] > 0 and figures["fabric"] == "loopback (local backend)"
-    assert records.load_current("bw").bandwidth == figures
+    assert load_current("bw").bandwidth == figures
     # `doctor --bandwidth RUN`: the test alone across the run's nodes, against its expectation.
     again = cli("doctor", "--bandwidth", "bw").output
     assert "all-reduce bus bandwidth" in again and "expected for loopback" in again

@@ -23,7 +23,8 @@ from mncloud.control.loop import Controller
 from mncloud.control.markets import ManagedJobMarket
 from mncloud.deadline.policy import Mode
 from mncloud.plan.traces import load_trace
-from mncloud.records import cost_summary, find_record, list_records
+from mncloud.records.ledger import cost_summary
+from mncloud.records.store import find_record, list_records
 from mncloud.request import build_spec
 from mncloud.spec import LaunchOptions
 from tests.fakesky import FakeSky
@@ -283,7 +284,7 @@ def test_malformed_trace_names_the_problem(
 
 
 def test_budget_below_what_was_spent_is_refused(train: Path) -> None:
-    from mncloud.records import append_event, create_record
+    from mncloud.records.store import append_event, create_record
 
     spec = build_spec(train, gpus="cpu:1", nodes=2, cloud=["local"], name="dl")
     create_record(spec, "a: 1\n", backend="local")

@@ -23,7 +23,7 @@ from mncloud.control.markets import ManagedJobMarket
 from mncloud.control.outcomes import MAX_RELAUNCHES, VANISHED_LOOKS
 from mncloud.control.recovery import LaunchUnknown
 from mncloud.deadline.policy import Mode
-from mncloud.records import list_records
+from mncloud.records.store import list_records
 from mncloud.request import build_spec
 from mncloud.spec import LaunchOptions
 from tests.fakesky import ERROR, FakeSky

@@ -18,7 +18,8 @@ from mncloud import control
 from mncloud.backends.local.figures import read_final
 from mncloud.cli import app
 from mncloud.layout import local_ckpt_dir
-from mncloud.records import cost_summary, find_record
+from mncloud.records.ledger import cost_summary
+from mncloud.records.store import find_record
 from tests.test_local import EXAMPLE, run_log, up, wait_final, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.catalog]

@@ -25,7 +25,8 @@ from mncloud.cli import app
 from mncloud.control.places import ManagedJobPlaces, PlacesController
 from mncloud.deadline.policy import Mode
 from mncloud.layout import local_ckpt_dir
-from mncloud.records import cost_summary, find_record, list_records
+from mncloud.records.ledger import cost_summary
+from mncloud.records.store import find_record, list_records
 from mncloud.request import build_spec
 from mncloud.spec import LaunchOptions
 from tests.fakesky import FakeSky

@@ -25,7 +25,7 @@ from mncloud.deadline.policy import Mode
 from mncloud.launch import launch
 from mncloud.layout import control_log
 from mncloud.plan.traces import load_trace
-from mncloud.records import list_records
+from mncloud.records.store import list_records
 from mncloud.request import build_spec
 from mncloud.spec import LaunchOptions
 from tests.test_local import EXAMPLE, run_log, wait_until

@@ -429,7 +429,8 @@ def test_efa_is_priced_at_the_cards_skypilot_will_attach(
 @pytest.mark.catalog
 def test_learn_takes_measured_bandwidth_and_efficiency_from_earlier_runs() -> None:
     from mncloud.plan import learned
-    from mncloud.records import RunRecord, observed_runs
+    from mncloud.records.ledger import observed_runs
+    from mncloud.records.model import RunRecord
 
     def record(run_id: str, created: float, step: float | None, busbw: float | None) -> Any:
         return RunRecord(

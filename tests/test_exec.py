@@ -194,7 +194,7 @@ def test_a_cluster_bills_in_its_record_until_down_and_a_relaunch_takes_over(
     """The record's billed time: `up --cluster` writes the launch; a job that ended on a
     cluster still up ends nothing (it bills on, idle); `up --resume` onto the same cluster
     closes the first record and opens its own; `down` closes that one."""
-    from mncloud.records import list_records
+    from mncloud.records.store import list_records
 
     assert _cli(*UP, "--cluster", "--name", "dev", "--detach").exit_code == 0
     _job_done(fake_sky, "dev", 1)

@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 
 from mncloud.cli import app
 from mncloud.export import EXPORT_MANIFEST, INDEX_FILE, ExportManifest
-from mncloud.records import load_current
+from mncloud.records.store import load_current
 from mncloud.storage import CheckpointStore, open_bucket
 from mncloud.storage.checkpoints import COMPLETE, sha256_file, step_dir
 from mncloud.train import CheckpointManager

@@ -202,9 +202,9 @@ def test_breakdown_needs_a_known_run() -> None:
 @pytest.mark.catalog
 def test_a_local_run_preempted_once() -> None:
     """2 nodes × 1 process, killed once after a checkpoint and steps past it."""
-    from mncloud import records
     from mncloud.backends.base import RunState
     from mncloud.operate import run_telemetry
+    from mncloud.records.store import load_current
     from mncloud.storage import CheckpointStore
 
     # Long enough that the kill lands mid-training, after a checkpoint, however fast steps are.
@@ -225,7 +225,7 @@ def test_a_local_run_preempted_once() -> None:
     newest = int(killed.data["latest_checkpoint"])
     launches = [e.t for e in state.events if e.kind == "launch"]
     # The supervisor's record writer adds the finish event just after state.json says so.
-    record = wait_until(lambda: (r := records.load_current("gp")).finished and r, 30, "finish")
+    record = wait_until(lambda: (r := load_current("gp")).finished and r, 30, "finish")
     ledger = goodput_ledger(record, run_telemetry(record))
     assert ledger.launches == 2
     last_before_kill = max(s for s, t in _steps_with_times("gp") if launches[0] <= t < launches[1])

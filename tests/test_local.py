@@ -29,7 +29,7 @@ from mncloud.backends.local.processes import kill_tagged, pid_alive, tagged_pids
 from mncloud.backends.local.state import LocalState, load_state
 from mncloud.cli import app
 from mncloud.layout import run_dir
-from mncloud.records.series import Series, SeriesWriter
+from mncloud.telemetry.series import Series, SeriesWriter
 
 pytestmark = pytest.mark.catalog
 runner = CliRunner()

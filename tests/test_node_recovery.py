@@ -21,11 +21,11 @@ from mncloud.backends.local.replacing import NodeReplacer
 from mncloud.backends.local.state import LocalLaunch, LocalState, NodeRecord, series_uri
 from mncloud.errors import SpecError
 from mncloud.layout import run_dir
-from mncloud.records.series import Series
-from mncloud.records.seriestail import SeriesTail
 from mncloud.records.store import load_current
 from mncloud.request import build_spec
 from mncloud.spec import Recovery, min_replicas
+from mncloud.telemetry.series import Series
+from mncloud.telemetry.seriestail import SeriesTail
 from tests.test_local import EXAMPLE, cli, run_log, runner, state_of, up, wait_final, wait_until
 
 pytestmark = pytest.mark.catalog

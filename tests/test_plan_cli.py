@@ -14,10 +14,10 @@ import typer
 from rich.console import Console
 from typer.testing import CliRunner
 
-from mncloud import records as runs
 from mncloud.cli import plan as plan_cli
 from mncloud.constants import CATALOG_DIR_ENV as CATALOG_ENV
 from mncloud.plan import costmodel
+from mncloud.records.store import append_event, create_record
 from mncloud.request import build_spec
 from tests.skyseed import sky_enabled_clouds  # noqa: F401 - a fixture
 
@@ -139,14 +139,14 @@ def _history(tmp_path: Path, name: str, cloud: str, spot: bool, preemptions: int
     (tmp_path / "train.py").write_text("print('hi')\n")
     gpus = "cpu:2" if cloud == "local" else "H100:8"
     spec = build_spec(tmp_path / "train.py", gpus=gpus, nodes=4, cloud=[cloud], name=name)
-    runs.create_record(spec, "a: 1\n", backend="local" if cloud == "local" else "skypilot")
+    create_record(spec, "a: 1\n", backend="local" if cloud == "local" else "skypilot")
     t = 1_000_000.0
-    runs.append_event(name, "launch", cloud=cloud, spot=spot, hourly_price=40.0, at=t)
+    append_event(name, "launch", cloud=cloud, spot=spot, hourly_price=40.0, at=t)
     for _ in range(preemptions):
         t += 1800
-        runs.append_event(name, "preemption", node=1, at=t)
-        runs.append_event(name, "recovery", at=t)
-    runs.append_event(name, "finish", at=t + 1800)
+        append_event(name, "preemption", node=1, at=t)
+        append_event(name, "recovery", at=t)
+    append_event(name, "finish", at=t + 1800)
 
 
 @pytest.mark.catalog

@@ -10,13 +10,28 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from mncloud import constants, layout, records
+from mncloud import constants, layout
 from mncloud.errors import RunNotFoundError
 from mncloud.export import ExportFormat
-from mncloud.records import Event, Redactor, RunRecord, store, telemetry
+from mncloud.records import store
+from mncloud.records.ledger import cost_summary, observed_spot_hazard
+from mncloud.records.model import Event, RecordError, RunRecord
+from mncloud.records.rerun import prepare_rerun
+from mncloud.records.store import (
+    append_event,
+    create_record,
+    find_record,
+    list_bucket_records,
+    list_records,
+    load_current,
+    load_diff,
+)
+from mncloud.redact import Redactor
 from mncloud.request import build_spec
 from mncloud.spec import Accelerator, JobSpec, LaunchOptions, Recovery
 from mncloud.storage import open_bucket
+from mncloud.telemetry import steps as telemetry
+from mncloud.telemetry.steps import step_times, straggler_note, straggler_ranks
 
 # Planted secrets: each must appear in no file written under MNCLOUD_HOME or the bucket.
 SECRET_VALUE = "s3cr3t-planted-value-91c7"
@@ -85,7 +100,7 @@ def assert_no_planted(*roots: Path) -> None:
 
 def test_record_has_every_field(repo: Path, mncloud_home: Path) -> None:
     spec = make_spec(repo, label=["team=nlp"], image="docker:pytorch/pytorch:latest")
-    record = records.create_record(spec, "name: exp\n", None, "local", now=1_700_000_000)
+    record = create_record(spec, "name: exp\n", None, "local", now=1_700_000_000)
     assert record.run_id.startswith("exp-20231114T221320-")
     path = mncloud_home / "records" / record.run_id / "run.json"
     data = json.loads(path.read_text())
@@ -105,9 +120,9 @@ def test_record_has_every_field(repo: Path, mncloud_home: Path) -> None:
 
     assert g["diff_sha256"] == hashlib.sha256(diff).hexdigest()
     assert g["diff_redacted"] is False
-    assert records.find_record(record.run_id).run_id == record.run_id
-    assert records.find_record("exp").run_id == record.run_id
-    assert records.find_record(record.run_id[:-2]).run_id == record.run_id
+    assert find_record(record.run_id).run_id == record.run_id
+    assert find_record("exp").run_id == record.run_id
+    assert find_record(record.run_id[:-2]).run_id == record.run_id
 
 
 def test_record_outside_git_and_clean_tree(tmp_path: Path) -> None:
@@ -115,36 +130,36 @@ def test_record_outside_git_and_clean_tree(tmp_path: Path) -> None:
     plain.mkdir()
     (plain / "train.py").write_text("pass\n")
     spec = build_spec(plain / "train.py", gpus="cpu:1", cloud=["local"], name="plain")
-    assert records.create_record(spec, "x: 1\n").git is None
+    assert create_record(spec, "x: 1\n").git is None
 
 
 def test_records_of_one_name_accumulate(repo: Path) -> None:
     spec = make_spec(repo)
-    first = records.create_record(spec, "a: 1\n", now=1_700_000_000)
+    first = create_record(spec, "a: 1\n", now=1_700_000_000)
     git(repo, "commit", "-qam", "v2")
-    second = records.create_record(spec, "a: 2\n", now=1_700_000_100)
-    ids = [r.run_id for r in records.list_records()]
+    second = create_record(spec, "a: 2\n", now=1_700_000_100)
+    ids = [r.run_id for r in list_records()]
     assert ids == [first.run_id, second.run_id]
-    assert records.load_diff(first).startswith(b"diff --git")
-    assert records.load_diff(second) == b""  # clean tracked tree now
+    assert load_diff(first).startswith(b"diff --git")
+    assert load_diff(second) == b""  # clean tracked tree now
     with pytest.raises(RunNotFoundError, match="no run record"):
-        records.find_record("nope")
+        find_record("nope")
 
 
 def test_record_in_bucket_and_bucket_failure_never_breaks(
     repo: Path, bucket_uri: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     spec = make_spec(repo, bucket=bucket_uri)
-    record = records.create_record(spec, "a: 1\n")
+    record = create_record(spec, "a: 1\n")
     assert record.bucket_uri == f"{bucket_uri}/exp/runs/{record.run_id}"
     bucket, prefix = open_bucket(record.bucket_uri)
     stored = RunRecord.model_validate_json(bucket.get_bytes(f"{prefix}/run.json"))
     assert stored.run_id == record.run_id
     assert b"+print('v2')" in bucket.get_bytes(f"{prefix}/diff.patch")
-    records.append_event("exp", "launch", hourly_price=1.0, spot=True, cloud="local")
+    append_event("exp", "launch", hourly_price=1.0, spot=True, cloud="local")
     stored = RunRecord.model_validate_json(bucket.get_bytes(f"{prefix}/run.json"))
     assert [e.kind for e in stored.events] == ["launch"]
-    found = records.list_bucket_records(bucket_uri)
+    found = list_bucket_records(bucket_uri)
     assert [r.run_id for r in found] == [record.run_id]
 
 
@@ -154,8 +169,8 @@ def test_broken_bucket_only_warns(
     (tmp_path / "down").write_text("a file where the bucket's folder should be")
     spec = make_spec(repo, bucket=f"file://{tmp_path / 'down'}")
     monkeypatch.setattr(store, "BUCKET_RETRY_SECONDS", 0.2)
-    record = records.create_record(spec, "a: 1\n")
-    assert records.load_current("exp").run_id == record.run_id
+    record = create_record(spec, "a: 1\n")
+    assert load_current("exp").run_id == record.run_id
     assert "run record not written" in caplog.text
 
 
@@ -186,10 +201,10 @@ def test_planted_secrets_absent_from_every_file(
 
     task = render(spec)
     assert TOKEN_VALUE in task.yaml_text  # --env is rendered by design; the record is not
-    record = records.create_record(spec, task)
-    records.append_event("leaky", "failure", detail=f"crashed with MY_SECRET={SECRET_VALUE}")
+    record = create_record(spec, task)
+    append_event("leaky", "failure", detail=f"crashed with MY_SECRET={SECRET_VALUE}")
     assert record.git is not None
-    assert records.load_current("leaky").git.diff_redacted  # type: ignore[union-attr]
+    assert load_current("leaky").git.diff_redacted  # type: ignore[union-attr]
     assert_no_planted(mncloud_home, bucket)
     data = (mncloud_home / "records" / record.run_id / "run.json").read_text()
     assert "visible-value" in data and "<redacted>" in data
@@ -249,7 +264,7 @@ def test_cost_segments_split_by_preemption_and_market() -> None:
         Event(kind="restart", time=3.3 * H, cloud="aws", spot=False, hourly_price=100.0),
         plan={"choice": {"expected_cost": 500.0, "hourly_total": 40.0}},
     )
-    summary = records.cost_summary(record, now=4.3 * H)
+    summary = cost_summary(record, now=4.3 * H)
     segs = summary.segments
     assert [(s.opened_by, s.ended_by, s.open) for s in segs] == [
         ("launch", "preemption", False),
@@ -266,21 +281,19 @@ def test_cost_segments_split_by_preemption_and_market() -> None:
 
 def test_unpriced_segment_and_finish() -> None:
     record = ledger(Event(kind="launch", time=0), Event(kind="finish", time=H))
-    summary = records.cost_summary(record, now=10 * H)
+    summary = cost_summary(record, now=10 * H)
     assert summary.total == 0 and summary.unpriced_hours == pytest.approx(1.0)
     assert record.finished
 
 
 def test_append_event_inherits_placement(repo: Path) -> None:
-    records.create_record(make_spec(repo), "a: 1\n")
-    records.append_event(
-        "exp", "launch", cloud="aws", region="us-east-1", spot=True, hourly_price=8
-    )
-    records.append_event("exp", "preemption", node=1)
-    rec = records.append_event("exp", "recovery")
+    create_record(make_spec(repo), "a: 1\n")
+    append_event("exp", "launch", cloud="aws", region="us-east-1", spot=True, hourly_price=8)
+    append_event("exp", "preemption", node=1)
+    rec = append_event("exp", "recovery")
     assert rec is not None
     assert rec.events[-1].cloud == "aws" and rec.events[-1].hourly_price == 8
-    assert records.append_event("never-launched", "launch") is None
+    assert append_event("never-launched", "launch") is None
 
 
 def test_observed_spot_hazard() -> None:
@@ -293,7 +306,7 @@ def test_observed_spot_hazard() -> None:
         Event(kind="finish", time=7 * H),
         nodes=2,
     )
-    hazard = records.observed_spot_hazard([record])
+    hazard = observed_spot_hazard([record])
     assert hazard == {"aws": (pytest.approx(1 / 10), 1, pytest.approx(10.0))}
 
 
@@ -301,10 +314,10 @@ def test_observed_spot_hazard() -> None:
 
 
 def test_straggler_ranks() -> None:
-    assert records.straggler_ranks({0: 1.0, 1: 1.1, 2: 1.0, 3: 1.6}) == [3]
-    assert records.straggler_ranks({0: 1.0, 1: 1.49}) == []  # median 1.245: 1.49 < 1.87
-    assert records.straggler_ranks({0: 1.0}) == []
-    assert records.straggler_ranks({0: 1.0, 1: 1.0, 2: 3.0}) == [2]
+    assert straggler_ranks({0: 1.0, 1: 1.1, 2: 1.0, 3: 1.6}) == [3]
+    assert straggler_ranks({0: 1.0, 1: 1.49}) == []  # median 1.245: 1.49 < 1.87
+    assert straggler_ranks({0: 1.0}) == []
+    assert straggler_ranks({0: 1.0, 1: 1.0, 2: 3.0}) == [2]
 
 
 #: A window that counts: it timed enough steps (the first windows include warm-up).
@@ -323,7 +336,7 @@ def publish_windows(
     bare number is a full window (`WINDOW` steps that many seconds apart); (seconds, steps) a
     window that timed that many steps. A rank's windows go on in its `launch`; a new launch
     starts afresh (`status` reads each rank's newest launch)."""
-    from mncloud.records.series import SeriesWriter
+    from mncloud.telemetry.series import SeriesWriter
 
     uri = layout.series_uri(env[constants.CKPT_URI_ENV], env[constants.RUN_ID_ENV])
     for rank, windows in by_rank.items():
@@ -350,21 +363,21 @@ def run_env(record: RunRecord, ckpt_uri: str | None = None) -> dict[str, str]:
 
 def test_published_step_times(repo: Path, tmp_path: Path) -> None:
     uri = f"file://{tmp_path / 'b'}"
-    record = records.create_record(make_spec(repo, bucket=uri), "a: 1\n")
+    record = create_record(make_spec(repo, bucket=uri), "a: 1\n")
     env = run_env(record)
     assert env[constants.CKPT_URI_ENV] == f"{uri}/exp"
     publish_windows(env, {0: [1.0]})
-    assert records.step_times(record) == {}  # one window is not sustained yet
+    assert step_times(record) == {}  # one window is not sustained yet
     publish_windows(env, {0: [1.0, 1.0], 1: [1.0, 1.0, 1.0], 2: [2.0, 2.0, 2.0]})
-    times = records.step_times(record)
+    times = step_times(record)
     assert times == {0: 1.0, 1: 1.0, 2: 2.0}
-    assert records.straggler_ranks(times) == [2]
+    assert straggler_ranks(times) == [2]
 
 
 def test_stragglers_need_a_sustained_slowdown(repo: Path, bucket_uri: str) -> None:
     """Issue #17 item 14: a healthy 2×2 demo was flagged `straggler rank 3 (2.6× median)`
     off one warm-up window. Only a slowdown over enough well-sampled windows is flagged."""
-    record = records.create_record(make_spec(repo, bucket=bucket_uri), "a: 1\n")
+    record = create_record(make_spec(repo, bucket=bucket_uri), "a: 1\n")
     env = run_env(record)
     assert env[constants.CKPT_URI_ENV] == f"{bucket_uri}/exp"
     series_uri = layout.series_uri(env[constants.CKPT_URI_ENV], record.run_id)
@@ -372,23 +385,23 @@ def test_stragglers_need_a_sustained_slowdown(repo: Path, bucket_uri: str) -> No
     # First steps: rank 3's 3 steps include its warm-up, 2.6× the median.
     publish_windows(env, {0: [(0.2, 3)], 1: [(0.2, 3)], 2: [(0.2, 3)], 3: [(0.52, 3)]})
     newest = {r: s.seconds_per_step for r, s in telemetry.read_steps(series_uri).items()}
-    assert records.straggler_ranks(newest) == [3]  # what the old rule flagged
-    assert records.step_times(record) == {}
+    assert straggler_ranks(newest) == [3]  # what the old rule flagged
+    assert step_times(record) == {}
     # Full windows; rank 3 slow once more, then calm: never slow throughout.
     full = {r: [0.2, 0.2, 0.2] for r in range(3)}
     publish_windows(env, full | {3: [0.52, 0.2, 0.21]}, launch="b")
-    times = records.step_times(record)
+    times = step_times(record)
     assert times == pytest.approx({0: 0.2, 1: 0.2, 2: 0.2, 3: 0.2})
-    assert records.straggler_ranks(times) == []
+    assert straggler_ranks(times) == []
     # A real straggler: 1.8× or more over the last windows, each well sampled.
     publish_windows(env, full | {3: [0.36, 0.4, 0.37]}, launch="c")
-    times = records.step_times(record)
-    assert records.straggler_ranks(times) == [3]
-    assert records.straggler_note(times, [3]) == "straggler rank 3 (1.8× median)"
+    times = step_times(record)
+    assert straggler_ranks(times) == [3]
+    assert straggler_note(times, [3]) == "straggler rank 3 (1.8× median)"
     # The same slowdown timed over too few steps in its newest window: not (yet) flagged.
     publish_windows(env, {3: [(0.5, FULL - 1)]}, launch="c")
-    assert 3 not in records.step_times(record)
-    assert records.straggler_ranks(records.step_times(record)) == []
+    assert 3 not in step_times(record)
+    assert straggler_ranks(step_times(record)) == []
 
 
 def _local_run(name: str, ckpt_uri: str) -> None:
@@ -414,7 +427,7 @@ def test_status_flags_the_straggling_rank(
 
     monkeypatch.setattr(ops, "console", Console(width=250))
     uri = f"file://{tmp_path / 'b'}"
-    record = records.create_record(make_spec(repo, bucket=uri), "a: 1\n")
+    record = create_record(make_spec(repo, bucket=uri), "a: 1\n")
     _local_run("exp", f"{uri}/exp")
     env = run_env(record)  # as render sets them on every node
     times = [1.0, 1.05, 0.95, 1.8]  # median 1.025: rank 3 is 1.76×
@@ -445,7 +458,7 @@ def test_status_reads_step_times_of_a_run_without_bucket(repo: Path) -> None:
     """A local run without --bucket publishes under its checkpoint folder, not a bucket."""
     from mncloud.operate import run_status
 
-    record = records.create_record(make_spec(repo), "a: 1\n")
+    record = create_record(make_spec(repo), "a: 1\n")
     assert record.bucket_uri is None and record.ckpt_uri is None
     ckpt_uri = f"file://{layout.local_ckpt_dir('exp')}"
     _local_run("exp", ckpt_uri)
@@ -457,10 +470,10 @@ def test_status_reads_step_times_of_a_run_without_bucket(repo: Path) -> None:
 
 def test_straggler_note() -> None:
     times = {0: 1.0, 1: 1.0, 2: 1.0, 3: 2.0, 4: 1.6}
-    assert records.straggler_note(times, records.straggler_ranks(times)) == (
+    assert straggler_note(times, straggler_ranks(times)) == (
         "stragglers rank 3 (2.0× median), rank 4 (1.6× median)"
     )
-    assert records.straggler_note({0: 1.0}, []) == ""
+    assert straggler_note({0: 1.0}, []) == ""
 
 
 # --------------------------------------------------------------------------- CLI
@@ -474,12 +487,12 @@ def cli(*args: str) -> tuple[int, str, str]:
 
 
 def test_cli_ls_show_cost(repo: Path) -> None:
-    record = records.create_record(make_spec(repo), "a: 1\n")
-    records.append_event("exp", "launch", cloud="aws", spot=True, hourly_price=3.6, at=1000.0)
-    records.append_event("exp", "preemption", node=1, at=1000.0 + H)
-    records.append_event("exp", "recovery", at=1000.0 + 2 * H)
-    records.append_event("exp", "checkpoint", step=300, at=1000.0 + 2.5 * H)
-    records.append_event("exp", "finish", at=1000.0 + 3 * H)
+    record = create_record(make_spec(repo), "a: 1\n")
+    append_event("exp", "launch", cloud="aws", spot=True, hourly_price=3.6, at=1000.0)
+    append_event("exp", "preemption", node=1, at=1000.0 + H)
+    append_event("exp", "recovery", at=1000.0 + 2 * H)
+    append_event("exp", "checkpoint", step=300, at=1000.0 + 2.5 * H)
+    append_event("exp", "finish", at=1000.0 + 3 * H)
     code, out, _ = cli("runs", "ls", "--json")
     assert code == 0
     (row,) = json.loads(out)
@@ -519,14 +532,14 @@ def test_cli_cost_report_across_runs(repo: Path) -> None:
     """`runs cost` without a run: a row per run (where, state, hours, cost) and the total."""
     code, out, _ = cli("runs", "cost", "--json")
     assert code == 0 and json.loads(out) == {"runs": [], "total": 0, "hours": 0}
-    first = records.create_record(make_spec(repo), "a: 1\n", now=500.0)
-    records.append_event("exp", "launch", cloud="aws", spot=True, hourly_price=3.6, at=1000.0)
-    records.append_event("exp", "preemption", node=1, at=1000.0 + H)
-    records.append_event("exp", "recovery", at=1000.0 + 2 * H)
-    records.append_event("exp", "finish", at=1000.0 + 3 * H)
-    second = records.create_record(make_spec(repo, name="other"), "a: 1\n", now=600.0)
-    records.append_event("other", "launch", cloud="gcp", spot=False, hourly_price=10.0, at=1000.0)
-    records.append_event("other", "failure", at=1000.0 + 0.5 * H)
+    first = create_record(make_spec(repo), "a: 1\n", now=500.0)
+    append_event("exp", "launch", cloud="aws", spot=True, hourly_price=3.6, at=1000.0)
+    append_event("exp", "preemption", node=1, at=1000.0 + H)
+    append_event("exp", "recovery", at=1000.0 + 2 * H)
+    append_event("exp", "finish", at=1000.0 + 3 * H)
+    second = create_record(make_spec(repo, name="other"), "a: 1\n", now=600.0)
+    append_event("other", "launch", cloud="gcp", spot=False, hourly_price=10.0, at=1000.0)
+    append_event("other", "failure", at=1000.0 + 0.5 * H)
     code, out, _ = cli("runs", "cost", "--json")
     report = json.loads(out)
     assert code == 0
@@ -546,8 +559,8 @@ def test_cli_cost_report_across_runs(repo: Path) -> None:
     assert "aws/local" in out and "gcp/local" in out and "failed" in out
     assert "total (2 runs)" in out and "$12.20" in out
     # A run still going is priced until now, and says so.
-    records.create_record(make_spec(repo, name="live"), "a: 1\n")
-    records.append_event("live", "launch", cloud="local", hourly_price=0.0)
+    create_record(make_spec(repo, name="live"), "a: 1\n")
+    append_event("live", "launch", cloud="local", hourly_price=0.0)
     code, out, _ = cli("runs", "cost", "--json")
     live = [r for r in json.loads(out)["runs"] if r["name"] == "live"]
     assert code == 0 and live[0]["state"] == "running" and live[0]["cost"] == 0.0
@@ -561,11 +574,11 @@ def test_rerun_rebuilds_commit_diff_and_untracked(
 ) -> None:
     monkeypatch.chdir(repo)
     spec = make_spec(repo, env=["MODE=fast"], label=["team=nlp"])
-    record = records.create_record(spec, "a: 1\n")
+    record = create_record(spec, "a: 1\n")
     # The checkout moves on: new commit, the diff committed, more edits.
     git(repo, "commit", "-qam", "v2")
     (repo / "train.py").write_text("print('v3')\n")
-    setup = records.prepare_rerun(record, tmp_path / "wt")
+    setup = prepare_rerun(record, tmp_path / "wt")
     assert (setup.worktree / "train.py").read_text() == "print('v2')\n"
     assert (setup.worktree / "notes.txt").read_text() == "untracked\n"
     assert not (setup.worktree / "ignored").exists()
@@ -581,14 +594,14 @@ def test_rerun_rebuilds_commit_diff_and_untracked(
 
 def test_rerun_refusals(repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(repo)
-    record = records.create_record(make_spec(repo), "a: 1\n")
+    record = create_record(make_spec(repo), "a: 1\n")
     (repo / "notes.txt").write_text("changed\n")
-    with pytest.raises(records.RecordError, match=r"untracked file notes\.txt is changed"):
-        records.prepare_rerun(record, tmp_path / "wt1")
-    setup = records.prepare_rerun(record, tmp_path / "wt1", skip_untracked=True)
+    with pytest.raises(RecordError, match=r"untracked file notes\.txt is changed"):
+        prepare_rerun(record, tmp_path / "wt1")
+    setup = prepare_rerun(record, tmp_path / "wt1", skip_untracked=True)
     assert setup.skipped_untracked == ["notes.txt"]
-    with pytest.raises(records.RecordError, match="already exists"):
-        records.prepare_rerun(record, tmp_path / "wt1", skip_untracked=True)
+    with pytest.raises(RecordError, match="already exists"):
+        prepare_rerun(record, tmp_path / "wt1", skip_untracked=True)
     # A commit the repository does not have (another clone).
     other = tmp_path / "other"
     other.mkdir()
@@ -596,26 +609,24 @@ def test_rerun_refusals(repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPa
     (other / "x").write_text("x")
     git(other, "add", ".")
     git(other, "commit", "-qm", "x")
-    with pytest.raises(records.RecordError, match=r"is not in .*git fetch origin"):
-        records.prepare_rerun(record, tmp_path / "wt2", repo=other)
+    with pytest.raises(RecordError, match=r"is not in .*git fetch origin"):
+        prepare_rerun(record, tmp_path / "wt2", repo=other)
     # A redacted diff and redacted --env values.
     bad = record.model_copy(deep=True)
     bad.git.diff_redacted = True  # type: ignore[union-attr]
-    with pytest.raises(records.RecordError, match="cannot be re-applied exactly"):
-        records.prepare_rerun(bad, tmp_path / "wt3")
+    with pytest.raises(RecordError, match="cannot be re-applied exactly"):
+        prepare_rerun(bad, tmp_path / "wt3")
     bad = record.model_copy(deep=True)
     bad.spec["envs"] = {"HF_TOKEN": "<redacted>"}
-    with pytest.raises(records.RecordError, match="pass it again: --env HF_TOKEN=VALUE"):
-        records.prepare_rerun(bad, tmp_path / "wt4", skip_untracked=True)
-    ok = records.prepare_rerun(
-        bad, tmp_path / "wt4", skip_untracked=True, env_overrides={"HF_TOKEN": "x"}
-    )
+    with pytest.raises(RecordError, match="pass it again: --env HF_TOKEN=VALUE"):
+        prepare_rerun(bad, tmp_path / "wt4", skip_untracked=True)
+    ok = prepare_rerun(bad, tmp_path / "wt4", skip_untracked=True, env_overrides={"HF_TOKEN": "x"})
     assert ok.spec.envs["HF_TOKEN"] == "x"
     # Outside git: nothing to rebuild from.
     plain = tmp_path / "plain"
     plain.mkdir()
     (plain / "train.py").write_text("pass\n")
-    rec = records.create_record(
+    rec = create_record(
         build_spec(plain / "train.py", gpus="cpu:1", cloud=["local"], name="plain"), "x: 1\n"
     )
     code, _, err = cli("rerun", rec.run_id)
@@ -627,7 +638,7 @@ def test_rerun_cli_launches_the_recorded_spec_and_options(
 ) -> None:
     monkeypatch.chdir(repo)
     options = LaunchOptions(hours=3, retry_on_error=2, recovery_delay=0.5)
-    record = records.create_record(make_spec(repo), "a: 1\n", launch_options=options)
+    record = create_record(make_spec(repo), "a: 1\n", launch_options=options)
     seen: dict[str, object] = {}
     import mncloud.cli.up as up_mod
 
@@ -712,10 +723,10 @@ def test_rerun_keeps_every_option(
     for field, info in LaunchOptions.model_fields.items():
         assert getattr(options, field) != info.get_default(call_default_factory=True), field
 
-    created = records.create_record(spec, "a: 1\n", None, "skypilot", launch_options=options)
-    record = records.find_record(created.run_id)  # as stored on disk, not the object in hand
+    created = create_record(spec, "a: 1\n", None, "skypilot", launch_options=options)
+    record = find_record(created.run_id)  # as stored on disk, not the object in hand
     git(repo, "commit", "-qam", "the checkout moves on")
-    setup = records.prepare_rerun(record, tmp_path / "wt")
+    setup = prepare_rerun(record, tmp_path / "wt")
 
     rebuilt, wt = setup.spec, setup.worktree
     for field in JobSpec.model_fields:
@@ -746,7 +757,7 @@ def test_local_run_records_preemption_segments(repo: Path, tmp_path: Path) -> No
     # telemetry writes a launch's first step at once).
     (repo / "train.py").write_text(
         "import time\n"
-        "from mncloud.records.series import writer_from_env\n"
+        "from mncloud.telemetry.series import writer_from_env\n"
         "writer_from_env().add({'k': 'step', 't': time.time(), 'step': 1})\n"
         "time.sleep(5)\n"
     )
@@ -766,13 +777,13 @@ def test_local_run_records_preemption_segments(repo: Path, tmp_path: Path) -> No
     assert code == 0, err
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
-        record = records.load_current("e2e")
+        record = load_current("e2e")
         if record.finished:
             break
         time.sleep(0.5)
     kinds = [e.kind for e in record.events]
     assert kinds[0] == "launch" and "preemption" in kinds and kinds[-1] == "finish", kinds
-    summary = records.cost_summary(record)
+    summary = cost_summary(record)
     assert len(summary.segments) >= 2
     assert summary.segments[0].ended_by == "preemption"
     assert any(e.node == 1 for e in record.events if e.kind == "preemption")

@@ -1,4 +1,4 @@
-"""Training telemetry through the bucket (`mncloud/records/series.py`): segments written by
+"""Training telemetry through the bucket (`mncloud/telemetry/series.py`): segments written by
 ranks, never overwritten, compacted when read; bad input skipped and counted; and a cloud-like
 run (real processes with the cloud's environment, the real S3 test server) preempted once,
 whose goodput ledger has no `unknown` part."""
@@ -17,13 +17,14 @@ import pytest
 from sky.jobs import ManagedJobStatus
 from typer.testing import CliRunner
 
-from mncloud import constants, layout, records
+from mncloud import constants, layout
 from mncloud.cli import app
 from mncloud.operate import run_goodput, run_series
-from mncloud.records import RunRecord
-from mncloud.records.series import Series, SeriesWriter, finite_metrics, read_series
+from mncloud.records.model import RunRecord
+from mncloud.records.store import create_record, load_current
 from mncloud.request import build_spec
 from mncloud.storage import join_key, open_bucket
+from mncloud.telemetry.series import Series, SeriesWriter, finite_metrics, read_series
 
 if TYPE_CHECKING:
     from tests.fakesky import FakeSky
@@ -149,7 +150,7 @@ def cloud_run(
     result = CliRunner().invoke(app, [*UP, "--bucket", bucket, *ARGS])
     assert result.exit_code == 0, result.output
     ((job_id, job),) = fake_sky.jobs.items()
-    record = records.load_current("cl")
+    record = load_current("cl")
     assert record.ckpt_uri is not None
     uri = layout.series_uri(record.ckpt_uri, record.run_id)
 
@@ -165,9 +166,9 @@ def cloud_run(
     fake_sky.set_status(job_id, ManagedJobStatus.SUCCEEDED)
     shown = CliRunner().invoke(app, ["status", "cl", "--json"])
     assert shown.exit_code == 0, shown.output
-    series = run_series(records.load_current("cl"))
+    series = run_series(load_current("cl"))
     assert series is not None
-    return records.load_current("cl"), series
+    return load_current("cl"), series
 
 
 @pytest.mark.slow
@@ -279,7 +280,7 @@ def test_metrics_of_an_unknown_run_is_one_line_exit_2() -> None:
 def test_stragglers_read_through_the_segments(tmp_path: Path) -> None:
     """`status` reads each rank's step-time windows off the segments: rank 1, 1.8× slower
     over its newest launch's last windows, is a straggler."""
-    from mncloud.records import telemetry
+    from mncloud.telemetry import steps as telemetry
 
     ckpt = f"file://{tmp_path / 'b'}/exp"
     for rank, seconds in ((0, 0.1), (1, 0.18), (2, 0.1)):
@@ -305,9 +306,7 @@ def test_two_runs_of_a_lineage_share_the_loss_chart(tmp_path: Path) -> None:
     spec = build_spec(
         tmp_path / "train.py", gpus="cpu:1", name="lin", bucket=f"file://{tmp_path}/b"
     )
-    runs = [
-        records.create_record(spec, "a: 1\n", backend="skypilot", now=t) for t in (100.0, 200.0)
-    ]
+    runs = [create_record(spec, "a: 1\n", backend="skypilot", now=t) for t in (100.0, 200.0)]
     for k, run in enumerate(runs):
         assert run.ckpt_uri is not None
         w = _writer(layout.series_uri(run.ckpt_uri, run.run_id))
@@ -331,7 +330,7 @@ def test_two_runs_of_a_lineage_share_the_loss_chart(tmp_path: Path) -> None:
 def test_a_read_compacts_many_segments_into_one(tmp_path: Path) -> None:
     """Reads merge many small segments into one object; what they say is unchanged, a torn
     one stays and is still counted, and a second compaction merges the first's output."""
-    from mncloud.records import series as series_mod
+    from mncloud.telemetry import series as series_mod
 
     uri = f"file://{tmp_path / 'b'}/series"
     writers = [_writer(uri, rank) for rank in (0, 1)]

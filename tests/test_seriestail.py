@@ -1,5 +1,5 @@
 """Events in the telemetry segments, the writer's prompt flushes, and `SeriesTail`, the
-incremental read a live run's pollers use (`mncloud/records/series.py`, `seriestail.py`)."""
+incremental read a live run's pollers use (`mncloud/telemetry/series.py`, `seriestail.py`)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from mncloud import constants, layout
-from mncloud.records.series import SeriesWriter, read_series
-from mncloud.records.seriestail import SeriesTail
 from mncloud.storage import join_key, open_bucket
+from mncloud.telemetry.series import SeriesWriter, read_series
+from mncloud.telemetry.seriestail import SeriesTail
 
 
 def _names(uri: str) -> list[str]:
@@ -91,7 +91,7 @@ def test_report_and_event_from_the_environment(
 def test_a_tail_reads_each_segment_once_across_a_compaction(tmp_path: Path) -> None:
     """Each `read` returns only what new segments add; a compaction by another reader brings
     nothing back twice; a torn segment is skipped and counted once."""
-    from mncloud.records import series as series_mod
+    from mncloud.telemetry import series as series_mod
 
     uri = f"file://{tmp_path / 'b'}/series"
     w = SeriesWriter(uri, 0, node=0, background=False)

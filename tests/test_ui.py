@@ -59,9 +59,9 @@ def demo_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         wait_until(checkpoint_behind_training, 180, "a checkpoint, and steps past it")
         cli("chaos", "preempt", RUN, "--node", "1")
         assert wait_final(RUN).state is RunState.SUCCEEDED
-        from mncloud import records
+        from mncloud.records.store import load_current
 
-        wait_until(lambda: records.load_current(RUN).finished, 30, "the record's finish")
+        wait_until(lambda: load_current(RUN).finished, 30, "the record's finish")
         with (layout.run_dir(RUN) / "run.log").open("a") as log:
             log.write(f"{SCRIPT_LINE}\n")
         torn = layout.run_dir("torn")
@@ -97,8 +97,8 @@ def test_the_runs_table_lists_the_run_and_an_unreadable_one(client: Any) -> None
 
 @pytest.mark.slow
 def test_a_run_page_draws_the_timeline_and_the_breakdown(client: Any) -> None:
-    from mncloud import records
     from mncloud.operate import run_goodput
+    from mncloud.records.store import load_current
 
     page = client.get(f"/runs/{RUN}")
     assert page.status_code == 200
@@ -107,7 +107,7 @@ def test_a_run_page_draws_the_timeline_and_the_breakdown(client: Any) -> None:
     assert timeline.count('class="mark preemption"') == 1
     assert 'class="tick complete"' in timeline
     values, total = _parts(page.text)
-    ledger = run_goodput(records.load_current(RUN))
+    ledger = run_goodput(load_current(RUN))
     assert sum(values.values()) == pytest.approx(total) == pytest.approx(ledger.total_node_seconds)
     assert values["useful"] == pytest.approx(ledger.parts["useful"].node_seconds)
     assert "commit" in page.text and "<h2>Checkpoints</h2>" in page.text

@@ -1,8 +1,9 @@
 """The interface every engine implements; the CLI and `launch.py` never know which one runs.
 
 `local` runs the rendered task on this machine (N simulated nodes); `skypilot` hands it to
-SkyPilot (a cluster for on-demand, a managed job for spot). Engines are found by name in
-`registry.py`; a run's status with its checkpoint and stragglers is `mncloud.operate`.
+SkyPilot (a managed job, spot or on-demand; `--cluster` keeps a plain cluster up instead).
+Engines are found by name in `registry.py`; a run's status with its checkpoint and
+stragglers is `mncloud.operate`.
 """
 
 from __future__ import annotations

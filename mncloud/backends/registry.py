@@ -30,11 +30,6 @@ _REGISTRY: dict[str, str] = {
 }
 
 
-def register_backend(name: str, target: str) -> None:
-    """Make `get_backend(name)` build `target` (`package.module:Class`, no arguments)."""
-    _REGISTRY[name] = target
-
-
 def get_backend(name: str) -> Backend:
     """The backend called `name`, imported only when asked for."""
     target = _REGISTRY.get(name)

@@ -8,6 +8,12 @@ Offline use: `MNCLOUD_CATALOG_DIR` (or `--catalog DIR`) names a snapshot laid ou
 `v8/<cloud>/vms.csv` tree. SkyPilot computes its catalog paths when `sky` is first imported,
 so `use_catalog_dir` must run before that; it links the snapshot's files into a SkyPilot
 runtime folder (`SKY_RUNTIME_DIR`) where SkyPilot finds them and never re-downloads them.
+
+    index.py      the offers index, asked once per catalog file version
+    cache.py      SkyPilot's answers kept under `$MNCLOUD_HOME/sky-cache`
+    clouds.py     which clouds SkyPilot has enabled (its last `sky check`)
+    gpus.py       `mncloud gpus`: the accelerator names `--gpus` takes
+    skyconfig.py  SkyPilot's own config files, read without importing SkyPilot
 """
 
 from __future__ import annotations

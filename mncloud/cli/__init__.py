@@ -6,6 +6,16 @@ Every way out goes through `_Group.main`, so the console script and `CliRunner` 
 
 Help is plain text (`rich_markup_mode=None`): help strings are never parsed as markup, so
 `s3://name[/prefix]`, `cpu:2` or `$` print as written with every Typer and rich version.
+
+    up.py, follow.py     `up` (plan → render → launch), a local run followed in the foreground
+    plan.py, plan_rows.py, plan_options.py   `plan`: the command, its rows as data, its options
+    render.py, profile.py, replay.py, gpus.py   `render`, `profile`, `replay`, `gpus`
+    ops.py, exec.py, metrics.py   `status`, `logs`, `down`; `exec`; `metrics`
+    runs.py, ckpt.py, export.py   `runs ls|show|cost`, `rerun`; `ckpt`; `export`
+    doctor.py, chaos.py, control.py, ui.py   `doctor`, `chaos`, `control`, `ui`
+    options.py, params.py, values.py   every option declared once, option groups and help
+                         panels, option values turned into the core's models
+    _common.py           console output, JSON, one-line errors
 """
 
 from __future__ import annotations

@@ -134,12 +134,12 @@ def node_recovery_line(fig: RecoveryFigures) -> str:
 
 def goodput_line(name: str) -> str | None:
     """Where the run's node-seconds went, in one line (`runs cost ID --breakdown` in full)."""
-    from mncloud import records
     from mncloud.errors import MncloudError
     from mncloud.operate import run_goodput
+    from mncloud.records.store import load_current
 
     try:
-        record = records.load_current(name)
+        record = load_current(name)
         ledger = run_goodput(record)
     except MncloudError:
         return None

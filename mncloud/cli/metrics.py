@@ -1,5 +1,5 @@
 """`mncloud metrics RUN`: a run's reported metrics and step time per node, from its telemetry
-segments in the bucket (`mncloud.records.series`), as a table, JSON or followed."""
+segments in the bucket (`mncloud.telemetry.series`), as a table, JSON or followed."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from mncloud.cli._common import console, handle_errors, print_json
 from mncloud.cli.options import Json
 
 if TYPE_CHECKING:
-    from mncloud.records.curves import MetricsView
+    from mncloud.telemetry.curves import MetricsView
 
 #: Seconds between reads of the bucket under --follow.
 FOLLOW_S = 5.0

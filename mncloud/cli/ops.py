@@ -221,12 +221,12 @@ def _deadline_table(statuses: list[RunStatus]) -> None:
 
 def _ckpt_dir_files(status: RunStatus) -> list[ObjectInfo]:
     """What the run's `--ckpt-dir` folder holds in its bucket ([] without one, or unreadable)."""
-    from mncloud import records
     from mncloud.cli.ckpt import ckpt_dir_files
     from mncloud.errors import MncloudError
+    from mncloud.records.store import load_current
 
     try:
-        if status.ckpt_uri and records.load_current(status.name).spec.get("ckpt_dir"):
+        if status.ckpt_uri and load_current(status.name).spec.get("ckpt_dir"):
             return ckpt_dir_files(status.ckpt_uri)
     except MncloudError:
         pass

@@ -46,7 +46,7 @@ def register(main: typer.Typer) -> None:
 
 def _all_records(bucket: str | None) -> list[RunRecord]:
     """The run records on this machine and, with `bucket`, in it; oldest first."""
-    from mncloud.records import list_bucket_records, list_records
+    from mncloud.records.store import list_bucket_records, list_records
 
     records = list_records()
     if bucket:
@@ -70,7 +70,7 @@ def _money(value: float | None) -> str:
 @handle_errors
 def ls_command(bucket: BucketOpt = None, as_json: JsonOpt = False) -> None:
     """List run records on this machine (and in --bucket)."""
-    from mncloud.records import cost_summary
+    from mncloud.records.ledger import cost_summary
 
     records = _all_records(bucket)
     if as_json:
@@ -116,24 +116,25 @@ def ls_command(bucket: BucketOpt = None, as_json: JsonOpt = False) -> None:
 @handle_errors
 def show_command(ref: RefArg, bucket: BucketOpt = None, as_json: JsonOpt = False) -> None:
     """Show one run's lineage, events and step-time stragglers."""
-    from mncloud import records
+    from mncloud.records.store import find_record
+    from mncloud.telemetry.steps import STRAGGLER_FACTOR, step_times, straggler_ranks
 
-    record = records.find_record(ref, bucket)
-    times = records.step_times(record) if record.bucket_uri else dict(record.step_times)
+    record = find_record(ref, bucket)
+    times = step_times(record) if record.bucket_uri else dict(record.step_times)
     if as_json:
         data = record.model_dump(mode="json")
         data["step_times"] = times
-        data["stragglers"] = records.straggler_ranks(times)
+        data["stragglers"] = straggler_ranks(times)
         print_json(data)
         return
     console.print(_head_table(record))
     console.print(_events_table(record))
     if times:
-        slow = records.straggler_ranks(times)
+        slow = straggler_ranks(times)
         line = ", ".join(f"{r}: {t:.3f}s" for r, t in sorted(times.items()))
         console.print(f"sustained step times by rank: {line}")
         if slow:
-            console.print(f"[yellow]stragglers (≥ {records.STRAGGLER_FACTOR}× median): {slow}[/]")
+            console.print(f"[yellow]stragglers (≥ {STRAGGLER_FACTOR}× median): {slow}[/]")
 
 
 def _head_table(record: RunRecord) -> Table:
@@ -198,18 +199,19 @@ def cost_command(
     """Cost so far by segment (each launch until its end), spot vs on-demand, vs the plan.
     Without a run: one row per run (where, state, hours, cost so far) and the total.
     With --breakdown: the goodput ledger (where each node-hour and dollar went)."""
-    from mncloud import records
+    from mncloud.records.ledger import cost_summary
+    from mncloud.records.store import find_record
 
     if ref is None:
         if breakdown:
             raise fail("--breakdown needs a run: mncloud runs cost RUN --breakdown")
         _cost_report(_all_records(bucket), as_json)
         return
-    record = records.find_record(ref, bucket)
+    record = find_record(ref, bucket)
     if breakdown:
         _breakdown(record, as_json)
         return
-    summary = records.cost_summary(record)
+    summary = cost_summary(record)
     if as_json:
         print_json(summary.model_dump(mode="json"))
         return
@@ -293,7 +295,7 @@ def _record_state(record: RunRecord, open_segment: bool) -> str:
 
 
 def _cost_rows(records: list[RunRecord]) -> list[dict[str, Any]]:
-    from mncloud.records import cost_summary
+    from mncloud.records.ledger import cost_summary
 
     rows = []
     for r in records:
@@ -362,14 +364,15 @@ def rerun_command(
     **launch: Any,
 ) -> None:
     """Launch a recorded run again: same spec, same options, same commit, same diff."""
-    from mncloud import records
     from mncloud.cli.up import launch_and_follow
     from mncloud.launch import Existing
+    from mncloud.records.rerun import prepare_rerun
+    from mncloud.records.store import find_record
     from mncloud.request import parse_key_values
 
-    record = records.find_record(ref, bucket)
+    record = find_record(ref, bucket)
     new_name = name or _rerun_name(record.name)
-    setup = records.prepare_rerun(
+    setup = prepare_rerun(
         record,
         layout.rerun_dir(new_name),
         name=new_name,

@@ -17,6 +17,13 @@ existing=Existing.RESUME)`, so training resumes from the newest complete checkpo
                 or a CPU managed job on SkyPilot); `stop` for `down`; `revive` a dead one
     recovery.py a restarted controller finishes the action its state journaled, once
     keeper.py   locally, the process that restarts a controller that died
+    identity.py who the live launch is, kept in the state (a restarted controller finds it)
+    outcomes.py how the controller answers a launch that ended without it
+    progress.py the run's progress as the controller measures it (newest complete step)
+    steering.py what the controller's helpers (`recovery`, `outcomes`) may use of it
+    down.py     `down` of a cloud deadline run: its controller's job and every training job
+    placing.py  `up --deadline` across places: the places a request names, checked and priced
+    places.py   the controller across places: spot anywhere, on-demand in the home place
 
 Every launch writes its own run record; each switch is a `launch` event there with its
 reason, spot flag and price, so the ledgers of the launches split spot and on-demand.

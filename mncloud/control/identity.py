@@ -32,7 +32,7 @@ from mncloud.deadline.policy import Mode
 
 if TYPE_CHECKING:
     from mncloud.control.state import ControlState, Launching
-    from mncloud.records import RunRecord
+    from mncloud.records.model import RunRecord
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ def restore(st: ControlState) -> list[str]:
         return []
     from mncloud.backends.registry import known_runs, record_backend
     from mncloud.backends.skypilot.meta import RunMeta, load_meta, save_meta
-    from mncloud.records import list_records
+    from mncloud.records.store import list_records
 
     done = []
     if st.live is not None and st.live.meta:
@@ -132,7 +132,7 @@ def _meta(st: ControlState, pending: Launching, job: Any, record: RunRecord | No
 
 
 def _fetch(st: ControlState, run_id: str) -> RunRecord | None:
-    from mncloud.records import fetch_record
+    from mncloud.records.store import fetch_record
     from mncloud.spec import JobSpec
 
     uri = st.ckpt_uri or JobSpec.model_validate(st.spec).ckpt_uri

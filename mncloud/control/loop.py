@@ -266,7 +266,7 @@ class Controller:
     ) -> None:
         """Journal a launch before it starts, with the run id its record will have: a
         controller that dies from here on finishes it, once (`recovery.py`)."""
-        from mncloud.records import new_run_id
+        from mncloud.records.store import new_run_id
 
         st = self.state
         st.launching = Launching(mode=mode, tick=tick, reason=reason, at=self.clock.time(),
@@ -426,7 +426,7 @@ class Controller:
         recover(self)
 
     def _event(self, kind: Any, detail: str, **placement: Any) -> None:
-        from mncloud.records import append_event
+        from mncloud.records.store import append_event
 
         append_event(self.state.name, kind, detail=detail, at=self.clock.time(), **placement)
 
@@ -463,7 +463,8 @@ class Controller:
 
     def _refresh_costs(self) -> None:
         """Spot and on-demand cost so far: the ledgers of every launch's run record."""
-        from mncloud.records import cost_summary, find_record
+        from mncloud.records.ledger import cost_summary
+        from mncloud.records.store import find_record
 
         costs: dict[str, CostSummary] = {}
         for run_id in self.state.run_ids:

@@ -34,7 +34,7 @@ def checkpoint_step(st: ControlState) -> int | None:
 
 def seconds_per_step(st: ControlState) -> float | None:
     """The median of the ranks' newest step times, from the newest launch that has them."""
-    from mncloud.records.telemetry import read_steps
+    from mncloud.telemetry.steps import read_steps
 
     if not st.ckpt_uri:
         return None

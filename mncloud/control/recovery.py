@@ -83,7 +83,7 @@ def recover(ctl: Steering) -> None:
 def launch_made(ctl: Steering, pending: Launching) -> tuple[str, Any] | None:
     """The run id and record of the launch `pending` made before a crash, or None. A cloud
     launch is looked for in SkyPilot's queue by its journaled run id (`identity.find`)."""
-    from mncloud.records import list_records
+    from mncloud.records.store import list_records
 
     st = ctl.state
     if st.config.backend != "local" and pending.run_id is not None:
@@ -123,7 +123,7 @@ def _clear_half_launch(ctl: Steering) -> None:
 
 def has_launch_event(run_id: str | None) -> bool:
     """Whether the record `run_id` already has the controller's `launch` event."""
-    from mncloud.records import find_record
+    from mncloud.records.store import find_record
 
     if not run_id:
         return False

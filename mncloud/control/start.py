@@ -187,7 +187,8 @@ def _check_flags(
 
 def spent_so_far(name: str) -> float:
     """What every run record of the name has cost so far."""
-    from mncloud.records import cost_summary, list_records
+    from mncloud.records.ledger import cost_summary
+    from mncloud.records.store import list_records
 
     return sum(cost_summary(record).total for record in list_records(name))
 

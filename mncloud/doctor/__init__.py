@@ -33,6 +33,12 @@ schedules it after setup everywhere), so the default 60 s deadline is generous.
 The code hash covers source-like files only (`*.py`, configs, shell, requirements — see
 `CODE_SUFFIXES`), not data, logs or checkpoints a previous attempt left in the workdir.
 
+    checks.py     the single checks (laptop and node): code hash, GPUs, paths, bucket
+    gang.py       the gang check above
+    node.py       every check of one node, then the gang check (`python -m mncloud.doctor node`,
+                  through `__main__.py`)
+    bandwidth.py  the all-reduce bandwidth test after the gang check
+
 No torch or SkyPilot at import; the node entry point uses argparse, not the CLI.
 """
 

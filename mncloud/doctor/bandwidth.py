@@ -146,8 +146,8 @@ def _causes(result: Bandwidth) -> str:
 
 def publish(result: Bandwidth, bucket_uri: str | None) -> None:
     """Node 0: the figure to the bucket (status, the run record) and, as a `bandwidth` event,
-    to the run's telemetry segments (`records.series`)."""
-    from mncloud.records.series import writer_from_env
+    to the run's telemetry segments (`telemetry.series`)."""
+    from mncloud.telemetry.series import writer_from_env
 
     payload = asdict(result)
     writer = writer_from_env()

@@ -16,6 +16,7 @@ What it does, in order (each step is its own module):
     target.py   the files are written under a temporary name, then renamed into place (a
                 directory) or uploaded with `export.json` last (a bucket): a failed export
                 leaves nothing at the output.
+    run.py      the steps above, end to end; `model.py`: formats, errors, `export.json`
 
 Beside the weights, `export.json` (`ExportManifest`) names the source run and step, the sha256
 of the checkpoint's manifest.json, the dtype, and each output file's size and sha256.

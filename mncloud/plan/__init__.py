@@ -9,6 +9,17 @@ The choice and a few fallbacks in its market become SkyPilot's `resources.ordere
 
 Offers are priced under the run's recovery mode (`JobSpec.recovery`, gang or node); both modes'
 outcomes ride along (`Candidate.by_recovery`, `Plan.other_choice`) for `plan --verbose`.
+
+    model.py      the vocabulary: `PlanRequest`, `Candidate`, the plan
+    costmodel.py  expected hours, preemptions and cost to finish on one offer
+    hazards.py    spot hazards per node-hour, measured on the traces
+    traces.py     the one model of a spot trace
+    learned.py    what earlier runs measured (`plan --learn`)
+    hardware.py   GPU and network facts from `hardware.yaml`
+    stepmodel.py  one optimizer step on an offer: compute plus exposed network
+    timing.py     each offer's step time and hours of work
+    profile.py    a script's measured step (`mncloud profile`), kept by script version
+    explain.py    why the plan chose what it chose, one line each
 """
 
 from __future__ import annotations

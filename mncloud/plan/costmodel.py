@@ -122,7 +122,6 @@ MAX_LOSS_FRACTION = 0.5
 #: H₀: how many node-hours of observation the prior is worth when `--learn` blends them.
 LEARN_PRIOR_NODE_HOURS = 50.0
 
-MEASURED = "traces"
 LEARNED = "learned from run records"
 GIVEN = "given per cloud"
 RATE_FLAG = "--preemption-rate"

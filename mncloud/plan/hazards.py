@@ -33,7 +33,6 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from mncloud.plan.traces import Trace
 
-TRACE_SOURCE = "skypilot-org/spot-traces (Can't Be Late, NSDI 2024)"
 #: (node preemptions, spot node-hours) by cloud, pooled over every trace of that cloud (see
 #: above): aws all 10 V100 files; gcp one c3-88 trace, 2 days, without a preemption.
 TRACE_COUNTS: dict[str, tuple[int, float]] = {"aws": (3966, 8029.18), "gcp": (0, 45.62)}

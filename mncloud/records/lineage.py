@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from mncloud.records.model import GitInfo, RecordError, UntrackedFile
-from mncloud.records.redact import Redactor
+from mncloud.redact import Redactor
 
 #: Untracked files above this size are listed without a hash (and cannot be restored).
 MAX_HASHED_FILE = 32 * 1024 * 1024

@@ -20,8 +20,8 @@ from pydantic import BaseModel, Field
 from mncloud import layout
 from mncloud.records.lineage import git, repo_root, sha256_file
 from mncloud.records.model import GitInfo, RecordError, RunRecord, UntrackedFile
-from mncloud.records.redact import REDACTED
 from mncloud.records.store import load_diff
+from mncloud.redact import REDACTED
 from mncloud.spec import DEFAULT_HOURS, JobSpec, LaunchOptions
 
 

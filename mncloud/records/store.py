@@ -39,7 +39,7 @@ from mncloud import layout
 from mncloud.errors import MncloudError, RunNotFoundError
 from mncloud.records.lineage import capture_git, installed_packages
 from mncloud.records.model import OPENS_SEGMENT, Event, EventKind, RecordError, RunRecord
-from mncloud.records.redact import spec_redactor
+from mncloud.redact import spec_redactor
 from mncloud.storage import write_atomic
 
 if TYPE_CHECKING:

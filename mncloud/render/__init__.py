@@ -29,6 +29,9 @@ Template variables (also what a `--template PATH` of your own receives):
 Filters: `q` (shell-quote), `yaml` (one safe YAML value), `yaml_block` (a multi-line string
 as a YAML block). The shell templates `setup.sh.j2` and `run.sh.j2` can be included.
 
+A task's YAML is checked against SkyPilot's cached schema first (`schema.py`); the task
+`mncloud doctor --bandwidth RUN` hands a live cluster is `bandwidth.py`.
+
 The fast network (`network.py`): `network_tier: best` on each entry whose fabric needs it,
 the fabric's env, and the bus bandwidth the preflight expects.
 

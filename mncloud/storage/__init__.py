@@ -8,6 +8,9 @@ local directory, bucket preparation before a launch, and the checkpoint layout.
     retry.py        retrying transient failures (tenacity) within a time budget
     prepare.py      before `up`: does the bucket exist, where, create it, egress warning
     checkpoints.py  step folders, manifest, COMPLETE, verification, retention, pull
+    names.py        SkyPilot's bucket-name rules, restated so a check imports nothing
+    lighthouse.py   where a cloud run's nodes find torchft's lighthouse
+    stoprequest.py  a stop request in the bucket: `down`'s notice to a cloud run
 
 Importing the package is light: no SDK, no SkyPilot, no torch.
 """

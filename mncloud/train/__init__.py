@@ -2,6 +2,22 @@
 resumable sampler, the steps and metrics it reports to the run's telemetry (`report`,
 `Progress`; `StepTimer` is the moving mean `report` returns).
 
+    ckpt.py         `CheckpointManager`: asynchronous, verified checkpoints
+    saving.py       the asynchronous save pipeline behind `CheckpointManager.save`
+    staging.py      staging slots: the CPU copies a checkpoint is written from
+    streaming.py    checkpoint files streamed from DCP into S3 multipart uploads
+    state.py        what a checkpoint holds of a training state, and how it goes back
+    collectives.py  the checkpoint's own gloo groups and the ranks' agreements
+    emergency.py    the emergency save on a preemption notice
+    preempt.py      preemption notices, learnt early enough to checkpoint
+    ft.py           node recovery over torchft: each node a replica group
+    lighthouse.py   torchft's lighthouse on a cloud, and how nodes find it
+    dist.py         process-group set-up from torchrun's environment, seeding
+    sampler.py      a distributed sampler that remembers where it is
+    progress.py     what a script reports besides its checkpoints (`Progress`)
+    steptime.py     `report(step, loss=…)`: steps, step time, metrics, events
+    profiler.py     `mncloud profile`: time a few steps of the script, then stop it
+
 Needs torch (`pip install mncloud[train]`); nothing outside `mncloud.train` imports it.
 """
 

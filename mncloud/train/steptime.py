@@ -2,7 +2,7 @@
 
 Call it once per training step on every rank (`CheckpointManager.maybe_save` already does,
 without metrics; `Progress.event(step=…, loss=…)` does with them). Each call buffers one record
-for the run's telemetry segments (`mncloud.records.series`), which the segment writer's own
+for the run's telemetry segments (`mncloud.telemetry.series`), which the segment writer's own
 thread appends to the bucket: `mncloud metrics`, the web view's curves, the goodput ledger,
 `status`'s stragglers, the deadline controller and, on the local backend, the supervisor and
 its figures all read them. `event(name, …)` records what is not a step (a launch's start, its
@@ -42,7 +42,7 @@ class StepTimer:
     """Mean seconds per step over the last `window` steps of one rank (module docstring).
 
     It publishes nothing of its own: the steps it times are in the run's telemetry segments,
-    where `status` compares the ranks (`records.telemetry.from_series`)."""
+    where `status` compares the ranks (`telemetry.steps.from_series`)."""
 
     def __init__(
         self,
@@ -82,14 +82,14 @@ class StepTimer:
 
 
 _timer = StepTimer()
-_series: Any = None  # this rank's `records.series.SeriesWriter`, made on the first report
+_series: Any = None  # this rank's `telemetry.series.SeriesWriter`, made on the first report
 _warned: set[str] = set()
 
 
 def _writer() -> Any:
     global _series
     if _series is None:
-        from mncloud.records.series import writer_from_env
+        from mncloud.telemetry.series import writer_from_env
 
         _series = writer_from_env() or False
     return _series
@@ -100,7 +100,7 @@ def report(step: int, *, ckpt_s: float | None = None, **metrics: object) -> floa
     seconds a save blocked it (`ckpt_s`); returns its mean seconds per step (or None).
 
     Cheap (a clock read and a list append) and never raises; see the module docstring. The
-    step and its metrics go to the run's telemetry segments (`mncloud.records.series`),
+    step and its metrics go to the run's telemetry segments (`mncloud.telemetry.series`),
     written off this thread; a metric that is not a finite number is dropped with one warning.
     """
     with contextlib.suppress(Exception):
@@ -127,7 +127,7 @@ def event(name: str, **fields: object) -> None:
 
 
 def _finite(metrics: dict[str, object]) -> dict[str, float]:
-    from mncloud.records.series import finite_metrics
+    from mncloud.telemetry.series import finite_metrics
 
     kept, dropped = finite_metrics(metrics)
     for name in dropped:

@@ -2,6 +2,7 @@
 
     views.py   the facts a page shows (operate.py, records/, the checkpoint bucket)
     svg.py     the timeline and the goodput breakdown, drawn on the server as SVG
+    curves.py  training curves (metrics over steps, step time per node) as SVG
     app.py     the FastAPI app: routes, templates (templates/ui/), token, read-only
     serve.py   host and port checks, the token, uvicorn
 

@@ -1,5 +1,5 @@
 """Training curves drawn on the server as SVG: each reported metric over steps across the
-run's launches, and step time per node over wall time (`records.curves.MetricsView`).
+run's launches, and step time per node over wall time (`telemetry.curves.MetricsView`).
 
 Each launch is its own polyline (a colour per launch), so a relaunch that redid steps 21..27
 draws a second line over them; each relaunch is a dashed line at the step it resumed from.
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from markupsafe import Markup, escape
 
-from mncloud.records.curves import CurvePoint, MetricsView
+from mncloud.telemetry.curves import CurvePoint, MetricsView
 
 WIDTH, HEIGHT = 900, 220
 LEFT, RIGHT, TOP, BOTTOM = 60, 10, 12, 28

@@ -118,7 +118,7 @@ def _market(spot: bool | None) -> str:
 def run_rows() -> list[RunRow]:
     """The runs table: every run `status` lists, an unreadable one with its reason."""
     from mncloud.operate import all_statuses
-    from mncloud.records import list_records
+    from mncloud.records.store import list_records
 
     try:  # read once: newest record per name (as `status_goodput` picks it), not once a row
         newest = {record.name: record for record in list_records()}
@@ -264,7 +264,7 @@ def record_sections(record: RunRecord) -> dict[str, str]:
     if record.plan is not None:
         sections["plan"] = json.dumps(record.plan, indent=2, default=str)
     if git and git.diff_sha256:
-        from mncloud.records import load_diff
+        from mncloud.records.store import load_diff
 
         try:
             diff = load_diff(record)
@@ -281,7 +281,7 @@ def _yaml(data: Any) -> str:
 def known(name: str) -> bool:
     """Whether `status` lists the run or a record of it exists here."""
     from mncloud.operate import known_run_names
-    from mncloud.records import list_records
+    from mncloud.records.store import list_records
 
     try:
         if name in known_run_names():
@@ -301,17 +301,17 @@ def log_lines(name: str, node: int | None, tail: int) -> list[str]:
 
 
 def _metrics(record: Any, uri: str | None, errors: list[str]) -> Any:
-    """The run's telemetry curves (`records.curves`) with the previous run of its lineage (the
+    """The run's telemetry curves (`telemetry.curves`) with the previous run of its lineage (the
     same name's record before it) for comparison, or None without telemetry."""
-    from mncloud import records
     from mncloud.operate import run_series
-    from mncloud.records.curves import metrics_view
+    from mncloud.records.store import list_records
+    from mncloud.telemetry.curves import metrics_view
 
     if record is None:
         return None
     try:
         series = run_series(record, uri)
-        earlier = [r for r in records.list_records(record.name) if r.created_at < record.created_at]
+        earlier = [r for r in list_records(record.name) if r.created_at < record.created_at]
         before = run_series(earlier[-1]) if earlier else None
     except READ_ERRORS as err:
         errors.append(f"telemetry: {err}")
@@ -327,8 +327,8 @@ def _metrics(record: Any, uri: str | None, errors: list[str]) -> Any:
 def run_page(name: str) -> dict[str, Any]:
     """Everything a run's page shows; each part that cannot be read becomes an error line.
     RunNotFoundError for a run neither `status` nor the records know."""
-    from mncloud import records
     from mncloud.operate import run_goodput, run_status
+    from mncloud.records.store import load_current
 
     if not known(name):
         raise RunNotFoundError(f"no run named {name!r}")
@@ -339,7 +339,7 @@ def run_page(name: str) -> dict[str, Any]:
     except READ_ERRORS as err:
         errors.append(str(err))
     try:
-        record = records.load_current(name)
+        record = load_current(name)
     except READ_ERRORS as err:
         errors.append(f"run record: {err}")
     uri = (status.ckpt_uri if status else None) or (record.ckpt_uri if record else None)

@@ -14,6 +14,15 @@ node with the variables SkyPilot sets, plus `MNCLOUD_CKPT_URI` (`--bucket`, else
     metadata.py    the clouds' metadata servers on 127.0.0.1 (preemption notices)
     figures.py     live progress, recovery figures, the uninterrupted reference run
     state.py       the run folder's files and their models (launch.json, state.json)
+    replacing.py   node recovery: a lost node replaced alone while the others train on
+    recordwriter.py  the supervisor's run-record writer (events from one thread of its own)
+    ckptdir.py     `--ckpt-dir` on local nodes: a folder per node, kept in the bucket
+    execute.py     `mncloud exec` on a local run's own simulated nodes
+    netcheck.py    `mncloud doctor --bandwidth RUN` on a live local run
+    warm.py        warm node hosts of a local `up --cluster` run, kept up between runs
+    warmhost.py    a warm node host: one Python per node that imported torch once
+    warmclient.py  the `PYTHON_EXEC` of a node on a warm host
+    warmrun.py     inside a warm host's forked child: become the worker asked for
     __main__.py    `python -m mncloud.backends.local supervise RUN_FOLDER`
 
 A new `up` with the name of a finished run keeps its local checkpoints (`--resume`

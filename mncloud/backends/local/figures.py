@@ -2,7 +2,7 @@
 it ended with the weights of the same run without interruptions (the reference run).
 
 The figures come from the supervisor's events (state.json) and the run's telemetry segments
-(`records.series`: rank 0's steps and its `start` events, each node's `done`), which the
+(`telemetry.series`: rank 0's steps and its `start` events, each node's `done`), which the
 script's ranks write to the run's bucket as on a cloud. The demo summary, the tests and the
 benchmarks in `bench/` read them here and nowhere else.
 """
@@ -27,7 +27,7 @@ from mncloud.backends.local.state import (
     load_state,
     series_uri,
 )
-from mncloud.records.series import Series, read_series
+from mncloud.telemetry.series import Series, read_series
 
 POLL_S = 0.25
 

@@ -56,8 +56,6 @@ from mncloud.errors import BackendError, RunNotFoundError
 
 STOP_GRACE_S = 10.0
 """How long `down` lets the run's processes exit before it SIGKILLs them."""
-NOTICE_S = 30.0
-"""`down`'s preemption notice: how long the ranks get to save the step they reached."""
 GRACEFUL_STOP_SIGNAL = signal.SIGUSR1
 """Tells the supervisor to read the stop request in chaos.jsonl (SIGTERM stops at once)."""
 KEEP = ("backend.json", layout.LOCAL_CKPT_DIR, layout.CONTROL_DIR)

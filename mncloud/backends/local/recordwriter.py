@@ -29,7 +29,7 @@ class RecordWriter:
                          "price": self.price if price is None else price})  # fmt: skip
 
     def _write(self) -> None:
-        from mncloud.records import append_event
+        from mncloud.records.store import append_event
 
         while (item := self._queue.get()) is not None:
             try:

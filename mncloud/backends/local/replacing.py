@@ -17,7 +17,7 @@ When fewer than `min_replicas` nodes would be left (two of three lost at once), 
 handed back to the supervisor, which relaunches the whole gang from the bucket checkpoint.
 Join, heal and quorum news come from the replicas themselves (`mncloud.train.Replicas` records
 them as events in the run's telemetry segments, written at once), read here as segments come
-(`records.seriestail`).
+(`telemetry.seriestail`).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from typing import Any
 from mncloud import constants, layout
 from mncloud.backends.local.processes import LOCALHOST, free_port, node_tag
 from mncloud.backends.local.state import LIGHTHOUSE_LOG, LocalLaunch, LocalState, run_id_of
-from mncloud.records.seriestail import SeriesTail
+from mncloud.telemetry.seriestail import SeriesTail
 
 LIGHTHOUSE_NODE = "lighthouse"
 """The lighthouse's process tag suffix (`<token>/lighthouse`)."""

@@ -21,8 +21,8 @@ from pydantic import BaseModel, Field
 from mncloud import constants, layout
 from mncloud.backends.base import RunState
 from mncloud.errors import RunNotFoundError
-from mncloud.records.seriestail import SeriesTail
 from mncloud.storage import write_atomic
+from mncloud.telemetry.seriestail import SeriesTail
 
 LAUNCH_FILE = "launch.json"
 STATE_FILE = "state.json"
@@ -187,7 +187,7 @@ def run_id_of(launch: LocalLaunch) -> str:
 
 
 def series_uri(folder: Path) -> str | None:
-    """Where the run's ranks write their telemetry segments (`records.series`), or None for a
+    """Where the run's ranks write their telemetry segments (`telemetry.series`), or None for a
     folder without a readable launch.json."""
     try:
         launch = load_launch(folder)
@@ -201,7 +201,7 @@ _newest: dict[str, tuple[SeriesTail, list[int]]] = {}
 
 def last_step(folder: Path) -> int | None:
     """The newest step rank 0 reported (of node 0), read incrementally: a call fetches only
-    the segments written since the last one (`records.seriestail`)."""
+    the segments written since the last one (`telemetry.seriestail`)."""
     uri = series_uri(folder)
     if uri is None:
         return None

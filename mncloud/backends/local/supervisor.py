@@ -63,7 +63,7 @@ from mncloud.backends.local.state import (
     run_id_of,
     save_state,
 )
-from mncloud.records.seriestail import SeriesTail
+from mncloud.telemetry.seriestail import SeriesTail
 
 POLL_S = 0.1
 NOTICE_EXIT_GRACE_S = 10.0

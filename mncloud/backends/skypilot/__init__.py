@@ -37,12 +37,26 @@ Each run keeps `skypilot.json` in its run folder (kind, job id, cloud, region,
 instance type, market, hourly price from the plan, launch time, checkpoint URL), which is
 what `status` needs to report cost so far and the newest checkpoint.
 
-Modules, by job: `errors` (SkyPilot's exceptions → one line), `meta` (`RunMeta` and its
-file), `task` (the `sky.Task` with secrets), `dryrun`, `status` (managed-job and, for old
-records, cluster states), `cancel` (cancel by id, wait until ended), `logs` (node prefixes),
-`group` (a `--recovery node` job group: one managed job of several tasks,
-`render/jobgroup.py`), `backend` (`SkyPilotBackend`). SkyPilot itself is imported
-only inside the functions that call it: importing this package does not import `sky`.
+Modules, by job:
+
+    errors.py    SkyPilot's exceptions → one line
+    meta.py      `RunMeta` and its file
+    task.py      the `sky.Task` with secrets
+    dryrun.py    SkyPilot's own dry run, in-process
+    status.py    managed-job and, for old records, cluster states
+    cancel.py    cancel by id, wait until ended
+    find.py      a run's managed jobs found by the run's own id
+    logs.py      node prefixes
+    group.py     a `--recovery node` job group: one managed job of several tasks
+                 (`render/jobgroup.py`)
+    cluster.py   `up --cluster` and `exec`: a plain cluster kept up between runs
+    events.py    a cloud run's billed time in its run record
+    notice.py    `down`'s stop notice (`storage/stoprequest.py`)
+    netcheck.py  `mncloud doctor --bandwidth RUN` on a live cluster
+    backend.py   `SkyPilotBackend`
+
+SkyPilot itself is imported only inside the functions that call it: importing this package
+does not import `sky`.
 """
 
 from mncloud.backends.skypilot.backend import AUTOSTOP_IDLE_MINUTES, SkyPilotBackend

@@ -85,12 +85,6 @@ def server_to_ask() -> tuple[str, bool]:
     return url, common.get_api_server_status(url).status is common.ApiServerStatus.HEALTHY
 
 
-def job_names(job_ids: list[int]) -> dict[int, str]:
-    """The names SkyPilot knows the jobs `job_ids` by (those it knows)."""
-    records = _queue(f"look up managed jobs {_ids(job_ids)}", job_ids=job_ids)
-    return {r.job_id: str(r.job_name) for r in records if r.job_id is not None}
-
-
 def cancel_jobs(
     job_ids: Iterable[int],
     *,

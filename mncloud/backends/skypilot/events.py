@@ -23,7 +23,7 @@ from mncloud.backends.skypilot.meta import CLUSTER, RunMeta, load_meta, save_met
 
 def record_launch(meta: RunMeta) -> None:
     """The run's `launch` event, priced from the plan (`meta`)."""
-    from mncloud.records import append_event
+    from mncloud.records.store import append_event
 
     what = f"cluster {meta.name}" if meta.kind == CLUSTER else f"managed job {meta.job_id}"
     append_event(
@@ -37,7 +37,7 @@ def record_end(meta: RunMeta, status: RunStatus) -> None:
     """The run's `finish` or `failure`, once, when its job is seen ended (a `--cluster`
     run's: when its cluster is gone or torn down); sets `meta.end_recorded` (saved by the
     caller)."""
-    from mncloud.records import append_event
+    from mncloud.records.store import append_event
 
     if not meta.records_events or meta.end_recorded or not status.state.is_final:
         return
@@ -55,7 +55,7 @@ def record_superseded(name: str) -> None:
     """Before a new launch of `name` replaces its meta: the end of the earlier launch's record
     if no `status` saw it (a `--cluster` run relaunched onto its own cluster, still up, is
     billed from here on under the new record)."""
-    from mncloud.records import append_event
+    from mncloud.records.store import append_event
 
     old = load_meta(name)
     if old is None or not old.records_events or old.end_recorded:

@@ -40,7 +40,7 @@ def measure(
     """(passed, the preflight's lines) of the bandwidth test across run `name`'s cluster."""
     import sky
 
-    from mncloud.records import load_current
+    from mncloud.records.store import load_current
     from mncloud.render import rendered_from_yaml
     from mncloud.render.bandwidth import bandwidth_task
     from mncloud.spec import JobSpec, LaunchOptions

@@ -1,4 +1,4 @@
-"""Step times and stragglers, read off the run's telemetry segments (`records.series`).
+"""Step times and stragglers, read off the run's telemetry segments (`telemetry.series`).
 
 Torch-free and light (the standard library and `mncloud.layout`; the bucket code is imported
 on the first read). Ranks publish nothing of their own for this: every step they report is in
@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Protocol
 from mncloud import layout
 
 if TYPE_CHECKING:
-    from mncloud.records.series import Series, StepRow
+    from mncloud.telemetry.series import Series, StepRow
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ class RankSteps:
 
 def read_steps(series_uri: str) -> dict[int, RankSteps]:
     """Each rank's step-time windows under a series URI (`layout.series_uri`), by rank."""
-    from mncloud.records.series import read_series
+    from mncloud.telemetry.series import read_series
 
     return from_series(read_series(series_uri, compact=True))
 

@@ -1,4 +1,4 @@
-"""A live run's telemetry segments read as they come (`records.series`), for pollers.
+"""A live run's telemetry segments read as they come (`telemetry.series`), for pollers.
 
 `read_series` fetches every segment on each call: fine for `status`, too slow for the local
 supervisor, which asks every 0.1 s for a launch's first step and for node recovery's replica
@@ -22,7 +22,7 @@ import logging
 import os
 from typing import Any
 
-from mncloud.records.series import SUFFIX, Series, _parse
+from mncloud.telemetry.series import SUFFIX, Series, _parse
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """A run's telemetry as the curves `mncloud metrics` prints and the web view draws.
 
-Pure: a compacted `records.series.Series` in, a `MetricsView` out. Each metric is one curve
+Pure: a compacted `telemetry.series.Series` in, a `MetricsView` out. Each metric is one curve
 over steps across launches (each point says its launch, so a relaunch and the steps it redid
 show: launch 2 starts again at step 21 after launch 1 reached 27); step time is one line per
 node over wall time (the node's lowest rank, mean seconds per step between its reports,
@@ -13,7 +13,7 @@ import itertools
 
 from pydantic import BaseModel, Field
 
-from mncloud.records.series import Series, StepRow
+from mncloud.telemetry.series import Series, StepRow
 
 #: Points kept per curve (evenly thinned; the first and last always kept).
 MAX_POINTS = 400

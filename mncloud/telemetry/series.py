@@ -21,7 +21,7 @@ number counts up), so a preempted rank's last segment is at worst missing, never
 replacement. Reading lists every segment, skips a torn or malformed one (counted in
 `Series.skipped`) and merges them into one `Series`: steps with their times per rank and
 launch, the metrics over steps, the events, and each launch's first step. A live reader
-polls with `SeriesTail` (`records.seriestail`), which fetches only the segments it has not
+polls with `SeriesTail` (`telemetry.seriestail`), which fetches only the segments it has not
 read. Training never waits on it: a record is a list append; the bucket is written off the
 training thread and its errors logged.
 """
