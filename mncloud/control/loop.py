@@ -285,7 +285,7 @@ class Controller:
         # The controller owns the error budget (`outcomes.py`): a launch retries nothing itself.
         spec = spec.updated(spot=market, max_restarts=0)
         update: dict[str, Any] = {}
-        if cfg.backend == "local":
+        if self.backend.runs_here:
             # The ledger bills wall time; a rehearsal's $/h is per hour of run time.
             update["hourly_price"] = self._price(mode) * cfg.time_scale
             if mode is Mode.SPOT and spec.recovery is not Recovery.NODE:
@@ -355,7 +355,7 @@ class Controller:
         st.closing = why
         save_state(st)
         self._down(self.stop_notice_s() if notice_s is None else notice_s)
-        if st.config.backend != "local":  # the local supervisor records its own end
+        if not self.backend.records_own_events:  # else the backend records its own end
             self._event("finish", f"deadline controller: {why}")
         st.market, st.closing = Mode.NONE, None
         save_state(st)
@@ -386,7 +386,7 @@ class Controller:
         host): its supervisor holds it for the controller (`SPOT_RECOVERY_HOLD_S`), so it is
         lost like a preemption and the policy launches again from the newest checkpoint."""
         return (
-            self.state.config.backend == "local"
+            self.backend.runs_here
             and self.state.spec.get("recovery") != "node"  # its supervisor replaces the node
             and status is not None
             and status.state is RunState.RECOVERING
@@ -399,7 +399,7 @@ class Controller:
             st.closing = "spot capacity for the nodes is gone"
             save_state(st)
         self.market.lose_spot(st.name, self.backend)
-        if st.config.backend != "local":
+        if not self.backend.records_own_events:
             self._event("preemption", "deadline controller: spot capacity for the nodes is gone")
         if not self.market.keeps_spot_request:
             st.market, st.closing = Mode.NONE, None

@@ -112,7 +112,9 @@ class ManagedJobPlaces:
 def places_market(state: ControlState) -> PlacesMarket:
     """The capacity source of a multi-place run (a trace per place locally)."""
     cfg = state.config
-    if cfg.backend != "local":
+    from mncloud.backends.registry import get_backend
+
+    if not get_backend(cfg.backend).runs_here:
         return ManagedJobPlaces()
     from mncloud.plan.traces import Trace, load_trace
 
@@ -217,7 +219,7 @@ class PlacesController(Controller):
         """The spec narrowed to the launch's place (a cloud's; local places share the host)."""
         st = self.state
         place = st.launching.place if st.launching is not None else None
-        if st.config.backend == "local" or place is None:
+        if self.backend.runs_here or place is None:
             return spec
         p = self.places[place]
         update: dict[str, Any] = {}
@@ -243,7 +245,7 @@ class PlacesController(Controller):
             place = self._place_of(mode)
         if place is not None:
             p = self.places[place]
-            if st.config.backend == "local":  # local places share this machine: name it
+            if self.backend.runs_here:  # places on this machine share it: name it
                 placement["region"] = p.name
             if mode is Mode.SPOT and st.last_launch is Mode.SPOT and st.place not in (None, place):
                 st.moves += 1

@@ -237,7 +237,7 @@ def start(state: ControlState) -> ControlState:
     that controller from its own state (`revive`) instead: the run goes on as decided.
     """
     name = state.name
-    if state.config.backend == "local" and state.existing == "resume":
+    if runs_here(state) and state.existing == "resume":
         old = _unfinished(name)
         if old is not None:
             if controller_running(name):
@@ -252,7 +252,7 @@ def start(state: ControlState) -> ControlState:
         from mncloud.spec import JobSpec
 
         settle_existing(JobSpec.model_validate(state.spec), Existing.REFUSE)
-    if state.config.backend == "local":
+    if runs_here(state):
         clear_stop_request(name)
         save_state(state)
         keeper = _spawn_local(name)
@@ -262,6 +262,13 @@ def start(state: ControlState) -> ControlState:
     state.controller = f"SkyPilot managed job {state.controller_job_id} ({name}-control)"
     save_state(state)
     return state
+
+
+def runs_here(state: ControlState) -> bool:
+    """Whether the run's backend runs it on this machine, and so its controller too."""
+    from mncloud.backends.registry import get_backend
+
+    return get_backend(state.config.backend).runs_here
 
 
 def _unfinished(name: str) -> ControlState | None:
@@ -277,7 +284,7 @@ def revive(name: str, *, force: bool = False) -> int | None:
     when nothing was to do (no controller state, a final one, one running, or `down` asked
     it to stop). `force` (`up --resume`): even one `down` asked to stop."""
     state = _unfinished(name)
-    if state is None or state.config.backend != "local" or controller_running(name):
+    if state is None or not runs_here(state) or controller_running(name):
         return None
     if stop_requested(name) is not None:
         if not force:
@@ -382,7 +389,7 @@ def stop(name: str, notice_s: float = 0.0) -> str:
     """
     state = load_state(name, fresh=False)
     request_stop(name, notice_s)
-    if state.config.backend != "local":
+    if not runs_here(state):
         from mncloud.control.down import stop_cloud
 
         return stop_cloud(state, notice_s)
