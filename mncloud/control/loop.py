@@ -48,7 +48,15 @@ from typing import TYPE_CHECKING, Any
 from mncloud.backends.base import RunState
 from mncloud.control.markets import Clock, Market, SystemClock
 from mncloud.control.state import ControlState, Decision, Launching, save_state, stop_requested
-from mncloud.deadline.policy import Mode, Observation, Slack, make_policy
+from mncloud.control.steering import LaunchMade
+from mncloud.deadline.policy import (
+    PAST_DEADLINE,
+    Mode,
+    Observation,
+    Slack,
+    make_policy,
+    past_deadline,
+)
 from mncloud.errors import MncloudError
 
 if TYPE_CHECKING:
@@ -209,8 +217,8 @@ class Controller:
             overhead_left = 0
         obs = Observation(tick, work, st.mode, overhead_left, spot_now, list(st.history))
         slack = Slack.of(job, obs)
-        if tick >= job.deadline_ticks:
-            choice, reason = Mode.ON_DEMAND, "past the deadline: finishing on on-demand"
+        if past_deadline(job, tick):
+            choice, reason = Mode.ON_DEMAND, PAST_DEADLINE
         else:
             choice = self._choose(obs)
             reason = _reason(choice, obs, slack, job.gap_seconds)
@@ -310,18 +318,18 @@ class Controller:
             "region": choice.region if choice else launched.status.region,
             "instance_type": choice.instance_type if choice else launched.status.instance_type,
         }
-        self._launched(mode, tick, reason, launched.run_id, launched.status.ckpt_uri, placement)
+        ckpt_uri = launched.status.ckpt_uri
+        self._launched(LaunchMade(mode, tick, reason, launched.run_id, ckpt_uri, placement))
 
-    def _launched(
-        self,
-        mode: Mode,
-        tick: int,
-        reason: str,
-        run_id: str | None,
-        ckpt_uri: str | None,
-        placement: dict[str, Any],
-    ) -> None:
+    def _placed(self, made: LaunchMade) -> LaunchMade:
+        """Where a launch made runs, before it is recorded (`control/places.py` names it)."""
+        return made
+
+    def _launched(self, made: LaunchMade) -> None:
         """Record a launch made (or found made, after a crash): once."""
+        made = self._placed(made)
+        mode, tick, reason = made.mode, made.tick, made.reason
+        run_id, ckpt_uri, placement = made.run_id, made.ckpt_uri, made.placement
         st, cfg = self.state, self.state.config
         if run_id and run_id not in st.run_ids:
             st.run_ids.append(run_id)

@@ -42,6 +42,7 @@ from mncloud.deadline.policy import Mode, Observation
 if TYPE_CHECKING:
     from mncloud.backends.base import Backend, RunStatus
     from mncloud.control.markets import Clock
+    from mncloud.control.steering import LaunchMade
     from mncloud.plan.traces import Trace
     from mncloud.records.ledger import CostSummary
     from mncloud.spec import JobSpec
@@ -229,16 +230,9 @@ class PlacesController(Controller):
             update["regions"] = [p.region]
         return spec.updated(**update)
 
-    def _launched(
-        self,
-        mode: Mode,
-        tick: int,
-        reason: str,
-        run_id: str | None,
-        ckpt_uri: str | None,
-        placement: dict[str, Any],
-    ) -> None:
-        st = self.state
+    def _placed(self, made: LaunchMade) -> LaunchMade:
+        """The place the launch runs in: kept in the state, named in its reason."""
+        st, mode = self.state, made.mode
         pending = st.launching
         place = pending.place if pending is not None else None
         if place is None:
@@ -246,14 +240,14 @@ class PlacesController(Controller):
         if place is not None:
             p = self.places[place]
             if self.backend.runs_here:  # places on this machine share it: name it
-                placement["region"] = p.name
+                made.placement["region"] = p.name
             if mode is Mode.SPOT and st.last_launch is Mode.SPOT and st.place not in (None, place):
                 st.moves += 1
             st.place = place
-            if run_id:
-                st.run_places[run_id] = p.name
-            reason = f"{reason} (in {p.name})"
-        super()._launched(mode, tick, reason, run_id, ckpt_uri, placement)
+            if made.run_id:
+                st.run_places[made.run_id] = p.name
+            made.reason = f"{made.reason} (in {p.name})"
+        return made
 
     def _account(self, costs: dict[str, CostSummary]) -> None:
         """Spot and on-demand cost so far, and each place's: its launches' ledgers."""

@@ -29,6 +29,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from mncloud.control.state import Launching, save_state
+from mncloud.control.steering import LaunchMade
 from mncloud.deadline.policy import Mode
 from mncloud.errors import MncloudError, RunNotFoundError
 
@@ -68,7 +69,8 @@ def recover(ctl: Steering) -> None:
         placement = {k: choice.get(k) for k in ("cloud", "region", "instance_type")}
         placement["hourly_price"] = choice.get("hourly_total")
         ckpt_uri = record.ckpt_uri if record is not None else None
-        ctl._launched(pending.mode, pending.tick, pending.reason, run_id, ckpt_uri, placement)
+        made = LaunchMade(pending.mode, pending.tick, pending.reason, run_id, ckpt_uri, placement)
+        ctl._launched(made)
     else:
         log.info("resuming: the launch of tick %d was not made; launching", pending.tick)
         if st.market is not Mode.NONE:

@@ -85,6 +85,8 @@ def deadline_state(
 
     Several traces (local), or several `--region` / `--cloud` choices (clouds), are several
     places (`control/placing.py`); `spot_price` is then given once or once per place."""
+    from mncloud.launch import backend_name
+
     traces, prices = _listed(spot_trace), [float(p) for p in _listed(spot_price)]
     first_trace = traces[0] if traces else None
     _check_flags(spec, hours_given=hours_given, spot_trace=first_trace, time_scale=time_scale)
@@ -104,7 +106,7 @@ def deadline_state(
     minutes = options.recovery_minutes
     ckpt = spec.ckpt_uri
     config = ControlConfig(
-        backend="local" if spec.is_local else "skypilot",
+        backend=backend_name(spec),
         nodes=spec.nodes,
         hours=options.hours,
         deadline_s=deadline_s,

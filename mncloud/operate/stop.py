@@ -5,13 +5,12 @@ by each backend (`Backend.down_unrecorded`)."""
 
 from __future__ import annotations
 
-from mncloud.backends.base import RunStatus
 from mncloud.backends.registry import backend_for_run, backend_names, get_backend
 from mncloud.errors import BackendError, MncloudError, RunNotFoundError
-from mncloud.operate.status import prepend, run_status
+from mncloud.operate.status import RunView, prepend, run_status
 
 
-def stop_run(run_name: str, notice_s: float = 0.0) -> RunStatus:
+def stop_run(run_name: str, notice_s: float = 0.0) -> RunView:
     """Stop a run (`mncloud down`) and return once nothing of it is left: its deadline
     controller (which takes the run down itself), then the run, after a preemption notice of
     `notice_s` seconds to its nodes (none under node recovery, where the ranks do not watch
@@ -31,13 +30,13 @@ def stop_run(run_name: str, notice_s: float = 0.0) -> RunStatus:
     if run_name not in known_runs():
         return _stop_unrecorded(run_name, controlled, said)
     backend = backend_for_run(run_name)
-    status = backend.down(run_name, notice_s=notice_s)
+    status = RunView(**dict(backend.down(run_name, notice_s=notice_s)))
     if said and not backend.runs_here:  # what the cloud controller's `stop` cancelled
         prepend(status, said)
     return status
 
 
-def _stop_unrecorded(run_name: str, controlled: bool, said: str | None) -> RunStatus:
+def _stop_unrecorded(run_name: str, controlled: bool, said: str | None) -> RunView:
     """`down` of a run with no backend record here (see `stop_run`); `said`: what stopping
     its deadline controller did."""
     if controlled:  # `stop` took it all down (a cloud run's jobs by id, never by name)
@@ -48,7 +47,7 @@ def _stop_unrecorded(run_name: str, controlled: bool, said: str | None) -> RunSt
     missing: RunNotFoundError | None = None
     for name in backend_names():
         try:
-            return get_backend(name).down_unrecorded(run_name)
+            return RunView(**dict(get_backend(name).down_unrecorded(run_name)))
         except RunNotFoundError as err:
             missing = err  # the last backend's words: the one that looked furthest
         except MncloudError as err:
