@@ -15,6 +15,10 @@ class implements:
     diagnose, ckpt_uri_of, legacy_steps       the files it keeps of a run, for `status`/`runs`
     down_unrecorded                           a run of a name it launched with no record here
     launch_took, take_node                    what a deadline controller asks of it
+
+Not yet behind it: a deadline controller that runs beside remote nodes is SkyPilot's alone
+(`control/start.py` launches it as a managed job, `control/down.py` and `control/identity.py`
+find and cancel its jobs); `tests/test_backend_interface.py` names what is left.
 """
 
 from __future__ import annotations
