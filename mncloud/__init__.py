@@ -20,7 +20,7 @@ the order of the rooms):
     backends/      the engine interface, the local and SkyPilot engines, the registry
     launch.py      the spine: plan → render → bucket → record → backend
     control/       the deadline controller
-    operate.py     a run as `status` shows it, logs, stop, telemetry
+    operate/       a run as `status`, `logs`, `down` see it, through the Backend interface
     ui/            `mncloud ui`, a read-only web view
     cli/           the `mncloud` command, one module per command group
     __main__.py    `python -m mncloud`

@@ -142,9 +142,8 @@ def prepare(
     from mncloud.render import render
 
     plan = None
-    if spec.is_local:
-        backend = "local"
-    else:
+    backend = backend_name(spec)
+    if not spec.is_local:
         if "local" in spec.clouds:
             raise SpecError("--cloud local runs on this machine alone; do not mix it with clouds")
         from mncloud.plan import make_plan
@@ -154,7 +153,6 @@ def prepare(
             jobgroup.require_bucket(spec)  # before the plan is shown and approved
 
         plan = make_plan(plan_request(spec, options))
-        backend = "skypilot"
         if approve is not None and not approve(plan):
             raise LaunchCancelled("not launched")
     task = render(spec, plan=plan, template=options.template, run_id=run_id)
@@ -185,9 +183,8 @@ def launch(
     from mncloud.backends.registry import get_backend, record_backend
 
     options = options or LaunchOptions()
-    if spec.is_local:
-        spec = with_free_port(spec)
-    elif options.cluster:
+    spec = get_backend(backend_name(spec)).settled(spec)
+    if options.cluster and not spec.is_local:
         spec = cluster_spec(spec)
     if not dryrun:
         settle_existing(spec, existing)
@@ -322,13 +319,9 @@ def _new_run_id(name: str) -> str:
     return new_run_id(name)
 
 
-def with_free_port(spec: JobSpec) -> JobSpec:
-    """Local runs side by side: without --master-port, a local run meets on a free port."""
-    if spec.master_port is not None:
-        return spec
-    from mncloud.backends.local import free_port
-
-    return spec.updated(master_port=free_port())
+def backend_name(spec: JobSpec) -> str:
+    """The backend that runs `spec`: local on `--cloud local`, else SkyPilot."""
+    return "local" if spec.is_local else "skypilot"
 
 
 def settle_existing(spec: JobSpec, existing: Existing) -> None:

@@ -53,7 +53,7 @@ ROOMS: list[tuple[str, str]] = [
     ("mncloud.redact", ""),
     ("mncloud.catalog", "cache clouds gpus index skyconfig"),
     ("mncloud.storage", "buckets checkpoints factory gcs lighthouse names prepare retry s3 "
-                        "stoprequest url"),
+                        "stoprequest url final"),
     ("mncloud.telemetry", "series seriestail steps curves"),
     ("mncloud.export", "convert model run source target"),
     ("mncloud.train", "ckpt collectives dist emergency ft lighthouse preempt profiler progress "
@@ -76,7 +76,7 @@ ROOMS: list[tuple[str, str]] = [
     ("mncloud.launch", ""),
     ("mncloud.control", "down identity keeper loop markets outcomes places placing progress "
                         "recovery start state steering"),
-    ("mncloud.operate", ""),
+    ("mncloud.operate", "logs status stop telemetry"),
     ("mncloud.ui", "app curves serve svg views"),
     ("mncloud.cli", "_common chaos ckpt control doctor exec export follow gpus metrics ops "
                     "options params plan plan_options plan_rows profile render replay runs ui up "

@@ -1,13 +1,29 @@
-"""The interface every engine implements; the CLI and `launch.py` never know which one runs.
+"""The interface every engine implements; callers never ask which one runs a run.
 
 `local` runs the rendered task on this machine (N simulated nodes); `skypilot` hands it to
 SkyPilot (a managed job, spot or on-demand; `--cluster` keeps a plain cluster up instead).
-Engines are found by name in `registry.py`; a run's status with its checkpoint and
-stragglers is `mncloud.operate`.
+Engines are found by name in `registry.py`; a run as the user sees it (its checkpoint, stragglers, a
+deadline controller's view) is `mncloud.operate`, built on this interface alone.
+
+What differs between engines is a member of `Backend`, never a test of its name or class.
+A new engine (Kubernetes, Slurm) is one package plus one line in `registry._REGISTRY`; its
+class implements:
+
+    name, records_own_events, runs_here       what callers may ask of it
+    settled, launch, exec, measure_bandwidth  the write side (`launch.py`, `exec`, `doctor`)
+    status, logs (since=), down               a run it holds (`status`, `logs`, `down`)
+    diagnose, ckpt_uri_of, legacy_steps       the files it keeps of a run, for `status`/`runs`
+    down_unrecorded                           a run of a name it launched with no record here
+    launch_took, take_node                    what a deadline controller asks of it
+
+Not yet behind it: a deadline controller that runs beside remote nodes is SkyPilot's alone
+(`control/start.py` launches it as a managed job, `control/down.py` and `control/identity.py`
+find and cancel its jobs); `tests/test_backend_interface.py` names what is left.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
 from enum import Enum
@@ -18,9 +34,11 @@ from pydantic import BaseModel, Field, computed_field
 from mncloud.spec import LaunchOptions
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Iterator, Mapping
+    from pathlib import Path
 
     from mncloud.plan import Plan
+    from mncloud.records.goodput import StepMark
     from mncloud.render import RenderedTask
     from mncloud.spec import JobSpec
 
@@ -56,37 +74,6 @@ class Failure(str, Enum):
     """The backend no longer knows the job (an empty queue)."""
 
 
-class DeadlineStatus(BaseModel):
-    """A deadline run as its controller last saw it (`mncloud.control`); hours are run time."""
-
-    mode: str
-    """spot, on-demand, waiting, finished, stopped or failed."""
-    work_hours: float
-    """Work done: the newest complete checkpoint's step × the measured step time."""
-    total_hours: float
-    """The work the job needs (`--hours`)."""
-    slack_hours: float
-    """Time left to the deadline minus the work left: what may still go without progress."""
-    hours_left: float
-    """Time left to the deadline."""
-    cost: float
-    spot_cost: float
-    on_demand_cost: float
-    all_on_demand_cost: float
-    """What the work done so far would have cost all on-demand (one launch included)."""
-    budget: float | None = None
-    switches: int = 0
-    preemptions: int = 0
-    controller: str = ""
-    """Where the controller runs (a pid here, or a SkyPilot job)."""
-    reason: str = ""
-    """The newest decision's reason."""
-    place: str | None = None
-    """Across places: where the live launch runs."""
-    place_costs: dict[str, float] = Field(default_factory=dict)
-    """Across places: USD so far by place."""
-
-
 class RunStatus(BaseModel):
     """What `mncloud status` shows for one run."""
 
@@ -116,8 +103,6 @@ class RunStatus(BaseModel):
     """Mean seconds per step by global rank, as the ranks last published them (`runs`)."""
     stragglers: list[int] = Field(default_factory=list)
     """Ranks at least `runs.STRAGGLER_FACTOR` × slower than the median (filled by `run_status`)."""
-    deadline: DeadlineStatus | None = None
-    """A `--deadline` run's controller view (filled by `run_status`), else None."""
     recovery: str = "gang"
     """`node`: a lost node is replaced alone (the others train on); `gang`: all relaunch."""
     node_states: dict[int, str] = Field(default_factory=dict)
@@ -160,6 +145,20 @@ class Backend(Protocol):
     """The engine behind `up`, `status`, `logs` and `down`."""
 
     name: str
+    records_own_events: bool
+    """True: the engine writes its runs' events (each relaunch, the end) to the run record
+    itself, whatever `LaunchRequest.record_events` says (the local supervisor); False: the
+    launcher writes them (a deadline controller), and relaunches the engine makes by itself
+    are read off the telemetry (`operate.telemetry.with_relaunches`)."""
+    runs_here: bool
+    """True: the nodes are processes on this machine, a rehearsal (capacity follows a trace,
+    time is scaled, places share the host) whose deadline controller is a process here too;
+    False: the nodes are VMs elsewhere and the controller runs beside them."""
+
+    def settled(self, spec: JobSpec) -> JobSpec:
+        """The spec as this engine runs it, settled before the plan and render (local: a run
+        without `--master-port` meets on a free port, so local runs go side by side)."""
+        ...
 
     def launch(self, request: LaunchRequest) -> RunStatus:
         """Start the run (or, with `dryrun`, check it); return its status."""
@@ -183,11 +182,71 @@ class Backend(Protocol):
         """The current status of one run; RunNotFoundError if unknown."""
         ...
 
-    def logs(self, run_name: str, node: int | None = None, follow: bool = False) -> Iterator[str]:
-        """Lines of output, each prefixed with its node (and rank where known)."""
+    def logs(
+        self,
+        run_name: str,
+        node: int | None = None,
+        follow: bool = False,
+        *,
+        since: float | None = None,
+    ) -> Iterator[str]:
+        """Lines of output, each prefixed with its node (and rank where known); with `since`
+        (a time), those written since then, or BackendError when its logs carry no times."""
         ...
 
     def down(self, run_name: str, *, notice_s: float = 0.0, by: str = "mncloud down") -> RunStatus:
         """Stop the run and release what it holds; idempotent. With `notice_s`, the nodes
         first get a preemption notice of that many seconds to save the step they reached."""
         ...
+
+    def diagnose(self, folder: Path) -> str | None:
+        """Which of the engine's own files in run folder `folder` cannot be read (torn, of
+        another schema, missing), and why; None when all can (`status` shows the reason)."""
+        ...
+
+    def ckpt_uri_of(self, run_name: str, run_id: str) -> str | None:
+        """Where launch `run_id` of the run keeps its checkpoints when its record does not say
+        (the local default `file://` folder); None when the engine holds no such default or no
+        longer holds that launch."""
+        ...
+
+    def legacy_steps(self, run_name: str, run_id: str) -> list[StepMark] | None:
+        """Launch `run_id`'s steps as it wrote them before the telemetry segments (a local
+        run's `progress.jsonl`); None when this machine holds none of that launch's files."""
+        ...
+
+    def launch_took(self, run_name: str, run_id: str) -> bool:
+        """Whether launch `run_id` of the run got as far as the engine running it (a deadline
+        controller restarted after a crash asks before it adopts the launch)."""
+        ...
+
+    def take_node(self, run_name: str, node: int, *, by: str) -> None:
+        """A rehearsal's spot capacity dropping under a running launch (`runs_here`): node
+        `node` lost at once, as a cloud loses a VM; BackendError where a cloud owns capacity."""
+        ...
+
+    def down_unrecorded(self, run_name: str) -> RunStatus:
+        """`down` of a run of that name this machine holds no record of (a controller's VM or
+        another machine launched it), found where the engine can look; RunNotFoundError when
+        it knows none."""
+        ...
+
+
+def first_unreadable(
+    folder: Path, paths: list[Path], models: Mapping[str, type[BaseModel]]
+) -> str | None:
+    """The first of `paths` (JSON files) that cannot be read, and why, in `folder`'s words:
+    a file named in `models` must validate against its model, any other must parse."""
+    from mncloud.errors import first_error
+
+    for path in paths:
+        model = models.get(path.name)
+        try:
+            data = path.read_bytes()
+            model.model_validate_json(data) if model else json.loads(data)
+        except (OSError, ValueError) as err:
+            where = path.relative_to(folder)
+            if hasattr(err, "errors"):
+                return f"{first_error(err, str(where))} (in {folder})"
+            return f"{where}: {type(err).__name__} (in {folder})"
+    return None

@@ -40,6 +40,11 @@ def get_backend(name: str) -> Backend:
     return backend_class()  # type: ignore[no-any-return]
 
 
+def backend_names() -> list[str]:
+    """Every registered backend's name, in the order they were registered."""
+    return list(_REGISTRY)
+
+
 def record_backend(run_name: str, backend: str, extra: dict[str, Any] | None = None) -> Path:
     """Remember which backend owns a run (written before launching)."""
     folder = layout.run_dir(run_name)

@@ -104,6 +104,7 @@ def _control(name: str, state_uri: str | None, workdir: Path | None) -> None:
 
     from mncloud import control
     from mncloud.control.keeper import KEEPER_ENV
+    from mncloud.control.start import runs_here
 
     if state_uri is not None:
         state = control.load_uri(state_uri)
@@ -114,7 +115,7 @@ def _control(name: str, state_uri: str | None, workdir: Path | None) -> None:
     if state.final:
         console.print(f"{name}: already {state.phase}; {state.detail}", markup=False)
         return
-    if state.config.backend == "local":
+    if runs_here(state):
         lock = control.hold_lock(name, wait=LOCK_WAIT_S)  # held until this process ends
         if lock is None:
             console.print(f"{name}: another controller of the run is running; nothing to do")
@@ -130,7 +131,7 @@ def _control(name: str, state_uri: str | None, workdir: Path | None) -> None:
     if state.started_at is not None:  # a controller before this one ran (and died)
         state.resumes += 1
     state.pid = os.getpid()
-    if state.config.backend == "local":
+    if runs_here(state):
         state.controller = f"this machine, pid {state.pid}"
         if state.resumes:
             state.controller += f" (restarted {state.resumes}×)"
@@ -165,10 +166,11 @@ def _controller(state: ControlState) -> Any:
 
 def _market(state: ControlState) -> Any:
     from mncloud import control
+    from mncloud.control.start import runs_here
     from mncloud.plan.traces import Trace, load_trace
 
     cfg = state.config
-    if cfg.backend != "local":
+    if not runs_here(state):
         return control.ManagedJobMarket()
     if cfg.trace is None:  # no trace: spot is always there
         trace = Trace.model_validate({"metadata": {"gap_seconds": cfg.gap_s}, "data": [cfg.nodes]})

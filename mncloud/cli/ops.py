@@ -14,8 +14,7 @@ from rich.text import Text
 from mncloud.cli._common import console, handle_errors, print_json
 
 if TYPE_CHECKING:
-    from mncloud.backends.base import RunStatus
-    from mncloud.operate import UnreadableRun
+    from mncloud.operate import RunView, UnreadableRun
     from mncloud.storage import ObjectInfo
 
 
@@ -106,9 +105,7 @@ def _show_status(name: str | None, as_json: bool, *, one_line_json: bool = False
     _detail_lines(shown, folders)
 
 
-def _status_table(
-    shown: list[RunStatus | UnreadableRun], goodput: dict[str, float | None]
-) -> Table:
+def _status_table(shown: list[RunView | UnreadableRun], goodput: dict[str, float | None]) -> Table:
     from mncloud.operate import UnreadableRun
 
     table = Table(title="mncloud runs", title_justify="left")
@@ -150,7 +147,7 @@ def _status_table(
 
 
 def _detail_lines(
-    shown: list[RunStatus | UnreadableRun], folders: dict[str, list[ObjectInfo]]
+    shown: list[RunView | UnreadableRun], folders: dict[str, list[ObjectInfo]]
 ) -> None:
     """The free-text detail below the table, one line a run, where it has the full width."""
     from mncloud.operate import UnreadableRun
@@ -186,7 +183,7 @@ def _detail_lines(
             console.print(Text(f"{s.name}: ", style="bold") + Text(line, style="dim"))
 
 
-def _deadline_table(statuses: list[RunStatus]) -> None:
+def _deadline_table(statuses: list[RunView]) -> None:
     """Deadline runs: mode, work done of the total, slack, cost against all on-demand."""
     rows = [s for s in statuses if s.deadline is not None]
     if not rows:
@@ -219,7 +216,7 @@ def _deadline_table(statuses: list[RunStatus]) -> None:
         console.print(Text(f"{s.name}: ", style="bold") + Text(line, style="dim"))
 
 
-def _ckpt_dir_files(status: RunStatus) -> list[ObjectInfo]:
+def _ckpt_dir_files(status: RunView) -> list[ObjectInfo]:
     """What the run's `--ckpt-dir` folder holds in its bucket ([] without one, or unreadable)."""
     from mncloud.cli.ckpt import ckpt_dir_files
     from mncloud.errors import MncloudError

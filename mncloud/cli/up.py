@@ -213,13 +213,13 @@ def _notify(text: str) -> None:
 
 def follow(backend_name: str, name: str) -> RunStatus:
     """Follow a run until it ends: the local live view, or SkyPilot's log stream."""
-    if backend_name == "local":
-        from mncloud.cli.follow import follow_local_run
-
-        return follow_local_run(name)
     from mncloud.backends.registry import get_backend
 
     backend = get_backend(backend_name)
+    if backend.runs_here:
+        from mncloud.cli.follow import follow_local_run
+
+        return follow_local_run(name)
     for line in backend.logs(name, follow=True):
         typer.echo(line)
     return backend.status(name)

@@ -48,7 +48,15 @@ from typing import TYPE_CHECKING, Any
 from mncloud.backends.base import RunState
 from mncloud.control.markets import Clock, Market, SystemClock
 from mncloud.control.state import ControlState, Decision, Launching, save_state, stop_requested
-from mncloud.deadline.policy import Mode, Observation, Slack, make_policy
+from mncloud.control.steering import LaunchMade
+from mncloud.deadline.policy import (
+    PAST_DEADLINE,
+    Mode,
+    Observation,
+    Slack,
+    make_policy,
+    past_deadline,
+)
 from mncloud.errors import MncloudError
 
 if TYPE_CHECKING:
@@ -209,8 +217,8 @@ class Controller:
             overhead_left = 0
         obs = Observation(tick, work, st.mode, overhead_left, spot_now, list(st.history))
         slack = Slack.of(job, obs)
-        if tick >= job.deadline_ticks:
-            choice, reason = Mode.ON_DEMAND, "past the deadline: finishing on on-demand"
+        if past_deadline(job, tick):
+            choice, reason = Mode.ON_DEMAND, PAST_DEADLINE
         else:
             choice = self._choose(obs)
             reason = _reason(choice, obs, slack, job.gap_seconds)
@@ -285,7 +293,7 @@ class Controller:
         # The controller owns the error budget (`outcomes.py`): a launch retries nothing itself.
         spec = spec.updated(spot=market, max_restarts=0)
         update: dict[str, Any] = {}
-        if cfg.backend == "local":
+        if self.backend.runs_here:
             # The ledger bills wall time; a rehearsal's $/h is per hour of run time.
             update["hourly_price"] = self._price(mode) * cfg.time_scale
             if mode is Mode.SPOT and spec.recovery is not Recovery.NODE:
@@ -310,18 +318,18 @@ class Controller:
             "region": choice.region if choice else launched.status.region,
             "instance_type": choice.instance_type if choice else launched.status.instance_type,
         }
-        self._launched(mode, tick, reason, launched.run_id, launched.status.ckpt_uri, placement)
+        ckpt_uri = launched.status.ckpt_uri
+        self._launched(LaunchMade(mode, tick, reason, launched.run_id, ckpt_uri, placement))
 
-    def _launched(
-        self,
-        mode: Mode,
-        tick: int,
-        reason: str,
-        run_id: str | None,
-        ckpt_uri: str | None,
-        placement: dict[str, Any],
-    ) -> None:
+    def _placed(self, made: LaunchMade) -> LaunchMade:
+        """Where a launch made runs, before it is recorded (`control/places.py` names it)."""
+        return made
+
+    def _launched(self, made: LaunchMade) -> None:
         """Record a launch made (or found made, after a crash): once."""
+        made = self._placed(made)
+        mode, tick, reason = made.mode, made.tick, made.reason
+        run_id, ckpt_uri, placement = made.run_id, made.ckpt_uri, made.placement
         st, cfg = self.state, self.state.config
         if run_id and run_id not in st.run_ids:
             st.run_ids.append(run_id)
@@ -355,7 +363,7 @@ class Controller:
         st.closing = why
         save_state(st)
         self._down(self.stop_notice_s() if notice_s is None else notice_s)
-        if st.config.backend != "local":  # the local supervisor records its own end
+        if not self.backend.records_own_events:  # else the backend records its own end
             self._event("finish", f"deadline controller: {why}")
         st.market, st.closing = Mode.NONE, None
         save_state(st)
@@ -386,7 +394,7 @@ class Controller:
         host): its supervisor holds it for the controller (`SPOT_RECOVERY_HOLD_S`), so it is
         lost like a preemption and the policy launches again from the newest checkpoint."""
         return (
-            self.state.config.backend == "local"
+            self.backend.runs_here
             and self.state.spec.get("recovery") != "node"  # its supervisor replaces the node
             and status is not None
             and status.state is RunState.RECOVERING
@@ -399,7 +407,7 @@ class Controller:
             st.closing = "spot capacity for the nodes is gone"
             save_state(st)
         self.market.lose_spot(st.name, self.backend)
-        if st.config.backend != "local":
+        if not self.backend.records_own_events:
             self._event("preemption", "deadline controller: spot capacity for the nodes is gone")
         if not self.market.keeps_spot_request:
             st.market, st.closing = Mode.NONE, None

@@ -16,7 +16,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from mncloud.backends.base import RunState
@@ -77,22 +79,31 @@ class TraceMarket:
         return self.available[min(tick, len(self.available) - 1)]
 
     def lose_spot(self, name: str, backend: Backend) -> None:
-        from mncloud import layout
-        from mncloud.backends.local.chaos import preempt_node
-        from mncloud.backends.local.lifecycle import wait_for
-
         before = backend.status(name)
         if before.state is RunState.RUNNING:  # (a run already recovering lost its node)
-            preempt_node(
-                layout.run_dir(name), before.nodes - 1, by="spot trace (capacity below the nodes)"
-            )
+            backend.take_node(name, before.nodes - 1, by="spot trace (capacity below the nodes)")
 
             def recorded() -> bool:
                 now = backend.status(name)
                 return now.preemptions > before.preemptions or now.state.is_final
 
-            wait_for(recorded, PREEMPTION_RECORD_S, interval=0.1)
+            _wait_for(recorded, PREEMPTION_RECORD_S, interval=0.1)
         backend.down(name)
+
+
+def _wait_for(check: Callable[[], bool], timeout: float, interval: float) -> None:
+    """Call `check` every `interval` seconds until it is true or `timeout` has passed."""
+    from tenacity import RetryError, Retrying, retry_if_result, stop_after_delay, wait_fixed
+
+    wait = Retrying(
+        stop=stop_after_delay(timeout), wait=wait_fixed(interval), retry=retry_if_result(_false)
+    )
+    with contextlib.suppress(RetryError):
+        wait(check)
+
+
+def _false(value: bool) -> bool:
+    return not value
 
 
 class ManagedJobMarket:

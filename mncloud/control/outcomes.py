@@ -138,7 +138,7 @@ def _relaunch(ctl: Steering, status: RunStatus, why: str) -> Settled:
 def _close(ctl: Steering, status: RunStatus) -> None:
     """The live launch is over and the run goes on: nothing runs until the next decision."""
     st = ctl.state
-    if st.config.backend != "local":  # the local supervisor records its own end
+    if not ctl.backend.records_own_events:  # else the backend records its own end
         ctl._event("failure", f"deadline controller: the launch ended: {status.detail}")
     st.market = st.mode = Mode.NONE
     st.phase = "waiting"
@@ -161,5 +161,5 @@ def _finished(ctl: Steering) -> None:
         f"cost ${st.cost:,.2f} (spot ${st.spot_cost:,.2f}, on-demand "
         f"${st.on_demand_cost:,.2f})"
     )
-    if st.config.backend != "local":
+    if not ctl.backend.records_own_events:
         ctl._event("finish", f"deadline controller: {st.detail}")

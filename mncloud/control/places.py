@@ -42,6 +42,7 @@ from mncloud.deadline.policy import Mode, Observation
 if TYPE_CHECKING:
     from mncloud.backends.base import Backend, RunStatus
     from mncloud.control.markets import Clock
+    from mncloud.control.steering import LaunchMade
     from mncloud.plan.traces import Trace
     from mncloud.records.ledger import CostSummary
     from mncloud.spec import JobSpec
@@ -112,7 +113,9 @@ class ManagedJobPlaces:
 def places_market(state: ControlState) -> PlacesMarket:
     """The capacity source of a multi-place run (a trace per place locally)."""
     cfg = state.config
-    if cfg.backend != "local":
+    from mncloud.backends.registry import get_backend
+
+    if not get_backend(cfg.backend).runs_here:
         return ManagedJobPlaces()
     from mncloud.plan.traces import Trace, load_trace
 
@@ -217,7 +220,7 @@ class PlacesController(Controller):
         """The spec narrowed to the launch's place (a cloud's; local places share the host)."""
         st = self.state
         place = st.launching.place if st.launching is not None else None
-        if st.config.backend == "local" or place is None:
+        if self.backend.runs_here or place is None:
             return spec
         p = self.places[place]
         update: dict[str, Any] = {}
@@ -227,31 +230,24 @@ class PlacesController(Controller):
             update["regions"] = [p.region]
         return spec.updated(**update)
 
-    def _launched(
-        self,
-        mode: Mode,
-        tick: int,
-        reason: str,
-        run_id: str | None,
-        ckpt_uri: str | None,
-        placement: dict[str, Any],
-    ) -> None:
-        st = self.state
+    def _placed(self, made: LaunchMade) -> LaunchMade:
+        """The place the launch runs in: kept in the state, named in its reason."""
+        st, mode = self.state, made.mode
         pending = st.launching
         place = pending.place if pending is not None else None
         if place is None:
             place = self._place_of(mode)
         if place is not None:
             p = self.places[place]
-            if st.config.backend == "local":  # local places share this machine: name it
-                placement["region"] = p.name
+            if self.backend.runs_here:  # places on this machine share it: name it
+                made.placement["region"] = p.name
             if mode is Mode.SPOT and st.last_launch is Mode.SPOT and st.place not in (None, place):
                 st.moves += 1
             st.place = place
-            if run_id:
-                st.run_places[run_id] = p.name
-            reason = f"{reason} (in {p.name})"
-        super()._launched(mode, tick, reason, run_id, ckpt_uri, placement)
+            if made.run_id:
+                st.run_places[made.run_id] = p.name
+            made.reason = f"{made.reason} (in {p.name})"
+        return made
 
     def _account(self, costs: dict[str, CostSummary]) -> None:
         """Spot and on-demand cost so far, and each place's: its launches' ledgers."""

@@ -28,8 +28,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from mncloud import layout
 from mncloud.control.state import Launching, save_state
+from mncloud.control.steering import LaunchMade
 from mncloud.deadline.policy import Mode
 from mncloud.errors import MncloudError, RunNotFoundError
 
@@ -69,7 +69,8 @@ def recover(ctl: Steering) -> None:
         placement = {k: choice.get(k) for k in ("cloud", "region", "instance_type")}
         placement["hourly_price"] = choice.get("hourly_total")
         ckpt_uri = record.ckpt_uri if record is not None else None
-        ctl._launched(pending.mode, pending.tick, pending.reason, run_id, ckpt_uri, placement)
+        made = LaunchMade(pending.mode, pending.tick, pending.reason, run_id, ckpt_uri, placement)
+        ctl._launched(made)
     else:
         log.info("resuming: the launch of tick %d was not made; launching", pending.tick)
         if st.market is not Mode.NONE:
@@ -86,7 +87,7 @@ def launch_made(ctl: Steering, pending: Launching) -> tuple[str, Any] | None:
     from mncloud.records.store import list_records
 
     st = ctl.state
-    if st.config.backend != "local" and pending.run_id is not None:
+    if not ctl.backend.runs_here and pending.run_id is not None:
         from mncloud.control.identity import find
 
         try:
@@ -106,7 +107,7 @@ def launch_made(ctl: Steering, pending: Launching) -> tuple[str, Any] | None:
         ctl.backend.status(st.name)
     except RunNotFoundError:
         return None
-    if st.config.backend == "local" and not _local_launch_took(st.name, record.run_id):
+    if not ctl.backend.launch_took(st.name, record.run_id):
         return None
     return record.run_id, record
 
@@ -134,18 +135,3 @@ def has_launch_event(run_id: str | None) -> bool:
     return any(
         e.kind == "launch" and e.detail.startswith("deadline controller") for e in record.events
     )
-
-
-def _local_launch_took(name: str, run_id: str) -> bool:
-    """A local launch of record `run_id` got as far as its supervisor (alive or over)."""
-    from mncloud.backends.local import lifecycle
-    from mncloud.backends.local.state import load_launch, load_state
-
-    folder = layout.run_dir(name)
-    try:
-        launch, local = load_launch(folder), load_state(folder)
-    except (OSError, ValueError, MncloudError):
-        return False
-    if launch.run_id != run_id:
-        return False
-    return local.supervisor_pid is not None or lifecycle.launch_alive(folder)

@@ -85,6 +85,8 @@ def deadline_state(
 
     Several traces (local), or several `--region` / `--cloud` choices (clouds), are several
     places (`control/placing.py`); `spot_price` is then given once or once per place."""
+    from mncloud.launch import backend_name
+
     traces, prices = _listed(spot_trace), [float(p) for p in _listed(spot_price)]
     first_trace = traces[0] if traces else None
     _check_flags(spec, hours_given=hours_given, spot_trace=first_trace, time_scale=time_scale)
@@ -104,7 +106,7 @@ def deadline_state(
     minutes = options.recovery_minutes
     ckpt = spec.ckpt_uri
     config = ControlConfig(
-        backend="local" if spec.is_local else "skypilot",
+        backend=backend_name(spec),
         nodes=spec.nodes,
         hours=options.hours,
         deadline_s=deadline_s,
@@ -238,7 +240,7 @@ def start(state: ControlState) -> ControlState:
     that controller from its own state (`revive`) instead: the run goes on as decided.
     """
     name = state.name
-    if state.config.backend == "local" and state.existing == "resume":
+    if runs_here(state) and state.existing == "resume":
         old = _unfinished(name)
         if old is not None:
             if controller_running(name):
@@ -253,7 +255,7 @@ def start(state: ControlState) -> ControlState:
         from mncloud.spec import JobSpec
 
         settle_existing(JobSpec.model_validate(state.spec), Existing.REFUSE)
-    if state.config.backend == "local":
+    if runs_here(state):
         clear_stop_request(name)
         save_state(state)
         keeper = _spawn_local(name)
@@ -263,6 +265,13 @@ def start(state: ControlState) -> ControlState:
     state.controller = f"SkyPilot managed job {state.controller_job_id} ({name}-control)"
     save_state(state)
     return state
+
+
+def runs_here(state: ControlState) -> bool:
+    """Whether the run's backend runs it on this machine, and so its controller too."""
+    from mncloud.backends.registry import get_backend
+
+    return get_backend(state.config.backend).runs_here
 
 
 def _unfinished(name: str) -> ControlState | None:
@@ -278,7 +287,7 @@ def revive(name: str, *, force: bool = False) -> int | None:
     when nothing was to do (no controller state, a final one, one running, or `down` asked
     it to stop). `force` (`up --resume`): even one `down` asked to stop."""
     state = _unfinished(name)
-    if state is None or state.config.backend != "local" or controller_running(name):
+    if state is None or not runs_here(state) or controller_running(name):
         return None
     if stop_requested(name) is not None:
         if not force:
@@ -383,7 +392,7 @@ def stop(name: str, notice_s: float = 0.0) -> str:
     """
     state = load_state(name, fresh=False)
     request_stop(name, notice_s)
-    if state.config.backend != "local":
+    if not runs_here(state):
         from mncloud.control.down import stop_cloud
 
         return stop_cloud(state, notice_s)

@@ -30,7 +30,6 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from mncloud import layout
-from mncloud.backends.base import DeadlineStatus
 from mncloud.deadline.policy import DEFAULT_POLICY, Job, Mode
 from mncloud.errors import MncloudError, RunNotFoundError
 
@@ -40,6 +39,37 @@ log = logging.getLogger(__name__)
 KEEP_DECISIONS = 50
 LOCK_FILE = "controller.lock"
 STOP_FILE = "stop.json"
+
+
+class DeadlineStatus(BaseModel):
+    """A deadline run as its controller last saw it (`mncloud.control`); hours are run time."""
+
+    mode: str
+    """spot, on-demand, waiting, finished, stopped or failed."""
+    work_hours: float
+    """Work done: the newest complete checkpoint's step × the measured step time."""
+    total_hours: float
+    """The work the job needs (`--hours`)."""
+    slack_hours: float
+    """Time left to the deadline minus the work left: what may still go without progress."""
+    hours_left: float
+    """Time left to the deadline."""
+    cost: float
+    spot_cost: float
+    on_demand_cost: float
+    all_on_demand_cost: float
+    """What the work done so far would have cost all on-demand (one launch included)."""
+    budget: float | None = None
+    switches: int = 0
+    preemptions: int = 0
+    controller: str = ""
+    """Where the controller runs (a pid here, or a SkyPilot job)."""
+    reason: str = ""
+    """The newest decision's reason."""
+    place: str | None = None
+    """Across places: where the live launch runs."""
+    place_costs: dict[str, float] = Field(default_factory=dict)
+    """Across places: USD so far by place."""
 
 
 class PlaceConfig(BaseModel):

@@ -2,10 +2,13 @@
 
 `loop.Controller` (and `places.PlacesController`) provide it; the helpers name this Protocol
 instead of importing the loop, so the loop imports them and nothing imports the loop back.
+A launch made is one value, `LaunchMade`, so what recording it takes is written once here:
+`Controller._launched` records it, and a variant adds to it through `Controller._placed`.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -13,6 +16,20 @@ if TYPE_CHECKING:
     from mncloud.control.markets import Clock
     from mncloud.control.state import ControlState, Decision
     from mncloud.deadline.policy import Mode
+
+
+@dataclass
+class LaunchMade:
+    """A launch made (or found made, after a crash), as the controller records it: once."""
+
+    mode: Mode
+    tick: int
+    reason: str
+    """The decision's reason, as the run record's `launch` event says it."""
+    run_id: str | None
+    ckpt_uri: str | None
+    placement: dict[str, Any]
+    """Where it runs and its price: cloud, region, instance_type, hourly_price."""
 
 
 class Steering(Protocol):
@@ -27,15 +44,7 @@ class Steering(Protocol):
     def _down(self, notice_s: float) -> None: ...
     def _take_down(self, why: str, notice_s: float | None = None) -> None: ...
     def _launch(self, mode: Mode, tick: int, reason: str, *, again: bool = False) -> None: ...
-    def _launched(
-        self,
-        mode: Mode,
-        tick: int,
-        reason: str,
-        run_id: str | None,
-        ckpt_uri: str | None,
-        placement: dict[str, Any],
-    ) -> None: ...
+    def _launched(self, made: LaunchMade) -> None: ...
     def _decided(self, decision: Decision) -> None: ...
     def _event(self, kind: Any, detail: str, **placement: Any) -> None: ...
     def _refresh_costs(self) -> None: ...

@@ -153,6 +153,17 @@ def safe(job: Job, obs: Observation, mode: Mode) -> bool:
     return s.time_left - 1 >= job.overhead_ticks + s.work_left - progress
 
 
+PAST_DEADLINE = "past the deadline: finishing on on-demand"
+"""Why a run past its deadline runs on on-demand (`past_deadline`)."""
+
+
+def past_deadline(job: Job, tick: int) -> bool:
+    """Whether tick `tick` is past the job's deadline. From then on no policy decides: the run
+    finishes on on-demand, so the work gets done and its cost stays comparable with the
+    optimum's. The controller and both replays ask here, before any policy."""
+    return tick >= job.deadline_ticks
+
+
 class Policy:
     """Base: `decide` answers the mode for this tick. A fresh instance serves one run."""
 

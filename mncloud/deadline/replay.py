@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from mncloud.deadline.policy import Job, Mode, Observation, Policy, ticks_floor
+from mncloud.deadline.policy import Job, Mode, Observation, Policy, past_deadline, ticks_floor
 from mncloud.errors import SpecError
 from mncloud.plan.traces import Trace
 
@@ -111,11 +111,11 @@ def replay(policy: Policy, available: np.ndarray, start: int = 0) -> Result:
         spot = t < job.deadline_ticks and history[t]
         if mode is Mode.SPOT and not spot:
             mode, overhead, preemptions = Mode.NONE, 0, preemptions + 1
-        if t < job.deadline_ticks:
+        if past_deadline(job, t):
+            action = Mode.ON_DEMAND
+        else:
             obs = Observation(t, work, mode, overhead, spot, _Prefix(history, t + 1))
             action = policy.decide(obs)
-        else:  # missed: finish on on-demand so that the cost stays comparable
-            action = Mode.ON_DEMAND
         if action is Mode.SPOT and not spot:
             raise ValueError(f"policy {policy.name!r} chose spot at tick {t} without capacity")
         if action is not mode and action is not Mode.NONE:

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from mncloud.deadline.places import Choice, PlacesJob, PlacesObservation, PlacesPolicy
-from mncloud.deadline.policy import Mode
+from mncloud.deadline.policy import Mode, past_deadline
 from mncloud.deadline.replay import Result
 from mncloud.errors import SpecError
 from mncloud.plan.traces import Trace
@@ -85,11 +85,11 @@ def replay_places(policy: PlacesPolicy, available: np.ndarray, start: int = 0) -
         up = history[t] if t < d else none_up
         if mode is Mode.SPOT and place is not None and not up[place]:
             mode, place, overhead, preemptions = Mode.NONE, None, 0, preemptions + 1
-        if t < d:
+        if past_deadline(job, t):
+            choice = Choice(Mode.ON_DEMAND)
+        else:
             obs = PlacesObservation(t, work, mode, place, overhead, up, _Rows(history, t + 1))
             choice = policy.decide(obs)
-        else:  # missed: finish on on-demand so that the cost stays comparable
-            choice = Choice(Mode.ON_DEMAND)
         action, where = choice.mode, choice.place if choice.mode is Mode.SPOT else None
         if action is Mode.SPOT and (where is None or not up[where]):
             raise ValueError(f"policy {policy.name!r} chose spot at tick {t} in {where} without it")

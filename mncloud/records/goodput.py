@@ -1,8 +1,9 @@
 """The goodput ledger: of what a run paid, how much trained the model, and where the rest went.
 
 A pure function (`goodput_ledger`) over a run record and its telemetry (`Telemetry`: the
-training steps with their times, the complete checkpoint steps, the final step); `operate.py`
-gathers the telemetry, `runs cost --breakdown`, `status` and the web view show the result.
+training steps with their times, the complete checkpoint steps, the final step);
+`operate/telemetry.py` gathers the telemetry, `runs cost --breakdown`, `status` and the web
+view show the result.
 
 The billed time is the ledger's (`ledger.cost_segments`): each segment at its price, with
 `record.nodes` nodes (one fewer per node lost and not yet joined again, under node recovery).

@@ -172,12 +172,13 @@ class ObservedRun(BaseModel):
 
 def observed_runs(records: list[RunRecord] | None = None) -> list[ObservedRun]:
     """Step times and bandwidths earlier cloud runs measured, newest first. A local run's
-    figures describe this machine, not an offer, and are left out."""
+    figures describe this machine, not an offer, and are left out: it has no plan (no
+    instance type chosen)."""
     records = list_records() if records is None else records
     found: list[ObservedRun] = []
     for record in records:
         choice = (record.plan or {}).get("choice") or {}
-        if record.backend != "skypilot" or not choice.get("instance_type"):
+        if not choice.get("instance_type"):
             continue
         times = sorted(record.step_times.values())
         step = times[len(times) // 2] if times else None

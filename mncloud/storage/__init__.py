@@ -11,6 +11,7 @@ local directory, bucket preparation before a launch, and the checkpoint layout.
     names.py        SkyPilot's bucket-name rules, restated so a check imports nothing
     lighthouse.py   where a cloud run's nodes find torchft's lighthouse
     stoprequest.py  a stop request in the bucket: `down`'s notice to a cloud run
+    final.py        a finished run's final figures (final.json beside its checkpoints)
 
 Importing the package is light: no SDK, no SkyPilot, no torch.
 """

@@ -20,13 +20,12 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from mncloud.storage import join_key, open_bucket
+from mncloud.storage.final import FINAL_FILE
 from mncloud.train.steptime import event, report
 
 if TYPE_CHECKING:
     from mncloud.train.ckpt import CheckpointManager
     from mncloud.train.ft import Replicas
-
-FINAL_FILE = "final.json"
 
 
 class Progress:

@@ -1,6 +1,6 @@
 """`mncloud ui`: a local, read-only web view of runs over what `status` and `runs` read.
 
-    views.py   the facts a page shows (operate.py, records/, the checkpoint bucket)
+    views.py   the facts a page shows (operate/, records/, the checkpoint bucket)
     svg.py     the timeline and the goodput breakdown, drawn on the server as SVG
     curves.py  training curves (metrics over steps, step time per node) as SVG
     app.py     the FastAPI app: routes, templates (templates/ui/), token, read-only

@@ -18,8 +18,7 @@ from pydantic import BaseModel, Field
 from mncloud.errors import MncloudError, RunNotFoundError
 
 if TYPE_CHECKING:
-    from mncloud.backends.base import RunStatus
-    from mncloud.operate import UnreadableRun
+    from mncloud.operate import RunView, UnreadableRun
     from mncloud.records.model import RunRecord
 
 #: Errors a run's own files or bucket may raise while a page is drawn.
@@ -127,7 +126,7 @@ def run_rows() -> list[RunRow]:
     return [_row(status, _goodput(status, newest.get(status.name))) for status in all_statuses()]
 
 
-def _goodput(status: RunStatus | UnreadableRun, record: RunRecord | None) -> float | None:
+def _goodput(status: RunView | UnreadableRun, record: RunRecord | None) -> float | None:
     """`operate.status_goodput`, over a record already read."""
     from mncloud.operate import UnreadableRun, run_goodput
 
@@ -140,7 +139,7 @@ def _goodput(status: RunStatus | UnreadableRun, record: RunRecord | None) -> flo
         return None
 
 
-def _row(status: RunStatus | UnreadableRun, goodput: float | None) -> RunRow:
+def _row(status: RunView | UnreadableRun, goodput: float | None) -> RunRow:
     from mncloud.operate import UnreadableRun
 
     if isinstance(status, UnreadableRun):

@@ -16,16 +16,18 @@ import uuid
 from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mncloud import constants, layout
-from mncloud.backends.base import LaunchRequest, RunState, RunStatus
+from mncloud.backends.base import LaunchRequest, RunState, RunStatus, first_unreadable
 from mncloud.backends.local import execute, figures, lifecycle, warm
-from mncloud.backends.local.processes import port_is_free
+from mncloud.backends.local.processes import free_port, port_is_free
 from mncloud.backends.local.state import (
+    LAUNCH_FILE,
     LOG_MARKS,
     REFERENCE_DIR,
     RUN_LOG,
+    STATE_FILE,
     SUPERVISOR_LOG,
     LocalLaunch,
     LocalState,
@@ -34,8 +36,11 @@ from mncloud.backends.local.state import (
     node_log,
     read_jsonl,
 )
-from mncloud.errors import BackendError, RunNotFoundError
-from mncloud.spec import min_replicas
+from mncloud.errors import BackendError, MncloudError, RunNotFoundError
+from mncloud.spec import JobSpec, min_replicas
+
+if TYPE_CHECKING:
+    from mncloud.records.goodput import StepMark
 
 
 def _check_can_launch(request: LaunchRequest) -> None:
@@ -129,6 +134,15 @@ class LocalBackend:
     """Runs the rendered task on N local nodes under a supervisor process."""
 
     name = "local"
+    records_own_events = True
+    """The supervisor writes every relaunch and the end to the run record."""
+    runs_here = True
+
+    def settled(self, spec: JobSpec) -> JobSpec:
+        """Without --master-port, a free port on this machine (local runs side by side)."""
+        if spec.master_port is not None:
+            return spec
+        return spec.updated(master_port=free_port())
 
     def launch(self, request: LaunchRequest) -> RunStatus:
         _check_can_launch(request)
@@ -228,6 +242,64 @@ class LocalBackend:
             raise BackendError(f"mncloud down {run_name}: {report.describe()}")
         return status
 
+    def diagnose(self, folder: Path) -> str | None:
+        """A torn or foreign launch.json / state.json (or other JSON file) of the folder, or
+        a state.json its launch never wrote (it stopped before the run started)."""
+        models = {STATE_FILE: LocalState, LAUNCH_FILE: LocalLaunch}
+        found = first_unreadable(folder, sorted(folder.glob("*.json")), models)
+        if found is None and not (folder / STATE_FILE).is_file():
+            return f"{STATE_FILE} is missing: its launch stopped before the run started ({folder})"
+        return found
+
+    def ckpt_uri_of(self, run_name: str, run_id: str) -> str | None:
+        """The run folder's checkpoint URI (its `file://` default unless `--bucket`), while
+        the folder holds launch `run_id`."""
+        folder = layout.run_dir(run_name)
+        if _launch_id(folder) != run_id:
+            return None
+        try:
+            return load_state(folder).ckpt_uri
+        except (MncloudError, *_FILE_ERRORS):
+            return None
+
+    def legacy_steps(self, run_name: str, run_id: str) -> list[StepMark] | None:
+        """Rank 0's `progress.jsonl` steps, while the run folder holds launch `run_id`."""
+        from pydantic import ValidationError
+
+        from mncloud.records.goodput import StepMark
+
+        folder = layout.run_dir(run_name)
+        if _launch_id(folder) != run_id:
+            return None
+        marks = []
+        for line in read_jsonl(folder / "progress.jsonl"):
+            if isinstance(line, dict) and "step" in line and "event" not in line:
+                with contextlib.suppress(ValidationError):
+                    marks.append(StepMark.model_validate(line))
+        return marks
+
+    def launch_took(self, run_name: str, run_id: str) -> bool:
+        """The run folder holds launch `run_id` and it got as far as its supervisor (alive or
+        over)."""
+        folder = layout.run_dir(run_name)
+        try:
+            launch, local = load_launch(folder), load_state(folder)
+        except (OSError, ValueError, MncloudError):
+            return False
+        if launch.run_id != run_id:
+            return False
+        return local.supervisor_pid is not None or lifecycle.launch_alive(folder)
+
+    def take_node(self, run_name: str, node: int, *, by: str) -> None:
+        """SIGKILL to the node's processes (`chaos.preempt_node`): the supervisor records it."""
+        from mncloud.backends.local.chaos import preempt_node
+
+        preempt_node(layout.run_dir(run_name), node, by=by)
+
+    def down_unrecorded(self, run_name: str) -> RunStatus:
+        """A local run always has its folder here: with none, there is no such run."""
+        raise RunNotFoundError(f"no local run named {run_name!r}")
+
     def progress(self, run_name: str, *, summary: bool = False) -> figures.RunProgress:
         """Where the run is (step, attempt, restarts); with `summary`, its recovery figures."""
         return figures.progress_of(layout.run_dir(run_name), run_name, summary=summary)
@@ -237,6 +309,18 @@ class LocalBackend:
     ) -> figures.ReferenceResult:
         """Run the same task once more without chaos and wait for it (see figures.py)."""
         return figures.run_reference(run_name, on_progress)
+
+
+#: Errors of a run folder's own files (torn JSON, a schema they do not match, a lost file).
+_FILE_ERRORS = (OSError, ValueError, KeyError, TypeError)
+
+
+def _launch_id(folder: Path) -> str | None:
+    """The run record id of the launch a run folder holds."""
+    try:
+        return load_launch(folder).run_id
+    except (OSError, ValueError):
+        return None
 
 
 def _offset_at(folder: Path, since: float) -> int:

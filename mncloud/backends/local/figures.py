@@ -10,7 +10,6 @@ benchmarks in `bench/` read them here and nowhere else.
 from __future__ import annotations
 
 import contextlib
-import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -21,12 +20,12 @@ from pydantic import BaseModel, Field
 from mncloud.backends.base import RunState
 from mncloud.backends.local.lifecycle import run_ended, start_reference, stop_folder
 from mncloud.backends.local.state import (
-    FINAL_FILE,
     LocalState,
     last_step,
     load_state,
     series_uri,
 )
+from mncloud.storage.final import read_final
 from mncloud.telemetry.series import Series, read_series
 
 POLL_S = 0.25
@@ -190,17 +189,6 @@ def recovery_figures(folder: Path) -> RecoveryFigures:
         steps_per_attempt=steps,
         final=final,
     )
-
-
-def read_final(ckpt_uri: str) -> dict[str, Any] | None:
-    """The script's final.json beside its checkpoints, or None."""
-    from mncloud.storage import ObjectNotFoundError, join_key, open_bucket
-
-    bucket, prefix = open_bucket(ckpt_uri, retry_seconds=5)
-    try:
-        return dict(json.loads(bucket.get_bytes(join_key(prefix, FINAL_FILE))))
-    except ObjectNotFoundError:
-        return None
 
 
 def run_reference(

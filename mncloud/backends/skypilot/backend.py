@@ -7,7 +7,7 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, TextIO
 
-from mncloud.backends.base import LaunchRequest, RunState, RunStatus
+from mncloud.backends.base import LaunchRequest, RunState, RunStatus, first_unreadable
 from mncloud.backends.skypilot.cancel import (
     cancel_jobs,
     jobs_named,
@@ -39,10 +39,14 @@ from mncloud.backends.skypilot.notice import give_notice, withdraw_notice
 from mncloud.backends.skypilot.status import cluster_status, managed_job_status
 from mncloud.backends.skypilot.task import build_dag, build_task
 from mncloud.errors import BackendError, MncloudError, RunNotFoundError
-from mncloud.spec import DEFAULT_IDLE_MINUTES
+from mncloud.spec import DEFAULT_IDLE_MINUTES, JobSpec
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     import sky
+
+    from mncloud.records.goodput import StepMark
 
 AUTOSTOP_IDLE_MINUTES = DEFAULT_IDLE_MINUTES
 """Idle minutes before a cluster launched by an older mncloud (`sky.launch`, on-demand) tore
@@ -54,6 +58,9 @@ class SkyPilotBackend:
     `up --cluster` (a plain cluster kept up for `exec`, `cluster.py`)."""
 
     name = BACKEND_NAME
+    records_own_events = False
+    """Its launch and end only when asked (`_record_launch`); its own recoveries never."""
+    runs_here = False
 
     def __init__(
         self, progress: TextIO | None = None, idle_minutes: int = AUTOSTOP_IDLE_MINUTES
@@ -61,6 +68,10 @@ class SkyPilotBackend:
         self.progress = progress if progress is not None else sys.stderr
         """Where SkyPilot's provisioning progress is streamed while `launch` waits."""
         self.idle_minutes = idle_minutes
+
+    def settled(self, spec: JobSpec) -> JobSpec:
+        """The spec as given (`up --cluster`'s own settling is `launch.cluster_spec`)."""
+        return spec
 
     def launch(self, request: LaunchRequest) -> RunStatus:
         """Launch the run (or dry-run it); return once SkyPilot accepted the job."""
@@ -162,8 +173,18 @@ class SkyPilotBackend:
             save_meta(meta)
         return status
 
-    def logs(self, run_name: str, node: int | None = None, follow: bool = False) -> Iterator[str]:
-        """SkyPilot's logs of the run, each line prefixed `[node N]` (`[sky]` for its own)."""
+    def logs(
+        self,
+        run_name: str,
+        node: int | None = None,
+        follow: bool = False,
+        *,
+        since: float | None = None,
+    ) -> Iterator[str]:
+        """SkyPilot's logs of the run, each line prefixed `[node N]` (`[sky]` for its own);
+        they carry no times, so `since` is refused."""
+        if since is not None:
+            raise BackendError(f"--since: {self.name} logs carry no times; use --tail N")
         meta = require_meta(run_name)
         if meta.error is not None:
             raise BackendError(f"{run_name} never launched: {meta.error}")
@@ -188,6 +209,31 @@ class SkyPilotBackend:
         saved = f"step {noticed[1]} saved" if noticed[1] is not None else "no new step saved"
         note = f"stopped after a {noticed[0]:g}s notice ({saved})"
         return status.model_copy(update={"detail": f"{status.detail}; {note}".lstrip("; ")})
+
+    def diagnose(self, folder: Path) -> str | None:
+        """A torn JSON file of the run folder (its meta among them)."""
+        return first_unreadable(folder, sorted(folder.glob("*.json")), {})
+
+    def ckpt_uri_of(self, run_name: str, run_id: str) -> str | None:
+        """None: a cloud run's record holds its checkpoint URI (there is no default)."""
+        return None
+
+    def legacy_steps(self, run_name: str, run_id: str) -> list[StepMark] | None:
+        """None: cloud runs only ever wrote telemetry segments."""
+        return None
+
+    def launch_took(self, run_name: str, run_id: str) -> bool:
+        """True: SkyPilot answering `status` for the run is the proof (a journaled launch is
+        found in its queue by run id, `control/identity.py`)."""
+        return True
+
+    def take_node(self, run_name: str, node: int, *, by: str) -> None:
+        """BackendError: a cloud takes its VMs itself."""
+        raise BackendError(f"{self.name} cannot take node {node} of {run_name}: the cloud does")
+
+    def down_unrecorded(self, run_name: str) -> RunStatus:
+        """Its live managed jobs of that exact name, cancelled by id (`down_unrecorded`)."""
+        return down_unrecorded(run_name)
 
     def _cancel_run(self, meta: RunMeta) -> RunStatus:
         """Cancel the run's recorded job and any other live job of its name (a launch whose
