@@ -369,11 +369,10 @@ def _recovery(opts: dict[str, Any], script: Path, nodes: int, bucket: BucketURL 
 def spot_policy(value: Any) -> SpotPolicy:
     """--spot/--on-demand (True/False/None) or mncloud.yaml's word for the market: the one
     mapping from the flag to the policy (`plan` without a script uses it too)."""
-    policies = {True: SpotPolicy.SPOT, False: SpotPolicy.ON_DEMAND, None: SpotPolicy.EITHER}
     if isinstance(value, bool | None):
-        return policies[value]
+        return SpotPolicy.from_flag(value)
     try:
-        return SpotPolicy(str(value))
+        return SpotPolicy(value)
     except ValueError:
         raise SpecError(f"spot: {value!r}; use spot, on-demand or either") from None
 

@@ -3,7 +3,6 @@ ranked result (`Plan`). `make_plan` (the package) fills them; explain and timing
 
 from __future__ import annotations
 
-from enum import Enum
 from typing import Any
 
 from pydantic import (
@@ -33,6 +32,7 @@ from mncloud.spec import (
     MAX_NODES,
     Accelerator,
     JobSpec,
+    Minimize,
     NetworkTier,
     Recovery,
     SpotPolicy,
@@ -43,13 +43,6 @@ from mncloud.spec import (
 #: How many fallbacks a plan hands SkyPilot after its choice, and at most how many entries
 #: (choice included) may come from one cloud before other clouds get a turn.
 MAX_FALLBACKS = 4
-
-
-class Minimize(str, Enum):
-    """What the plan ranks by (SkyPilot's words): expected cost, or expected time to finish."""
-
-    COST = "cost"
-    TIME = "time"
 
 
 class PlanRequest(BaseModel):
