@@ -20,13 +20,13 @@ from mncloud.errors import SpecError, first_error
 from mncloud.spec import (
     BUCKET_MOUNT_PATH,
     LOCAL_CLOUD,
-    MAX_NODES,
     Accelerator,
     JobSpec,
     Launcher,
     NetworkTier,
     Recovery,
     SpotPolicy,
+    checked_nodes,
     default_of,
 )
 from mncloud.storage.url import BucketURL
@@ -216,13 +216,6 @@ def local_when_no_cloud(options: dict[str, Any]) -> str | None:
         "no cloud is enabled in SkyPilot (`sky check` found none): running on this machine, "
         f"--cloud local --gpus {options['gpus']}"
     )
-
-
-def checked_nodes(nodes: Any) -> int:
-    """`--nodes` (or mncloud.yaml's `nodes`): a whole number from 1 to MAX_NODES."""
-    if not isinstance(nodes, int) or isinstance(nodes, bool) or not 1 <= nodes <= MAX_NODES:
-        raise SpecError(f"--nodes {nodes!r}: give a whole number of nodes from 1 to {MAX_NODES}")
-    return nodes
 
 
 def as_list(value: Any) -> list[str]:

@@ -10,10 +10,11 @@ from __future__ import annotations
 import re
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     ValidationError,
@@ -48,6 +49,15 @@ class Choice(str, Enum):
                 if member.value == text:
                     return member
         return None
+
+    @classmethod
+    def read(cls, value: object, flag: str) -> Any:
+        """The member a flag or mncloud.yaml names; a SpecError naming the choices if none."""
+        try:
+            return cls(getattr(value, "value", value))
+        except ValueError:
+            names = ", ".join(m.value for m in cls)
+            raise SpecError(f"{flag} {value!r} is unknown; choose one of: {names}") from None
 
 
 class SpotPolicy(Choice):
@@ -86,11 +96,7 @@ class Launcher(Choice):
 
     @classmethod
     def parse(cls, value: object) -> Launcher:
-        try:
-            return cls(getattr(value, "value", value))
-        except ValueError:
-            names = ", ".join(m.value for m in cls)
-            raise SpecError(f"--launcher {value!r} is unknown; choose one of: {names}") from None
+        return cls.read(value, "--launcher")
 
 
 class Recovery(Choice):
@@ -178,6 +184,30 @@ class Accelerator(BaseModel):
 #: The most nodes one run may ask for: beyond any single offer (the largest clusters SkyPilot
 #: documents are hundreds of nodes) and a guard against a typo that would cost a fortune.
 MAX_NODES = 1024
+MIN_NODES = 1
+
+
+def checked_nodes(value: object) -> int:
+    """`--nodes` (or mncloud.yaml's `nodes`): a whole number from MIN_NODES to MAX_NODES, the one
+    check of a node count (`NodeCount`, the type of every model's `nodes`)."""
+    whole = isinstance(value, int) and not isinstance(value, bool)
+    if not whole or not MIN_NODES <= value <= MAX_NODES:  # type: ignore[operator]
+        raise SpecError(
+            f"--nodes {value!r}: give a whole number of nodes from {MIN_NODES} to {MAX_NODES}"
+        )
+    return value  # type: ignore[return-value]
+
+
+def _node_count(value: object) -> int:
+    try:
+        return checked_nodes(value)
+    except SpecError as err:
+        raise ValueError(str(err)) from None
+
+
+#: A node count, wherever one is a field (`JobSpec.nodes`, `PlanRequest.nodes`): its bounds
+#: are this metadata, checked by `checked_nodes`.
+NodeCount = Annotated[int, Field(ge=MIN_NODES, le=MAX_NODES), BeforeValidator(_node_count)]
 #: The longest a job's work, a deadline or any other duration an option takes may be: a year.
 #: Longer is a typo (or `1e308`), and the models' tick counts would overflow.
 MAX_HOURS = 24 * 365
@@ -206,7 +236,7 @@ class JobSpec(BaseModel):
     gpu_alternatives: list[Accelerator] = Field(default_factory=list)
     """Other GPU types a plan may choose instead (`--gpus H100:8,A100-80GB:8`): ranked by
     expected cost to finish, rendered as `ordered` entries."""
-    nodes: int = Field(1, ge=1, le=MAX_NODES)
+    nodes: NodeCount = 1
     spot: SpotPolicy = SpotPolicy.EITHER
     clouds: list[str] = Field(default_factory=list)
     """Allowed clouds (lower case); empty means any enabled cloud."""
