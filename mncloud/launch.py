@@ -25,11 +25,12 @@ from typing import TYPE_CHECKING, Any
 
 from mncloud import layout
 from mncloud.errors import MncloudError, SpecError
-from mncloud.spec import LaunchOptions
+from mncloud.spec import LaunchOptions, PlanOptions
 
 if TYPE_CHECKING:
     from mncloud.backends.base import Backend, RunStatus
     from mncloud.plan import LearnedHazard, Plan, PlanRequest
+    from mncloud.plan.model import ModelInputs
     from mncloud.plan.stepmodel import Workload
     from mncloud.render import RenderedTask
     from mncloud.spec import JobSpec
@@ -75,33 +76,25 @@ def learned_hazards() -> list[LearnedHazard]:
 
 
 def model_inputs(
-    options: LaunchOptions, script: Path | None = None, args: list[str] | None = None
-) -> dict[str, Any]:
-    """The planner's model fields from the planning options (`plan` and `up` alike); unset
-    ones are left out, for PlanRequest's defaults. With a script, its profile (if fresh)."""
+    options: PlanOptions, script: Path | None = None, args: list[str] | None = None
+) -> ModelInputs:
+    """What the planning options point at, read (`plan` and `up` alike): the step's cost (with
+    a script, its profile if fresh), `--learn`'s records, `--hazards-from`'s traces."""
     from mncloud.plan.hazards import hazards_from_files
+    from mncloud.plan.model import ModelInputs
     from mncloud.plan.profile import resolve_workload
 
     workload, source = resolve_workload(options, script, args)
-    measured: dict[str, float] | None = None
+    measured: dict[str, float] = {}
     if options.learn:
         workload, measured, source = _learned_hardware(workload, source, script, args)
-
-    fields = {
-        "hours": options.hours,
-        "max_cost": options.max_cost,
-        "preemption_rate": options.preemption_rate,
-        "learned": learned_hazards() if options.learn else None,
-        "recovery_minutes": options.recovery_minutes,
-        "ckpt_seconds": options.ckpt_seconds,
-        "traces": hazards_from_files(options.hazards_from) if options.hazards_from else None,
-        "steps": options.steps,
-        "minimize": options.minimize,
-        "workload": workload,
-        "workload_source": source or None,
-        "measured_busbw": measured or None,
-    }
-    return {k: v for k, v in fields.items() if v is not None}
+    return ModelInputs(
+        workload=workload,
+        workload_source=source,
+        learned=learned_hazards() if options.learn else [],
+        measured_busbw=measured,
+        traces=hazards_from_files(options.hazards_from) if options.hazards_from else [],
+    )
 
 
 def _learned_hardware(
@@ -124,11 +117,12 @@ def _learned_hardware(
     return workload, busbw, source
 
 
-def plan_request(spec: JobSpec, options: LaunchOptions) -> PlanRequest:
+def plan_request(spec: JobSpec, options: PlanOptions) -> PlanRequest:
     """The planner's request for a cloud job: the spec's hardware plus the model options."""
     from mncloud.plan import PlanRequest
 
-    return PlanRequest.from_spec(spec, **model_inputs(options, spec.script, list(spec.script_args)))
+    inputs = model_inputs(options, spec.script, list(spec.script_args))
+    return PlanRequest.from_spec(spec, options, inputs)
 
 
 def prepare(

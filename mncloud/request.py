@@ -20,13 +20,13 @@ from mncloud.errors import SpecError, first_error
 from mncloud.spec import (
     BUCKET_MOUNT_PATH,
     LOCAL_CLOUD,
-    MAX_NODES,
     Accelerator,
     JobSpec,
     Launcher,
     NetworkTier,
     Recovery,
     SpotPolicy,
+    checked_nodes,
     default_of,
 )
 from mncloud.storage.url import BucketURL
@@ -218,13 +218,6 @@ def local_when_no_cloud(options: dict[str, Any]) -> str | None:
     )
 
 
-def checked_nodes(nodes: Any) -> int:
-    """`--nodes` (or mncloud.yaml's `nodes`): a whole number from 1 to MAX_NODES."""
-    if not isinstance(nodes, int) or isinstance(nodes, bool) or not 1 <= nodes <= MAX_NODES:
-        raise SpecError(f"--nodes {nodes!r}: give a whole number of nodes from 1 to {MAX_NODES}")
-    return nodes
-
-
 def as_list(value: Any) -> list[str]:
     """A flag or config value (None, one word or several) as a list of strings."""
     if value is None:
@@ -369,11 +362,10 @@ def _recovery(opts: dict[str, Any], script: Path, nodes: int, bucket: BucketURL 
 def spot_policy(value: Any) -> SpotPolicy:
     """--spot/--on-demand (True/False/None) or mncloud.yaml's word for the market: the one
     mapping from the flag to the policy (`plan` without a script uses it too)."""
-    policies = {True: SpotPolicy.SPOT, False: SpotPolicy.ON_DEMAND, None: SpotPolicy.EITHER}
     if isinstance(value, bool | None):
-        return policies[value]
+        return SpotPolicy.from_flag(value)
     try:
-        return SpotPolicy(str(value))
+        return SpotPolicy(value)
     except ValueError:
         raise SpecError(f"spot: {value!r}; use spot, on-demand or either") from None
 

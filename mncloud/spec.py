@@ -10,10 +10,11 @@ from __future__ import annotations
 import re
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     ValidationError,
@@ -36,15 +37,55 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _REGION = re.compile(r"^[A-Za-z0-9][-A-Za-z0-9_]*$")
 
 
-class SpotPolicy(str, Enum):
-    """Which pricing the planner may choose."""
+class Choice(str, Enum):
+    """An option whose value is one of a few words: read case-insensitively and trimmed, so
+    `--launcher TorchRun` (or `launcher: TorchRun` in mncloud.yaml) is `torchrun`."""
+
+    @classmethod
+    def _missing_(cls, value: object) -> Choice | None:
+        if isinstance(value, str):
+            text = value.strip().lower()
+            for member in cls:
+                if member.value == text:
+                    return member
+        return None
+
+    @classmethod
+    def read(cls, value: object, flag: str) -> Any:
+        """The member a flag or mncloud.yaml names; a SpecError naming the choices if none."""
+        try:
+            return cls(getattr(value, "value", value))
+        except ValueError:
+            names = ", ".join(m.value for m in cls)
+            raise SpecError(f"{flag} {value!r} is unknown; choose one of: {names}") from None
+
+
+class SpotPolicy(Choice):
+    """Which pricing the planner may choose: the one place spot-or-not is mapped."""
 
     SPOT = "spot"
     ON_DEMAND = "on-demand"
     EITHER = "either"
 
+    @classmethod
+    def from_flag(cls, value: bool | None) -> SpotPolicy:
+        """`--spot` (True), `--on-demand` (False) or neither (None, the plan decides)."""
+        return cls.EITHER if value is None else cls.SPOT if value else cls.ON_DEMAND
 
-class Launcher(str, Enum):
+    @property
+    def use_spot(self) -> bool | None:
+        """The market as a catalog filter: True spot only, False on-demand only, None either."""
+        return {SpotPolicy.SPOT: True, SpotPolicy.ON_DEMAND: False}.get(self)
+
+
+class Minimize(Choice):
+    """What the plan ranks by (SkyPilot's words): expected cost, or expected time to finish."""
+
+    COST = "cost"
+    TIME = "time"
+
+
+class Launcher(Choice):
     """What starts the script on every node (`--launcher`)."""
 
     TORCHRUN = "torchrun"
@@ -55,14 +96,10 @@ class Launcher(str, Enum):
 
     @classmethod
     def parse(cls, value: object) -> Launcher:
-        try:
-            return cls(str(getattr(value, "value", value)).strip().lower())
-        except ValueError:
-            names = ", ".join(m.value for m in cls)
-            raise SpecError(f"--launcher {value!r} is unknown; choose one of: {names}") from None
+        return cls.read(value, "--launcher")
 
 
-class Recovery(str, Enum):
+class Recovery(Choice):
     """What a preemption of one node costs the run (`--recovery`)."""
 
     GANG = "gang"
@@ -72,7 +109,7 @@ class Recovery(str, Enum):
     (the script uses `mncloud.train.Replicas`)."""
 
 
-class NetworkTier(str, Enum):
+class NetworkTier(Choice):
     """Whether a multi-node task asks for each offer's fast fabric (`--network`)."""
 
     BEST = "best"
@@ -147,6 +184,30 @@ class Accelerator(BaseModel):
 #: The most nodes one run may ask for: beyond any single offer (the largest clusters SkyPilot
 #: documents are hundreds of nodes) and a guard against a typo that would cost a fortune.
 MAX_NODES = 1024
+MIN_NODES = 1
+
+
+def checked_nodes(value: object) -> int:
+    """`--nodes` (or mncloud.yaml's `nodes`): a whole number from MIN_NODES to MAX_NODES, the one
+    check of a node count (`NodeCount`, the type of every model's `nodes`)."""
+    whole = isinstance(value, int) and not isinstance(value, bool)
+    if not whole or not MIN_NODES <= value <= MAX_NODES:  # type: ignore[operator]
+        raise SpecError(
+            f"--nodes {value!r}: give a whole number of nodes from {MIN_NODES} to {MAX_NODES}"
+        )
+    return value  # type: ignore[return-value]
+
+
+def _node_count(value: object) -> int:
+    try:
+        return checked_nodes(value)
+    except SpecError as err:
+        raise ValueError(str(err)) from None
+
+
+#: A node count, wherever one is a field (`JobSpec.nodes`, `PlanRequest.nodes`): its bounds
+#: are this metadata, checked by `checked_nodes`.
+NodeCount = Annotated[int, Field(ge=MIN_NODES, le=MAX_NODES), BeforeValidator(_node_count)]
 #: The longest a job's work, a deadline or any other duration an option takes may be: a year.
 #: Longer is a typo (or `1e308`), and the models' tick counts would overflow.
 MAX_HOURS = 24 * 365
@@ -175,7 +236,7 @@ class JobSpec(BaseModel):
     gpu_alternatives: list[Accelerator] = Field(default_factory=list)
     """Other GPU types a plan may choose instead (`--gpus H100:8,A100-80GB:8`): ranked by
     expected cost to finish, rendered as `ordered` entries."""
-    nodes: int = Field(1, ge=1, le=MAX_NODES)
+    nodes: NodeCount = 1
     spot: SpotPolicy = SpotPolicy.EITHER
     clouds: list[str] = Field(default_factory=list)
     """Allowed clouds (lower case); empty means any enabled cloud."""
@@ -336,12 +397,9 @@ def default_of(field: str) -> Any:
     return JobSpec.model_fields[field].get_default(call_default_factory=True)
 
 
-class LaunchOptions(BaseModel):
-    """How to plan and run a JobSpec: everything `up` takes besides the job itself.
-
-    Stored in the run record beside the spec, so `rerun` launches with exactly the same
-    options (no round trip through CLI strings).
-    """
+class PlanOptions(BaseModel):
+    """The planner's options beside the job (`plan`, `render --plan`, `up`): the work, budgets
+    and the cost model's inputs. `PlanRequest.from_spec` reads them, field by field."""
 
     model_config = NUMBERS | ConfigDict(extra="forbid")
 
@@ -353,24 +411,11 @@ class LaunchOptions(BaseModel):
     learn: bool = False
     recovery_minutes: float | None = Field(None, ge=0, le=7 * 24 * 60)
     ckpt_seconds: float | None = Field(None, ge=0, le=24 * 3600)
-    template: Path | None = None
-    """A user's own Jinja2 task template."""
     hazards_from: tuple[Path, ...] = ()
     """Spot traces whose measured preemption hazards the plan uses (`--hazards-from`)."""
-    recovery_delay: float = Field(2.0, ge=0, le=24 * 3600)
-    """Local: the modeled seconds to provision a replacement (one node, or the whole gang)
-    before it is started (`--provision-delay`)."""
-    retry_on_error: int = Field(0, ge=0, le=1000)
-    """Deprecated and unused: read from older run records only. `--retry-on-error` is an alias
-    of `--max-restarts` (`JobSpec.max_restarts`) now."""
-    chaos_preempt_after: float | None = Field(None, ge=0, le=MAX_HOURS * 3600)
-    """Local: preempt the last node once, this many seconds after the first step."""
-    hourly_price: float | None = Field(None, ge=0, le=MAX_USD)
-    """Local: USD per hour for the whole run in its ledger (a deadline rehearsal's prices);
-    a cloud run's price comes from the plan."""
     steps: int | None = Field(None, ge=1, le=10**12)
     """Optimizer steps to finish (`--steps`): the work, priced by each offer's step time."""
-    minimize: str = "cost"
+    minimize: Minimize = Minimize.COST
     """What the plan ranks by: `cost` (expected cost to finish) or `time` (expected finish)."""
     params: float | None = Field(None, gt=0, le=1e15)
     """Model parameters, for a step described by flags (no profile)."""
@@ -378,18 +423,66 @@ class LaunchOptions(BaseModel):
     """Model FLOPs of one rank's optimizer step (forward and backward), by flag."""
     tokens_per_step: float | None = Field(None, gt=0, le=1e12)
     """Tokens one rank processes per optimizer step: FLOPs are then 6 × params × tokens."""
+
+    @field_validator("minimize", mode="before")
+    @classmethod
+    def _minimize(cls, value: object) -> object:
+        try:
+            return Minimize(value)
+        except ValueError:
+            raise ValueError(f"--minimize {value!r}: give cost or time") from None
+
+
+class RenderOptions(BaseModel):
+    """How the task is written and kept (`render`, `up`): the template and a `--cluster`."""
+
+    model_config = NUMBERS | ConfigDict(extra="forbid")
+
+    template: Path | None = None
+    """A user's own Jinja2 task template."""
     cluster: bool = False
     """`up --cluster`: a plain SkyPilot cluster kept up for `mncloud exec` (not a managed
     job: no recovery), torn down after `idle_minutes` without a job."""
     idle_minutes: int = Field(DEFAULT_IDLE_MINUTES, ge=0, le=7 * 24 * 60)
     """`--idle-minutes`: SkyPilot's autostop (with autodown) of a `--cluster` run."""
 
-    @field_validator("minimize")
+
+class RehearsalOptions(BaseModel):
+    """The local rehearsal's options (`up --cloud local`): what the local backend models."""
+
+    model_config = NUMBERS | ConfigDict(extra="forbid")
+
+    recovery_delay: float = Field(2.0, ge=0, le=24 * 3600)
+    """Local: the modeled seconds to provision a replacement (one node, or the whole gang)
+    before it is started (`--provision-delay`)."""
+    chaos_preempt_after: float | None = Field(None, ge=0, le=MAX_HOURS * 3600)
+    """Local: preempt the last node once, this many seconds after the first step."""
+    hourly_price: float | None = Field(None, ge=0, le=MAX_USD)
+    """Local: USD per hour for the whole run in its ledger (a deadline rehearsal's prices);
+    a cloud run's price comes from the plan."""
+
+
+#: Keys older run records hold that no option reads any more (dropped on read).
+RETIRED_OPTIONS = ("retry_on_error",)
+
+
+class LaunchOptions(PlanOptions, RenderOptions, RehearsalOptions):
+    """How to plan and run a JobSpec: everything `up` takes besides the job itself, by concern
+    (`PlanOptions`, `RenderOptions`, `RehearsalOptions`), in one flat record.
+
+    Stored in the run record beside the spec, so `rerun` launches with exactly the same
+    options (no round trip through CLI strings); an older record's retired keys
+    (`RETIRED_OPTIONS`: `retry_on_error`, always 0 and now `--max-restarts`) are dropped.
+    """
+
+    model_config = NUMBERS | ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
     @classmethod
-    def _minimize(cls, value: str) -> str:
-        if value not in ("cost", "time"):
-            raise ValueError(f"--minimize {value!r}: give cost or time")
-        return value
+    def _retired(cls, data: Any) -> Any:
+        if isinstance(data, dict) and any(key in data for key in RETIRED_OPTIONS):
+            return {k: v for k, v in data.items() if k not in RETIRED_OPTIONS}
+        return data
 
 
 class DeadlineOptions(BaseModel):

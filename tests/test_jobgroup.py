@@ -140,7 +140,7 @@ def test_planned_job_group_keeps_the_ordered_fallbacks(script: Path) -> None:
     from mncloud.plan import PlanRequest, make_plan
 
     spec = _spec(script, spot=None)
-    plan = make_plan(PlanRequest.from_spec(spec, hours=24))
+    plan = make_plan(PlanRequest.from_spec(spec))
     task = render(spec, plan=plan)
     _header, lighthouse, *nodes = task.documents
     assert task.spot is bool(plan.choice.spot)

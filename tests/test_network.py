@@ -63,7 +63,7 @@ def test_planned_entries_carry_the_tier_only_where_the_fabric_needs_it(script: P
     from mncloud.plan import hardware
 
     spec = build_spec(script, gpus="H100:8", nodes=4, name="llm", spot=False)
-    plan = make_plan(PlanRequest.from_spec(spec, hours=24))
+    plan = make_plan(PlanRequest.from_spec(spec))
     entries = _entries(render(spec, plan=plan).config)
     assert entries
     for entry in entries:
@@ -143,7 +143,7 @@ def test_skypilot_dry_run_passes_offline_with_network_tier_best(
     sky_enabled_clouds: list[str],  # noqa: F811 - the fixture imported above
 ) -> None:
     spec = build_spec(script, gpus="H100:8", nodes=4, cloud=cloud, spot=True, name="llm")
-    plan = make_plan(PlanRequest.from_spec(spec, hours=24))
+    plan = make_plan(PlanRequest.from_spec(spec))
     task = render(spec, plan=plan)
     assert all(e.get("network_tier") == "best" for e in _entries(task.config))
     status = SkyPilotBackend().launch(LaunchRequest(spec=spec, task=task, plan=plan, dryrun=True))

@@ -10,7 +10,7 @@ import pytest
 from mncloud.errors import CatalogError, SpecError
 from mncloud.plan import MAX_FALLBACKS, Plan, PlanRequest, make_plan
 from mncloud.request import build_spec
-from mncloud.spec import Accelerator, SpotPolicy
+from mncloud.spec import Accelerator, PlanOptions, SpotPolicy
 from tests.skyseed import sky_enabled_clouds  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.catalog
@@ -215,7 +215,9 @@ def test_request_from_spec(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text("print('hi')\n")
     spec = build_spec(script, gpus="H100:8", nodes=4, spot=True, cloud=["aws"], max_hourly=99.0)
-    request = PlanRequest.from_spec(spec, hours=24, max_cost=5000, recovery_minutes=None)
+    request = PlanRequest.from_spec(
+        spec, PlanOptions(hours=24, max_cost=5000, recovery_minutes=None)
+    )
     assert request.accelerator == Accelerator(name="H100", count=8)
     assert (request.nodes, request.spot, request.clouds) == (4, SpotPolicy.SPOT, ["aws"])
     assert (request.hours, request.max_hourly, request.max_cost) == (24, 99.0, 5000)

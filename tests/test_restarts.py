@@ -103,8 +103,10 @@ def test_retry_on_error_is_a_deprecated_alias(project: Path) -> None:
 
 def test_the_alias_becomes_max_restarts() -> None:
     from mncloud.cli.options import launch_options_from, retry_alias
+    from mncloud.spec import LaunchOptions
 
     values: dict[str, object] = {"retry_on_error": 4, "max_restarts": None}
     assert retry_alias(values) and values["max_restarts"] == 4
-    assert launch_options_from(values).retry_on_error == 0  # no longer a launch option
+    assert launch_options_from(values) == LaunchOptions()  # no longer a launch option
+    assert "retry_on_error" not in LaunchOptions.model_fields
     assert retry_alias({"retry_on_error": None, "max_restarts": 2}) is None

@@ -636,9 +636,13 @@ def test_rerun_refusals(repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPa
 def test_rerun_cli_launches_the_recorded_spec_and_options(
     repo: Path, monkeypatch: pytest.MonkeyPatch, mncloud_home: Path
 ) -> None:
+    """A record written before the options were split by concern (its flat shape, with the
+    retired `retry_on_error`) still reruns, with the same options."""
     monkeypatch.chdir(repo)
-    options = LaunchOptions(hours=3, retry_on_error=2, recovery_delay=0.5)
-    record = create_record(make_spec(repo), "a: 1\n", launch_options=options)
+    options = LaunchOptions(hours=3, recovery_delay=0.5, minimize="time")
+    old_shape = {**options.model_dump(mode="json"), "retry_on_error": 0, "minimize": "time"}
+    record = create_record(make_spec(repo), "a: 1\n", launch_options=old_shape)
+    assert "retry_on_error" in find_record(record.run_id).launch_options
     seen: dict[str, object] = {}
     import mncloud.cli.up as up_mod
 
@@ -711,7 +715,7 @@ def test_rerun_keeps_every_option(
     options = LaunchOptions(
         hours=5.5, max_cost=100.0, preemption_rate=0.2, learn=True, recovery_minutes=7.0,
         ckpt_seconds=45.0, template=repo / "task.yaml.j2", recovery_delay=0.5,
-        retry_on_error=2, chaos_preempt_after=12.0, hourly_price=1.5,
+        chaos_preempt_after=12.0, hourly_price=1.5,
         hazards_from=(tmp_path / "trace.json",), steps=1000, minimize="time", params=1e9,
         flops_per_step=1e15, tokens_per_step=4096, cluster=True, idle_minutes=45,
     )  # fmt: skip

@@ -56,7 +56,7 @@ def _request(script: Path, *, spot: bool, dryrun: bool = False, **flags: Any) ->
     from mncloud.plan import PlanRequest, make_plan
 
     spec = build_spec(script, gpus="H100:8", nodes=4, spot=spot, name="llm", **flags)
-    plan = make_plan(PlanRequest.from_spec(spec, hours=24))
+    plan = make_plan(PlanRequest.from_spec(spec))
     return LaunchRequest(spec=spec, task=render(spec, plan=plan), plan=plan, dryrun=dryrun)
 
 

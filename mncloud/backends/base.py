@@ -132,7 +132,7 @@ class LaunchRequest:
     detach: bool = False
     dryrun: bool = False
     options: LaunchOptions = field(default_factory=LaunchOptions)
-    """How to run it (local: recovery_delay, retry_on_error, chaos_preempt_after)."""
+    """How to run it (local: recovery_delay, chaos_preempt_after)."""
     run_id: str | None = None
     """The run record's id (None for a dry run)."""
     record_events: bool = True

@@ -161,8 +161,7 @@ def _request(values: dict[str, Any], script: Path | None, recovery: str | None) 
     request `up` would plan (its mncloud.yaml, its --recovery default)."""
     from mncloud.launch import model_inputs, plan_request
     from mncloud.plan import PlanRequest
-    from mncloud.request import spot_policy
-    from mncloud.spec import Accelerator, default_of
+    from mncloud.spec import Accelerator, Recovery, SpotPolicy, default_of
 
     if script is not None:
         from mncloud.request import build_spec
@@ -175,16 +174,19 @@ def _request(values: dict[str, Any], script: Path | None, recovery: str | None) 
     if not values["gpus"]:
         raise opts.SpecError("--gpus is required, e.g. --gpus H100:8")
     accelerator, *alternatives = Accelerator.parse_list(values["gpus"])
-    return PlanRequest.build(
-        accelerator=accelerator,
-        alternatives=alternatives,
+    options = opts.launch_options_from(values)
+    return PlanRequest.for_market(
+        accelerator,
+        alternatives,
         nodes=default_of("nodes") if values["nodes"] is None else values["nodes"],
-        spot=spot_policy(values["spot"]),
+        spot=SpotPolicy.from_flag(values["spot"]),
         clouds=list(values["cloud"] or []),
         regions=list(values["region"] or []),
         max_hourly=values["max_hourly"],
-        recovery=recovery or "gang",
-        **model_inputs(opts.launch_options_from(values)),
+        recovery=Recovery.read(recovery or Recovery.GANG, "--recovery"),
+        network=default_of("network"),
+        options=options,
+        inputs=model_inputs(options),
     )
 
 

@@ -36,7 +36,7 @@ from mncloud.plan.costmodel import (
 from mncloud.plan.explain import explain, recovery_note, unfinishable
 from mncloud.plan.model import MAX_FALLBACKS, Candidate, Minimize, Plan, PlanRequest
 from mncloud.plan.timing import OfferTime, time_offers
-from mncloud.spec import Recovery, SpotPolicy
+from mncloud.spec import Recovery
 
 __all__ = [
     "MAX_FALLBACKS",
@@ -101,7 +101,6 @@ def _offers(request: PlanRequest) -> tuple[list[Offer], list[Exclusion]]:
     another type has some (else the first type's CatalogError, which says what exists)."""
     from mncloud import catalog
 
-    use_spot = {SpotPolicy.SPOT: True, SpotPolicy.ON_DEMAND: False}.get(request.spot)
     offers: list[Offer] = []
     excluded: list[Exclusion] = []
     errors: list[CatalogError] = []
@@ -112,7 +111,7 @@ def _offers(request: PlanRequest) -> tuple[list[Offer], list[Exclusion]]:
                 accelerator.count,
                 clouds=request.clouds,
                 regions=request.regions,
-                use_spot=use_spot,
+                use_spot=request.spot.use_spot,
                 nodes=request.nodes,
             )
         except CatalogError as err:

@@ -3,7 +3,6 @@ ranked result (`Plan`). `make_plan` (the package) fills them; explain and timing
 
 from __future__ import annotations
 
-from enum import Enum
 from typing import Any
 
 from pydantic import (
@@ -30,10 +29,12 @@ from mncloud.plan.stepmodel import Bound, Workload
 from mncloud.spec import (
     DEFAULT_HOURS,
     LOCAL_CLOUD,
-    MAX_NODES,
     Accelerator,
     JobSpec,
+    Minimize,
     NetworkTier,
+    NodeCount,
+    PlanOptions,
     Recovery,
     SpotPolicy,
     canonical_cloud,
@@ -45,13 +46,6 @@ from mncloud.spec import (
 MAX_FALLBACKS = 4
 
 
-class Minimize(str, Enum):
-    """What the plan ranks by (SkyPilot's words): expected cost, or expected time to finish."""
-
-    COST = "cost"
-    TIME = "time"
-
-
 class PlanRequest(BaseModel):
     """What to plan: the hardware, how long, which markets and clouds, budgets, model inputs."""
 
@@ -60,7 +54,7 @@ class PlanRequest(BaseModel):
     accelerator: Accelerator
     alternatives: list[Accelerator] = Field(default_factory=list)
     """Other GPU types to rank beside `accelerator` (`--gpus H100:8,A100-80GB:8`)."""
-    nodes: int = Field(default_of("nodes"), ge=1, le=MAX_NODES)
+    nodes: NodeCount = default_of("nodes")
     spot: SpotPolicy = default_of("spot")
     clouds: list[str] = Field(default_factory=list)
     """Allowed clouds (SkyPilot names); empty: `catalog.default_clouds()`."""
@@ -193,23 +187,87 @@ class PlanRequest(BaseModel):
 
     @classmethod
     def from_spec(
-        cls, spec: JobSpec, *, hours: float = DEFAULT_HOURS, **overrides: Any
+        cls, spec: JobSpec, options: PlanOptions | None = None, inputs: ModelInputs | None = None
     ) -> PlanRequest:
-        """The plan request for a JobSpec; `overrides` sets the fields a JobSpec lacks."""
-        fields: dict[str, Any] = {
-            "accelerator": spec.accelerator,
-            "alternatives": list(spec.gpu_alternatives),
-            "nodes": spec.nodes,
-            "spot": spec.spot,
-            "clouds": list(spec.clouds),
-            "regions": list(spec.regions),
-            "hours": hours,
-            "max_hourly": spec.max_hourly,
-            "recovery": spec.recovery,
-            "network": spec.network,
-        }
-        fields.update({k: v for k, v in overrides.items() if v is not None})
-        return cls.build(**fields)
+        """The plan request for a JobSpec: its market, the planner's options and what they
+        point at (`inputs`), field by field."""
+        return cls.for_market(
+            spec.accelerator,
+            list(spec.gpu_alternatives),
+            nodes=spec.nodes,
+            spot=spec.spot,
+            clouds=list(spec.clouds),
+            regions=list(spec.regions),
+            max_hourly=spec.max_hourly,
+            recovery=spec.recovery,
+            network=spec.network,
+            options=options,
+            inputs=inputs,
+        )
+
+    @classmethod
+    def for_market(
+        cls,
+        accelerator: Accelerator,
+        alternatives: list[Accelerator],
+        *,
+        nodes: int,
+        spot: SpotPolicy,
+        clouds: list[str],
+        regions: list[str],
+        max_hourly: float | None,
+        recovery: Recovery,
+        network: NetworkTier,
+        options: PlanOptions | None = None,
+        inputs: ModelInputs | None = None,
+    ) -> PlanRequest:
+        """The plan request for a market (`plan` without a script names one by flags), the
+        planner's options and their inputs; a SpecError with a one-line message."""
+        options = options or PlanOptions()
+        inputs = inputs or ModelInputs()
+        try:
+            return cls(
+                accelerator=accelerator,
+                alternatives=alternatives,
+                nodes=nodes,
+                spot=spot,
+                clouds=clouds,
+                regions=regions,
+                max_hourly=max_hourly,
+                recovery=recovery,
+                network=network,
+                hours=options.hours,
+                steps=options.steps,
+                minimize=options.minimize,
+                max_cost=options.max_cost,
+                preemption_rate=options.preemption_rate,
+                recovery_minutes=_or(options.recovery_minutes, DEFAULT_RECOVERY_MINUTES),
+                ckpt_seconds=_or(options.ckpt_seconds, DEFAULT_CKPT_SECONDS),
+                workload=inputs.workload,
+                workload_source=inputs.workload_source,
+                measured_busbw=inputs.measured_busbw,
+                learned=inputs.learned,
+                traces=inputs.traces,
+            )
+        except ValidationError as err:
+            raise SpecError(first_error(err)) from None
+
+
+def _or(value: float | None, default: float) -> float:
+    return default if value is None else value
+
+
+class ModelInputs(BaseModel):
+    """What the planner's options point at, read (`launch.model_inputs`): the step's cost (a
+    profile, or flags), hazards and bandwidths learned from run records, the user's traces."""
+
+    model_config = ConfigDict(frozen=True)
+
+    workload: Workload | None = None
+    workload_source: str = ""
+    learned: list[LearnedHazard] = Field(default_factory=list)
+    measured_busbw: dict[str, float] = Field(default_factory=dict)
+    traces: list[TraceHazard] = Field(default_factory=list)
 
 
 class Candidate(BaseModel):

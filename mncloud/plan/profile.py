@@ -29,7 +29,7 @@ from mncloud.constants import CKPT_URI_ENV, PROFILE_META_ENV, PROFILE_OUT_ENV
 from mncloud.errors import SpecError
 from mncloud.plan import hardware
 from mncloud.plan.stepmodel import Workload, measured_mfu
-from mncloud.spec import LaunchOptions
+from mncloud.spec import PlanOptions
 
 #: The longest a profile run may take: a few steps of a script (the import of torch included).
 PROFILE_TIMEOUT_S = 900.0
@@ -235,7 +235,7 @@ def workload_from_flags(
 
 
 def resolve_workload(
-    options: LaunchOptions, script: Path | None = None, args: list[str] | None = None
+    options: PlanOptions, script: Path | None = None, args: list[str] | None = None
 ) -> tuple[Workload | None, str]:
     """The step's cost for a plan, and where it came from: the flags, else the script's fresh
     profile. With `--steps`, a missing or stale profile is a ProfileError naming the command

@@ -61,7 +61,6 @@ from mncloud.spec import (
     JobSpec,
     Launcher,
     Recovery,
-    SpotPolicy,
 )
 
 if TYPE_CHECKING:
@@ -248,7 +247,7 @@ def uses_spot(spec: JobSpec, plan: Plan | None) -> bool:
     """The one place the market is decided: the plan's choice, else only an explicit --spot."""
     if plan is not None:
         return bool(plan.choice.spot)
-    return spec.spot is SpotPolicy.SPOT
+    return spec.spot.use_spot is True
 
 
 def _config_asks_spot(config: dict[str, Any]) -> bool:

@@ -91,7 +91,6 @@ def launch_record(request: LaunchRequest) -> LocalLaunch:
         master_port=spec.rendezvous_port,
         ckpt_uri=envs.get(constants.CKPT_URI_ENV) or local_ckpt,
         max_restarts=spec.max_restarts,
-        retry_on_error=opts.retry_on_error,
         recovery_delay=opts.recovery_delay,
         chaos_preempt_after=opts.chaos_preempt_after,
         cpu_threads=max(1, (os.cpu_count() or 1) // (nodes * procs)),

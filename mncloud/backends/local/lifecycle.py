@@ -287,7 +287,6 @@ def start_reference(run_name: str) -> Path:
             "master_port": processes.free_port(),
             "ckpt_uri": f"file://{ref / layout.LOCAL_CKPT_DIR}",
             "chaos_preempt_after": None,
-            "retry_on_error": 0,
             "max_restarts": 0,
             "setup": None,  # ran already for this run
         }

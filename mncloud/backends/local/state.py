@@ -76,7 +76,6 @@ class LocalLaunch(RunShape):
     run: str
     envs: dict[str, str] = Field(default_factory=dict)
     max_restarts: int = 3
-    retry_on_error: int = 0
     recovery_delay: float = 2.0
     chaos_preempt_after: float | None = None
     cpu_threads: int = 1
