@@ -82,7 +82,20 @@ def make_plan(request: PlanRequest, *, max_fallbacks: int = MAX_FALLBACKS) -> Pl
     )
     if request.recovery is Recovery.NODE:
         plan.explanation += "; " + recovery_note(plan)
+    if choice.parallel is not None:
+        plan.explanation += ". " + layout_note(choice)
     return plan
+
+
+def layout_note(c: Candidate) -> str:
+    """The choice's parallelism and why, recomputation, memory, efficiency, in words."""
+    recompute = "" if c.recompute in (None, "none") else f", {c.recompute} recomputation"
+    assert c.parallel is not None and c.mfu is not None
+    return (
+        f"{c.parallel.value.upper()} ({c.parallel_why}){recompute}, "
+        f"{c.memory_per_gpu_gib or 0:,.1f} GiB per GPU; MFU {c.mfu:.2f}: "
+        f"{c.mfu_source.split(' (')[0]}"
+    )
 
 
 def _offers(request: PlanRequest) -> tuple[list[Offer], list[Exclusion]]:
@@ -152,7 +165,23 @@ def _candidate(offer: Offer, request: PlanRequest, timing: OfferTime) -> Candida
         bound=None if timing.step is None else timing.step.bound,
         work_hours=work,
         network=timing.network,
+        **_layout_fields(timing),
     )
+
+
+def _layout_fields(timing: OfferTime) -> dict[str, object]:
+    """What the step assumed: parallelism and why, recomputation, memory, efficiency."""
+    layout, step = timing.layout, timing.step
+    if layout is None or step is None:
+        return {}
+    return {
+        "parallel": layout.parallel,
+        "parallel_why": layout.why,
+        "recompute": layout.recompute,
+        "memory_per_gpu_gib": layout.memory_bytes / 2**30,
+        "mfu": step.mfu,
+        "mfu_source": step.mfu_source,
+    }
 
 
 def _outcome(
