@@ -201,9 +201,12 @@ def test_the_table_fits_80_columns_with_every_figure_whole(monkeypatch: pytest.M
     for c in plan["candidates"]:
         assert f"${c['expected_cost']:,.2f}" in text
         assert f"{c['step_seconds']:.3g}" in text
-    monkeypatch.setattr(plan_cli, "console", Console(width=200, record=True))
-    runner.invoke(app, [*args, "--wide"])
-    assert "preempt." in plan_cli.console.export_text()
+    monkeypatch.setattr(plan_cli, "console", Console(width=80, record=True))
+    runner.invoke(app, [*args, "--wide", "--verbose"])
+    text = plan_cli.console.export_text()
+    assert "preempt." in text and "What each step is made of" in text
+    steps = text.split("What each step is made of")[1].split("MFU:")[0]
+    assert "…" not in steps and "network" in steps and "0.41" in steps
 
 
 def test_plan_script_steps_names_the_profiled_arguments_and_profile_profiles(

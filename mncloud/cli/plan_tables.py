@@ -86,9 +86,9 @@ def show_steps(console: Console, plan: Plan, rows: list[Candidate]) -> None:
         box=box.SIMPLE_HEAD,
         pad_edge=False,
     )
-    table.add_column("offer", no_wrap=True)
+    table.add_column("offer", overflow="fold", ratio=1)
     for header in ("step", "compute", "comm.", "exposed", "bound", "MFU"):
-        table.add_column(header, justify="right", no_wrap=True)
+        table.add_column(header, justify="right", no_wrap=True, min_width=7)
     seen: set[tuple[str, str]] = set()
     for c in rows:
         if (c.cloud, c.instance_type) in seen:
