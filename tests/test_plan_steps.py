@@ -132,6 +132,18 @@ def test_fsdp_talks_per_micro_batch_ddp_once_and_tcp_puts_the_all_gathers_on_the
     assert hsdp.step_seconds < 0.6 * tcp.step_seconds  # only gradients cross, once a step
 
 
+def test_a_small_batch_is_memory_bound_so_an_l4_is_ranked_by_its_bandwidth() -> None:
+    h100, l4 = hardware.gpu("H100"), hardware.gpu("L4")
+    assert h100 is not None and l4 is not None
+    one: dict[str, Any] = {"gpus_per_node": 1, "nodes": 1, "inter_busbw_gbs": None}
+    few = _workload(1.3e9, 8)  # 8 tokens a step: reading the weights takes longer than the FLOPs
+    ratio = step_time(few, l4, **one).step_seconds / step_time(few, h100, **one).step_seconds
+    assert ratio == pytest.approx(3.35 / 0.3, rel=0.01)  # memory bandwidth, not 8.4× in FLOPs
+    many = _workload(1.3e9, 8192)
+    ratio = step_time(many, l4, **one).step_seconds / step_time(many, h100, **one).step_seconds
+    assert ratio < 3.35 / 0.3  # compute-bound: the FLOPs (and the optimizer's pass) decide
+
+
 def test_fabric_efficiency_falls_from_two_nodes_to_eight() -> None:
     efa = hardware.fabric("efa")
     assert efa.achievable_at(2) == pytest.approx(0.83)

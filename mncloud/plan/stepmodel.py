@@ -6,15 +6,17 @@ from `plan` flags) and the hardware facts (`plan.hardware`, a data file with sou
 For one GPU of an offer with N nodes × k GPUs (n = N·k ranks, every rank its own batch,
 split into m micro-batches):
 
-    compute  = ops × op_s + (F + κ·R) / (peak × mfu) + optimizer
+    compute  = ops × op_s + max((F + κ·R) / (peak × mfu), memory) + optimizer
         F: model FLOPs of one rank's step (6·params + 12·layers·hidden·seq per token, or
         FlopCounterMode over forward and backward); R: what recomputation adds (full: one more
         forward, F/3; selective: the attention core's forward), priced at κ
         (`recompute_time_share`: runs that recompute reach a higher efficiency); ops: operators
         dispatched per step, each ~`OP_SECONDS` of launch overhead; peak: the GPU's dense bf16
         FLOP/s; mfu: the GPU type's published efficiency (hardware.yaml, with its source), or a
-        measured one (a GPU profile, `--learn`); optimizer: AdamW reads and writes the GPU's
-        share of weights, gradients and moments once, at `memory_bw_tbs` (memory-bound).
+        measured one (a GPU profile, `--learn`); memory: the pass's floor in memory traffic
+        (weights read twice, gradients written, activations written and read, at
+        `memory_bw_tbs`: small batches are memory-bound); optimizer: AdamW reads and writes
+        the GPU's share of weights, gradients and moments once, at `memory_bw_tbs`.
     DDP      comm = 2(k−1)/k · S / busbw_node + 2(N−1)/N · S / busbw_network   (once per step)
              exposed = max(0, comm − overlap · backward of the last micro-batch)
     FSDP     per micro-batch: all-gather forward, all-gather backward, reduce-scatter, each
@@ -186,9 +188,18 @@ def compute_seconds(
     flops = workload.flops_per_step + defaults.recompute_time_share * workload.recompute_flops(
         recompute
     )
-    optimizer = 2 * workload.state_bytes / shards / (gpu.memory_bw_tbs * 1e12)
-    busy = flops / (gpu.peak_flops() * mfu) + optimizer
-    return overhead + busy, overhead, mfu, source
+    bandwidth = gpu.memory_bw_tbs * 1e12
+    optimizer = 2 * workload.state_bytes / shards / bandwidth
+    busy = max(flops / (gpu.peak_flops() * mfu), memory_bound_seconds(workload, bandwidth))
+    return overhead + busy + optimizer, overhead, mfu, source
+
+
+def memory_bound_seconds(workload: Workload, bandwidth: float) -> float:
+    """The forward and backward's floor in memory traffic: every weight read twice and every
+    gradient written once (the whole model: FSDP gathers it), every saved activation written
+    and read once, at the GPU's nominal memory bandwidth. A small batch (few tokens per weight)
+    is bound by it, so an L4 or A10G is not ranked on peak FLOPs alone."""
+    return (3 * workload.weight_bytes + 2 * workload.activation_bytes) / bandwidth
 
 
 def allreduce_seconds(nbytes: float, ranks: int, busbw_gbs: float) -> float:
