@@ -118,6 +118,17 @@ class NetworkTier(Choice):
     """The clouds' ordinary network: NCCL over TCP sockets."""
 
 
+class Parallel(str, Enum):
+    """How the model is spread over the GPUs (`--parallel`)."""
+
+    DDP = "ddp"
+    """A full replica on every GPU; gradients all-reduced once per step."""
+    FSDP = "fsdp"
+    """Parameters, gradients and optimizer state sharded over every GPU of the run (ZeRO-3)."""
+    HSDP = "hsdp"
+    """Sharded inside a node, replicated across nodes: only gradients cross the network."""
+
+
 #: Where the bucket is mounted on a cloud node (`--mount-bucket`, `--ckpt-dir`).
 BUCKET_MOUNT_PATH = "/mncloud-bucket"
 
@@ -397,6 +408,10 @@ def default_of(field: str) -> Any:
     return JobSpec.model_fields[field].get_default(call_default_factory=True)
 
 
+#: `--recompute`'s values: what a step recomputes in backward instead of keeping.
+RECOMPUTE = ("none", "selective", "full")
+
+
 class PlanOptions(BaseModel):
     """The planner's options beside the job (`plan`, `render --plan`, `up`): the work, budgets
     and the cost model's inputs. `PlanRequest.from_spec` reads them, field by field."""
@@ -423,6 +438,26 @@ class PlanOptions(BaseModel):
     """Model FLOPs of one rank's optimizer step (forward and backward), by flag."""
     tokens_per_step: float | None = Field(None, gt=0, le=1e12)
     """Tokens one rank processes per optimizer step: FLOPs are then 6 × params × tokens."""
+
+    # The step described by flags (`plan`'s step-time model): one block, see plan/profile.py.
+    seq_len: int | None = Field(None, gt=0, le=10**8)
+    """Tokens per sequence (`--seq-len`): attention adds 12 × layers × hidden × seq_len FLOPs
+    per token."""
+    layers: int | None = Field(None, gt=0, le=10**5)
+    hidden: int | None = Field(None, gt=0, le=10**7)
+    recompute: str | None = None
+    """Activation recomputation: none, selective or full (None: the least that fits)."""
+    micro_batches: int | None = Field(None, ge=1, le=10**6)
+    """Micro-batches per optimizer step (gradient accumulation)."""
+    grad_bytes: float | None = Field(None, gt=0, le=1e16)
+    """Gradient bytes all-reduced per step, where --params is not known."""
+
+    @field_validator("recompute")
+    @classmethod
+    def _recompute(cls, value: str | None) -> str | None:
+        if value is not None and value not in RECOMPUTE:
+            raise ValueError(f"--recompute {value!r}: give none, selective or full")
+        return value
 
     @field_validator("minimize", mode="before")
     @classmethod

@@ -287,6 +287,13 @@ RENDER_OPTIONS = {
     "--params",
     "--flops-per-step",
     "--tokens-per-step",
+    # step times that match published runs (#44): the step described in full.
+    "--seq-len",
+    "--layers",
+    "--hidden",
+    "--recompute",
+    "--micro-batches",
+    "--grad-bytes",
 }
 
 

@@ -61,8 +61,8 @@ ROOMS: list[tuple[str, str]] = [
     ("mncloud.doctor", "__main__ bandwidth checks gang node"),
     ("mncloud.spec", ""),
     ("mncloud.request", ""),
-    ("mncloud.plan", "costmodel explain hardware hazards learned model profile stepmodel timing "
-                     "traces"),
+    ("mncloud.plan", "costmodel explain hardware hazards learned model profile sharding "
+                     "stepmodel timing traces"),
     ("mncloud.deadline", "places policy pricing replay replay_places"),
     ("mncloud.render", "bandwidth jobgroup network schema"),
     ("mncloud.records", "model lineage store ledger goodput rerun"),
@@ -79,8 +79,8 @@ ROOMS: list[tuple[str, str]] = [
     ("mncloud.operate", "logs status stop telemetry"),
     ("mncloud.ui", "app curves serve svg views"),
     ("mncloud.cli", "_common chaos ckpt control doctor exec export follow gpus metrics ops "
-                    "options params plan plan_options plan_rows profile render replay runs ui up "
-                    "values"),
+                    "options params plan plan_options plan_rows plan_tables profile render replay "
+                    "runs ui up values"),
     ("mncloud.__main__", ""),
 ]  # fmt: skip
 

@@ -9,6 +9,7 @@ Help is plain text (`rich_markup_mode=None`): help strings are never parsed as m
 
     up.py, follow.py     `up` (plan → render → launch), a local run followed in the foreground
     plan.py, plan_rows.py, plan_options.py   `plan`: the command, its rows as data, its options
+    plan_tables.py       the plan as tables that fit 80 columns (`--wide` for the rest)
     render.py, profile.py, replay.py, gpus.py   `render`, `profile`, `replay`, `gpus`
     ops.py, exec.py, metrics.py   `status`, `logs`, `down`; `exec`; `metrics`
     runs.py, ckpt.py, export.py   `runs ls|show|cost`, `rerun`; `ckpt`; `export`

@@ -21,21 +21,30 @@ from mncloud.cli.plan_options import (  # noqa: F401 - re-exported: commands rea
     CkptSeconds,
     Deadline,
     FlopsPerStep,
+    GradBytes,
     HazardsFrom,
+    Hidden,
     Hours,
+    Layers,
     Learn,
     MaxCost,
+    MicroBatches,
     Minimize,
     OnDemandPrice,
     Params,
     PlanBudget,
+    PlanParallel,
     PreemptionRate,
+    ProfileFirst,
+    Recompute,
     RecoveryMinutes,
+    SeqLen,
     SpotPrice,
     SpotTrace,
     Steps,
     TimeScale,
     TokensPerStep,
+    Wide,
 )
 from mncloud.cli.values import deadline_options as deadline_options
 from mncloud.cli.values import deadline_seconds as deadline_seconds
@@ -457,6 +466,12 @@ PLANNING = _group(
     ("params", Params, None),
     ("flops_per_step", FlopsPerStep, None),
     ("tokens_per_step", TokensPerStep, None),
+    ("seq_len", SeqLen, None),
+    ("layers", Layers, None),
+    ("hidden", Hidden, None),
+    ("recompute", Recompute, None),
+    ("micro_batches", MicroBatches, None),
+    ("grad_bytes", GradBytes, None),
 )
 #: What `up` does when the name already has a run.
 EXISTING = _group(("resume", Resume, False), ("replace", Replace, False))

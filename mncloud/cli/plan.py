@@ -10,7 +10,7 @@ from rich import box
 from rich.table import Table
 
 from mncloud.cli import options as opts
-from mncloud.cli import plan_rows
+from mncloud.cli import plan_rows, plan_tables
 from mncloud.cli._common import console, err_console, handle_errors, print_json
 from mncloud.cli.params import ESSENTIALS
 
@@ -50,6 +50,10 @@ def plan_command(
         ),
     ] = None,
     as_json: opts.Json = False,
+    parallel: opts.PlanParallel = None,
+    network: opts.Network = None,
+    wide: opts.Wide = False,
+    profile: opts.ProfileFirst = False,
     verbose: Annotated[
         bool,
         typer.Option(
@@ -71,7 +75,9 @@ def plan_command(
     values["script_args"] = list(script_args or [])
     if _runs_locally(values, script, recovery, as_json):
         return
-    request = _request(values, script, recovery)
+    if script is not None and (profile or _offer_to_profile(script, values)):
+        _profile_first(script, values["script_args"])
+    request = _with_plan_flags(_request(values, script, recovery), parallel, network)
     if deadline_s is not None:
         from mncloud.deadline.pricing import deadline_job
 
@@ -90,7 +96,7 @@ def plan_command(
     if as_json:
         print_json(plan_rows.json(plan, report, top))
         return
-    show_plan(plan, top=top, verbose=verbose)
+    show_plan(plan, top=top, verbose=verbose, wide=wide)
     if values["learn"] and not request.learned:
         console.print(NOTHING_LEARNED, style="dim", highlight=False)
     if not values["cloud"] and _no_cloud_enabled():
@@ -190,6 +196,58 @@ def _request(values: dict[str, Any], script: Path | None, recovery: str | None) 
     )
 
 
+def _with_plan_flags(
+    request: PlanRequest, parallel: str | None, network: str | None
+) -> PlanRequest:
+    """The request with `--parallel` and `--network` (plan's own flags), checked."""
+    from mncloud.spec import NetworkTier, Parallel
+
+    update: dict[str, Any] = {}
+    if parallel is not None and parallel != "auto":
+        try:
+            update["parallel"] = Parallel(parallel)
+        except ValueError:
+            raise opts.SpecError(f"--parallel {parallel!r}: give auto, ddp, fsdp or hsdp") from None
+    if network is not None:
+        try:
+            update["network"] = NetworkTier(network)
+        except ValueError:
+            raise opts.SpecError(f"--network {network!r}: give best or standard") from None
+    return request.model_copy(update=update) if update else request
+
+
+def _offer_to_profile(script: Path, values: dict[str, Any]) -> bool:
+    """`plan SCRIPT --steps N` with no fresh profile, at a terminal: ask to profile it now (a
+    pipe or a script gets the one-line error naming --profile instead)."""
+    import sys
+
+    from mncloud.plan import profile as profiles
+
+    described = ("params", "flops_per_step", "tokens_per_step", "grad_bytes")
+    if values["steps"] is None or any(values.get(k) is not None for k in described):
+        return False
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+        return False
+    found, freshness = profiles.find(script, values["script_args"])
+    if found is not None and freshness is profiles.Freshness.FRESH:
+        return False
+    return typer.confirm(
+        f"{script.name} has no fresh profile for these arguments: profile it here now?",
+        default=True,
+    )
+
+
+def _profile_first(script: Path, args: list[str]) -> None:
+    """`plan SCRIPT --profile`: profile the script here unless a fresh profile exists."""
+    from mncloud.plan import profile as profiles
+
+    found, freshness = profiles.find(script, args)
+    if found is not None and freshness is profiles.Freshness.FRESH:
+        return
+    err_console.print(f"profiling {script.name} here (a few steps)…", highlight=False)
+    profiles.save(profiles.run_profile(script, args))
+
+
 def _deadline_seconds(deadline: str | None, budget: float | None) -> float | None:
     """`--deadline` in seconds (None without it); --budget alone is refused."""
     if deadline is None and budget is not None:
@@ -199,10 +257,14 @@ def _deadline_seconds(deadline: str | None, budget: float | None) -> float | Non
     return seconds
 
 
+#: From this terminal width on, the plan table shows every column without --wide.
+WIDE_COLUMNS = 120
 NOTHING_LEARNED = "--learn: no spot node-hours in this machine's run records yet; priors used"
 
 
-def show_plan(plan: Plan, *, top: int | None = None, verbose: bool = False) -> None:
+def show_plan(
+    plan: Plan, *, top: int | None = None, verbose: bool = False, wide: bool = False
+) -> None:
     """Print the ranked offers as a table that fits 80 columns, then why the choice won.
 
     Each row stacks where (cloud, region) over what (instance type, market); offers that differ
@@ -216,31 +278,11 @@ def show_plan(plan: Plan, *, top: int | None = None, verbose: bool = False) -> N
     if request.recovery.value == "node":
         title += ", node recovery"
     title += ": cheapest first"
-    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     timed = any(c.step_seconds is not None for c in rows)
-    table.add_column("offer", no_wrap=True)
-    headers = ("$/h\nnode\njob", "exp.\nhours", "exp.\ncost", "exp.\npreempt.", "ckpt\nevery")
-    if timed:
-        headers = ("$/h\nnode\njob", "step s\nwork h", "exp.\nhours", *headers[2:])
-    for header in headers:
-        table.add_column(header, justify="right", no_wrap=True)
-    several = len(request.accelerators) > 1
-    for group in shown:
-        c = group[0]
-        where = f"{c.cloud} {c.region}" + (f" +{len(group) - 1} regions" if len(group) > 1 else "")
-        what = f"{c.instance_type} {c.accelerator} {c.market}" if several else None
-        step = [f"{c.step_seconds:.3g}\n{c.work_hours:,.2f}"] if timed else []
-        fabric = f"\n{c.network}" if c.network else ""
-        table.add_row(
-            f"{where}\n{what or f'{c.instance_type} {c.market}'}{fabric}",
-            f"{c.hourly_per_node:,.2f}\n{c.hourly_total:,.2f}",
-            *step,
-            f"{c.expected_hours:,.2f}",
-            f"${c.expected_cost:,.2f}",
-            f"{c.expected_preemptions:.2f}",
-            plan_rows.duration(c.checkpoint_interval_s),
-            style="bold green" if plan.choice in group else None,
-        )
+    wide = wide or console.width >= WIDE_COLUMNS  # like gh: every column where they fit
+    table = plan_tables.offers_table(
+        plan, shown, title, timed=timed, wide=wide, width=console.width
+    )
     console.print(table)
     note = plan_rows.top_note(len(groups), top) if top else None
     if note:
@@ -251,7 +293,7 @@ def show_plan(plan: Plan, *, top: int | None = None, verbose: bool = False) -> N
     if verbose:
         _show_details(plan)
         if timed:
-            show_steps(plan, rows)
+            plan_tables.show_steps(console, plan, rows)
         show_recovery(plan, rows)
 
 
@@ -354,52 +396,6 @@ def show_deadline(report: DeadlineReport, *, top: int | None = None) -> None:
     warning = report.over_budget()
     if warning:
         console.print(f"warning: {warning}", style="yellow", highlight=False)
-
-
-def show_steps(plan: Plan, rows: list[Candidate]) -> None:
-    """The step-time model's inputs, and what each shown offer's step is made of."""
-    from mncloud.plan import hardware
-    from mncloud.plan.stepmodel import OP_SECONDS
-    from mncloud.plan.timing import memory_text
-
-    request, defaults = plan.request, hardware.model()
-    w = request.workload
-    assert w is not None
-    mfu = f"{w.mfu:.2f} ({w.mfu_source})" if w.mfu else f"{defaults.mfu:g} (stated default)"
-    console.print(
-        f"step model ({request.workload_source}): {w.flops_per_step:.3g} FLOPs and "
-        f"{w.ops_per_step:,} operators (×{OP_SECONDS * 1e6:g} µs) per GPU per step; gradients "
-        f"{w.grad_bytes / 1e9:,.3g} GB all-reduced; memory {memory_text(w)}; MFU {mfu}; "
-        f"overlap {defaults.overlap:g} of backward",
-        highlight=False,
-        style="dim",
-    )
-    table = Table(
-        title="What each step is made of (seconds)",
-        title_justify="left",
-        box=box.SIMPLE_HEAD,
-        pad_edge=False,
-    )
-    table.add_column("offer", no_wrap=True)
-    for header in ("step", "compute", "all-\nreduce", "exposed", "bound"):
-        table.add_column(header, justify="right", no_wrap=True)
-    seen: set[tuple[str, str]] = set()
-    for c in rows:
-        if (c.cloud, c.instance_type) in seen:
-            continue
-        seen.add((c.cloud, c.instance_type))
-        table.add_row(
-            f"{c.cloud} {c.instance_type} {c.accelerator}\n{c.network}".rstrip(),
-            f"{c.step_seconds:.3g}",
-            f"{c.compute_seconds:.3g}",
-            f"{c.comm_seconds:.3g}",
-            f"{c.exposed_comm_seconds:.3g}",
-            c.bound.value if c.bound else "",
-            style="bold green"
-            if (c.cloud, c.instance_type) == (plan.choice.cloud, plan.choice.instance_type)
-            else None,
-        )
-    console.print(table)
 
 
 def _show_details(plan: Plan) -> None:

@@ -119,6 +119,79 @@ TokensPerStep = Annotated[
     ),
 ]
 
+# The step described by flags beside --params (#44): one block, declared once each.
+SeqLen = Annotated[
+    int | None,
+    typer.Option(
+        "--seq-len",
+        rich_help_panel=PLAN_PANEL,
+        help="Tokens per sequence: with --layers and --hidden, attention adds 12 × layers × "
+        "hidden × seq-len FLOPs per token.",
+    ),
+]
+Layers = Annotated[
+    int | None,
+    typer.Option("--layers", rich_help_panel=PLAN_PANEL, help="Transformer layers (blocks)."),
+]
+Hidden = Annotated[
+    int | None,
+    typer.Option("--hidden", rich_help_panel=PLAN_PANEL, help="Transformer width (d_model)."),
+]
+Recompute = Annotated[
+    str | None,
+    typer.Option(
+        "--recompute",
+        rich_help_panel=PLAN_PANEL,
+        help="Activation recomputation: none, selective (the attention core) or full (one more "
+        "forward). Default: the least that fits the GPU.",
+        show_default=False,
+    ),
+]
+MicroBatches = Annotated[
+    int | None,
+    typer.Option(
+        "--micro-batches",
+        rich_help_panel=PLAN_PANEL,
+        help="Micro-batches per optimizer step (gradient accumulation): DDP communicates once "
+        "per step, FSDP per micro-batch.",
+    ),
+]
+GradBytes = Annotated[
+    float | None,
+    typer.Option(
+        "--grad-bytes",
+        rich_help_panel=PLAN_PANEL,
+        help="Gradient bytes all-reduced per step, where --params is not given.",
+    ),
+]
+
+# `plan`-only flags (#44): how the model is spread, the table's width, profiling on demand.
+PlanParallel = Annotated[
+    str | None,
+    typer.Option(
+        "--parallel",
+        rich_help_panel=PLAN_PANEL,
+        help="auto, ddp, fsdp or hsdp: how the plan spreads the model over the GPUs. auto: DDP "
+        "when a replica fits one GPU, HSDP when the state sharded over a node fits, else FSDP.",
+        show_default=False,
+    ),
+]
+Wide = Annotated[
+    bool,
+    typer.Option(
+        "--wide", help="Show every column (the default table fits 80 columns).", show_default=False
+    ),
+]
+ProfileFirst = Annotated[
+    bool,
+    typer.Option(
+        "--profile",
+        help="With SCRIPT and --steps: profile the script here first when it has no fresh "
+        "profile for these arguments.",
+        show_default=False,
+    ),
+]
+
 # Deadline runs (`up --deadline`, the controller is `mncloud control`; `plan --deadline`, its
 # estimate; `replay --deadline`, a policy over a trace). One option, read by `deadline_seconds`.
 Deadline = Annotated[

@@ -17,6 +17,7 @@ outcomes ride along (`Candidate.by_recovery`, `Plan.other_choice`) for `plan --v
     learned.py    what earlier runs measured (`plan --learn`)
     hardware.py   GPU and network facts from `hardware.yaml`
     stepmodel.py  one optimizer step on an offer: compute plus exposed network
+    sharding.py   DDP, FSDP or HSDP: memory per GPU and traffic per step of each layout
     timing.py     each offer's step time and hours of work
     profile.py    a script's measured step (`mncloud profile`), kept by script version
     explain.py    why the plan chose what it chose, one line each
@@ -93,7 +94,20 @@ def make_plan(request: PlanRequest, *, max_fallbacks: int = MAX_FALLBACKS) -> Pl
     )
     if request.recovery is Recovery.NODE:
         plan.explanation += "; " + recovery_note(plan)
+    if choice.parallel is not None:
+        plan.explanation += ". " + layout_note(choice)
     return plan
+
+
+def layout_note(c: Candidate) -> str:
+    """The choice's parallelism and why, recomputation, memory, efficiency, in words."""
+    recompute = "" if c.recompute in (None, "none") else f", {c.recompute} recomputation"
+    assert c.parallel is not None and c.mfu is not None
+    return (
+        f"{c.parallel.value.upper()} ({c.parallel_why}){recompute}, "
+        f"{c.memory_per_gpu_gib or 0:,.1f} GiB per GPU; MFU {c.mfu:.2f}: "
+        f"{c.mfu_source.split(' (')[0]}"
+    )
 
 
 def _offers(request: PlanRequest) -> tuple[list[Offer], list[Exclusion]]:
@@ -162,7 +176,23 @@ def _candidate(offer: Offer, request: PlanRequest, timing: OfferTime) -> Candida
         bound=None if timing.step is None else timing.step.bound,
         work_hours=work,
         network=timing.network,
+        **_layout_fields(timing),
     )
+
+
+def _layout_fields(timing: OfferTime) -> dict[str, object]:
+    """What the step assumed: parallelism and why, recomputation, memory, efficiency."""
+    layout, step = timing.layout, timing.step
+    if layout is None or step is None:
+        return {}
+    return {
+        "parallel": layout.parallel,
+        "parallel_why": layout.why,
+        "recompute": layout.recompute,
+        "memory_per_gpu_gib": layout.memory_bytes / 2**30,
+        "mfu": step.mfu,
+        "mfu_source": step.mfu_source,
+    }
 
 
 def _outcome(

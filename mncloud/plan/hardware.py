@@ -14,6 +14,7 @@ module only reads and validates it (once per process) and answers three question
 from __future__ import annotations
 
 import fnmatch
+import math
 from functools import cache
 from importlib import resources
 from typing import Any
@@ -43,6 +44,10 @@ class GpuFacts(BaseModel):
     """PCIe GB/s one direction (Gen4 x16 32, Gen5 64), for GPUs without NVLink."""
     matmul_fraction: float = Field(0.8, gt=0, le=1)
     """The best matmul's share of peak (MAMF): the ceiling any MFU stays under."""
+    efficiency: float | None = Field(None, gt=0, le=1)
+    """The MFU (bf16, 6·params + attention FLOPs per token) published runs of the same code
+    reach on this GPU; None: no table, the model's stated default."""
+    efficiency_source: str = ""
     source: str
 
     def peak_flops(self, dtype: str = "bf16") -> float:
@@ -62,10 +67,19 @@ class Fabric(BaseModel):
     key: str
     name: str
     achievable: float = Field(gt=0, le=1)
-    """Fraction of the nominal rate an all-reduce's bus bandwidth reaches."""
+    """Fraction of the nominal rate an all-reduce's bus bandwidth reaches at 8 nodes or more."""
+    achievable_2: float | None = Field(None, gt=0, le=1)
+    """The same at 2 nodes (None: as at 8+); between 2 and 8 nodes, log-linear."""
     tier_best: bool
     """SkyPilot enables it only with `network_tier: best` on the offer."""
     source: str
+
+    def achievable_at(self, nodes: int) -> float:
+        """The achievable fraction at `nodes` nodes: `achievable_2` at 2, `achievable` from 8."""
+        if self.achievable_2 is None or nodes >= 8:
+            return self.achievable
+        t = (math.log2(max(nodes, 2)) - 1) / 2
+        return self.achievable_2 + t * (self.achievable - self.achievable_2)
 
 
 class Network(BaseModel):
@@ -95,10 +109,11 @@ class Network(BaseModel):
             return self.gbps / self.cards
         return self.gbps
 
-    def busbw_gbs(self, *, enabled: bool, all_cards: bool = True) -> float:
-        """Expected all-reduce bus bandwidth between nodes, GB/s: the rate × the achievable
-        fraction of its fabric (ordinary TCP's when the fabric is not enabled)."""
-        achievable = self.fabric.achievable if enabled else fabric("tcp").achievable
+    def busbw_gbs(self, *, enabled: bool, all_cards: bool = True, nodes: int = 8) -> float:
+        """Expected all-reduce bus bandwidth between `nodes` nodes, GB/s: the rate × the
+        achievable fraction of its fabric there (ordinary TCP's when it is not enabled)."""
+        used = self.fabric if enabled else fabric("tcp")
+        achievable = used.achievable_at(nodes)
         return self.rate_gbps(enabled=enabled, all_cards=all_cards) / 8 * achievable
 
 
@@ -108,6 +123,7 @@ class ModelDefaults(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     mfu: float = Field(gt=0, le=1)
+    recompute_time_share: float = Field(ge=0, le=1)
     overlap: float = Field(ge=0, le=1)
     backward_share: float = Field(gt=0, lt=1)
     intra_node_achievable: float = Field(gt=0, le=1)

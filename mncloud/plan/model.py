@@ -34,6 +34,7 @@ from mncloud.spec import (
     Minimize,
     NetworkTier,
     NodeCount,
+    Parallel,
     PlanOptions,
     Recovery,
     SpotPolicy,
@@ -73,6 +74,9 @@ class PlanRequest(BaseModel):
     network: NetworkTier = NetworkTier.BEST
     """`--network`: best prices each multi-node offer at its fabric's rate (render enables it),
     standard at its ordinary network's."""
+    parallel: Parallel | None = None
+    """`plan --parallel`: how the model is spread over the GPUs; None (auto): DDP when a
+    replica fits, HSDP when the state sharded over a node fits, FSDP otherwise."""
     measured_busbw: dict[str, float] = Field(default_factory=dict)
     """`cloud/instance_type` → inter-node bus bandwidth per node (GB/s) that earlier runs'
     preflights measured (`--learn`): replaces the data file's nominal figure."""
@@ -110,6 +114,16 @@ class PlanRequest(BaseModel):
             raise ValueError(
                 "--steps needs the step's cost: profile the script (`mncloud profile SCRIPT`) "
                 "or give --flops-per-step (or --params and --tokens-per-step)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _nodes_need_gradients(self) -> PlanRequest:
+        w = self.workload
+        if self.nodes > 1 and w is not None and not (w.grad_bytes or w.param_count):
+            raise ValueError(
+                f"--nodes {self.nodes}: the step's communication is unknown: give --params "
+                "(or --grad-bytes) with --flops-per-step, or profile the script"
             )
         return self
 
@@ -306,6 +320,14 @@ class Candidate(BaseModel):
     """W: hours of work here without interruptions (`expected_hours` adds the losses)."""
     network: str = ""
     """The inter-node network the step-time model assumed (multi-node offers)."""
+    parallel: Parallel | None = None
+    """How the step-time model spread the model over the GPUs (None: no workload)."""
+    parallel_why: str = ""
+    recompute: str | None = None
+    memory_per_gpu_gib: float | None = None
+    mfu: float | None = None
+    """The efficiency the step assumed, and where it came from (`mfu_source`)."""
+    mfu_source: str = ""
     region_rank: int = Field(0, exclude=True)
     """SkyPilot's preference among this instance type's regions: breaks price ties."""
 

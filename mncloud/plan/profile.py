@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -28,7 +29,7 @@ from mncloud import layout
 from mncloud.constants import CKPT_URI_ENV, PROFILE_META_ENV, PROFILE_OUT_ENV
 from mncloud.errors import SpecError
 from mncloud.plan import hardware
-from mncloud.plan.stepmodel import Workload, measured_mfu
+from mncloud.plan.stepmodel import Workload, attention_flops_per_token, measured_mfu
 from mncloud.spec import PlanOptions
 
 #: The longest a profile run may take: a few steps of a script (the import of torch included).
@@ -113,6 +114,8 @@ class StepProfile(BaseModel):
             weight_bytes=self.weight_bytes,
             optimizer_bytes=self.optimizer_bytes,
             activation_bytes=max(self.activation_bytes, 0),
+            params=self.params,
+            tokens_per_step=self.tokens_per_step or None,
             mfu=None if mfu is None else min(mfu, 1.0),
             mfu_source="" if mfu is None else f"measured on {self.device}",
         )
@@ -192,6 +195,17 @@ def find(script: Path, args: list[str]) -> tuple[StepProfile | None, Freshness]:
     return max(same, key=lambda p: p.created), Freshness.STALE
 
 
+def profiled_args(script: Path) -> list[list[str]]:
+    """The argument lists this script (its current content) has profiles for, newest first."""
+    script = script.expanduser().resolve()
+    digest = hashlib.sha256(script.read_bytes()).hexdigest() if script.is_file() else ""
+    root = layout.profiles_dir()
+    found = [_read(p) for p in (root.glob("*.json") if root.is_dir() else [])]
+    mine = [p for p in found if p is not None and p.script == str(script)]
+    fresh = sorted((p for p in mine if p.script_sha256 == digest), key=lambda p: -p.created)
+    return list({tuple(p.args): p.args for p in fresh}.values())
+
+
 def _read(path: Path) -> StepProfile | None:
     try:
         return StepProfile.model_validate_json(path.read_text())
@@ -201,36 +215,44 @@ def _read(path: Path) -> StepProfile | None:
 
 def profile_command(script: Path, args: list[str]) -> str:
     """The command that (re)profiles this script, for messages."""
-    import shlex
-
     tail = f" -- {shlex.join(args)}" if args else ""
     return f"mncloud profile {shlex.quote(str(script))}{tail}"
 
 
-def workload_from_flags(
-    *,
-    params: float | None,
-    flops_per_step: float | None,
-    tokens_per_step: float | None,
-) -> Workload | None:
-    """A step described by flags: FLOPs given, or 6 × parameters × tokens (a dense
-    transformer's forward and backward). Bytes assume fp32 weights and gradients and AdamW's
-    two fp32 moments (4 + 4 + 8 bytes per parameter); activations are unknown (0)."""
-    if params is None and flops_per_step is None and tokens_per_step is None:
+def workload_from_flags(options: PlanOptions) -> Workload | None:
+    """A step described by flags: FLOPs given, or (6 × parameters + 12 × layers × hidden ×
+    seq-len) × tokens (a dense transformer's forward and backward, attention included when
+    its shape is given). Bytes assume fp32 weights and gradients and AdamW's two fp32 moments
+    (4 + 4 + 8 bytes per parameter); activations follow from the shape (`plan.sharding`),
+    else are unknown (0)."""
+    o = options
+    described = (o.params, o.flops_per_step, o.tokens_per_step, o.grad_bytes)
+    if all(v is None for v in described):
         return None
-    if flops_per_step is None:
-        if params is None or tokens_per_step is None:
+    flops = o.flops_per_step
+    attention = 0.0
+    if o.layers and o.hidden and o.seq_len:
+        attention = attention_flops_per_token(o.layers, o.hidden, o.seq_len)
+    if flops is None:
+        if o.params is None or o.tokens_per_step is None:
             raise SpecError(
                 "give --flops-per-step, or both --params and --tokens-per-step (FLOPs are then "
-                "6 × params × tokens)"
+                "6 × params × tokens, plus attention with --seq-len, --layers and --hidden)"
             )
-        flops_per_step = 6 * params * tokens_per_step
-    n = params or 0
+        flops = (6 * o.params + attention) * o.tokens_per_step
+    n = o.params or 0
     return Workload(
-        flops_per_step=flops_per_step,
-        grad_bytes=4 * n,
+        flops_per_step=flops,
+        grad_bytes=o.grad_bytes if o.grad_bytes is not None else 4 * n,
         weight_bytes=4 * n,
         optimizer_bytes=8 * n,
+        params=n,
+        layers=o.layers,
+        hidden=o.hidden,
+        seq_len=o.seq_len,
+        tokens_per_step=o.tokens_per_step,
+        micro_batches=o.micro_batches or 1,
+        recompute=o.recompute,
     )
 
 
@@ -240,11 +262,7 @@ def resolve_workload(
     """The step's cost for a plan, and where it came from: the flags, else the script's fresh
     profile. With `--steps`, a missing or stale profile is a ProfileError naming the command
     to run; without, the plan goes on by `--hours` and the source says why."""
-    flags = workload_from_flags(
-        params=options.params,
-        flops_per_step=options.flops_per_step,
-        tokens_per_step=options.tokens_per_step,
-    )
+    flags = workload_from_flags(options)
     if flags is not None:
         return flags, "your flags (--params / --flops-per-step / --tokens-per-step)"
     if script is None:
@@ -259,6 +277,13 @@ def resolve_workload(
         why = f"the profile of {script.name} is stale (the script changed since)"
     else:
         why = f"{script.name} has no profile for these arguments"
+        others = profiled_args(script)
+        if others:
+            shown = "; ".join(f"`-- {shlex.join(a)}`" if a else "no arguments" for a in others)
+            why = f"{script.name} was profiled only with other arguments ({shown})"
     if options.steps is not None:
-        raise ProfileError(f"--steps: {why}; run `{command}` first")
+        raise ProfileError(
+            f"--steps: {why}; add --profile to profile it with these arguments now, or run "
+            f"`{command}` first"
+        )
     return None, f"{why}: every offer is assumed equally fast; `{command}` times it"

@@ -14,9 +14,10 @@ from typing import NamedTuple
 
 from mncloud.catalog import Exclusion, Offer, skyconfig
 from mncloud.errors import CatalogError
-from mncloud.plan import hardware
+from mncloud.plan import hardware, sharding
 from mncloud.plan.model import PlanRequest
-from mncloud.plan.stepmodel import GIB, StepTime, Workload, fits, step_time
+from mncloud.plan.sharding import Layout
+from mncloud.plan.stepmodel import GIB, StepTime, Workload, step_time
 from mncloud.spec import NetworkTier
 
 
@@ -26,6 +27,7 @@ class OfferTime(NamedTuple):
     step: StepTime | None
     work_hours: float
     network: str
+    layout: Layout | None = None
 
 
 def time_offers(
@@ -35,7 +37,7 @@ def time_offers(
     workload = request.workload
     if workload is None:
         return {o: OfferTime(None, request.hours, "") for o in offers}, []
-    steps: dict[Offer, tuple[StepTime, str]] = {}
+    steps: dict[Offer, tuple[StepTime, str, Layout]] = {}
     all_efa = request.nodes > 1 and skyconfig.aws_all_efa_cards()  # SkyPilot's config, once
     excluded: dict[tuple[str, str], str] = {}
     for offer in offers:
@@ -47,23 +49,27 @@ def time_offers(
             )
             continue
         memory = offer.gpu_memory_gib or gpu.memory_gb
-        if not fits(workload, memory):
-            excluded[(offer.cloud, offer.instance_type)] = (
-                f"{offer.instance_type}: one {offer.accelerator} ({memory:g} GiB) cannot hold "
-                f"the replica ({memory_text(workload)})"
-            )
+        layout = sharding.choose(
+            workload,
+            memory,
+            gpus_per_node=offer.accelerator_count,
+            nodes=request.nodes,
+            asked=request.parallel,
+        )
+        if layout is None:
+            excluded[(offer.cloud, offer.instance_type)] = _unfit(offer, memory, request)
             continue
-        steps[offer] = _step(offer, workload, gpu, request, all_efa=all_efa)
+        steps[offer] = (*_step(offer, workload, gpu, request, layout, all_efa=all_efa), layout)
     if not steps:
         raise CatalogError(_nothing_fits(offers, request, excluded))
     reference = _reference_seconds(steps, request)
     timed = {}
-    for offer, (step, network) in steps.items():
+    for offer, (step, network, layout) in steps.items():
         if request.steps is not None:
             hours = request.steps * step.step_seconds / 3600
         else:
             hours = request.hours * step.step_seconds / reference
-        timed[offer] = OfferTime(step, hours, network)
+        timed[offer] = OfferTime(step, hours, network, layout)
     exclusions = [Exclusion(cloud=cloud, reason=why) for (cloud, _), why in excluded.items()]
     return timed, exclusions
 
@@ -73,6 +79,7 @@ def _step(
     workload: Workload,
     gpu: hardware.GpuFacts,
     request: PlanRequest,
+    layout: Layout,
     *,
     all_efa: bool,
 ) -> tuple[StepTime, str]:
@@ -88,13 +95,15 @@ def _step(
     enabled = (best and net.fabric.tier_best) or net.fabric.key in {"tcp", "loopback"}
     all_cards = net.fabric.key != "efa" or net.cards == 1 or all_efa
     measured = request.measured_busbw.get(f"{offer.cloud}/{offer.instance_type}")
-    busbw = measured or net.busbw_gbs(enabled=enabled, all_cards=all_cards)
+    busbw = measured or net.busbw_gbs(enabled=enabled, all_cards=all_cards, nodes=request.nodes)
     step = step_time(
         workload,
         gpu,
         gpus_per_node=offer.accelerator_count,
         nodes=request.nodes,
         inter_busbw_gbs=busbw,
+        parallel=layout.parallel,
+        recompute=layout.recompute,
     )
     words = ""
     if request.nodes > 1:
@@ -110,16 +119,18 @@ def _step(
     return step, words
 
 
-def _reference_seconds(steps: dict[Offer, tuple[StepTime, str]], request: PlanRequest) -> float:
+def _reference_seconds(
+    steps: dict[Offer, tuple[StepTime, str, Layout]], request: PlanRequest
+) -> float:
     """The step `--hours` is measured on: the fastest offer of the first GPU type asked for
     (else of any type: the first had none that fits)."""
     first = request.accelerator
     own = [
         s.step_seconds
-        for o, (s, _) in steps.items()
+        for o, (s, _, _) in steps.items()
         if (o.accelerator.lower(), o.accelerator_count) == (first.name.lower(), first.count)
     ]
-    return min(own or [s.step_seconds for s, _ in steps.values()])
+    return min(own or [s.step_seconds for s, _, _ in steps.values()])
 
 
 def memory_text(workload: Workload) -> str:
@@ -134,29 +145,33 @@ def memory_text(workload: Workload) -> str:
     return f"{workload.memory_bytes / GIB:,.1f} GiB: {shown}"
 
 
+def _unfit(offer: Offer, memory: float, request: PlanRequest) -> str:
+    """Why an offer's GPUs cannot hold the job, sharded as asked (or any way)."""
+    workload = request.workload
+    assert workload is not None
+    how = f"--parallel {request.parallel.value}" if request.parallel else "even sharded"
+    total = offer.accelerator_count * request.nodes
+    text = (
+        f"{offer.instance_type}: {total} × {offer.accelerator} ({memory:g} GiB) cannot hold "
+        f"the job {how} ({memory_text(workload)})"
+    )
+    need = sharding.gpus_needed(workload, memory)
+    if need is not None and need > total:
+        nodes = -(-need // offer.accelerator_count)
+        text += f"; it needs {need} GPUs of {memory:g} GiB: --nodes {nodes}"
+    return text
+
+
 def _nothing_fits(
     offers: list[Offer], request: PlanRequest, excluded: dict[tuple[str, str], str]
 ) -> str:
-    """What would fit when no offer's GPU holds the replica (or none has figures)."""
-    workload = request.workload
-    assert workload is not None
+    """What would fit when no offer's GPU holds the job (or none has figures)."""
     reasons = "; ".join(dict.fromkeys(excluded.values()))
-    if not any("cannot hold" in r for r in excluded.values()):
+    unfit = [r for r in excluded.values() if "cannot hold" in r]
+    if not unfit:
         return f"no {request.gpus_text} offer can be timed: {reasons}"
-    headroom = hardware.model().memory_headroom
-    need = workload.memory_bytes / GIB / headroom
-    bigger = sorted(
-        (g.memory_gb, name) for name, g in hardware.facts().gpus.items() if g.memory_gb >= need
-    )
-    hint = (
-        f"ask for a GPU with {need:,.0f} GiB or more ("
-        + ", ".join(f"{name} {gb:g} GiB" for gb, name in bigger[:3])
-        + ") or shard"
-        if bigger
-        else "no single GPU holds it: shard"
-    )
+    reasons = "; ".join(dict.fromkeys(r.partition(": ")[2] for r in unfit))  # once per GPU
     return (
-        f"no {request.gpus_text} GPU can hold the replica ({memory_text(workload)}; "
-        f"{headroom:.0%} of a GPU is usable): {hint} the model (FSDP / ZeRO-3) so each GPU "
-        "holds a part, or use a smaller batch per GPU"
+        f"no {request.gpus_text} offer can hold the job on {request.nodes} node(s): {reasons}; "
+        "ask for more nodes, GPUs with more memory, --recompute full or a smaller batch per GPU"
     )
