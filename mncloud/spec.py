@@ -81,6 +81,17 @@ class NetworkTier(str, Enum):
     """The clouds' ordinary network: NCCL over TCP sockets."""
 
 
+class Parallel(str, Enum):
+    """How the model is spread over the GPUs (`--parallel`)."""
+
+    DDP = "ddp"
+    """A full replica on every GPU; gradients all-reduced once per step."""
+    FSDP = "fsdp"
+    """Parameters, gradients and optimizer state sharded over every GPU of the run (ZeRO-3)."""
+    HSDP = "hsdp"
+    """Sharded inside a node, replicated across nodes: only gradients cross the network."""
+
+
 #: Where the bucket is mounted on a cloud node (`--mount-bucket`, `--ckpt-dir`).
 BUCKET_MOUNT_PATH = "/mncloud-bucket"
 
@@ -220,6 +231,9 @@ class JobSpec(BaseModel):
     """An absolute path on every node backed by `<ckpt uri>/ckpt-dir` (`MNCLOUD_CKPT_DIR`)."""
     recovery: Recovery = Recovery.GANG
     """Gang (relaunch every node) or node (replace the lost node only)."""
+    parallel: Parallel | None = None
+    """`--parallel`: ddp, fsdp or hsdp, reaching the script as `$MNCLOUD_PARALLEL`
+    (`mncloud.train.parallelize`); None: the script's own choice."""
     export_on_finish: ExportFormat | None = None
     """`up --export-on-finish`: once the run succeeds, node 0 exports the model of the last
     checkpoint into `<ckpt uri>/export` (`mncloud export`)."""
