@@ -176,6 +176,23 @@ def test_parallel_reaches_the_script_as_one_env_value() -> None:
     assert f"{constants.PARALLEL_ENV}: hsdp" in text
 
 
+def test_the_preflight_warns_when_the_checkpoint_s_mesh_differs(tmp_path: Path) -> None:
+    from mncloud.doctor.mesh import mesh_warnings
+    from mncloud.storage import CheckpointStore
+    from mncloud.storage.checkpoints import Manifest
+
+    uri = f"file://{tmp_path}/ckpt"
+    assert mesh_warnings(uri, 3, 2, None) == []  # nothing saved yet
+    mesh = {"shape": [4], "dims": ["shard"], "placements": ["S(0)"]}
+    CheckpointStore(uri).commit(Manifest(step=7, world_size=4, files={}, extra={"mesh": mesh}))
+    assert mesh_warnings(uri, 2, 2, "fsdp") == []  # the same 4 ranks
+    (line,) = mesh_warnings(uri, 3, 2, None)
+    assert "step 7 was saved sharded over 4 ranks (mesh 4)" in line
+    assert "3 node(s) × 2 = 6: it is resharded on load" in line
+    (hsdp,) = mesh_warnings(None, 1, 8, "hsdp")
+    assert "hsdp on 1 node" in hsdp
+
+
 # --------------------------------------------------------------------------- slow
 
 
