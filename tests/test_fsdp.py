@@ -310,3 +310,33 @@ def test_resumed_on_3_nodes_then_1_every_sample_once_per_epoch(
         ids = [i for step in range(10 * epoch + 1, 10 * epoch + 11) for i in trained[step]]
         assert sorted(ids) == list(range(240)), f"epoch {epoch}"
     assert abs(final["final_loss"] - reference["final_loss"]) <= 0.01 * reference["final_loss"]
+
+
+@pytest.mark.slow
+@pytest.mark.catalog
+def test_hsdp_on_2_nodes_resumes_on_3_resharded() -> None:
+    """`--parallel hsdp`: a (2 nodes × 2) mesh, replicated across nodes and sharded inside;
+    resumed with `--nodes 3` onto a (3 × 2) mesh, with the preflight's warning."""
+    from mncloud.backends.base import RunState
+    from mncloud.backends.local.figures import read_final
+    from mncloud.storage import CheckpointStore
+    from tests.test_local import run_log, up, wait_final
+
+    common = ["--samples", "240", "--ckpt-interval", "3"]
+    meshes = []
+    for nodes, steps in ((2, 3), (3, 6)):
+        resume = ["--resume"] if nodes == 3 else []
+        up("hsdp", EXAMPLE, "--nodes", str(nodes), *FLAGS, "--parallel", "hsdp", *resume,
+           script_args=["--steps", str(steps), *common])  # fmt: skip
+        leg = wait_final("hsdp", timeout=400)
+        assert leg.state is RunState.SUCCEEDED, run_log("hsdp")
+        final = read_final(leg.ckpt_uri)
+        assert final is not None and final["steps"] == steps
+        meshes.append(CheckpointStore(leg.ckpt_uri).read_manifest(steps).extra["mesh"])
+    assert meshes == [
+        {"shape": [2, 2], "dims": ["replicate", "shard"], "placements": ["R", "S(0)"]},
+        {"shape": [3, 2], "dims": ["replicate", "shard"], "placements": ["R", "S(0)"]},
+    ]
+    assert "saved sharded over 4 ranks (mesh 2 × 2); this run has 3 node(s) × 2 = 6" in run_log(
+        "hsdp"
+    )
