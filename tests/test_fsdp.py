@@ -310,6 +310,13 @@ def test_resumed_on_3_nodes_then_1_every_sample_once_per_epoch(
         ids = [i for step in range(10 * epoch + 1, 10 * epoch + 11) for i in trained[step]]
         assert sorted(ids) == list(range(240)), f"epoch {epoch}"
     assert abs(final["final_loss"] - reference["final_loss"]) <= 0.01 * reference["final_loss"]
+    # The export of the last checkpoint (saved by 2 ranks) is the gathered model, bit for bit.
+    from safetensors.torch import load_file
+
+    from tests.test_local import cli
+
+    cli("export", "elastic", "--out", str(tmp_path / "export"))
+    assert _hash(load_file(tmp_path / "export" / "model.safetensors")) == final["weights_sha256"]
 
 
 @pytest.mark.slow
