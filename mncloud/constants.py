@@ -92,6 +92,10 @@ NUM_REPLICAS_ENV = "MNCLOUD_NUM_REPLICAS"
 REPLICA_HOST_ENV = "MNCLOUD_REPLICA_HOST"
 LIGHTHOUSE_ENV = "TORCHFT_LIGHTHOUSE"
 
+#: How the model is spread over the GPUs (`up --parallel`: ddp, fsdp or hsdp); unset: the
+#: script's own choice (`mncloud.train.parallel`).
+PARALLEL_ENV = "MNCLOUD_PARALLEL"
+
 
 # Local rehearsal prices (`up --deadline --cloud local`, `mncloud replay`), USD per node-hour,
 # when none are given: the ~3.3× spot discount of the AWS traces in ../shared/traces

@@ -24,6 +24,7 @@ from mncloud.spec import (
     JobSpec,
     Launcher,
     NetworkTier,
+    Parallel,
     Recovery,
     SpotPolicy,
     checked_nodes,
@@ -144,6 +145,7 @@ class ProjectConfig(BaseModel):
     launcher: str | None = None
     ckpt_dir: str | None = None
     recovery: str | None = None
+    parallel: str | None = None
     name: str | None = None
 
 
@@ -281,6 +283,7 @@ def _spec_from_options(
             launcher=Launcher.parse(opts.get("launcher") or default_of("launcher")),
             ckpt_dir=_checked_ckpt_dir(opts, workdir, bucket),
             recovery=_recovery(opts, script, nodes, bucket),
+            parallel=_parallel(opts.get("parallel"), nodes),
         )
     except ValidationError as err:
         raise SpecError(first_error(err)) from None
@@ -296,6 +299,21 @@ def opts_in_to_node_recovery(script: Path) -> bool:
         return bool(_OPTS_IN.search(script.read_text(errors="replace")))
     except OSError:
         return False
+
+
+def _parallel(value: Any, nodes: int) -> Parallel | None:
+    """`--parallel ddp|fsdp|hsdp` (None: the script's own choice); hsdp needs 2+ nodes."""
+    if value is None:
+        return None
+    text = str(getattr(value, "value", value)).strip().lower()
+    try:
+        parallel = Parallel(text)
+    except ValueError:
+        raise SpecError(f"--parallel {value!r} is unknown; choose ddp, fsdp or hsdp") from None
+    if parallel is Parallel.HSDP and nodes < 2:
+        raise SpecError("--parallel hsdp needs --nodes 2 or more (it replicates across nodes, "
+                        "shards inside each); on one node use --parallel fsdp")  # fmt: skip
+    return parallel
 
 
 def _network(value: Any) -> NetworkTier:

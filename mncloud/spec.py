@@ -292,6 +292,9 @@ class JobSpec(BaseModel):
     """An absolute path on every node backed by `<ckpt uri>/ckpt-dir` (`MNCLOUD_CKPT_DIR`)."""
     recovery: Recovery = Recovery.GANG
     """Gang (relaunch every node) or node (replace the lost node only)."""
+    parallel: Parallel | None = None
+    """`--parallel`: ddp, fsdp or hsdp, reaching the script as `$MNCLOUD_PARALLEL`
+    (`mncloud.train.parallelize`); None: the script's own choice."""
     export_on_finish: ExportFormat | None = None
     """`up --export-on-finish`: once the run succeeds, node 0 exports the model of the last
     checkpoint into `<ckpt uri>/export` (`mncloud export`)."""

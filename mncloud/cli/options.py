@@ -205,6 +205,16 @@ Network = Annotated[
         "standard keeps TCP.",
     ),
 ]
+Parallelism = Annotated[
+    str | None,
+    typer.Option(
+        "--parallel",
+        rich_help_panel=ADVANCED,
+        help="How the model is spread over the GPUs: ddp (a replica on each), fsdp (sharded "
+        "over all) or hsdp (sharded in a node, replicated across nodes; 2+ nodes). Reaches the "
+        "script as $MNCLOUD_PARALLEL (mncloud.train.parallelize). Default: the script's choice.",
+    ),
+]
 MinBandwidth = Annotated[
     float | None,
     typer.Option(
@@ -449,6 +459,7 @@ JOB = _group(
     ("launcher", Launcher, None),
     ("ckpt_dir", CkptDir, None),
     ("recovery", Recovery, None),
+    ("parallel", Parallelism, None),
     ("name", Name, None),
     ("template", Template, None),
 )

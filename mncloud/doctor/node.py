@@ -27,6 +27,7 @@ from mncloud.doctor.checks import (
     failures,
 )
 from mncloud.doctor.gang import NodeInfo, run_head, run_member
+from mncloud.doctor.mesh import mesh_warnings
 
 # --------------------------------------------------------------------------- the node command
 
@@ -92,6 +93,11 @@ def node_main(argv: list[str] | None = None) -> int:
     if not problems and nodes > 1 and args.bandwidth and not note.startswith("the master port"):
         problems = bandwidth_test(args, rank, nodes, master, port)
     took = time.monotonic() - start
+    if rank == 0 and not problems:
+        per_node = int(os.environ.get(constants.SKYPILOT_NUM_GPUS_PER_NODE) or 0)
+        parallel = os.environ.get(constants.PARALLEL_ENV)
+        for line in mesh_warnings(args.bucket, nodes, per_node, parallel):
+            print(line, file=sys.stderr, flush=True)
     if problems:
         for line in problems:
             print(line, file=sys.stderr, flush=True)

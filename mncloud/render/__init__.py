@@ -180,6 +180,8 @@ def task_env(spec: JobSpec, spot: bool, run_id: str | None = None) -> dict[str, 
     if spec.recovery is Recovery.NODE:
         envs[constants.RECOVERY_ENV] = spec.recovery.value
         envs[constants.NUM_REPLICAS_ENV] = str(spec.nodes)
+    if spec.parallel is not None:
+        envs[constants.PARALLEL_ENV] = spec.parallel.value
     return envs
 
 

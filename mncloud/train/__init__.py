@@ -1,6 +1,8 @@
 """What a training script imports: checkpoints, preemption notices, process-group set-up, a
-resumable sampler, the steps and metrics it reports to the run's telemetry (`report`,
-`Progress`; `StepTimer` is the moving mean `report` returns).
+resumable sampler, sharded models (`parallelize`: DDP, FSDP2 or HSDP from one choice, and
+`accumulation_steps` for a global batch kept on any world size), the steps and metrics it
+reports to the run's telemetry (`report`, `Progress`; `StepTimer` is the moving mean `report`
+returns).
 
     ckpt.py         `CheckpointManager`: asynchronous, verified checkpoints
     saving.py       the asynchronous save pipeline behind `CheckpointManager.save`
@@ -37,6 +39,7 @@ from mncloud.train.dist import (
     wrap_ddp,
 )
 from mncloud.train.ft import Replicas
+from mncloud.train.parallel import accumulation_steps, parallel_mode, parallelize
 from mncloud.train.preempt import Notice, Preempted, PreemptionWatcher
 from mncloud.train.progress import Progress
 from mncloud.train.sampler import ResumableSampler
@@ -53,6 +56,7 @@ __all__ = [
     "Replicas",
     "ResumableSampler",
     "StepTimer",
+    "accumulation_steps",
     "barrier",
     "cleanup",
     "get_rank",
@@ -60,6 +64,8 @@ __all__ = [
     "info",
     "init_distributed",
     "is_main",
+    "parallel_mode",
+    "parallelize",
     "report",
     "rng_state",
     "seed_everything",

@@ -399,8 +399,9 @@ class CheckpointManager:
             local = self.staging_dir / f"load_{cand}"
             try:
                 error = None
+                own_rng = True
                 try:
-                    manifest = self._pull(cand, local)
+                    manifest, own_rng = self._pull(cand, local)
                 except MncloudError as err:
                     error = str(err)
                 gathered = self._ranks.all_gather(error)
@@ -408,9 +409,8 @@ class CheckpointManager:
                 if errors:
                     log.warning("checkpoint step %d skipped: %s", cand, "; ".join(errors))
                     continue
-                restore_state(
-                    state, local, manifest.step, pg=self._ranks.dcp_pg, distributed=self.distributed
-                )
+                restore_state(state, local, manifest.step, pg=self._ranks.dcp_pg,
+                              distributed=self.distributed, own_rng=own_rng)  # fmt: skip
             finally:
                 shutil.rmtree(local, ignore_errors=True)
             self._saving.floor = cand
@@ -444,20 +444,22 @@ class CheckpointManager:
             raise CheckpointError(candidates)
         return candidates
 
-    def _pull(self, step: int, local: Path) -> Manifest:
-        """Download `step`'s shared files and this rank's extras into `local`."""
+    def _pull(self, step: int, local: Path) -> tuple[Manifest, bool]:
+        """Download `step`'s shared files and this rank's extras into `local`; also whether
+        they are this rank's own. A rank the saving world did not have (resumed on more
+        ranks) takes rank 0's extras: the sampler's cursor and other values every rank shares
+        (its RNG states stay its own, see `restore_state`). DCP reshards the tensors."""
         manifest = self.store.read_manifest(step)
         own = f"rank_{self.rank}.pt"
-        if own not in manifest.files:
-            fallback = f"rank_{self.rank % max(manifest.world_size, 1)}.pt"
-            log.warning("step %d was saved by %d ranks; rank %d takes %s (RNG and data position "
-                        "will not match an uninterrupted run)", step, manifest.world_size,
-                        self.rank, fallback)  # fmt: skip
-            own = fallback
+        mine = own in manifest.files
+        if not mine:
+            log.info("step %d was saved by %d ranks; rank %d takes rank 0's extras and keeps "
+                     "its own RNG states", step, manifest.world_size, self.rank)  # fmt: skip
+            own = "rank_0.pt"
         names = [n for n in manifest.files if not n.startswith("rank_")] + [own]
         self.store.pull(step, local, names=names, content=self.verify_sha256)
         (local / "extras.pt").symlink_to(local / own)
-        return manifest
+        return manifest, mine
 
 
 def _checked_uri(

@@ -31,9 +31,13 @@ if TYPE_CHECKING:
 class Progress:
     """Steps and events into the run's telemetry; the final result beside the checkpoints."""
 
-    def __init__(self, ckpt: CheckpointManager, replicas: Replicas, *, rank: int) -> None:
+    def __init__(
+        self, ckpt: CheckpointManager, replicas: Replicas | None = None, *, rank: int
+    ) -> None:
+        """`replicas`: the script's node recovery (None: a gang-recovered script)."""
         self._ckpt, self._replicas, self._main = ckpt, replicas, rank == 0
-        self._node = {"node": replicas.replica} if replicas.enabled else {}
+        on = replicas is not None and replicas.enabled
+        self._node = {"node": replicas.replica} if on and replicas is not None else {}
 
     def event(self, **record: Any) -> None:
         """Record a step (`step=…`, no `event`) on every rank, or an event (`event="start"`,
@@ -55,7 +59,8 @@ class Progress:
         """Write `final.json` beside the checkpoints (once per run) and a `done` event."""
         if not self._main:
             return
-        if self._replicas.saves:  # under node recovery: the one replica that saves
+        # Under node recovery: the one replica that saves.
+        if self._replicas is None or self._replicas.saves:
             bucket, prefix = open_bucket(self._ckpt.uri)
             bucket.put_bytes(join_key(prefix, FINAL_FILE), json.dumps(result).encode())
         self.event(event="done", **result)

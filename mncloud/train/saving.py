@@ -45,7 +45,7 @@ from mncloud.train.staging import (
     hashing_filesystem,
     tensor_bytes,
 )
-from mncloud.train.state import NO_DIST_WARNING, split_state, tensor_state
+from mncloud.train.state import NO_DIST_WARNING, mesh_of, split_state, tensor_state
 from mncloud.train.streaming import PartBuffers, S3StreamFileSystem
 
 log = logging.getLogger("mncloud.train.ckpt")  # one logger for every checkpoint message
@@ -168,6 +168,8 @@ class SavePipeline:
         """Stream saves into S3 multipart uploads (no local copy) when RAM allows; off: the
         local-folder path (always taken for GCS and directory buckets)."""
         self._part_buffers: dict[str, PartBuffers] = {}
+        self.mesh: dict[str, Any] = {}
+        """The device mesh of the state's DTensors at the last staging ({} unsharded)."""
 
     @property
     def pending(self) -> PendingSave | None:
@@ -235,6 +237,7 @@ class SavePipeline:
         stage_dir = self.staging_dir / f"step_{step}"
         try:
             tensors, extras = split_state(state)
+            self.mesh = mesh_of(tensors)
             stage_dir = self._stage_root(tensor_bytes(tensors)) / f"step_{step}"
             shutil.rmtree(stage_dir, ignore_errors=True)
             stage_dir.mkdir(parents=True)
@@ -403,12 +406,19 @@ class SavePipeline:
         files: dict[str, FileEntry] = {}
         for rank_entries in per_rank:
             files.update(rank_entries or {})
+        bytes_per_rank = [sum(e.size for e in (r or {}).values()) for r in per_rank]
+        mesh = {"mesh": self.mesh} if self.mesh else {}
         return Manifest(
             step=step,
             world_size=self.ranks.world_size,
             files=files,
             torch_version=torch.__version__,
-            extra={"upload_s": round(self.last_save_s, 3), **extra},
+            extra={
+                "upload_s": round(self.last_save_s, 3),
+                "bytes_per_rank": bytes_per_rank,
+                **mesh,
+                **extra,
+            },
         )
 
     def _commit(self, manifest: Manifest) -> None:

@@ -80,6 +80,29 @@ def tensor_state(state: MutableMapping[str, Any]) -> dict[str, Any]:
     return tensors
 
 
+def mesh_of(tensors: Any) -> dict[str, Any]:
+    """The device mesh of the first DTensor in `tensors` (nested dicts and lists), as the
+    manifest records it: {shape, dims, placements}; {} when nothing is sharded (DDP, one
+    process)."""
+    from torch.distributed.tensor import DTensor
+
+    stack = [tensors]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, DTensor):
+            mesh = item.device_mesh
+            return {
+                "shape": list(mesh.mesh.shape),
+                "dims": list(mesh.mesh_dim_names or ()),
+                "placements": [str(p) for p in item.placements],
+            }
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+    return {}
+
+
 def split_state(state: MutableMapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """Tensors for DCP (models, optimizers, tensors) and per-rank extras (the rest, and the RNG
     states), the extras deep-copied: a worker thread serialises them later."""
@@ -99,10 +122,18 @@ def split_state(state: MutableMapping[str, Any]) -> tuple[dict[str, Any], dict[s
 
 
 def restore_state(
-    state: MutableMapping[str, Any], local: Path, step: int, *, pg: Any, distributed: bool
+    state: MutableMapping[str, Any],
+    local: Path,
+    step: int,
+    *,
+    pg: Any,
+    distributed: bool,
+    own_rng: bool = True,
 ) -> None:
     """Load step `step`'s files in `local` into `state` in place: DCP's tensors (collectives on
-    `pg`), then this rank's extras (`local/extras.pt`), the RNG states last."""
+    `pg`), then this rank's extras (`local/extras.pt`), the RNG states last. `own_rng=False`
+    (a rank the saving world did not have, whose extras are another rank's): the RNG states
+    stay this process's own, so no two ranks draw the same numbers."""
     modules = [v for v in state.values() if isinstance(v, torch.nn.Module)]
     targets = tensor_state(state)
     try:
@@ -133,7 +164,8 @@ def restore_state(
             current.update(value)
         else:
             state[key] = value
-    set_rng_state(extras[_RNG_KEY][1])  # last: nothing after this may draw random numbers
+    if own_rng:
+        set_rng_state(extras[_RNG_KEY][1])  # last: nothing after this may draw random numbers
 
 
 def _owner(opt: torch.optim.Optimizer, modules: list[torch.nn.Module], key: str) -> Any:
