@@ -259,6 +259,7 @@ RENDER_OPTIONS = {
     "--nccl-debug",
     "--nccl-socket-ifname",
     "--network",
+    "--parallel",  # how the model is spread over the GPUs (#45)
     "--min-bandwidth",
     "--require-path",
     "--preflight",

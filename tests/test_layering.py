@@ -57,8 +57,8 @@ ROOMS: list[tuple[str, str]] = [
     ("mncloud.telemetry", "series seriestail steps curves"),
     ("mncloud.export", "convert model run source target"),
     ("mncloud.train", "ckpt collectives dist emergency ft lighthouse preempt profiler progress "
-                      "sampler saving staging state steptime streaming"),
-    ("mncloud.doctor", "__main__ bandwidth checks gang node"),
+                      "parallel sampler saving staging state steptime streaming"),
+    ("mncloud.doctor", "__main__ bandwidth checks gang mesh node"),
     ("mncloud.spec", ""),
     ("mncloud.request", ""),
     ("mncloud.plan", "costmodel explain hardware hazards learned model profile sharding "

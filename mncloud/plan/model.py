@@ -215,6 +215,7 @@ class PlanRequest(BaseModel):
             max_hourly=spec.max_hourly,
             recovery=spec.recovery,
             network=spec.network,
+            parallel=spec.parallel,
             options=options,
             inputs=inputs,
         )
@@ -232,6 +233,7 @@ class PlanRequest(BaseModel):
         max_hourly: float | None,
         recovery: Recovery,
         network: NetworkTier,
+        parallel: Parallel | None = None,
         options: PlanOptions | None = None,
         inputs: ModelInputs | None = None,
     ) -> PlanRequest:
@@ -250,6 +252,7 @@ class PlanRequest(BaseModel):
                 max_hourly=max_hourly,
                 recovery=recovery,
                 network=network,
+                parallel=parallel,
                 hours=options.hours,
                 steps=options.steps,
                 minimize=options.minimize,

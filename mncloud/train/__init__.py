@@ -15,7 +15,8 @@ returns).
     ft.py           node recovery over torchft: each node a replica group
     lighthouse.py   torchft's lighthouse on a cloud, and how nodes find it
     dist.py         process-group set-up from torchrun's environment, seeding
-    sampler.py      a distributed sampler that remembers where it is
+    sampler.py      a distributed sampler over one global sample cursor (any world size)
+    parallel.py     `parallelize`: DDP, FSDP2 or HSDP from `--parallel`; accumulation steps
     progress.py     what a script reports besides its checkpoints (`Progress`)
     steptime.py     `report(step, loss=…)`: steps, step time, metrics, events
     profiler.py     `mncloud profile`: time a few steps of the script, then stop it
