@@ -33,7 +33,16 @@ FIND_FIELDS = [
     "job_id", "job_name", "task_id", "task_name", "status", "user_yaml", "cloud", "region",
     "submitted_at",
 ]  # fmt: skip
-LAUNCH_REQUEST = "jobs.launch"
+
+
+def launch_request_name() -> str:
+    """What the API server names a `sky.jobs.launch` request in `sky.api_status()`:
+    `sky.jobs.launch` (`REQUEST_NAME_PREFIX` + the request's name, as
+    `sky/server/requests/executor.py` schedules it), never the bare SDK name."""
+    from sky.server.constants import REQUEST_NAME_PREFIX
+    from sky.server.requests.request_names import RequestName
+
+    return REQUEST_NAME_PREFIX + RequestName.JOBS_LAUNCH.value
 
 
 @dataclass
@@ -74,8 +83,8 @@ def env_values(user_yaml: str | None, env: str) -> set[str]:
 def _queue(what: str, **query: Any) -> list[Any]:
     import sky
 
-    with sky_errors(what):
-        answer = sky.get(sky.jobs.queue_v2(refresh=False, **query))
+    with sky_errors(what):  # every user's: the run id (or the ids) pick the run's own
+        answer = sky.get(sky.jobs.queue_v2(refresh=False, all_users=True, **query))
     return list(answer[0] if isinstance(answer, tuple) else answer)
 
 
@@ -125,8 +134,9 @@ def wait_for_launch_requests(run_id: str) -> None:
 
     with sky_errors("list the SkyPilot API server's requests"):
         requests = sky.api_status(all_status=False)
+    launch_name = launch_request_name()
     for request in requests:
-        if request.name == LAUNCH_REQUEST and run_id in (request.request_body or ""):
+        if request.name == launch_name and run_id in (request.request_body or ""):
             try:
                 sky.get(request.request_id)
             except Exception:  # the launch failed: whatever it made, the queue lists
