@@ -31,7 +31,7 @@ from mncloud.control.state import (
     request_stop,
     save_state,
 )
-from mncloud.errors import BackendError
+from mncloud.errors import SpecError
 from mncloud.request import build_spec
 from mncloud.spec import LaunchOptions
 
@@ -145,15 +145,17 @@ def test_a_controller_started_on_a_final_state_exits_0(
     assert "already finished" in result.output
 
 
-def test_a_failure_the_controller_decided_is_final_and_exits_0(
+def test_a_refusal_is_final_and_exits_0(
     cloud_state: tuple[ControlState, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """An MncloudError in the loop (a launch refused, a backend gone) ends the run as
-    `failed`, in its state: the controller is done, and a restart would change nothing."""
+    """A refusal in the loop (a spec SkyPilot will never accept, FAILED_PRECHECKS) ends the
+    run as `failed`, in its state: the controller is done, and a restart would change
+    nothing. Any other error is "unsure, look again" (`control/unsure.py`; issue #43 point 1,
+    tests/test_control_cloud.py), never a final failure on the first look."""
     _state0, uri = cloud_state
 
     def refused(self: Controller) -> None:
-        raise BackendError("the launch was refused")
+        raise SpecError("the launch was refused")
 
     monkeypatch.setattr(Controller, "step", refused)
     result = _control(uri, tmp_path)
@@ -170,3 +172,13 @@ def test_no_state_to_start_from_exits_non_zero(tmp_path: Path) -> None:
     result = _control(uri, tmp_path)
     assert result.exit_code == 2
     assert "no controller state" in result.output
+
+
+def test_an_api_error_is_not_a_refusal_but_failed_prechecks_is() -> None:
+    from mncloud.control.unsure import is_refusal
+    from mncloud.errors import BackendError
+
+    assert not is_refusal(BackendError("cannot launch: SkyPilot's API server is unreachable"))
+    assert not is_refusal(BackendError("cannot launch: SkyPilot wants a login; `sky api login`"))
+    assert is_refusal(BackendError("managed job 4: FAILED_PRECHECKS; no such GPU"))
+    assert is_refusal(SpecError("--gpus H100:9: no such shape"))

@@ -57,6 +57,13 @@ class FoundJob:
     cloud: str | None = None
     region: str | None = None
 
+    @property
+    def live(self) -> bool:
+        """A task SkyPilot does not report ended (CANCELLING is live: it still tears down)."""
+        from sky.jobs import ManagedJobStatus
+
+        return any(not ManagedJobStatus(s).is_terminal() for s in self.statuses)
+
 
 def _field(record: Any, name: str) -> Any:
     return record.get(name) if isinstance(record, dict) else getattr(record, name, None)
@@ -125,6 +132,12 @@ def jobs_with_env(name: str, env: str, values: Iterable[str]) -> list[FoundJob]:
         if _field(r, "job_name") == name and wanted & env_values(_field(r, "user_yaml"), env)
     ]  # fmt: skip
     return _grouped(mine)
+
+
+def jobs_named_exactly(name: str) -> list[FoundJob]:
+    """Every user's managed jobs named exactly `name` (the queue's filter matches substrings)."""
+    records = _queue(f"look for the managed jobs named {name}", name_match=name, fields=FIND_FIELDS)
+    return _grouped(r for r in records if _field(r, "job_name") == name)
 
 
 def wait_for_launch_requests(run_id: str) -> None:
