@@ -258,7 +258,15 @@ def start(state: ControlState) -> ControlState:
         keeper = _spawn_local(name)
         state.controller = f"this machine, keeper pid {keeper}"
         return state  # the controller writes the state from now on
-    state.controller_job_id = _launch_sky(state)
+    from mncloud.control.lease import take
+
+    take(state)  # one controller per run: a live one refuses this `up` (or `--replace` ends it)
+    try:
+        state.controller_job_id = _launch_sky(state)
+    except MncloudError as err:  # no phantom PENDING run: the state says it never started
+        state.phase, state.detail = "failed", f"the controller was not launched: {err}"
+        save_state(state)
+        raise
     state.controller = f"SkyPilot managed job {state.controller_job_id} ({name}-control)"
     save_state(state)
     return state

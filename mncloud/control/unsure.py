@@ -21,15 +21,20 @@ Only refusals are final at once: a spec, plan or render SkyPilot will never acce
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from tenacity import RetryCallState, wait_exponential
 
+from mncloud.control.steering import Steering
 from mncloud.deadline.policy import Mode
 from mncloud.errors import CatalogError, MncloudError, RenderError, SpecError
 
-if TYPE_CHECKING:
-    from mncloud.control.loop import Controller
+
+class Looking(Steering, Protocol):
+    """The controller as this module sees it: `Steering` and its count of unsure looks."""
+
+    unsure: int
+
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +59,7 @@ def backoff_s(unsure: int) -> float:
     return float(BACKOFF(state))
 
 
-def on_tick_error(ctl: Controller, err: MncloudError) -> None:
+def on_tick_error(ctl: Looking, err: MncloudError) -> None:
     """Answer an error raised by one look (see the module docstring)."""
     st = ctl.state
     ctl.unsure += 1
@@ -69,7 +74,7 @@ def on_tick_error(ctl: Controller, err: MncloudError) -> None:
     log.error("%s", st.detail)
 
 
-def _cancel_launched(ctl: Controller) -> str:
+def _cancel_launched(ctl: Looking) -> str:
     """Cancel what the controller launched before it gives up; what is left to say."""
     st = ctl.state
     if st.market is Mode.NONE and st.launching is None:
