@@ -208,6 +208,11 @@ def stop_run(run_name: str, notice_s: float = 0.0) -> RunStatus:
 
         said = stop(run_name, notice_s)
     if run_name not in known_runs():
+        if not controlled:  # a cloud deadline run started elsewhere: SkyPilot names it
+            from mncloud.control.down import stop_elsewhere
+
+            said = stop_elsewhere(run_name, notice_s)
+            controlled = said is not None
         return _stop_unrecorded(run_name, controlled, said)
     status = backend_for_run(run_name).down(run_name, notice_s=notice_s)
     if said and status.backend != "local":  # what the cloud controller's `stop` cancelled

@@ -249,3 +249,31 @@ def test_a_refused_up_deadline_leaves_no_phantom_pending_run(
     assert state.phase == "failed" and "controller was not launched" in state.detail
     shown = runner.invoke(app, ["status", "llm"])
     assert "pending" not in shown.output.lower(), shown.output
+
+
+def test_down_from_another_laptop_finds_the_controller_and_its_training_job(
+    script: Path,  # noqa: F811
+    fake_sky: FakeSky,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue #43 point 7: `down llm` where nothing of the run was ever recorded (another
+    laptop, a wiped home): SkyPilot's queue names llm-control, its envs the state in the
+    bucket, the state the training job; both cancelled, and the same-named job of another run
+    left alone."""
+    from mncloud.cli import app
+
+    assert _up_deadline(monkeypatch, script, tmp_path).exit_code == 0
+    (controller,) = _named(fake_sky, "llm-control")
+    fake_sky.set_status(controller, S.RUNNING)
+    Driver(_fresh_vm(monkeypatch, tmp_path, "controller-vm")).tick()
+    (training,) = _named(fake_sky, "llm")
+    fake_sky.set_status(training, S.RUNNING)
+    other = fake_sky.add_job("llm", S.RUNNING)  # another run of that name (no run id of ours)
+
+    monkeypatch.setenv("MNCLOUD_HOME", str(tmp_path / "other-laptop"))
+    result = runner.invoke(app, ["down", "llm", "--now"])
+    assert result.exit_code == 0, result.output
+    assert fake_sky.live_jobs() == [other]
+    said = " ".join(result.stdout.split())
+    assert f"controller job {controller}" in said and f"training job {training}" in said

@@ -140,6 +140,18 @@ def jobs_named_exactly(name: str) -> list[FoundJob]:
     return _grouped(r for r in records if _field(r, "job_name") == name)
 
 
+def controller_state_uris(name: str) -> list[str]:
+    """Where the deadline controllers of run `name` (every `NAME-control` job SkyPilot lists,
+    of any user) keep their state: what `down` from another machine starts from."""
+    wanted = f"{name}-control"
+    records = _queue(f"look for the controller of {name}", name_match=wanted, fields=FIND_FIELDS)
+    uris: set[str] = set()
+    for record in records:
+        if _field(record, "job_name") == wanted:
+            uris |= env_values(_field(record, "user_yaml"), CONTROL_STATE_URI_ENV)
+    return sorted(uris)
+
+
 def wait_for_launch_requests(run_id: str) -> None:
     """Wait for the API server's unfinished `jobs.launch` requests whose body names `run_id`
     (a failed one made nothing: its error is not ours to raise)."""
