@@ -277,3 +277,63 @@ def test_down_from_another_laptop_finds_the_controller_and_its_training_job(
     assert fake_sky.live_jobs() == [other]
     said = " ".join(result.stdout.split())
     assert f"controller job {controller}" in said and f"training job {training}" in said
+
+
+def test_status_asks_skypilot_how_the_controller_is(
+    script: Path,  # noqa: F811
+    fake_sky: FakeSky,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue #43 point 9: SkyPilot marked the controller FAILED (its restarts spent); the
+    laptop's `status` says so instead of the last state the controller wrote."""
+    from mncloud.cli import app
+
+    assert _up_deadline(monkeypatch, script, tmp_path).exit_code == 0
+    (controller,) = _named(fake_sky, "llm-control")
+    fake_sky.set_status(controller, S.RUNNING)
+    shown = runner.invoke(app, ["status", "llm"])
+    assert "nothing steers" not in shown.output
+    fake_sky.set_status(controller, S.FAILED, reason="exit 1 after 5 restarts")
+    shown = runner.invoke(app, ["status", "llm"])
+    said = " ".join(shown.output.split())
+    assert f"managed job {controller}) is FAILED: nothing steers the run" in said, said
+    assert control.load_state("llm", fresh=False).phase == "failed"
+
+
+def test_a_spot_job_skypilot_recovered_bills_again(
+    script: Path,  # noqa: F811
+    fake_sky: FakeSky,
+    tmp_path: Path,
+) -> None:
+    """Issue #43 point 3: RECOVERING closes the spot job's segment; when SkyPilot's own
+    recovery gets VMs, the segment opens again at the launch's price, so 30 more minutes of
+    4 nodes running are billed (before: the cost stood still)."""
+    from mncloud.records import cost_summary
+
+    state = _state(script, tmp_path)
+    # Slack enough to wait for spot: the policy does not switch to on-demand.
+    state.config = state.config.model_copy(update={"deadline_s": 48 * 3600})
+    control.save_state(state)
+    run = Driver(state)
+    _looks(run, 1)
+    (job,) = _named(fake_sky, "llm")
+    fake_sky.set_status(job, S.RUNNING)
+    _looks(run, 3)
+    fake_sky.set_status(job, S.RECOVERING)
+    _looks(run, 2)
+    assert run.state.preemptions == 1 and run.state.mode is Mode.NONE
+    (record,) = list_records("llm")
+    waited = cost_summary(record, now=run.clock.now).total
+    _looks(run, 2)
+    assert cost_summary(list_records("llm")[0], now=run.clock.now).total == waited  # unbilled
+    fake_sky.set_status(job, S.RUNNING)
+    _looks(run, 1)
+    assert run.state.mode is Mode.SPOT and len(_launches(fake_sky)) == 1
+    (record,) = list_records("llm")
+    back = next(e for e in record.events if e.kind == "recovery")
+    launch = next(e for e in record.events if e.kind == "launch")
+    assert back.spot is True and back.hourly_price == launch.hourly_price > 0
+    later = back.time + 1800.0
+    billed = cost_summary(record, now=later).total - waited
+    assert billed == pytest.approx(launch.hourly_price * 0.5)

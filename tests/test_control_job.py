@@ -182,3 +182,39 @@ def test_an_api_error_is_not_a_refusal_but_failed_prechecks_is() -> None:
     assert not is_refusal(BackendError("cannot launch: SkyPilot wants a login; `sky api login`"))
     assert is_refusal(BackendError("managed job 4: FAILED_PRECHECKS; no such GPU"))
     assert is_refusal(SpecError("--gpus H100:9: no such shape"))
+
+
+def test_the_controller_gets_secrets_as_secrets_and_no_password_in_plain_sight(
+    tmp_path: Path,
+) -> None:
+    """Issue #43 points 8, 10: the run's `--secret` values and a basic-auth API endpoint
+    reach the controller VM through SkyPilot's `secrets`, never its plain `envs`; the
+    bucket's endpoint is carried; the controller asks for its API token on purpose."""
+    import sky
+
+    from mncloud.control.access import controller_access
+
+    state = _state(tmp_path)
+    state.spec["secrets"] = ["HF_TOKEN"]
+    url = "https://alice:s3cr3t-pw@sky.example.com:46580"
+    environ = {"HF_TOKEN": "hf_abc123", "AWS_ENDPOINT_URL": "https://s3.example.org"}
+    access = controller_access(url, ["HF_TOKEN"], environ)
+    text = render_control_task(state, url, access)
+    assert "s3cr3t-pw" not in text and "hf_abc123" not in text
+    config = yaml.safe_load(text)
+    assert config["api_server_access"] is True
+    assert config["envs"]["SKYPILOT_API_SERVER_ENDPOINT"] == "https://sky.example.com:46580"
+    assert config["envs"]["AWS_ENDPOINT_URL"] == "https://s3.example.org"
+    assert set(config["secrets"]) == {"HF_TOKEN", "SKYPILOT_API_SERVER_ENDPOINT"}
+    task = sky.Task.from_yaml_config(config, secrets_overrides=list(access.secrets.items()))
+    values = {k: getattr(v, "get_secret_value", lambda v=v: v)() for k, v in task.secrets.items()}
+    assert values == {"HF_TOKEN": "hf_abc123", "SKYPILOT_API_SERVER_ENDPOINT": url}
+    assert "s3cr3t-pw" not in str(task.envs)
+
+
+def test_a_secret_missing_here_fails_up_before_any_vm(tmp_path: Path) -> None:
+    from mncloud.control.access import controller_access
+
+    with pytest.raises(SpecError, match="secret HF_TOKEN is not set") as err:
+        controller_access("https://sky.example.com", ["HF_TOKEN"], {})
+    assert "\n" not in str(err.value)

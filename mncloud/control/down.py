@@ -82,8 +82,12 @@ def stop_elsewhere(name: str, notice_s: float) -> str | None:
 
     if not server_to_ask()[1]:  # a local API server not running: not started for a guess
         return None
+    try:
+        uris = controller_state_uris(name)
+    except MncloudError as err:
+        raise BackendError(f"mncloud has no record of a run {name!r}, and {err}") from None
     said = []
-    for uri in controller_state_uris(name):
+    for uri in uris:
         state = load_uri(uri)
         if state is None:
             raise BackendError(

@@ -172,6 +172,9 @@ class Controller:
             self._preempted(tick)
         elif st.mode is Mode.NONE and st.market is Mode.SPOT and spot_here:
             st.mode, st.entered_tick = Mode.SPOT, tick  # the queued spot job got its VMs
+            from mncloud.control.billing import reopen
+
+            reopen(self)  # its ledger segment opens again (`billing.py`)
         # Only a cluster the backend reports RUNNING does work: a managed job still PENDING
         # for VMs (SkyPilot looks for capacity for a while) makes no progress.
         running = status is not None and status.state is RunState.RUNNING

@@ -160,7 +160,8 @@ class SkyPilotBackend:
     def status(self, run_name: str) -> RunStatus:
         """Ask SkyPilot for the run's state; add the newest checkpoint and cost so far."""
         meta = require_meta(run_name)
-        if meta.kind == MANAGED_JOB and meta.job_id is None and meta.request_id is not None:
+        lost = meta.job_id is None and meta.request_id is not None and meta.error is None
+        if meta.kind == MANAGED_JOB and lost:  # a launch whose answer was lost (`lost.py`)
             meta.job_id = resolve_lost(meta.name, meta.request_id, meta.run_id)
             if meta.job_id is None and meta.error is None:
                 meta.error = "SkyPilot's answer to the launch was lost, and it made no job"
