@@ -54,7 +54,10 @@ class ManagedJobs(JobModel):
             )
         job_id = self._next_id()
         name = str(body.name or loaded.name)
-        self.jobs[job_id] = FakeJob(job_id, name, loaded, body.task, tasks, user=self.user)
+        # What the server keeps as `original_user_yaml_content`: the YAML the user specified,
+        # secrets redacted (`sky/jobs/server/core.py`: `use_user_specified_yaml=True`).
+        kept = dag_utils.dump_dag_to_yaml_str(loaded, use_user_specified_yaml=True)
+        self.jobs[job_id] = FakeJob(job_id, name, loaded, kept, tasks, user=self.user)
         return [job_id], None
 
     def _jobs_queue_v2(self, **kw: Any) -> tuple[list[Any], int, dict[str, int], int, list[str]]:
