@@ -52,11 +52,9 @@ def _trace(folder: Path, name: str, data: list[int], gap: int = 60) -> Path:
 
 @pytest.mark.slow
 @pytest.mark.catalog
-def test_a_run_moves_to_the_place_with_spot_and_finishes(tmp_path: Path) -> None:
+def test_a_run_moves_to_the_place_with_spot_and_meets_the_deadline(tmp_path: Path) -> None:
     """Place `east` has spot for 5 ticks, `west` from tick 3 on: spot in east, preempted
-    there, launched again in west from the newest checkpoint; finished. The decisions are
-    asserted, not how fast the machine ran them: whether 0.3 h of run time was met depends on
-    the cores' speed (issue #43 upkeep; met or missed, the detail says which)."""
+    there, launched again in west from the newest checkpoint; done by the deadline."""
     east = _trace(tmp_path, "east", [2] * 5 + [0] * 60)
     west = _trace(tmp_path, "west", [0] * 3 + [2] * 62)
     args = ["up", str(EXAMPLE), "--cloud", "local", "--name", "dl", "--yes", *NODES,
@@ -70,7 +68,8 @@ def test_a_run_moves_to_the_place_with_spot_and_finishes(tmp_path: Path) -> None
     state = wait_until(lambda: (s := control.load_state("dl")).final and s, 240, "the controller")
     assert isinstance(state, control.ControlState)
     assert state.phase == "finished", (state.detail, run_log("dl"))
-    assert "deadline 0.3 h" in state.detail and "finished at" in state.detail
+    elapsed = state.decisions[-1].time - (state.started_at or 0)
+    assert "deadline 0.3 h met" in state.detail and elapsed <= 18 * 60 / SCALE
 
     # It ran in both places, moved at least once, and each place's cost is its ledgers'.
     assert state.preemptions >= 1 and state.moves >= 1, state.decisions
