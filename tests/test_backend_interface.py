@@ -26,6 +26,8 @@ IMPORTS_ALLOWED = {
     "mncloud.control.down": "a cloud deadline controller's own jobs (not yet behind Backend)",
     "mncloud.control.identity": "a cloud launch found in SkyPilot's queue (not yet behind Backend)",
     "mncloud.control.start": "the cloud controller's managed job (not yet behind Backend)",
+    "mncloud.control.lease": "one controller per run, SkyPilot's queue (not yet behind Backend)",
+    "mncloud.control.watch": "a cloud controller's own job state (not yet behind Backend)",
 }
 #: Comparisons with a backend's name allowed outside backends/: cloud filters (a cloud, not
 #: a backend, is compared), and the chaos command's refusal of cloud runs.

@@ -26,7 +26,7 @@ from mncloud.deadline.policy import Mode
 from mncloud.records.store import list_records
 from mncloud.request import build_spec
 from mncloud.spec import LaunchOptions
-from tests.fakesky import ERROR, FakeSky
+from tests.fakesky import ERROR, LAPTOP, FakeSky, User
 from tests.test_control import GAP, FakeClock
 from tests.test_skypilot import script  # noqa: F401 - a fixture
 
@@ -167,6 +167,43 @@ def test_a_launch_made_but_not_recorded_is_found_by_its_run_id_not_its_name(
     assert len(_launches(fake_sky)) == 1
     again.tick(2)
     assert len(_launches(fake_sky)) == 1 and _status(fake_sky, decoy) == "RUNNING"
+
+
+def test_a_controller_restarted_as_another_api_user_still_finds_the_launch(
+    script: Path,  # noqa: F811
+    fake_sky: FakeSky,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue #43 point 11: the replacement VM is another user to the API server (no token,
+    another user hash); a queue without `all_users` would not list the first VM's job, and
+    the new controller would launch a second gang on the same checkpoints."""
+    from mncloud.launch import launch
+
+    def launched_then_crash(*args: Any, **kw: Any) -> Any:
+        launch(*args, **kw)
+        raise Crash
+
+    fake_sky.as_user(User("controller-vm-1", "c0417001"))
+    first = Driver(_state(script, tmp_path), launcher=launched_then_crash)
+    with pytest.raises(Crash):
+        first.tick()
+    (made,) = _named(fake_sky, "llm")
+
+    fake_sky.as_user(User("controller-vm-2", "c0417002"))
+    state = _fresh_vm(monkeypatch, tmp_path, "vm2")
+    again = Driver(state, first.clock)
+    again.ctl._recover()
+    again.tick(2)
+    assert fake_sky.live_jobs("llm") == [made] and len(_launches(fake_sky)) == 1
+    assert state.live is not None and state.live.job_ids == [made]
+    # The laptop (a third user) stops it: the cancel reaches the VM's job.
+    fake_sky.as_user(LAPTOP)
+    monkeypatch.setenv("MNCLOUD_HOME", str(tmp_path / "vm2"))
+    from mncloud.backends.skypilot import SkyPilotBackend
+
+    SkyPilotBackend().down("llm")
+    assert fake_sky.live_jobs() == []
 
 
 def test_a_job_group_made_but_not_recorded_is_adopted_with_its_tasks(

@@ -31,7 +31,7 @@ from mncloud.control.state import (
     request_stop,
     save_state,
 )
-from mncloud.errors import BackendError
+from mncloud.errors import SpecError
 from mncloud.request import build_spec
 from mncloud.spec import LaunchOptions
 
@@ -145,15 +145,17 @@ def test_a_controller_started_on_a_final_state_exits_0(
     assert "already finished" in result.output
 
 
-def test_a_failure_the_controller_decided_is_final_and_exits_0(
+def test_a_refusal_is_final_and_exits_0(
     cloud_state: tuple[ControlState, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """An MncloudError in the loop (a launch refused, a backend gone) ends the run as
-    `failed`, in its state: the controller is done, and a restart would change nothing."""
+    """A refusal in the loop (a spec SkyPilot will never accept, FAILED_PRECHECKS) ends the
+    run as `failed`, in its state: the controller is done, and a restart would change
+    nothing. Any other error is "unsure, look again" (`control/unsure.py`; issue #43 point 1,
+    tests/test_control_cloud.py), never a final failure on the first look."""
     _state0, uri = cloud_state
 
     def refused(self: Controller) -> None:
-        raise BackendError("the launch was refused")
+        raise SpecError("the launch was refused")
 
     monkeypatch.setattr(Controller, "step", refused)
     result = _control(uri, tmp_path)
@@ -170,3 +172,49 @@ def test_no_state_to_start_from_exits_non_zero(tmp_path: Path) -> None:
     result = _control(uri, tmp_path)
     assert result.exit_code == 2
     assert "no controller state" in result.output
+
+
+def test_an_api_error_is_not_a_refusal_but_failed_prechecks_is() -> None:
+    from mncloud.control.unsure import is_refusal
+    from mncloud.errors import BackendError
+
+    assert not is_refusal(BackendError("cannot launch: SkyPilot's API server is unreachable"))
+    assert not is_refusal(BackendError("cannot launch: SkyPilot wants a login; `sky api login`"))
+    assert is_refusal(BackendError("managed job 4: FAILED_PRECHECKS; no such GPU"))
+    assert is_refusal(SpecError("--gpus H100:9: no such shape"))
+
+
+def test_the_controller_gets_secrets_as_secrets_and_no_password_in_plain_sight(
+    tmp_path: Path,
+) -> None:
+    """Issue #43 points 8, 10: the run's `--secret` values and a basic-auth API endpoint
+    reach the controller VM through SkyPilot's `secrets`, never its plain `envs`; the
+    bucket's endpoint is carried; the controller asks for its API token on purpose."""
+    import sky
+
+    from mncloud.control.access import controller_access
+
+    state = _state(tmp_path)
+    state.spec["secrets"] = ["HF_TOKEN"]
+    url = "https://alice:s3cr3t-pw@sky.example.com:46580"
+    environ = {"HF_TOKEN": "hf_abc123", "AWS_ENDPOINT_URL": "https://s3.example.org"}
+    access = controller_access(url, ["HF_TOKEN"], environ)
+    text = render_control_task(state, url, access)
+    assert "s3cr3t-pw" not in text and "hf_abc123" not in text
+    config = yaml.safe_load(text)
+    assert config["api_server_access"] is True
+    assert config["envs"]["SKYPILOT_API_SERVER_ENDPOINT"] == "https://sky.example.com:46580"
+    assert config["envs"]["AWS_ENDPOINT_URL"] == "https://s3.example.org"
+    assert set(config["secrets"]) == {"HF_TOKEN", "SKYPILOT_API_SERVER_ENDPOINT"}
+    task = sky.Task.from_yaml_config(config, secrets_overrides=list(access.secrets.items()))
+    values = {k: getattr(v, "get_secret_value", lambda v=v: v)() for k, v in task.secrets.items()}
+    assert values == {"HF_TOKEN": "hf_abc123", "SKYPILOT_API_SERVER_ENDPOINT": url}
+    assert "s3cr3t-pw" not in str(task.envs)
+
+
+def test_a_secret_missing_here_fails_up_before_any_vm(tmp_path: Path) -> None:
+    from mncloud.control.access import controller_access
+
+    with pytest.raises(SpecError, match="secret HF_TOKEN is not set") as err:
+        controller_access("https://sky.example.com", ["HF_TOKEN"], {})
+    assert "\n" not in str(err.value)

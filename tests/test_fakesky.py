@@ -1,4 +1,4 @@
-"""The SkyPilot fake itself (`tests/fakesky.py`): it holds to the real SDK where tests lean on
+"""The SkyPilot fake itself (`tests/fakesky/`): it holds to the real SDK where tests lean on
 it: signatures, the client's own conversion, the server's answers and its cancel by name."""
 
 from __future__ import annotations
@@ -112,3 +112,93 @@ def test_cancel_by_name_is_skypilots(fake_sky: FakeSky) -> None:
     assert fake_sky.messages[-1] == "No running job found with name 'nobody'."
     with pytest.raises(ValueError, match="Can only specify one of"):
         sky.get(sky.jobs.cancel(name="b", job_ids=[b1]))
+
+
+def test_requests_in_flight_carry_the_servers_names_and_finish_on_their_own(
+    fake_sky: FakeSky,
+) -> None:
+    """`sky.api_status()` names a request as the server does (`sky.jobs.launch`), and the
+    server finishes it without its client (`finish_after`, `finish_in_flight`)."""
+    import sky
+    import sky.jobs
+    from sky.server.constants import REQUEST_NAME_PREFIX
+
+    fake_sky.held.add("jobs.launch")
+    fake_sky.finish_after = 1
+    sky.jobs.launch(_task(), name="a")
+    (request,) = sky.api_status()
+    assert request.name == REQUEST_NAME_PREFIX + "jobs.launch" == "sky.jobs.launch"
+    assert fake_sky.live_jobs() == []
+    sky.get(sky.jobs.queue_v2(refresh=False))  # one later request: still in flight
+    sky.get(sky.jobs.queue_v2(refresh=False))  # the next: it finished by itself
+    assert sky.api_status() == [] and fake_sky.live_jobs("a") != []
+    fake_sky.finish_after = None
+    sky.jobs.launch(_task(), name="b")
+    fake_sky.finish_in_flight()
+    assert sky.api_status() == [] and len(fake_sky.live_jobs()) == 2
+
+
+def test_each_user_sees_only_their_jobs_unless_all_users(fake_sky: FakeSky) -> None:
+    import sky
+    import sky.jobs
+
+    from tests.fakesky import LAPTOP, User
+
+    vm = User("controller-vm", "c0417001")
+    mine = fake_sky.add_job("a", user=LAPTOP)
+    theirs = fake_sky.add_job("a", user=vm)
+
+    def seen(**kw: Any) -> set[int]:
+        records, *_ = sky.get(sky.jobs.queue_v2(refresh=False, **kw))
+        return {r.job_id for r in records}
+
+    assert seen() == {mine} and seen(all_users=True) == {mine, theirs}
+    (record,) = sky.get(
+        sky.jobs.queue_v2(refresh=False, job_ids=[theirs], all_users=True, fields=None)
+    )[0]
+    assert record.user_hash == vm.user_hash
+    fake_sky.as_user(vm)
+    assert seen() == {theirs}
+    sky.get(sky.jobs.cancel(job_ids=[mine]))  # by id: any user's job
+    seen(all_users=True)  # the teardown ends (`cancel_polls` reads)
+    assert fake_sky.live_jobs() == [theirs]
+
+
+def test_failed_and_lost_answers(fake_sky: FakeSky) -> None:
+    """`fail`: the server refuses, nothing made; `lose`: the job is made, the client's wait
+    raises, a later `sky.get` of the same request has the answer."""
+    import sky
+    import sky.jobs
+    from sky import exceptions as sx
+
+    fake_sky.fail("jobs.launch", ValueError("refused"))
+    with pytest.raises(ValueError, match="refused"):
+        sky.stream_and_get(sky.jobs.launch(_task(), name="a"))
+    assert fake_sky.live_jobs() == []
+    fake_sky.lose("jobs.launch")
+    request_id = sky.jobs.launch(_task(), name="a")
+    with pytest.raises(sx.ApiServerConnectionError):
+        sky.stream_and_get(request_id)
+    (job,) = fake_sky.live_jobs("a")
+    assert sky.get(request_id)[0] == [job]
+
+
+def test_running_seconds_count_only_running(fake_sky: FakeSky, monkeypatch: Any) -> None:
+    """What the cloud bills: the seconds a task held RUNNING, not PENDING nor RECOVERING."""
+    import time
+
+    from sky.jobs import ManagedJobStatus as S
+
+    now = [1000.0]
+    monkeypatch.setattr(time, "time", lambda: now[0])
+    job = fake_sky.add_job("a", S.PENDING)
+    now[0] += 50
+    fake_sky.set_status(job, S.RUNNING)
+    now[0] += 100
+    fake_sky.set_status(job, S.RECOVERING)
+    now[0] += 30
+    fake_sky.set_status(job, S.RUNNING)
+    now[0] += 20
+    assert fake_sky.running_seconds(job) == [120.0]
+    record = fake_sky.jobs[job].tasks[0]
+    assert record.start_at == 1050.0 and record.last_recovered_at == 1180.0

@@ -71,11 +71,11 @@ ROOMS: list[tuple[str, str]] = [
                                "netcheck nodes processes recordwriter replacing state supervisor "
                                "warm warmclient warmhost warmrun"),
     ("mncloud.backends.skypilot", "backend cancel cluster dryrun errors events find group logs "
-                                  "meta netcheck notice status task"),
+                                  "lost meta netcheck notice status task"),
     ("mncloud.backends.registry", ""),
     ("mncloud.launch", ""),
-    ("mncloud.control", "down identity keeper loop markets outcomes places placing progress "
-                        "recovery start state steering"),
+    ("mncloud.control", "access billing down identity keeper lease loop markets outcomes places "
+                        "placing progress recovery start state steering unsure watch"),
     ("mncloud.operate", "logs status stop telemetry"),
     ("mncloud.ui", "app curves serve svg views"),
     ("mncloud.cli", "_common chaos ckpt control doctor exec export follow gpus metrics ops "

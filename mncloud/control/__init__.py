@@ -24,6 +24,11 @@ existing=Existing.RESUME)`, so training resumes from the newest complete checkpo
     down.py     `down` of a cloud deadline run: its controller's job and every training job
     placing.py  `up --deadline` across places: the places a request names, checked and priced
     places.py   the controller across places: spot anywhere, on-demand in the home place
+    unsure.py   an error in a tick is "unsure, look again" (bounded backoff), not the end
+    lease.py    one controller per cloud run: SkyPilot's queue is the lease
+    billing.py  a spot job SkyPilot recovered by itself bills again (a `recovery` event)
+    watch.py    `status` of a cloud deadline run asks SkyPilot how its controller is
+    access.py   what the controller VM launches with: secrets as SkyPilot secrets
 
 Every launch writes its own run record; each switch is a `launch` event there with its
 reason, spot flag and price, so the ledgers of the launches split spot and on-demand.

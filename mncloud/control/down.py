@@ -71,6 +71,33 @@ def stop_cloud(
     return f"cancelled {' and '.join(done)}; all terminal"
 
 
+def stop_elsewhere(name: str, notice_s: float) -> str | None:
+    """`down NAME` on a machine with no controller state of it (another laptop, a wiped
+    home): SkyPilot's queue names the run's controller jobs (`NAME-control`, any user), their
+    envs the state in the bucket; each such run stopped as above (`stop_cloud`), its state
+    then kept here. None when SkyPilot knows no controller of that name."""
+    from mncloud.backends.skypilot.cancel import server_to_ask
+    from mncloud.backends.skypilot.find import controller_state_uris
+    from mncloud.control.state import load_uri
+
+    if not server_to_ask()[1]:  # a local API server not running: not started for a guess
+        return None
+    try:
+        uris = controller_state_uris(name)
+    except MncloudError as err:
+        raise BackendError(f"mncloud has no record of a run {name!r}, and {err}") from None
+    said = []
+    for uri in uris:
+        state = load_uri(uri)
+        if state is None:
+            raise BackendError(
+                f"{name}-control keeps its state at {uri}, which cannot be read from here; "
+                "nothing was cancelled (check the bucket's credentials, then `down` again)"
+            )
+        said.append(stop_cloud(state, notice_s))
+    return "; ".join(said) if said else None
+
+
 def _ids(job_ids: list[int]) -> str:
     return ", ".join(str(i) for i in sorted(job_ids))
 

@@ -102,38 +102,49 @@ class Controller:
         self.job = state.config.job()
         self.policy = make_policy(state.config.policy, self.job)
         self.stop_reason: str | None = None
+        self.unsure = 0
+        """Looks in a row that ended in an error (`unsure.py`)."""
 
     # ------------------------------------------------------------------ loop
     def run(self) -> ControlState:
-        """Decide every tick until the run finishes, fails, is stopped or hits the budget."""
+        """Decide every tick until the run finishes, fails, is stopped or hits the budget; an
+        error in a look is "unsure, look again" with backoff, bounded (`unsure.py`)."""
+        from mncloud.control.recovery import LaunchUnknown
+        from mncloud.control.unsure import backoff_s, on_tick_error
+
         st = self.state
         if st.started_at is None:
             st.started_at = self.clock.time()
-        from mncloud.control.recovery import LaunchUnknown
-
         try:
             self._recover()
         except LaunchUnknown:
             raise  # not known whether to launch: exit non-zero, SkyPilot restarts the controller
         except MncloudError as err:
-            st.phase, st.market, st.mode = "failed", Mode.NONE, Mode.NONE
-            st.detail = f"controller stopped: {err}"
-            log.error("%s", st.detail)
+            on_tick_error(self, err)
         save_state(st)
         while not st.final:
-            try:
-                if self.stop_reason is not None:
-                    self._stop(self.stop_reason)
-                else:
-                    self.step()
-            except MncloudError as err:  # a launch refused, a backend gone: say so, stop
-                st.phase, st.market, st.mode = "failed", Mode.NONE, Mode.NONE
-                st.detail = f"controller stopped: {err}"
-                log.error("%s", st.detail)
-            save_state(st)
+            self.look()
             if not st.final:
-                self.clock.sleep(self._pause())
+                self.clock.sleep(max(self._pause(), backoff_s(self.unsure)))
         return st
+
+    def look(self) -> None:
+        """One look of `run`: the journal first when an error cut the last look short, then
+        a step (or the stop asked for); an error is unsure, or failed (`unsure.py`)."""
+        from mncloud.control.unsure import on_tick_error
+
+        st = self.state
+        try:
+            if st.launching is not None or st.closing is not None:
+                self._recover()
+            if self.stop_reason is not None:
+                self._stop(self.stop_reason)
+            else:
+                self.step()
+            self.unsure = 0
+        except MncloudError as err:
+            on_tick_error(self, err)
+        save_state(st)
 
     def request_stop(self, reason: str = "stopped by mncloud down") -> None:
         """Stop at the next look (a signal handler calls this)."""
@@ -169,6 +180,9 @@ class Controller:
             self._preempted(tick)
         elif st.mode is Mode.NONE and st.market is Mode.SPOT and spot_here:
             st.mode, st.entered_tick = Mode.SPOT, tick  # the queued spot job got its VMs
+            from mncloud.control.billing import reopen
+
+            reopen(self)  # its ledger segment opens again (`billing.py`)
         # Only a cluster the backend reports RUNNING does work: a managed job still PENDING
         # for VMs (SkyPilot looks for capacity for a while) makes no progress.
         running = status is not None and status.state is RunState.RUNNING

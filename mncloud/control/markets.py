@@ -116,8 +116,8 @@ class ManagedJobMarket:
         if state.market is Mode.SPOT and status is not None and not status.state.is_final:
             if status.state is RunState.RUNNING:
                 return True
-            if status.state is RunState.RECOVERING:
-                return False
+            if status.state is RunState.RECOVERING:  # a job group's nodes train on while
+                return "running" in status.node_states.values()  # one is replaced
             waited = (now - (state.entered_at or now)) * cfg.time_scale
             return waited < cfg.capacity_wait_s
         missing = state.spot_missing_since

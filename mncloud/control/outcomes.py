@@ -17,6 +17,9 @@ The backend's status says how the live launch ended (`RunStatus.state` and, for 
     FAILED  vanished       the queue no longer lists the job: unsure for `VANISHED_LOOKS` looks
                            (a queue answering from elsewhere), then as SkyPilot's own failure
     FAILED  refused        (FAILED_PRECHECKS) the run fails: a retry sends the same request
+    (any FAILED)           first, whatever of the launch is still live is cancelled: a job
+                           group with one FAILED node keeps its other nodes training and
+                           billing; a relaunch beside them would be a second gang
     CANCELLED              (CANCELLING too) someone else stopped the launch (`sky jobs cancel`):
                            the run stops; the controller launches nothing more
 
@@ -81,6 +84,8 @@ def settle(ctl: Steering, status: RunStatus | None) -> Settled:
         _end(ctl, "stopped", f"the launch was cancelled outside the controller: {status.detail}")
         return Settled.ENDED
     failure = status.failure or Failure.USER
+    if failure is not Failure.VANISHED:
+        _cancel_the_rest(ctl)
     if failure is Failure.VANISHED:
         st.vanished_looks += 1
         if st.vanished_looks < VANISHED_LOOKS:
@@ -96,6 +101,16 @@ def settle(ctl: Steering, status: RunStatus | None) -> Settled:
         return _relaunch(ctl, status, "SkyPilot lost the launch")
     _end(ctl, "failed", f"SkyPilot refused the launch: {status.detail}")
     return Settled.ENDED
+
+
+def _cancel_the_rest(ctl: Steering) -> None:
+    """A failed launch may leave part of it live: one FAILED node of a job group, and
+    SkyPilot keeps the other nodes training and billing. Cancel all of it before anything
+    else (a relaunch beside it would be a second gang on the same checkpoints); a cancel
+    SkyPilot cannot confirm raises, and the look is unsure (`unsure.py`)."""
+    st = ctl.state
+    if not ctl.backend.records_own_events:  # else the backend ends its own launch (local)
+        ctl.backend.down(st.name, notice_s=0.0, by="the deadline controller (the launch failed)")
 
 
 def _no_capacity(ctl: Steering, status: RunStatus) -> Settled:

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from mncloud import layout
 from mncloud.constants import LOCAL_ON_DEMAND_PRICE, LOCAL_SPOT_PRICE
+from mncloud.control.access import ControllerAccess, controller_access, redact_url
 from mncloud.control.placing import cloud_places, home_on_demand_price, local_places, per_place
 from mncloud.control.state import (
     ControlConfig,
@@ -261,7 +262,15 @@ def start(state: ControlState) -> ControlState:
         keeper = _spawn_local(name)
         state.controller = f"this machine, keeper pid {keeper}"
         return state  # the controller writes the state from now on
-    state.controller_job_id = _launch_sky(state)
+    from mncloud.control.lease import take
+
+    take(state)  # one controller per run: a live one refuses this `up` (or `--replace` ends it)
+    try:
+        state.controller_job_id = _launch_sky(state)
+    except MncloudError as err:  # no phantom PENDING run: the state says it never started
+        state.phase, state.detail = "failed", f"the controller was not launched: {err}"
+        save_state(state)
+        raise
     state.controller = f"SkyPilot managed job {state.controller_job_id} ({name}-control)"
     save_state(state)
     return state
@@ -313,8 +322,11 @@ def _spawn_local(name: str) -> int:
     return proc.pid
 
 
-def render_control_task(state: ControlState, api_server: str) -> str:
-    """The controller's own SkyPilot task (YAML text) from `templates/control.yaml.j2`."""
+def render_control_task(
+    state: ControlState, api_server: str, access: ControllerAccess | None = None
+) -> str:
+    """The controller's own SkyPilot task (YAML text) from `templates/control.yaml.j2`: its
+    envs and the names of its secrets (`access.py`; the values never rendered)."""
     import json
     import shlex
 
@@ -324,6 +336,8 @@ def render_control_task(state: ControlState, api_server: str) -> str:
     from mncloud.render import template_dir
 
     spec = state.spec
+    if access is None:
+        access = controller_access(api_server, list(spec.get("secrets") or []), os.environ)
     source = Path(__file__).resolve().parents[2]
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(template_dir())),
@@ -336,7 +350,8 @@ def render_control_task(state: ControlState, api_server: str) -> str:
         "name": state.name,
         "workdir": spec["workdir"],
         "state_uri": state.config.state_uri,
-        "api_server": api_server,
+        "envs": access.envs,
+        "secrets": sorted(access.secrets),
         "version": __version__,
         "max_restarts": CONTROL_MAX_RESTARTS,
         "recovery_strategy": CONTROL_RECOVERY,
@@ -352,9 +367,11 @@ def _launch_sky(state: ControlState) -> int | None:
 
     from mncloud.backends.skypilot import sky_errors
 
-    save_state(state)  # to the bucket too: the controller starts from there
     api_server = _api_server()
-    task = sky.Task.from_yaml_config(yaml.safe_load(render_control_task(state, api_server)))
+    access = controller_access(api_server, list(state.spec.get("secrets") or []), os.environ)
+    save_state(state)  # to the bucket too: the controller starts from there
+    config = yaml.safe_load(render_control_task(state, api_server, access))
+    task = sky.Task.from_yaml_config(config, secrets_overrides=list(access.secrets.items()))
     with sky_errors(f"launch the deadline controller of {state.name}"):
         job_ids, _handle = sky.stream_and_get(
             sky.jobs.launch(task, name=f"{state.name}-control"), output_stream=sys.stderr
@@ -370,7 +387,7 @@ def _api_server() -> str:
     if any(host in url for host in ("127.0.0.1", "localhost", "[::1]", "0.0.0.0")):
         raise SpecError(
             f"--deadline on a cloud runs its controller as a SkyPilot job, which must reach "
-            f"your SkyPilot API server; {url} is on this machine only: deploy one and "
+            f"your SkyPilot API server; {redact_url(url)} is on this machine only: deploy one and "
             "`sky api login -e URL`"
         )
     return url

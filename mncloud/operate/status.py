@@ -149,9 +149,10 @@ def _revive(control: ControlState | None) -> int | None:
 def _control_state(run_name: str) -> tuple[ControlState | None, str | None]:
     """The run's controller state, or None with why when it has one that cannot be read."""
     from mncloud.control.state import load_state
+    from mncloud.control.watch import checked
 
     try:
-        return load_state(run_name), None
+        return checked(load_state(run_name)), None
     except RunNotFoundError:
         return None, None
     except MncloudError as err:

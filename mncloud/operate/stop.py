@@ -28,6 +28,11 @@ def stop_run(run_name: str, notice_s: float = 0.0) -> RunView:
 
         said = stop(run_name, notice_s)
     if run_name not in known_runs():
+        if not controlled:  # a cloud deadline run started elsewhere: SkyPilot names it
+            from mncloud.control.down import stop_elsewhere
+
+            said = stop_elsewhere(run_name, notice_s)
+            controlled = said is not None
         return _stop_unrecorded(run_name, controlled, said)
     backend = backend_for_run(run_name)
     status = RunView(**dict(backend.down(run_name, notice_s=notice_s)))

@@ -23,7 +23,10 @@ from typing import Any
 
 from mncloud.catalog import cache as skycache
 
-_TOP_FIELDS = {"name", "num_nodes", "workdir", "resources", "envs", "secrets", "setup", "run"}
+_TOP_FIELDS = {
+    "name", "num_nodes", "workdir", "resources", "envs", "secrets", "setup", "run",
+    "api_server_access",
+}  # fmt: skip
 _ENTRY_FIELDS = {
     "accelerators", "cpus", "use_spot", "infra", "instance_type", "disk_size", "network_tier",
 }  # fmt: skip

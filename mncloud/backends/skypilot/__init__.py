@@ -46,6 +46,7 @@ Modules, by job:
     status.py    managed-job and, for old records, cluster states
     cancel.py    cancel by id, wait until ended
     find.py      a run's managed jobs found by the run's own id
+    lost.py      a launch whose answer was lost: unknown, resolved from the server
     logs.py      node prefixes
     group.py     a `--recovery node` job group: one managed job of several tasks
                  (`render/jobgroup.py`)

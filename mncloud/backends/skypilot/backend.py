@@ -24,6 +24,8 @@ from mncloud.backends.skypilot.errors import sky_errors
 from mncloud.backends.skypilot.events import record_end, record_launch, record_superseded
 from mncloud.backends.skypilot.group import job_group_status, tail_group_logs
 from mncloud.backends.skypilot.logs import tail_logs
+from mncloud.backends.skypilot.lost import LaunchAnswerLost, lost_answer_errors
+from mncloud.backends.skypilot.lost import resolve as resolve_lost
 from mncloud.backends.skypilot.meta import (
     BACKEND_NAME,
     CLUSTER,
@@ -87,8 +89,13 @@ class SkyPilotBackend:
             status = launch_cluster(task, meta, request.options.idle_minutes, self.progress)
             _record_launch(request, meta)
             return status
+        meta.run_id = request.run_id or meta.run_id
         try:
             meta.job_id = self._launch_managed_job(task, spec.name, meta)
+        except LaunchAnswerLost:
+            meta.last_state = RunState.PENDING  # unknown, not failed: `status` resolves it
+            save_meta(meta)
+            raise
         except MncloudError as err:
             meta.error = str(err)
             meta.last_state = RunState.FAILED
@@ -132,13 +139,19 @@ class SkyPilotBackend:
         return status_from_meta(meta, meta.last_state, f"launched ({what})")
 
     def _launch_managed_job(self, task: sky.Task, name: str, meta: RunMeta) -> int | None:
+        """The job id SkyPilot gave; an answer lost on the way is resolved from the server
+        (`lost.py`), never taken for a failed launch."""
         import sky
 
         with sky_errors(f"launch managed job {name}"):
             request_id = sky.jobs.launch(task, name=name)
             meta.request_id = str(request_id)
             save_meta(meta)
-            job_ids, _handle = sky.stream_and_get(request_id, output_stream=self.progress)
+        try:
+            with sky_errors(f"launch managed job {name}", keep=lost_answer_errors()):
+                job_ids, _handle = sky.stream_and_get(request_id, output_stream=self.progress)
+        except lost_answer_errors():
+            return resolve_lost(name, str(request_id), meta.run_id)
         return int(job_ids[0]) if job_ids else None
 
     def exec(self, request: LaunchRequest) -> RunStatus:
@@ -158,6 +171,12 @@ class SkyPilotBackend:
     def status(self, run_name: str) -> RunStatus:
         """Ask SkyPilot for the run's state; add the newest checkpoint and cost so far."""
         meta = require_meta(run_name)
+        lost = meta.job_id is None and meta.request_id is not None and meta.error is None
+        if meta.kind == MANAGED_JOB and lost:  # a launch whose answer was lost (`lost.py`)
+            meta.job_id = resolve_lost(meta.name, meta.request_id, meta.run_id)
+            if meta.job_id is None and meta.error is None:
+                meta.error = "SkyPilot's answer to the launch was lost, and it made no job"
+            save_meta(meta)
         if meta.error is not None:
             return status_from_meta(meta, RunState.FAILED, f"launch failed: {meta.error}")
         if meta.kind == JOB_GROUP:

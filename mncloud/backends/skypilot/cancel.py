@@ -42,11 +42,17 @@ def _ids(job_ids: Iterable[int]) -> str:
 
 
 def _queue(what: str, **filters: Any) -> list[Any]:
-    """The managed-jobs queue's records (`sky.jobs.queue_v2`), one per task."""
+    """The managed-jobs queue's records (`sky.jobs.queue_v2`), one per task. Asked by id, of
+    every user: a job the laptop launched is the controller VM's to cancel, and the other way
+    round, whichever user each is to the API server (a queue without `all_users` lists only
+    the caller's, `sky/jobs/server/core.py`); by name, the caller's own only."""
     import sky
 
+    every_user = filters.get("job_ids") is not None
     with sky_errors(what):
-        answer = sky.get(sky.jobs.queue_v2(refresh=False, fields=_FIELDS, **filters))
+        answer = sky.get(
+            sky.jobs.queue_v2(refresh=False, fields=_FIELDS, all_users=every_user, **filters)
+        )
     return list(answer[0] if isinstance(answer, tuple) else answer)
 
 

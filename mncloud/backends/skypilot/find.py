@@ -33,7 +33,16 @@ FIND_FIELDS = [
     "job_id", "job_name", "task_id", "task_name", "status", "user_yaml", "cloud", "region",
     "submitted_at",
 ]  # fmt: skip
-LAUNCH_REQUEST = "jobs.launch"
+
+
+def launch_request_name() -> str:
+    """What the API server names a `sky.jobs.launch` request in `sky.api_status()`:
+    `sky.jobs.launch` (`REQUEST_NAME_PREFIX` + the request's name, as
+    `sky/server/requests/executor.py` schedules it), never the bare SDK name."""
+    from sky.server.constants import REQUEST_NAME_PREFIX
+    from sky.server.requests.request_names import RequestName
+
+    return REQUEST_NAME_PREFIX + RequestName.JOBS_LAUNCH.value
 
 
 @dataclass
@@ -47,6 +56,13 @@ class FoundJob:
     """Task names in task order (a job group: the lighthouse first, then the nodes)."""
     cloud: str | None = None
     region: str | None = None
+
+    @property
+    def live(self) -> bool:
+        """A task SkyPilot does not report ended (CANCELLING is live: it still tears down)."""
+        from sky.jobs import ManagedJobStatus
+
+        return any(not ManagedJobStatus(s).is_terminal() for s in self.statuses)
 
 
 def _field(record: Any, name: str) -> Any:
@@ -74,8 +90,8 @@ def env_values(user_yaml: str | None, env: str) -> set[str]:
 def _queue(what: str, **query: Any) -> list[Any]:
     import sky
 
-    with sky_errors(what):
-        answer = sky.get(sky.jobs.queue_v2(refresh=False, **query))
+    with sky_errors(what):  # every user's: the run id (or the ids) pick the run's own
+        answer = sky.get(sky.jobs.queue_v2(refresh=False, all_users=True, **query))
     return list(answer[0] if isinstance(answer, tuple) else answer)
 
 
@@ -118,6 +134,24 @@ def jobs_with_env(name: str, env: str, values: Iterable[str]) -> list[FoundJob]:
     return _grouped(mine)
 
 
+def jobs_named_exactly(name: str) -> list[FoundJob]:
+    """Every user's managed jobs named exactly `name` (the queue's filter matches substrings)."""
+    records = _queue(f"look for the managed jobs named {name}", name_match=name, fields=FIND_FIELDS)
+    return _grouped(r for r in records if _field(r, "job_name") == name)
+
+
+def controller_state_uris(name: str) -> list[str]:
+    """Where the deadline controllers of run `name` (every `NAME-control` job SkyPilot lists,
+    of any user) keep their state: what `down` from another machine starts from."""
+    wanted = f"{name}-control"
+    records = _queue(f"look for the controller of {name}", name_match=wanted, fields=FIND_FIELDS)
+    uris: set[str] = set()
+    for record in records:
+        if _field(record, "job_name") == wanted:
+            uris |= env_values(_field(record, "user_yaml"), CONTROL_STATE_URI_ENV)
+    return sorted(uris)
+
+
 def wait_for_launch_requests(run_id: str) -> None:
     """Wait for the API server's unfinished `jobs.launch` requests whose body names `run_id`
     (a failed one made nothing: its error is not ours to raise)."""
@@ -125,8 +159,9 @@ def wait_for_launch_requests(run_id: str) -> None:
 
     with sky_errors("list the SkyPilot API server's requests"):
         requests = sky.api_status(all_status=False)
+    launch_name = launch_request_name()
     for request in requests:
-        if request.name == LAUNCH_REQUEST and run_id in (request.request_body or ""):
+        if request.name == launch_name and run_id in (request.request_body or ""):
             try:
                 sky.get(request.request_id)
             except Exception:  # the launch failed: whatever it made, the queue lists

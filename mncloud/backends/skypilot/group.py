@@ -88,12 +88,22 @@ def job_group_status(meta: RunMeta) -> RunStatus:
     failures = [failure_of(_field(r, "status")) for r in nodes]
     status.failure = next((f for f in failures if f is not None), None)
     status.restarts = restarts
+    status.node_states = {n: _node_state(s) for n, s in enumerate(states)}
     starts = [_field(r, "start_at") or _field(r, "submitted_at") for r in nodes]
     status.started_at = min((s for s in starts if s), default=meta.launched_at)
     ends = [_field(r, "end_at") for r in nodes]
     if state.is_final and ends and all(ends):
         status.ended_at = max(ends)
     return status
+
+
+_NODE_STATES = {RunState.RUNNING: "running", RunState.RECOVERING: "replacing",
+                RunState.SUCCEEDED: "finished"}  # fmt: skip
+
+
+def _node_state(state: RunState) -> str:
+    """A node task's state in `RunStatus.node_states` words."""
+    return _NODE_STATES.get(state, "stopped" if state.is_final else "starting")
 
 
 def _field(record: Any, name: str) -> Any:

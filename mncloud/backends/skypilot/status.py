@@ -160,6 +160,7 @@ def queue_records(meta: RunMeta, fields: list[str], what: str) -> list[Any]:
                 refresh=False,
                 job_ids=[meta.job_id] if meta.job_id is not None else None,
                 fields=fields,
+                all_users=meta.job_id is not None,  # by id: whoever launched it (a controller)
             )
         )
     return list(answer[0] if isinstance(answer, tuple) else answer)

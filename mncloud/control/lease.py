@@ -1,0 +1,64 @@
+"""One deadline controller per cloud run: the queue is the lease.
+
+A cloud controller is the SkyPilot managed job `NAME-control`. Two of them steer two training
+jobs onto one checkpoint prefix and bill twice (`up --deadline --name X` twice, or `--resume`
+while the first lives). So before a controller is launched, SkyPilot's queue is asked, of
+every user (a controller VM may be another user to the API server), for a live `NAME-control`:
+
+    up --deadline --name llm         → none live: launch llm-control (job 12)
+    up --deadline --name llm         → job 12 live: refused, one line, exit 2, naming
+                                       `mncloud status llm` and `--replace`
+    up --deadline --name llm --replace
+                                     → job 12 cancelled, then the training jobs of the run
+                                       ids its state (in the bucket) lists; then launch anew
+
+The queue is SkyPilot's own record of what runs: no second lock to go stale, and it sees a
+controller launched from another laptop. A queue that cannot be asked refuses too (the
+error says why): starting a second controller blind is what costs money.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from mncloud.errors import SpecError
+
+if TYPE_CHECKING:
+    from mncloud.control.state import ControlState
+
+
+def live_controllers(name: str) -> list[int]:
+    """The ids of the live `NAME-control` managed jobs, of any user."""
+    from mncloud.backends.skypilot.find import jobs_named_exactly
+
+    return [job.job_id for job in jobs_named_exactly(f"{name}-control") if job.live]
+
+
+def take(state: ControlState) -> None:
+    """Refuse a second controller for the run, or (`--replace`) end the first (see above)."""
+    name = state.name
+    live = live_controllers(name)
+    if not live:
+        return
+    ids = ", ".join(str(i) for i in live)
+    if state.existing != "replace":
+        raise SpecError(
+            f"run {name!r} already has a deadline controller running (SkyPilot managed job "
+            f"{ids}, {name}-control); follow it with `mncloud status {name}`, or start over "
+            "with `--replace` (it cancels that controller and its training job)"
+        )
+    _end_first(state, live)
+
+
+def _end_first(state: ControlState, controllers: list[int]) -> None:
+    """`--replace`: cancel the live controller, then what its run launched (by run id)."""
+    from mncloud.backends.skypilot.cancel import cancel_jobs
+    from mncloud.backends.skypilot.find import jobs_with_env
+    from mncloud.constants import RUN_ID_ENV
+    from mncloud.control.state import load_uri
+
+    cancel_jobs(controllers)
+    old = load_uri(state.config.state_uri) if state.config.state_uri else None
+    run_ids = old.run_ids if old is not None else []
+    training = [job.job_id for job in jobs_with_env(state.name, RUN_ID_ENV, run_ids) if job.live]
+    cancel_jobs(training)

@@ -1,0 +1,151 @@
+"""The cloud fault soak: a seeded random schedule of SkyPilot faults over `tests/fakesky/`
+drives a cloud deadline controller (the real one, on a fake clock), and after every look
+checks the invariants of issue #43.
+
+Faults: API errors at the queue, a lost launch answer, a slow cancel (past `WAIT_S`), a spot
+preemption and SkyPilot's own recovery, SkyPilot failing the job, no spot capacity, the
+controller restarted on a fresh VM (an empty home, the state from the bucket). At the end,
+`down`. Invariants: never two live training jobs of the run; after `down` nothing live; the
+run's secret in no state, record or task YAML. `soak()` returns what it did, for
+docs/benchmarks.md (`bench/cloud_soak.sh` runs the long version).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sky import exceptions as sx
+from sky.jobs import ManagedJobStatus as S
+
+from mncloud import control
+from mncloud.errors import MncloudError
+from tests.fakesky import FakeSky
+from tests.test_control import GAP
+from tests.test_control_cloud import Driver, _fresh_vm
+
+SECRET = "soak-s3cr3t-value-7f3a"
+FAULTS = ("api_error", "lost_answer", "slow_cancel", "preempt", "recovered", "job_failed",
+          "no_capacity", "restart")  # fmt: skip
+
+
+_TO = {"preempt": S.RECOVERING, "recovered": S.RUNNING, "job_failed": S.FAILED_CONTROLLER,
+       "no_capacity": S.FAILED_NO_RESOURCE}  # fmt: skip
+
+
+@dataclass
+class Report:
+    seed: int
+    faults: dict[str, int] = field(default_factory=dict)
+    looks: int = 0
+    launches: int = 0
+    downs_refused: int = 0
+    violations: list[str] = field(default_factory=list)
+
+
+def _look(run: Driver, fake: FakeSky, report: Report, gap: float) -> None:
+    run.ctl.look()
+    run.clock.now += gap
+    report.looks += 1
+    live = fake.live_jobs("llm")
+    if len(live) > 1:
+        report.violations.append(f"look {report.looks}: two live training jobs {live}")
+
+
+def _apply(kind: str, rng: random.Random, fake: FakeSky, run: Driver) -> None:
+    live = fake.live_jobs("llm")
+    if kind == "api_error":
+        fake.fail("jobs.queue_v2", sx.ApiServerConnectionError(fake.server_url), rng.randint(1, 3))
+    elif kind == "lost_answer":
+        fake.lose("jobs.launch", rng.randint(1, 2))
+    elif kind == "slow_cancel":
+        fake.cancel_polls = rng.randint(1, 4)
+    elif kind in ("preempt", "recovered", "job_failed", "no_capacity") and live:
+        fake.set_status(live[0], _TO[kind])
+
+
+def soak(
+    fake: FakeSky,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    state: control.ControlState,
+    seed: int,
+    faults: int,
+) -> Report:
+    """`faults` random faults (see the module docstring) on the run of `state`, then `down`."""
+    from mncloud.backends.skypilot import cancel
+
+    monkeypatch.setitem(cancel.cancel_jobs.__kwdefaults__, "wait_s", 0.0)
+    monkeypatch.setitem(cancel.cancel_jobs.__kwdefaults__, "sleep", lambda _s: None)
+    rng, report = random.Random(seed), Report(seed)
+    run = Driver(state)
+    for n in range(faults):
+        kind = rng.choice(FAULTS)
+        report.faults[kind] = report.faults.get(kind, 0) + 1
+        if kind == "restart":
+            fresh = _fresh_vm(monkeypatch, tmp_path, f"vm-{seed}-{n}")
+            run = Driver(fresh, run.clock)
+            with contextlib.suppress(MncloudError):  # LaunchUnknown: SkyPilot restarts it
+                run.ctl._recover()
+        else:
+            _apply(kind, rng, fake, run)
+        for _ in range(rng.randint(1, 3)):
+            if run.state.final:
+                break
+            _look(run, fake, report, rng.choice([1.0, GAP]))
+        for job in fake.live_jobs("llm"):  # the cloud gives the job its VMs again
+            if rng.random() < 0.5:
+                fake.set_status(job, S.RUNNING)
+        if run.state.final:
+            break
+    fake.reachable()
+    fake.cancel_polls = 1
+    monkeypatch.setitem(cancel.cancel_jobs.__kwdefaults__, "wait_s", 30.0)
+    for _attempt in range(5):  # `down` while API errors last says so; the user runs it again
+        try:
+            _down(run)
+            break
+        except MncloudError:
+            report.downs_refused += 1
+    if fake.live_jobs("llm"):
+        report.violations.append(f"after down: live {fake.live_jobs('llm')}")
+    report.launches = len(fake.called("jobs.launch"))
+    _secrets_kept(fake, tmp_path, report)
+    return report
+
+
+def _down(run: Driver) -> None:
+    from mncloud.control.down import stop_cloud
+
+    stop_cloud(run.state, 0.0)
+
+
+def _secrets_kept(fake: FakeSky, tmp_path: Path, report: Report) -> None:
+    """The secret's value in no file under `tmp_path` (homes, bucket, records, states) and in
+    no task YAML the server keeps."""
+    for path in tmp_path.rglob("*"):
+        if path.is_file() and SECRET.encode() in path.read_bytes():
+            report.violations.append(f"secret in {path}")
+    for job in fake.jobs.values():
+        if SECRET in job.yaml:
+            report.violations.append(f"secret in job {job.job_id}'s YAML")
+
+
+def soak_state(script: Path, tmp_path: Path, **flags: Any) -> control.ControlState:
+    """A cloud deadline run with a secret, a long deadline and many restarts allowed."""
+    from mncloud.request import build_spec
+    from mncloud.spec import LaunchOptions
+
+    bucket = f"file://{tmp_path / 'bucket'}"
+    spec = build_spec(script, gpus="H100:8", nodes=4, name="llm", bucket=bucket,
+                      secret=["SOAK_TOKEN"], max_restarts=50, **flags)  # fmt: skip
+    state = control.deadline_state(
+        spec, LaunchOptions(hours=2, recovery_minutes=10), deadline_s=12 * 3600,
+        hours_given=True, spot_price=10.0, on_demand_price=30.0, policy="uniform-progress",
+    )  # fmt: skip
+    control.save_state(state)
+    return state

@@ -1,0 +1,34 @@
+"""The cloud fault soak (`tests/cloudsoak.py`), short: a few seeds of a dozen faults each.
+`bench/cloud_soak.sh` runs the long version (MNCLOUD_CLOUD_SOAK_SEEDS, _FAULTS)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.cloudsoak import SECRET, soak, soak_state
+from tests.fakesky import FakeSky
+from tests.test_skypilot import script  # noqa: F401 - a fixture
+
+pytestmark = pytest.mark.catalog
+SEEDS = int(os.environ.get("MNCLOUD_CLOUD_SOAK_SEEDS", "1"))
+FAULTS = int(os.environ.get("MNCLOUD_CLOUD_SOAK_FAULTS", "12"))
+
+
+@pytest.mark.parametrize("seed", range(SEEDS))
+def test_cloud_faults_keep_one_job_bill_and_leave_nothing(
+    seed: int,
+    script: Path,  # noqa: F811
+    fake_sky: FakeSky,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("SOAK_TOKEN", SECRET)
+    report = soak(fake_sky, monkeypatch, tmp_path, soak_state(script, tmp_path), seed, FAULTS)
+    print(f"cloud soak seed {seed}: {sum(report.faults.values())} faults {report.faults}, "
+          f"{report.looks} looks, {report.launches} launches, "
+          f"{report.downs_refused} downs refused")  # fmt: skip
+    assert report.violations == []
+    assert sum(report.faults.values()) >= 1 and report.looks >= 1
