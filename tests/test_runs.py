@@ -28,7 +28,7 @@ from mncloud.records.store import (
 )
 from mncloud.redact import Redactor
 from mncloud.request import build_spec
-from mncloud.spec import Accelerator, JobSpec, LaunchOptions, Recovery
+from mncloud.spec import Accelerator, JobSpec, LaunchOptions, Parallel, Recovery
 from mncloud.storage import open_bucket
 from mncloud.telemetry import steps as telemetry
 from mncloud.telemetry.steps import step_times, straggler_note, straggler_ranks
@@ -710,6 +710,7 @@ def test_rerun_keeps_every_option(
             "recovery": Recovery.NODE,
             "export_on_finish": ExportFormat.TORCH,
             "gpu_alternatives": [Accelerator(name="A100-80GB", count=8)],
+            "parallel": Parallel.FSDP,
         }
     )
     options = LaunchOptions(
@@ -717,7 +718,8 @@ def test_rerun_keeps_every_option(
         ckpt_seconds=45.0, template=repo / "task.yaml.j2", recovery_delay=0.5,
         chaos_preempt_after=12.0, hourly_price=1.5,
         hazards_from=(tmp_path / "trace.json",), steps=1000, minimize="time", params=1e9,
-        flops_per_step=1e15, tokens_per_step=4096, cluster=True, idle_minutes=45,
+        flops_per_step=1e15, tokens_per_step=4096, seq_len=2048, layers=24, hidden=2048,
+        recompute="selective", micro_batches=4, grad_bytes=1e9, cluster=True, idle_minutes=45,
     )  # fmt: skip
     # Every field differs from its default, so a new option cannot be forgotten here.
     defaults = {"script", "workdir", "name", "accelerator"}  # required fields
