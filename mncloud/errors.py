@@ -37,6 +37,14 @@ class RunNotFoundError(BackendError):
     """No run with that name exists."""
 
 
+class CancelError(BackendError):
+    """A cancel the engine did not confirm; `live` are the jobs that may still run (and bill)."""
+
+    def __init__(self, message: str, live: list[int]) -> None:
+        super().__init__(message)
+        self.live = live
+
+
 def first_error(err: Any, context: str | None = None) -> str:
     """A pydantic `ValidationError` as one line: the one place that turns one into a message.
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from mncloud.backends.base import Backend
+from mncloud.backends.base import Backend, ControllerHost, Rehearsal
 from mncloud.backends.local import LocalBackend
 from mncloud.backends.skypilot import SkyPilotBackend
 
@@ -22,12 +22,6 @@ NAMES = {"local", "skypilot"}
 #: The modules outside backends/ allowed to import a concrete backend, and why.
 IMPORTS_ALLOWED = {
     "mncloud.cli.chaos": "local by design: chaos on the local nodes",
-    "mncloud.cli.follow": "the local rehearsal's live view (progress, reference run)",
-    "mncloud.control.down": "a cloud deadline controller's own jobs (not yet behind Backend)",
-    "mncloud.control.identity": "a cloud launch found in SkyPilot's queue (not yet behind Backend)",
-    "mncloud.control.start": "the cloud controller's managed job (not yet behind Backend)",
-    "mncloud.control.lease": "one controller per run, SkyPilot's queue (not yet behind Backend)",
-    "mncloud.control.watch": "a cloud controller's own job state (not yet behind Backend)",
 }
 #: Comparisons with a backend's name allowed outside backends/: cloud filters (a cloud, not
 #: a backend, is compared), and the chaos command's refusal of cloud runs.
@@ -129,3 +123,21 @@ def test_both_backends_implement_the_whole_interface() -> None:
         assert not missing, f"{engine.name} lacks {sorted(missing)}"
     assert LocalBackend.records_own_events and LocalBackend.runs_here
     assert not SkyPilotBackend.records_own_events and not SkyPilotBackend.runs_here
+
+
+def test_each_engine_refuses_the_member_that_is_not_its_own() -> None:
+    """A rehearsal's controller is a process here, a cloud run is no rehearsal: one line each."""
+    from mncloud.errors import BackendError
+
+    with pytest.raises(BackendError, match="process on this machine"):
+        LocalBackend().controller_host()
+    with pytest.raises(BackendError, match="not a rehearsal"):
+        SkyPilotBackend().rehearsal()
+    host, members = SkyPilotBackend().controller_host(), _members(ControllerHost)
+    assert not {m for m in members if not callable(getattr(host, m, None))}
+    rehearsal, members = LocalBackend().rehearsal(), _members(Rehearsal)
+    assert not {m for m in members if not callable(getattr(rehearsal, m, None))}
+
+
+def _members(protocol: type) -> set[str]:
+    return {n for n in vars(protocol) if not n.startswith("_")}

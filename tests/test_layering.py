@@ -70,8 +70,8 @@ ROOMS: list[tuple[str, str]] = [
     ("mncloud.backends.local", "__main__ backend chaos ckptdir execute figures lifecycle metadata "
                                "netcheck nodes processes recordwriter replacing state supervisor "
                                "warm warmclient warmhost warmrun"),
-    ("mncloud.backends.skypilot", "backend cancel cluster dryrun errors events find group logs "
-                                  "lost meta netcheck notice status task"),
+    ("mncloud.backends.skypilot", "backend cancel cluster dryrun errors events find group host "
+                                  "logs lost meta netcheck notice status task"),
     ("mncloud.backends.registry", ""),
     ("mncloud.launch", ""),
     ("mncloud.control", "access billing down identity keeper lease loop markets outcomes places "

@@ -15,10 +15,13 @@ class implements:
     diagnose, ckpt_uri_of, legacy_steps       the files it keeps of a run, for `status`/`runs`
     down_unrecorded                           a run of a name it launched with no record here
     launch_took, take_node                    what a deadline controller asks of it
+    controller_host                           a cloud deadline controller's own jobs and the
+                                              training jobs it launched (`ControllerHost`)
+    rehearsal                                 a run on this machine, live and summed up
 
-Not yet behind it: a deadline controller that runs beside remote nodes is SkyPilot's alone
-(`control/start.py` launches it as a managed job, `control/down.py` and `control/identity.py`
-find and cancel its jobs); `tests/test_backend_interface.py` names what is left.
+The last two apply to one kind of engine each: an engine whose nodes run here (`runs_here`)
+refuses `controller_host` (its controller is a process here, `control/keeper.py`), one whose
+nodes are elsewhere refuses `rehearsal`; callers ask `runs_here` first.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from pydantic import BaseModel, Field, computed_field
 from mncloud.spec import LaunchOptions
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator, Mapping
+    from collections.abc import Callable, Iterable, Iterator, Mapping
     from pathlib import Path
 
     from mncloud.plan import Plan
@@ -229,6 +232,199 @@ class Backend(Protocol):
         """`down` of a run of that name this machine holds no record of (a controller's VM or
         another machine launched it), found where the engine can look; RunNotFoundError when
         it knows none."""
+        ...
+
+    def controller_host(self) -> ControllerHost:
+        """Where a deadline controller runs beside the remote nodes (SkyPilot: a managed job
+        launched through the same API server); BackendError for an engine that `runs_here`."""
+        ...
+
+    def rehearsal(self) -> Rehearsal:
+        """The live view and summary of a run on this machine (`up` in the foreground);
+        BackendError for an engine whose nodes are elsewhere."""
+        ...
+
+
+class HostJob(Protocol):
+    """One job as the controller host's queue lists it (a job group: one, all its tasks)."""
+
+    job_id: int
+    statuses: list[str]
+    """The engine's state of each task, in task order (SkyPilot's words: `RUNNING`, ...)."""
+    tasks: list[str]
+    """Task names in task order."""
+    cloud: str | None
+    region: str | None
+
+    @property
+    def live(self) -> bool:
+        """A task the engine does not report ended (one still tearing down is live)."""
+        ...
+
+
+@dataclass
+class Adopted:
+    """A launch found in the host's queue that this machine holds no record of (a controller
+    restarted on a fresh VM): what its record there is written back from."""
+
+    name: str
+    nodes: int
+    spot: bool
+    launched_at: float | None
+    ckpt_uri: str | None
+    choice: Mapping[str, Any]
+    """The plan's choice, when the run record kept it: cloud, region, instance type, price."""
+
+
+class ControllerHost(Protocol):
+    """A cloud deadline controller's own jobs: it is one (`NAME-control`), and it launches the
+    run's training jobs, every one found by the run id in its envs, never by a name alone
+    (`control/down.py`, `lease.py`, `identity.py`, `watch.py`, `start.py`)."""
+
+    def api_server_url(self) -> str:
+        """The API server the controller will launch through."""
+        ...
+
+    def launch_controller(
+        self, run_name: str, config: dict[str, Any], secrets: dict[str, str]
+    ) -> int | None:
+        """Launch run `run_name`'s controller (its task's config, its secrets' values) as the
+        job `RUN_NAME-control`; the job's id."""
+        ...
+
+    def may_ask(self) -> bool:
+        """Whether to ask the host about a run this machine has no record of (a local API
+        server not running is not started for a guess)."""
+        ...
+
+    def jobs_named(self, name: str) -> list[HostJob]:
+        """Every user's jobs named exactly `name`, oldest first."""
+        ...
+
+    def jobs_with_env(self, name: str, env: str, values: Iterable[str]) -> list[HostJob]:
+        """The jobs named `name` whose tasks carry `env` set to one of `values`, oldest first."""
+        ...
+
+    def controller_state_uris(self, name: str) -> list[str]:
+        """Where the controllers of run `name` (any user's `NAME-control`) keep their state."""
+        ...
+
+    def wait_for_launch_requests(self, run_id: str) -> None:
+        """Wait for the host's unfinished launch requests that name `run_id`."""
+        ...
+
+    def job_states(self, job_ids: Iterable[int]) -> dict[int, HostJob]:
+        """The queue's view of `job_ids` (a job it no longer lists is left out)."""
+        ...
+
+    def cancel(
+        self,
+        job_ids: Iterable[int],
+        *,
+        wait_s: float | None = None,
+        sleep: Callable[[float], None] | None = None,
+    ) -> list[int]:
+        """Cancel the live ones of `job_ids`, by id, and wait (`wait_s`, None: the host's
+        default) until the host reports them ended; the ids cancelled. CancelError (naming
+        what may still be live) when that is not confirmed."""
+        ...
+
+    def give_notice(
+        self, ckpt_uri: str, notice_s: float, state_of: Callable[[], RunState], by: str
+    ) -> int | None:
+        """Ask a running job's nodes, through the bucket, to save within `notice_s`; the step
+        they saved (None: none in time)."""
+        ...
+
+    def withdraw_notice(self, ckpt_uri: str) -> None:
+        """Clear that request (after the job is cancelled)."""
+        ...
+
+    def launch_meta(self, run_name: str) -> dict[str, Any] | None:
+        """The engine's own record of the run's newest launch (SkyPilot's `skypilot.json`), as
+        JSON; None when this machine holds none."""
+        ...
+
+    def save_launch_meta(self, meta: Mapping[str, Any]) -> None:
+        """Write such a record back (a controller restarted on a fresh VM)."""
+        ...
+
+    def adopt(self, job: HostJob, launch: Adopted) -> None:
+        """Write back the engine's record of `launch`, found in the queue as `job`."""
+        ...
+
+
+class RecoveryFigures(BaseModel):
+    """What a run's relaunches cost, from its events and rank 0's telemetry."""
+
+    attempts: int
+    restarts: int
+    preemptions: int
+    wall_s: float | None
+    cold_start_s: float | None
+    """From the first launch of the nodes to the first finished training step."""
+    resume_s: list[float] = Field(default_factory=list)
+    """Per recovery: from the preemption to the first finished step after it."""
+    steps_lost: int = 0
+    """Steps trained before a failure and trained again after it."""
+    lost_per_recovery: list[int] = Field(default_factory=list)
+    resumed_from: list[int | None] = Field(default_factory=list)
+    steps_per_attempt: list[list[int]] = Field(default_factory=list)
+    final: dict[str, Any] | None = None
+    """The script's final.json, when it wrote one."""
+    node_losses: int = 0
+    """Node recovery: nodes lost and replaced alone (the others trained on)."""
+    heal_s: list[float] = Field(default_factory=list)
+    """Node recovery: per heal of a replacement, seconds to take the state from a live peer."""
+    replica_weights: dict[int, str] = Field(default_factory=dict)
+    """Node recovery: each node's final weights sha256 (from its `done` line)."""
+
+
+class RunProgress(BaseModel):
+    """A local run as the CLI shows it while it runs (status line) and after (summary)."""
+
+    name: str
+    state: RunState
+    ended: bool
+    """Final, or its supervisor is gone: nothing more will happen."""
+    attempt: int
+    restarts: int
+    preemptions: int
+    step: int | None
+    """The newest training step rank 0 reported."""
+    started_at: float | None
+    ended_at: float | None
+    detail: str
+    figures: RecoveryFigures | None = None
+    """Filled when asked for (`summary=True`): reads the whole telemetry and the bucket."""
+
+    @property
+    def elapsed_s(self) -> float:
+        if self.started_at is None:
+            return 0.0
+        return (self.ended_at or time.time()) - self.started_at
+
+
+class ReferenceResult(BaseModel):
+    """The uninterrupted reference run of a run, finished or not."""
+
+    state: RunState
+    weights_sha256: str | None
+    wall_s: float | None
+    detail: str
+
+
+class Rehearsal(Protocol):
+    """A run on this machine as `up` in the foreground shows it (`cli/follow.py`)."""
+
+    def progress(self, run_name: str, *, summary: bool = False) -> RunProgress:
+        """Where the run is (step, attempt, restarts); with `summary`, its recovery figures."""
+        ...
+
+    def run_reference(
+        self, run_name: str, on_progress: Callable[[RunProgress], None]
+    ) -> ReferenceResult:
+        """Run the same task once more without chaos and wait for it."""
         ...
 
 

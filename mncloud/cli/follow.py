@@ -1,7 +1,8 @@
 """`mncloud up --cloud local` in the foreground: the run's log, a live status line, a summary.
 
-The supervisor runs in its own process either way; following reads the run through the local
-backend's public API (`logs`, `progress`, `run_reference`), never its files. Ctrl-C stops the
+The supervisor runs in its own process either way; following reads the run through the
+backend's interface (`logs`, `status`, and its `rehearsal()`: `progress`, `run_reference`),
+never its files. Ctrl-C stops the
 run (a foreground local run is yours; use `--detach` to leave it running). When the run
 succeeded after at least one restart and the script wrote `final.json` with the sha256 of its
 weights, the same task runs once more without chaos and the two hashes are compared: the
@@ -17,9 +18,14 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from mncloud.backends.base import RunState, RunStatus
-from mncloud.backends.local import LocalBackend
-from mncloud.backends.local.figures import RecoveryFigures, ReferenceResult, RunProgress
+from mncloud.backends.base import (
+    Backend,
+    RecoveryFigures,
+    ReferenceResult,
+    RunProgress,
+    RunState,
+    RunStatus,
+)
 from mncloud.cli._common import console
 from mncloud.errors import MncloudError
 
@@ -95,17 +101,18 @@ def reference_table(sha: str, ref: ReferenceResult) -> Table:
     return grid
 
 
-def _print_log(backend: LocalBackend, name: str) -> None:
+def _print_log(backend: Backend, name: str) -> None:
     """Print the run's log under a live status line until the run ends."""
-    line = lambda: _safe_line(lambda: backend.progress(name))  # noqa: E731
+    rehearsal = backend.rehearsal()
+    line = lambda: _safe_line(lambda: rehearsal.progress(name))  # noqa: E731
     with Live(get_renderable=line, console=console, transient=True, refresh_per_second=4):
         for text in backend.logs(name, follow=True):
             console.print(text, markup=False, highlight=False, soft_wrap=True)
 
 
-def follow_local_run(name: str) -> RunStatus:
-    """Follow a local run to its end, print the demo summary, and return its final status."""
-    backend = LocalBackend()
+def follow_local_run(backend: Backend, name: str) -> RunStatus:
+    """Follow a run on this machine (`backend.runs_here`) to its end, print the demo summary,
+    and return its final status."""
     try:
         _print_log(backend, name)
     except KeyboardInterrupt:
@@ -158,8 +165,9 @@ def goodput_line(name: str) -> str | None:
     )
 
 
-def _summary(backend: LocalBackend, name: str) -> None:
-    progress = backend.progress(name, summary=True)
+def _summary(backend: Backend, name: str) -> None:
+    rehearsal = backend.rehearsal()
+    progress = rehearsal.progress(name, summary=True)
     console.rule(f"[bold]{name}[/]: summary")
     console.print(summary_table(progress))
     fig = progress.figures
@@ -176,7 +184,7 @@ def _summary(backend: LocalBackend, name: str) -> None:
     console.print("running the same task once more without chaos, for the reference…")
     with Live(Text(""), console=console, transient=True) as live:
         try:
-            ref = backend.run_reference(name, lambda p: live.update(status_line(p, "reference")))
+            ref = rehearsal.run_reference(name, lambda p: live.update(status_line(p, "reference")))
         except KeyboardInterrupt:
             live.stop()
             console.print("[yellow]reference stopped[/]")

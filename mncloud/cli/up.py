@@ -219,7 +219,7 @@ def follow(backend_name: str, name: str) -> RunStatus:
     if backend.runs_here:
         from mncloud.cli.follow import follow_local_run
 
-        return follow_local_run(name)
+        return follow_local_run(backend, name)
     for line in backend.logs(name, follow=True):
         typer.echo(line)
     return backend.status(name)

@@ -12,7 +12,7 @@ state from the bucket and an empty MNCLOUD_HOME. So the launch's identity is par
 launch's `skypilot.json`, `backend.json`, the run records from their bucket copies; a RESUME
 launch then also sees the live job and refuses to launch over it (`launch.settle_existing`).
 `find` looks for a launch journaled but not recorded, by its run id in SkyPilot's queue
-(`backends/skypilot/find.py`), never by the name alone. Example:
+(the backend's `ControllerHost`), never by the name alone. Example:
 
     tick 9   journal: launching on-demand, run id dl-…-9f00aa; `sky.jobs.launch` → job 14;
              state: live = job 14; the VM is lost
@@ -25,18 +25,25 @@ launch then also sees the live job and refuses to launch over it (`launch.settle
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from mncloud.control.state import LiveLaunch
 from mncloud.deadline.policy import Mode
 
 if TYPE_CHECKING:
+    from mncloud.backends.base import Adopted, ControllerHost
     from mncloud.control.state import ControlState, Launching
     from mncloud.records.model import RunRecord
 
 log = logging.getLogger(__name__)
 
-SKYPILOT = "skypilot"
+
+def _host(st: ControlState) -> ControllerHost | None:
+    """The run's controller host; None when its controller runs here (a local run)."""
+    from mncloud.backends.registry import get_backend
+
+    backend = get_backend(st.config.backend)
+    return None if backend.runs_here else backend.controller_host()
 
 
 def remember(st: ControlState, run_id: str | None, mode: Mode) -> None:
@@ -44,14 +51,13 @@ def remember(st: ControlState, run_id: str | None, mode: Mode) -> None:
     if not run_id:
         return
     live = LiveLaunch(run_id=run_id, mode=mode)
-    if st.config.backend == SKYPILOT:
-        from mncloud.backends.skypilot.meta import load_meta
-
-        meta = load_meta(st.name)
+    host = _host(st)
+    if host is not None:
+        meta = host.launch_meta(st.name)
         if meta is not None:
-            live.meta = meta.model_dump(mode="json")
-            live.job_ids = [meta.job_id] if meta.job_id is not None else []
-            live.request_id = meta.request_id
+            live.meta = meta
+            live.job_ids = [meta["job_id"]] if meta.get("job_id") is not None else []
+            live.request_id = meta.get("request_id")
     st.live = live
     st.job_ids = [*st.job_ids, *(j for j in live.job_ids if j not in st.job_ids)]
 
@@ -59,20 +65,20 @@ def remember(st: ControlState, run_id: str | None, mode: Mode) -> None:
 def restore(st: ControlState) -> list[str]:
     """Write back on this machine what the state knows of its launches and the machine lacks
     (a cloud controller on a fresh VM); what was written, in words."""
-    if st.config.backend != SKYPILOT:
+    host = _host(st)
+    if host is None:
         return []
     from mncloud.backends.registry import known_runs, record_backend
-    from mncloud.backends.skypilot.meta import RunMeta, load_meta, save_meta
     from mncloud.records.store import list_records
 
     done = []
     if st.live is not None and st.live.meta:
-        meta = load_meta(st.name)
-        if meta is None or meta.job_id not in st.live.job_ids:
-            save_meta(RunMeta.model_validate(st.live.meta))
+        meta = host.launch_meta(st.name)
+        if meta is None or meta.get("job_id") not in st.live.job_ids:
+            host.save_launch_meta(st.live.meta)
             done.append(f"skypilot.json of job(s) {st.live.job_ids}")
     if (st.run_ids or st.live is not None) and st.name not in known_runs():
-        record_backend(st.name, SKYPILOT)
+        record_backend(st.name, st.config.backend)
         done.append("backend.json")
     have = {r.run_id for r in list_records(st.name)}
     wanted = [*st.run_ids, *([st.live.run_id] if st.live is not None else [])]
@@ -87,12 +93,13 @@ def find(st: ControlState, pending: Launching) -> tuple[str, RunRecord | None] |
     """The launch `pending` made before the controller died, found in SkyPilot's queue by its
     run id, with its `skypilot.json` written back: (run id, its record), or None (not made)."""
     from mncloud.backends.registry import record_backend
-    from mncloud.backends.skypilot.find import launched_jobs
-    from mncloud.backends.skypilot.meta import save_meta
+    from mncloud.constants import RUN_ID_ENV
 
-    if pending.run_id is None:
+    host = _host(st)
+    if pending.run_id is None or host is None:
         return None
-    jobs = launched_jobs(st.name, pending.run_id)
+    host.wait_for_launch_requests(pending.run_id)  # a request in flight may still make one
+    jobs = host.jobs_with_env(st.name, RUN_ID_ENV, [pending.run_id])
     if not jobs:
         return None
     if len(jobs) > 1:  # one launch call makes one job: keep the newest, say so
@@ -100,34 +107,25 @@ def find(st: ControlState, pending: Launching) -> tuple[str, RunRecord | None] |
                     [j.job_id for j in jobs])  # fmt: skip
     job = jobs[-1]
     record = _fetch(st, pending.run_id)
-    meta = _meta(st, pending, job, record)
-    save_meta(meta)
-    record_backend(st.name, SKYPILOT)
+    host.adopt(job, _adopted(st, pending, record))
+    record_backend(st.name, st.config.backend)
     return pending.run_id, record
 
 
-def _meta(st: ControlState, pending: Launching, job: Any, record: RunRecord | None) -> Any:
-    """`skypilot.json` of a launch found in the queue: the job, the state's spec, the plan."""
-    from mncloud.backends.skypilot.meta import JOB_GROUP, MANAGED_JOB, RunMeta
+def _adopted(st: ControlState, pending: Launching, record: RunRecord | None) -> Adopted:
+    """What a launch found in the queue is written back from: the state's spec, the plan."""
+    from mncloud.backends.base import Adopted
     from mncloud.spec import JobSpec
 
     spec = JobSpec.model_validate(st.spec)
     choice = ((record.plan if record is not None else None) or {}).get("choice") or {}
-    group = len(job.tasks) > 1
-    return RunMeta(
-        kind=JOB_GROUP if group else MANAGED_JOB,
-        tasks=list(job.tasks) if group else [],
+    return Adopted(
         name=st.name,
         nodes=spec.nodes,
         spot=pending.mode is Mode.SPOT,
-        cloud=job.cloud or choice.get("cloud"),
-        region=job.region or choice.get("region"),
-        instance_type=choice.get("instance_type"),
-        hourly_per_node=choice.get("hourly_per_node"),
         launched_at=pending.at,
-        job_id=job.job_id,
-        max_restarts=0,  # the controller's launches: it counts the errors (`outcomes.py`)
         ckpt_uri=spec.ckpt_uri,
+        choice=choice,
     )
 
 

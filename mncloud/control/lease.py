@@ -24,20 +24,21 @@ from typing import TYPE_CHECKING
 from mncloud.errors import SpecError
 
 if TYPE_CHECKING:
+    from mncloud.backends.base import ControllerHost
     from mncloud.control.state import ControlState
 
 
-def live_controllers(name: str) -> list[int]:
+def live_controllers(host: ControllerHost, name: str) -> list[int]:
     """The ids of the live `NAME-control` managed jobs, of any user."""
-    from mncloud.backends.skypilot.find import jobs_named_exactly
-
-    return [job.job_id for job in jobs_named_exactly(f"{name}-control") if job.live]
+    return [job.job_id for job in host.jobs_named(f"{name}-control") if job.live]
 
 
 def take(state: ControlState) -> None:
     """Refuse a second controller for the run, or (`--replace`) end the first (see above)."""
-    name = state.name
-    live = live_controllers(name)
+    from mncloud.control.down import host_of
+
+    name, host = state.name, host_of(state)
+    live = live_controllers(host, name)
     if not live:
         return
     ids = ", ".join(str(i) for i in live)
@@ -47,18 +48,16 @@ def take(state: ControlState) -> None:
             f"{ids}, {name}-control); follow it with `mncloud status {name}`, or start over "
             "with `--replace` (it cancels that controller and its training job)"
         )
-    _end_first(state, live)
+    _end_first(host, state, live)
 
 
-def _end_first(state: ControlState, controllers: list[int]) -> None:
+def _end_first(host: ControllerHost, state: ControlState, controllers: list[int]) -> None:
     """`--replace`: cancel the live controller, then what its run launched (by run id)."""
-    from mncloud.backends.skypilot.cancel import cancel_jobs
-    from mncloud.backends.skypilot.find import jobs_with_env
     from mncloud.constants import RUN_ID_ENV
     from mncloud.control.state import load_uri
 
-    cancel_jobs(controllers)
+    host.cancel(controllers)
     old = load_uri(state.config.state_uri) if state.config.state_uri else None
     run_ids = old.run_ids if old is not None else []
-    training = [job.job_id for job in jobs_with_env(state.name, RUN_ID_ENV, run_ids) if job.live]
-    cancel_jobs(training)
+    jobs = host.jobs_with_env(state.name, RUN_ID_ENV, run_ids)
+    host.cancel([job.job_id for job in jobs if job.live])

@@ -27,7 +27,6 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -52,6 +51,7 @@ from mncloud.errors import MncloudError, SpecError
 from mncloud.spec import DEFAULT_RECOVERY_MINUTES
 
 if TYPE_CHECKING:
+    from mncloud.backends.base import ControllerHost
     from mncloud.spec import JobSpec, LaunchOptions
 
 #: Clouds: one decision every 5 minutes of run time.
@@ -362,28 +362,21 @@ def render_control_task(
 
 def _launch_sky(state: ControlState) -> int | None:
     """Launch the controller as a CPU managed job; return its job id."""
-    import sky
     import yaml
 
-    from mncloud.backends.skypilot import sky_errors
+    from mncloud.control.down import host_of
 
-    api_server = _api_server()
+    host = host_of(state)
+    api_server = _api_server(host)
     access = controller_access(api_server, list(state.spec.get("secrets") or []), os.environ)
     save_state(state)  # to the bucket too: the controller starts from there
     config = yaml.safe_load(render_control_task(state, api_server, access))
-    task = sky.Task.from_yaml_config(config, secrets_overrides=list(access.secrets.items()))
-    with sky_errors(f"launch the deadline controller of {state.name}"):
-        job_ids, _handle = sky.stream_and_get(
-            sky.jobs.launch(task, name=f"{state.name}-control"), output_stream=sys.stderr
-        )
-    return int(job_ids[0]) if job_ids else None
+    return host.launch_controller(state.name, config, access.secrets)
 
 
-def _api_server() -> str:
+def _api_server(host: ControllerHost) -> str:
     """The SkyPilot API server the controller will use; it must be reachable from the cloud."""
-    from sky.server import common
-
-    url = os.environ.get("SKYPILOT_API_SERVER_ENDPOINT") or common.get_server_url()
+    url = os.environ.get("SKYPILOT_API_SERVER_ENDPOINT") or host.api_server_url()
     if any(host in url for host in ("127.0.0.1", "localhost", "[::1]", "0.0.0.0")):
         raise SpecError(
             f"--deadline on a cloud runs its controller as a SkyPilot job, which must reach "

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from mncloud.errors import MncloudError
 
 if TYPE_CHECKING:
+    from mncloud.backends.base import ControllerHost
     from mncloud.control.state import ControlState
 
 
@@ -29,11 +30,12 @@ def checked(state: ControlState) -> ControlState:
         return state
     from mncloud.backends.registry import get_backend
 
-    if get_backend(state.config.backend).runs_here:  # its controller is a process here
+    backend = get_backend(state.config.backend)
+    if backend.runs_here:  # its controller is a process here
         return state
     ended = None
     with contextlib.suppress(MncloudError):
-        ended = _ended_as(job_id)
+        ended = _ended_as(backend.controller_host(), job_id)
     if ended is None:
         return state
     from mncloud.control.state import save_state
@@ -49,17 +51,11 @@ def checked(state: ControlState) -> ControlState:
     return state
 
 
-def _ended_as(job_id: int) -> str | None:
+def _ended_as(host: ControllerHost, job_id: int) -> str | None:
     """SkyPilot's terminal state of managed job `job_id`, or None (live, unknown, unasked)."""
-    from sky.jobs import ManagedJobStatus
-
-    from mncloud.backends.skypilot.cancel import server_to_ask
-    from mncloud.backends.skypilot.find import job_states
-
-    if not server_to_ask()[1]:
+    if not host.may_ask():
         return None
-    job = job_states([job_id]).get(job_id)
-    if job is None or not job.statuses:
+    job = host.job_states([job_id]).get(job_id)
+    if job is None or not job.statuses or job.live:
         return None
-    states = [ManagedJobStatus(s) for s in job.statuses]
-    return states[0].value if all(s.is_terminal() for s in states) else None
+    return job.statuses[0]

@@ -40,6 +40,7 @@ from mncloud.errors import BackendError, MncloudError, RunNotFoundError
 from mncloud.spec import JobSpec, min_replicas
 
 if TYPE_CHECKING:
+    from mncloud.backends.base import ControllerHost, ReferenceResult, Rehearsal, RunProgress
     from mncloud.records.goodput import StepMark
 
 
@@ -299,13 +300,24 @@ class LocalBackend:
         """A local run always has its folder here: with none, there is no such run."""
         raise RunNotFoundError(f"no local run named {run_name!r}")
 
-    def progress(self, run_name: str, *, summary: bool = False) -> figures.RunProgress:
+    def controller_host(self) -> ControllerHost:
+        """None: a local run's deadline controller is a process here (`control/keeper.py`)."""
+        raise BackendError(
+            "a local run's deadline controller is a process on this machine, not a job on a "
+            "controller host: `mncloud status NAME` and `mncloud down NAME` reach it"
+        )
+
+    def rehearsal(self) -> Rehearsal:
+        """This backend: its runs are rehearsals on this machine."""
+        return self
+
+    def progress(self, run_name: str, *, summary: bool = False) -> RunProgress:
         """Where the run is (step, attempt, restarts); with `summary`, its recovery figures."""
         return figures.progress_of(layout.run_dir(run_name), run_name, summary=summary)
 
     def run_reference(
-        self, run_name: str, on_progress: Callable[[figures.RunProgress], None]
-    ) -> figures.ReferenceResult:
+        self, run_name: str, on_progress: Callable[[RunProgress], None]
+    ) -> ReferenceResult:
         """Run the same task once more without chaos and wait for it (see figures.py)."""
         return figures.run_reference(run_name, on_progress)
 

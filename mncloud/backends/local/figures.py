@@ -13,11 +13,8 @@ import contextlib
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
-from pydantic import BaseModel, Field
-
-from mncloud.backends.base import RunState
+from mncloud.backends.base import RecoveryFigures, ReferenceResult, RunProgress, RunState
 from mncloud.backends.local.lifecycle import run_ended, start_reference, stop_folder
 from mncloud.backends.local.state import (
     LocalState,
@@ -29,66 +26,6 @@ from mncloud.storage.final import read_final
 from mncloud.telemetry.series import Series, read_series
 
 POLL_S = 0.25
-
-
-class RecoveryFigures(BaseModel):
-    """What a run's relaunches cost, from its events and rank 0's telemetry."""
-
-    attempts: int
-    restarts: int
-    preemptions: int
-    wall_s: float | None
-    cold_start_s: float | None
-    """From the first launch of the nodes to the first finished training step."""
-    resume_s: list[float] = Field(default_factory=list)
-    """Per recovery: from the preemption to the first finished step after it."""
-    steps_lost: int = 0
-    """Steps trained before a failure and trained again after it."""
-    lost_per_recovery: list[int] = Field(default_factory=list)
-    resumed_from: list[int | None] = Field(default_factory=list)
-    steps_per_attempt: list[list[int]] = Field(default_factory=list)
-    final: dict[str, Any] | None = None
-    """The script's final.json, when it wrote one."""
-    node_losses: int = 0
-    """Node recovery: nodes lost and replaced alone (the others trained on)."""
-    heal_s: list[float] = Field(default_factory=list)
-    """Node recovery: per heal of a replacement, seconds to take the state from a live peer."""
-    replica_weights: dict[int, str] = Field(default_factory=dict)
-    """Node recovery: each node's final weights sha256 (from its `done` line)."""
-
-
-class RunProgress(BaseModel):
-    """A local run as the CLI shows it while it runs (status line) and after (summary)."""
-
-    name: str
-    state: RunState
-    ended: bool
-    """Final, or its supervisor is gone: nothing more will happen."""
-    attempt: int
-    restarts: int
-    preemptions: int
-    step: int | None
-    """The newest training step rank 0 reported."""
-    started_at: float | None
-    ended_at: float | None
-    detail: str
-    figures: RecoveryFigures | None = None
-    """Filled when asked for (`summary=True`): reads the whole telemetry and the bucket."""
-
-    @property
-    def elapsed_s(self) -> float:
-        if self.started_at is None:
-            return 0.0
-        return (self.ended_at or time.time()) - self.started_at
-
-
-class ReferenceResult(BaseModel):
-    """The uninterrupted reference run of a run, finished or not."""
-
-    state: RunState
-    weights_sha256: str | None
-    wall_s: float | None
-    detail: str
 
 
 def progress_of(folder: Path, label: str | None = None, *, summary: bool = False) -> RunProgress:

@@ -53,6 +53,8 @@ Modules, by job:
     cluster.py   `up --cluster` and `exec`: a plain cluster kept up between runs
     events.py    a cloud run's billed time in its run record
     notice.py    `down`'s stop notice (`storage/stoprequest.py`)
+    host.py      the deadline controller's own jobs (`base.ControllerHost`): `control/`
+                 asks these modules through it
     netcheck.py  `mncloud doctor --bandwidth RUN` on a live cluster
     backend.py   `SkyPilotBackend`
 

@@ -48,6 +48,7 @@ if TYPE_CHECKING:
 
     import sky
 
+    from mncloud.backends.base import ControllerHost, Rehearsal
     from mncloud.records.goodput import StepMark
 
 AUTOSTOP_IDLE_MINUTES = DEFAULT_IDLE_MINUTES
@@ -253,6 +254,19 @@ class SkyPilotBackend:
     def down_unrecorded(self, run_name: str) -> RunStatus:
         """Its live managed jobs of that exact name, cancelled by id (`down_unrecorded`)."""
         return down_unrecorded(run_name)
+
+    def controller_host(self) -> ControllerHost:
+        """SkyPilot's managed jobs queue: the controller is a job there (`host.py`)."""
+        from mncloud.backends.skypilot.host import SkyPilotHost
+
+        return SkyPilotHost()
+
+    def rehearsal(self) -> Rehearsal:
+        """None: a SkyPilot run's nodes are VMs elsewhere."""
+        raise BackendError(
+            "a SkyPilot run is not a rehearsal on this machine: follow it with "
+            "`mncloud logs NAME --follow` and `mncloud status NAME`"
+        )
 
     def _cancel_run(self, meta: RunMeta) -> RunStatus:
         """Cancel the run's recorded job and any other live job of its name (a launch whose

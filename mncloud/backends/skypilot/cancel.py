@@ -20,21 +20,13 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from mncloud.backends.skypilot.errors import sky_errors
-from mncloud.errors import BackendError
+from mncloud.errors import BackendError, CancelError
 
 WAIT_S = 180.0
 """How long `cancel_jobs` waits for SkyPilot to report the cancelled jobs ended."""
 POLL_S = 2.0
 """How often it asks meanwhile."""
 _FIELDS = ["job_id", "task_id", "job_name", "status"]
-
-
-class CancelError(BackendError):
-    """A cancel SkyPilot did not confirm; `live` are the jobs that may still run (and bill)."""
-
-    def __init__(self, message: str, live: list[int]) -> None:
-        super().__init__(message)
-        self.live = live
 
 
 def _ids(job_ids: Iterable[int]) -> str:
