@@ -332,7 +332,7 @@ def test_no_spot_capacity_in_one_place_tries_spot_in_the_next(
     fake_sky: FakeSky,
     tmp_path: Path,
 ) -> None:
-    from mncloud.control.places import ManagedJobPlaces, PlacesController
+    from mncloud.control.places import ManagedJobPlaces, places_controller
 
     regions = ["us-central1", "europe-west4"]
     bucket = f"file://{tmp_path / 'bucket'}"
@@ -343,7 +343,7 @@ def test_no_spot_capacity_in_one_place_tries_spot_in_the_next(
     )  # fmt: skip
     clock = FakeClock()
     run = Driver(state, clock)
-    run.ctl = PlacesController(state, ManagedJobPlaces(), clock=clock)
+    run.ctl = places_controller(state, ManagedJobPlaces(), clock=clock)
     run.tick()
     (first,) = _named(fake_sky, "llm")
     assert state.place == 0 and state.market is Mode.SPOT

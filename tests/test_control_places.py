@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 from mncloud import control, layout
 from mncloud.backends.local.figures import read_final
 from mncloud.cli import app
-from mncloud.control.places import ManagedJobPlaces, PlacesController
+from mncloud.control.places import ManagedJobPlaces, places_controller
 from mncloud.deadline.policy import Mode
 from mncloud.layout import local_ckpt_dir
 from mncloud.records.ledger import cost_summary
@@ -165,7 +165,7 @@ def test_capacity_gone_in_one_region_relaunches_the_run_pinned_to_the_other(
         ("europe-west4", "gcp", "europe-west4", 11.0),
     ]
     clock = FakeClock()
-    ctl = PlacesController(state, ManagedJobPlaces(), clock=clock)
+    ctl = places_controller(state, ManagedJobPlaces(), clock=clock)
     state.started_at = clock.now
 
     def tick(n: int = 1) -> None:
@@ -263,3 +263,16 @@ def test_the_egress_warning_names_the_cost_of_a_launch() -> None:
     assert f"${rate * 12.5:,.2f} per launch for the newest checkpoint, 12.5 GB" in warning
     assert egress_usd_per_gb(s3, "aws", "us-east-1") == 0.0
     assert "$0.02/GB" in (egress_warning(s3, "aws", "us-west-2") or "")
+
+
+def test_one_controller_class_two_courses() -> None:
+    """The variants are `Course`s the one `Controller` is given, not subclasses of it: each
+    implements every member of the Protocol."""
+    from mncloud.control.loop import Controller
+    from mncloud.control.places import PlacesCourse
+    from mncloud.control.steering import Course, OnePlace
+
+    members = {n for n in vars(Course) if not n.startswith("_")}
+    for course in (OnePlace, PlacesCourse):
+        assert not {m for m in members if not callable(getattr(course, m, None))}, course
+    assert Controller.__subclasses__() == []

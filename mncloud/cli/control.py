@@ -158,9 +158,9 @@ def _controller(state: ControlState) -> Any:
     from mncloud import control
 
     if state.config.places:
-        from mncloud.control.places import PlacesController, places_market
+        from mncloud.control.places import places_controller, places_market
 
-        return PlacesController(state, places_market(state))
+        return places_controller(state, places_market(state))
     return control.Controller(state, _market(state))
 
 

@@ -12,7 +12,7 @@ existing=Existing.RESUME)`, so training resumes from the newest complete checkpo
     markets.py  where spot capacity is learned: a time-compressed trace (local rehearsal) or
                 the managed job's state (SkyPilot); the injectable clock
     loop.py     Controller: measure, decide, switch, stop at the budget (gracefully), resume
-                a journaled action after a crash
+                a journaled action after a crash; where it steers is a `Course` it is given
     start.py    `up --deadline`: bad input refused, the controller started (a local process,
                 or a CPU managed job on SkyPilot); `stop` for `down`; `revive` a dead one
     recovery.py a restarted controller finishes the action its state journaled, once
@@ -20,10 +20,11 @@ existing=Existing.RESUME)`, so training resumes from the newest complete checkpo
     identity.py who the live launch is, kept in the state (a restarted controller finds it)
     outcomes.py how the controller answers a launch that ended without it
     progress.py the run's progress as the controller measures it (newest complete step)
-    steering.py what the controller's helpers (`recovery`, `outcomes`) may use of it
+    steering.py what the controller's helpers (`recovery`, `outcomes`) may use of it, and
+                `Course`: one place (`OnePlace`) or several (`places.PlacesCourse`)
     down.py     `down` of a cloud deadline run: its controller's job and every training job
     placing.py  `up --deadline` across places: the places a request names, checked and priced
-    places.py   the controller across places: spot anywhere, on-demand in the home place
+    places.py   the course across places: spot anywhere, on-demand in the home place
     unsure.py   an error in a tick is "unsure, look again" (bounded backoff), not the end
     lease.py    one controller per cloud run: SkyPilot's queue is the lease
     billing.py  a spot job SkyPilot recovered by itself bills again (a `recovery` event)

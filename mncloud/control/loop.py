@@ -47,8 +47,9 @@ from typing import TYPE_CHECKING, Any
 
 from mncloud.backends.base import RunState
 from mncloud.control.markets import Clock, Market, SystemClock
+from mncloud.control.progress import checkpoint_step, seconds_per_step
 from mncloud.control.state import ControlState, Decision, Launching, save_state, stop_requested
-from mncloud.control.steering import LaunchMade
+from mncloud.control.steering import Course, LaunchMade, OnePlace
 from mncloud.deadline.policy import (
     PAST_DEADLINE,
     Mode,
@@ -63,7 +64,6 @@ if TYPE_CHECKING:
     from mncloud.backends.base import Backend, RunStatus
     from mncloud.launch import Launched
     from mncloud.records.ledger import CostSummary
-    from mncloud.spec import JobSpec
 
 log = logging.getLogger(__name__)
 
@@ -86,21 +86,26 @@ class Controller:
     def __init__(
         self,
         state: ControlState,
-        market: Market,
+        market: Market | None = None,
         *,
+        course: Course | None = None,
         clock: Clock | None = None,
         backend: Backend | None = None,
         launcher: Callable[..., Launched] | None = None,
     ) -> None:
+        """Steer in one place, capacity from `market`, or along `course` (`places.py`)."""
         from mncloud.backends.registry import get_backend
         from mncloud.launch import launch
 
-        self.state, self.market = state, market
+        self.state = state
         self.clock = clock or SystemClock()
         self.backend = backend or get_backend(state.config.backend)
         self.launcher = launcher or launch
         self.job = state.config.job()
-        self.policy = make_policy(state.config.policy, self.job)
+        if course is None:
+            assert market is not None, "a market or a course"
+            course = OnePlace(market, make_policy(state.config.policy, self.job))
+        self.course = course
         self.stop_reason: str | None = None
         self.unsure = 0
         """Looks in a row that ended in an error (`unsure.py`)."""
@@ -175,7 +180,7 @@ class Controller:
             status = None  # the launch is over: nothing runs
         elif tick <= st.last_tick:
             return
-        spot_here, spot_now = self._learn(tick, status, now)
+        spot_here, spot_now = self.course.learn(st, tick, status, now)
         if st.mode is Mode.SPOT and (not spot_here or self._held_after_loss(status)):
             self._preempted(tick)
         elif st.mode is Mode.NONE and st.market is Mode.SPOT and spot_here:
@@ -188,41 +193,6 @@ class Controller:
         running = status is not None and status.state is RunState.RUNNING
         self._decide(tick, spot_now, now, running=running)
 
-    def _spot_gone(self, now: float) -> None:
-        """The spot launch found no capacity: spot is missing from now on (this tick too)."""
-        st = self.state
-        st.spot_missing_since = now
-        if st.history:
-            st.history[-1] = False
-
-    def _learn(self, tick: int, status: RunStatus | None, now: float) -> tuple[bool, bool]:
-        """Spot capacity up to `tick`: (there for the live launch, there at all)."""
-        st = self.state
-        while len(st.history) <= tick:
-            st.history.append(self.market.spot_at(st, len(st.history), status, now))
-        spot_now = st.history[tick]
-        if not spot_now:
-            st.spot_missing_since = st.spot_missing_since or now
-        elif st.market is Mode.SPOT:
-            st.spot_missing_since = None
-        return spot_now, spot_now
-
-    def _choose(self, obs: Observation) -> Mode:
-        """The policy's answer (`control/places.py` also picks a place)."""
-        return self.policy.decide(obs)
-
-    def _place_of(self, choice: Mode) -> int | None:
-        """Across places: where `choice` runs (None: one place)."""
-        return None
-
-    def _price(self, mode: Mode, place: int | None = None) -> float:
-        """USD per hour (run time) of the whole run in `mode` (at `place`, across places)."""
-        return self.state.config.price(mode)
-
-    def _pinned(self, spec: JobSpec, mode: Mode) -> JobSpec:
-        """The spec a launch in `mode` runs (across places: pinned to the place)."""
-        return spec
-
     def _decide(self, tick: int, spot_now: bool, now: float, *, running: bool) -> None:
         st, job = self.state, self.job
         work = self._work_ticks()
@@ -234,14 +204,14 @@ class Controller:
         if past_deadline(job, tick):
             choice, reason = Mode.ON_DEMAND, PAST_DEADLINE
         else:
-            choice = self._choose(obs)
+            choice = self.course.choose(st, obs)
             reason = _reason(choice, obs, slack, job.gap_seconds)
         st.work_hours, st.hours_left = work * job.gap_seconds / 3600, slack.time_left * job.hours(1)
         st.slack_hours = slack.slack * job.hours(1)
         self._refresh_costs()
         budget = st.config.budget
         spent = st.cost + st.spent_before
-        tick_cost = self._price(choice, self._place_of(choice)) * job.hours(1)
+        tick_cost = self.course.price(st, choice, self.course.place_of(st, choice)) * job.hours(1)
         if budget is not None and spent + tick_cost + self._stop_cost() > budget:
             self._stop(
                 f"budget ${budget:,.2f}: ${spent:,.2f} spent and the next "
@@ -268,6 +238,13 @@ class Controller:
     # --------------------------------------------------------------- actions
     def _apply(self, choice: Mode, tick: int, reason: str, decision: Decision) -> None:
         st = self.state
+        where = self.course.place_of(st, choice)
+        decision.place = self.course.place_name(where)
+        if choice is Mode.SPOT and st.market is Mode.SPOT and where not in (None, st.place):
+            self._journal(choice, tick, reason, decision, where)  # a move to spot elsewhere
+            self._take_down(f"moving to spot in {decision.place}: {reason}")
+            self._launch(choice, tick, reason)
+            return
         if choice is st.mode:
             return
         if choice is Mode.NONE:
@@ -278,7 +255,7 @@ class Controller:
         if choice is Mode.SPOT and st.market is Mode.SPOT:
             st.mode, st.entered_tick, st.phase = Mode.SPOT, tick, "spot"
             return
-        self._journal(choice, tick, reason, decision, self._place_of(choice))
+        self._journal(choice, tick, reason, decision, where)
         if st.market is not Mode.NONE:
             self._take_down(f"switching to {choice.value}: {reason}")
         self._launch(choice, tick, reason)
@@ -309,7 +286,7 @@ class Controller:
         update: dict[str, Any] = {}
         if self.backend.runs_here:
             # The ledger bills wall time; a rehearsal's $/h is per hour of run time.
-            update["hourly_price"] = self._price(mode) * cfg.time_scale
+            update["hourly_price"] = self.course.price(st, mode) * cfg.time_scale
             if mode is Mode.SPOT and spec.recovery is not Recovery.NODE:
                 # The gang waits for the controller; under node recovery a lost node is
                 # replaced after the modeled provisioning while the others train on.
@@ -317,7 +294,7 @@ class Controller:
         options = LaunchOptions.model_validate(st.options).model_copy(update=update)
         first = not st.run_ids and not again
         existing = Existing(st.existing) if first else Existing.RESUME
-        spec = self._pinned(spec, mode)
+        spec = self.course.pinned(st, spec, self.backend.runs_here)
         run_id = st.launching.run_id if st.launching is not None else None
         launched = self.launcher(
             spec, options, existing=existing, approve=lambda _plan: True, notify=log.info,
@@ -335,13 +312,9 @@ class Controller:
         ckpt_uri = launched.status.ckpt_uri
         self._launched(LaunchMade(mode, tick, reason, launched.run_id, ckpt_uri, placement))
 
-    def _placed(self, made: LaunchMade) -> LaunchMade:
-        """Where a launch made runs, before it is recorded (`control/places.py` names it)."""
-        return made
-
     def _launched(self, made: LaunchMade) -> None:
         """Record a launch made (or found made, after a crash): once."""
-        made = self._placed(made)
+        made = self.course.placed(self.state, made, self.backend.runs_here)
         mode, tick, reason = made.mode, made.tick, made.reason
         run_id, ckpt_uri, placement = made.run_id, made.ckpt_uri, made.placement
         st, cfg = self.state, self.state.config
@@ -351,7 +324,7 @@ class Controller:
         switched = st.last_launch is not None and st.last_launch is not mode
         st.switches += switched
         if placement.get("hourly_price") is None:
-            placement["hourly_price"] = self._price(mode) * cfg.time_scale
+            placement["hourly_price"] = self.course.price(st, mode) * cfg.time_scale
         from mncloud.control.recovery import has_launch_event
 
         if not has_launch_event(run_id):
@@ -392,16 +365,18 @@ class Controller:
         longer than the budget pays for in the live market."""
         cfg = self.state.config
         notice = min(STOP_NOTICE_S, max(MIN_NOTICE_S, cfg.gap_s / cfg.time_scale))
-        hourly = self._price(self.state.market, self.state.place) * cfg.time_scale  # per wall h
+        hourly = self._hourly() * cfg.time_scale  # per wall h
         if budget_left is not None and hourly > 0:
             notice = min(notice, max(0.0, budget_left) / hourly * 3600)
         return notice
 
     def _stop_cost(self) -> float:
         """What a stop's notice costs in the live market (kept inside the budget)."""
-        cfg = self.state.config
-        hourly = self._price(self.state.market, self.state.place)
-        return hourly * cfg.time_scale * self.stop_notice_s() / 3600
+        return self._hourly() * self.state.config.time_scale * self.stop_notice_s() / 3600
+
+    def _hourly(self) -> float:
+        """USD per hour (run time) in the live market, where it runs."""
+        return self.course.price(self.state, self.state.market, self.state.place)
 
     def _held_after_loss(self, status: RunStatus | None) -> bool:
         """A local spot launch that lost a node the trace did not take (a kill, a crash of the
@@ -417,13 +392,13 @@ class Controller:
     def _preempted(self, tick: int) -> None:
         st = self.state
         st.preemptions += 1
-        if not self.market.keeps_spot_request:
+        if not self.course.keeps_spot_request:
             st.closing = "spot capacity for the nodes is gone"
             save_state(st)
-        self.market.lose_spot(st.name, self.backend)
+        self.course.lose_spot(st.name, self.backend)
         if not self.backend.records_own_events:
             self._event("preemption", "deadline controller: spot capacity for the nodes is gone")
-        if not self.market.keeps_spot_request:
+        if not self.course.keeps_spot_request:
             st.market, st.closing = Mode.NONE, None
         st.mode, st.phase = Mode.NONE, "waiting"
 
@@ -435,7 +410,7 @@ class Controller:
             else:  # `mncloud down`: the notice it asked for
                 notice = float((stop_requested(st.name) or {}).get("notice_s", DOWN_NOTICE_S))
             self._take_down(why, notice)
-        step = self._checkpoint_step()
+        step = checkpoint_step(st)
         kept = f"; newest complete checkpoint step {step} kept" if step is not None else ""
         st.phase, st.mode, st.detail = "stopped", Mode.NONE, f"{why}{kept}"
         self._refresh_costs()
@@ -462,26 +437,16 @@ class Controller:
             log.warning("status of %s unknown this tick: %s", self.state.name, err)
             return None
 
-    def _checkpoint_step(self) -> int | None:
-        from mncloud.control.progress import checkpoint_step
-
-        return checkpoint_step(self.state)
-
     def _work_ticks(self) -> int:
         """Ticks of work done: measured when the run has a step time, else the model's count."""
         st, job = self.state, self.job
-        rate = self._seconds_per_step()
+        rate = seconds_per_step(st)
         if rate is None:
             work = st.model_work_ticks
         else:
-            step = self._checkpoint_step() or 0
+            step = checkpoint_step(st) or 0
             work = int(step * rate * st.config.time_scale // job.gap_seconds)
         return max(0, min(work, job.work_ticks - 1))
-
-    def _seconds_per_step(self) -> float | None:
-        from mncloud.control.progress import seconds_per_step
-
-        return seconds_per_step(self.state)
 
     def _refresh_costs(self) -> None:
         """Spot and on-demand cost so far: the ledgers of every launch's run record."""
@@ -492,13 +457,10 @@ class Controller:
         for run_id in self.state.run_ids:
             with contextlib.suppress(MncloudError):  # a record unreadable now: next time
                 costs[run_id] = cost_summary(find_record(run_id), now=self.clock.time())
-        self._account(costs)
-
-    def _account(self, costs: dict[str, CostSummary]) -> None:
-        """Keep each launch's ledger summary in the state (`control/places.py`: per place too)."""
         st = self.state
         st.spot_cost = sum(c.spot for c in costs.values())
         st.on_demand_cost = sum(c.on_demand for c in costs.values())
+        self.course.account(st, costs)  # across places: each place's too
 
 
 def _reason(choice: Mode, obs: Observation, slack: Slack, gap_s: int) -> str:

@@ -118,7 +118,7 @@ def _no_capacity(ctl: Steering, status: RunStatus) -> Settled:
     if st.market is not Mode.SPOT:
         return _relaunch(ctl, status, f"no {st.market.value} capacity")
     _close(ctl, status)
-    ctl._spot_gone(ctl.clock.time())
+    ctl.course.spot_gone(st, ctl.clock.time())
     log.info("no spot capacity for the launch (%s); deciding again", status.detail)
     return Settled.AGAIN
 

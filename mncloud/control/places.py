@@ -2,7 +2,7 @@
 
 `up --deadline` with several places (`--region` or `--cloud` given more than once on a cloud;
 `--spot-trace` given once per place locally) keeps `ControlConfig.places`, and the run is
-steered by `PlacesController`: the loop of `loop.Controller`, with each tick's capacity
+steered by `loop.Controller` with a `PlacesCourse` (`places_controller`): each tick's capacity
 learned per place and the decision made by `deadline.places` (a mode and, for spot, a place).
 
 A spot choice in another place than the live launch's is a *move*: the live launch is taken
@@ -36,12 +36,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 from mncloud.control.loop import Controller
 from mncloud.control.markets import ManagedJobMarket, TraceMarket
 from mncloud.control.state import ControlConfig, ControlState
+from mncloud.control.steering import spot_gone_everywhere
 from mncloud.deadline.places import Choice, Place, PlacesJob, PlacesObservation, make_places_policy
 from mncloud.deadline.policy import Mode, Observation
 
 if TYPE_CHECKING:
     from mncloud.backends.base import Backend, RunStatus
-    from mncloud.control.markets import Clock
     from mncloud.control.steering import LaunchMade
     from mncloud.plan.traces import Trace
     from mncloud.records.ledger import CostSummary
@@ -124,29 +124,29 @@ def places_market(state: ControlState) -> PlacesMarket:
     return TracePlaces(traces, cfg.nodes)
 
 
-class PlacesController(Controller):
-    """`Controller` over several places (see the module docstring)."""
+def places_controller(state: ControlState, market: PlacesMarket, **kw: Any) -> Controller:
+    """The `Controller` steering across places (see the module docstring); `kw` as its."""
+    return Controller(state, course=PlacesCourse(state, market), **kw)
 
-    def __init__(
-        self,
-        state: ControlState,
-        market: PlacesMarket,
-        *,
-        clock: Clock | None = None,
-        backend: Backend | None = None,
-        launcher: Any = None,
-    ) -> None:
-        super().__init__(state, market, clock=clock, backend=backend, launcher=launcher)  # type: ignore[arg-type]
+
+class PlacesCourse:
+    """The controller's `Course` across several places (see the module docstring)."""
+
+    def __init__(self, state: ControlState, market: PlacesMarket) -> None:
         self.places = state.config.places
-        self.places_market = market
-        self.place_policy = make_places_policy(state.config.policy, places_job(state.config))
-        self._target: int | None = None
+        self.market = market
+        self.keeps_spot_request = market.keeps_spot_request
+        self.policy = make_places_policy(state.config.policy, places_job(state.config))
+        self.target: int | None = None
+        """The place of the policy's last spot choice."""
         if len(state.place_missing_since) != len(self.places):
             state.place_missing_since = [None] * len(self.places)
 
     # ------------------------------------------------------------- capacity
-    def _learn(self, tick: int, status: RunStatus | None, now: float) -> tuple[bool, bool]:
-        st, market = self.state, self.places_market
+    def learn(
+        self, st: ControlState, tick: int, status: RunStatus | None, now: float
+    ) -> tuple[bool, bool]:
+        market = self.market
         while len(st.place_history) <= tick:
             at = len(st.place_history)
             row = [market.spot_at(st, p, at, status, now) for p in range(len(self.places))]
@@ -166,37 +166,41 @@ class PlacesController(Controller):
         here = row[st.place] if live_spot and st.place is not None else any(row)
         return here, any(row)
 
-    def _spot_gone(self, now: float) -> None:
+    def spot_gone(self, st: ControlState, now: float) -> None:
         """The spot launch found no capacity in its place: missing there from now on."""
-        st, place = self.state, self.state.place
+        place = st.place
         if place is not None:
             st.place_missing_since[place] = now
             if st.place_history:
                 st.place_history[-1][place] = False
                 st.history[-1] = any(st.place_history[-1])
         if not st.place_history or not any(st.place_history[-1]):
-            super()._spot_gone(now)
+            spot_gone_everywhere(st, now)
+
+    def lose_spot(self, name: str, backend: Backend) -> None:
+        self.market.lose_spot(name, backend)
 
     # ------------------------------------------------------------- decision
-    def _choose(self, obs: Observation) -> Mode:
-        st = self.state
+    def choose(self, st: ControlState, obs: Observation) -> Mode:
         place = st.place if obs.mode is Mode.SPOT else None
         row = tuple(st.place_history[obs.tick])
         seen = PlacesObservation(obs.tick, obs.work_done, obs.mode, place, obs.overhead_left,
                                  row, st.place_history)  # fmt: skip
-        choice: Choice = self.place_policy.decide(seen)
-        self._target = choice.place
+        choice: Choice = self.policy.decide(seen)
+        self.target = choice.place
         return choice.mode
 
-    def _place_of(self, choice: Mode) -> int | None:
+    def place_of(self, st: ControlState, choice: Mode) -> int | None:
         if choice is Mode.SPOT:
-            if self._target is not None:
-                return self._target
-            return self.state.place if self.state.place is not None else 0
+            if self.target is not None:
+                return self.target
+            return st.place if st.place is not None else 0
         return 0 if choice is Mode.ON_DEMAND else None
 
-    def _price(self, mode: Mode, place: int | None = None) -> float:
-        st = self.state
+    def place_name(self, place: int | None) -> str | None:
+        return self.places[place].name if place is not None else None
+
+    def price(self, st: ControlState, mode: Mode, place: int | None = None) -> float:
         if place is None:
             place = st.launching.place if st.launching is not None else st.place
         if mode is Mode.SPOT and place is not None:
@@ -204,23 +208,10 @@ class PlacesController(Controller):
         return st.config.price(mode)
 
     # -------------------------------------------------------------- actions
-    def _apply(self, choice: Mode, tick: int, reason: str, decision: Any) -> None:
-        st = self.state
-        where = self._place_of(choice)
-        decision.place = self.places[where].name if where is not None else None
-        if choice is Mode.SPOT and st.market is Mode.SPOT and where != st.place:
-            assert where is not None
-            self._journal(choice, tick, reason, decision, where)
-            self._take_down(f"moving to spot in {self.places[where].name}: {reason}")
-            self._launch(choice, tick, reason)
-            return
-        super()._apply(choice, tick, reason, decision)
-
-    def _pinned(self, spec: JobSpec, mode: Mode) -> JobSpec:
+    def pinned(self, st: ControlState, spec: JobSpec, runs_here: bool) -> JobSpec:
         """The spec narrowed to the launch's place (a cloud's; local places share the host)."""
-        st = self.state
         place = st.launching.place if st.launching is not None else None
-        if self.backend.runs_here or place is None:
+        if runs_here or place is None:
             return spec
         p = self.places[place]
         update: dict[str, Any] = {}
@@ -230,16 +221,16 @@ class PlacesController(Controller):
             update["regions"] = [p.region]
         return spec.updated(**update)
 
-    def _placed(self, made: LaunchMade) -> LaunchMade:
+    def placed(self, st: ControlState, made: LaunchMade, runs_here: bool) -> LaunchMade:
         """The place the launch runs in: kept in the state, named in its reason."""
-        st, mode = self.state, made.mode
+        mode = made.mode
         pending = st.launching
         place = pending.place if pending is not None else None
         if place is None:
-            place = self._place_of(mode)
+            place = self.place_of(st, mode)
         if place is not None:
             p = self.places[place]
-            if self.backend.runs_here:  # places on this machine share it: name it
+            if runs_here:  # places on this machine share it: name it
                 made.placement["region"] = p.name
             if mode is Mode.SPOT and st.last_launch is Mode.SPOT and st.place not in (None, place):
                 st.moves += 1
@@ -249,11 +240,10 @@ class PlacesController(Controller):
             made.reason = f"{made.reason} (in {p.name})"
         return made
 
-    def _account(self, costs: dict[str, CostSummary]) -> None:
-        """Spot and on-demand cost so far, and each place's: its launches' ledgers."""
-        super()._account(costs)
+    def account(self, st: ControlState, costs: dict[str, CostSummary]) -> None:
+        """Each place's cost so far: its launches' ledgers."""
         by_place: dict[str, float] = {p.name: 0.0 for p in self.places}
         for run_id, summary in costs.items():
-            name = self.state.run_places.get(run_id, self.places[0].name)
+            name = st.run_places.get(run_id, self.places[0].name)
             by_place[name] = by_place.get(name, 0.0) + summary.total
-        self.state.place_costs = by_place
+        st.place_costs = by_place
