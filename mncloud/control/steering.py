@@ -1,4 +1,4 @@
-"""`Steering`: what the controller's helpers (`recovery`, `outcomes`) may use of the controller.
+"""`Steering`: what the controller's helpers (`recovery`, `outcomes`, `elastic`) may use of it.
 
 `loop.Controller` (and `places.PlacesController`) provide it; the helpers name this Protocol
 instead of importing the loop, so the loop imports them and nothing imports the loop back.
@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from mncloud.backends.base import Backend
-    from mncloud.control.markets import Clock
+    from mncloud.control.markets import Clock, Market
     from mncloud.control.state import ControlState, Decision
     from mncloud.deadline.policy import Mode
 
@@ -39,6 +39,7 @@ class Steering(Protocol):
     state: ControlState
     backend: Backend
     clock: Clock
+    market: Market
 
     def stop_notice_s(self, budget_left: float | None = None) -> float: ...
     def _down(self, notice_s: float) -> None: ...
@@ -49,3 +50,5 @@ class Steering(Protocol):
     def _event(self, kind: Any, detail: str, **placement: Any) -> None: ...
     def _refresh_costs(self) -> None: ...
     def _spot_gone(self, now: float) -> None: ...
+    def _checkpoint_step(self) -> int | None: ...
+    def _preempted(self, tick: int) -> None: ...
