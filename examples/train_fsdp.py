@@ -74,7 +74,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--sample-log", type=Path, help="write each rank's sample ids per step here")
     p.add_argument("--compute-ms", type=float, default=0.0,
-                   help="sleep this long per step, standing for accelerator time")  # fmt: skip
+                   help="sleep this long per micro-batch, standing for accelerator time: "
+                   "fewer ranks take more micro-batches a step, so longer steps")  # fmt: skip
     return p.parse_args()
 
 
@@ -198,8 +199,8 @@ def main() -> None:
                 out = F.cross_entropy(logits.float(), tokens[:, 1:].flatten())
                 (out / accum).backward()
             total += out.detach() / accum
-        if args.compute_ms:  # a benchmark's model of GPU time: the host waits, idle
-            time.sleep(args.compute_ms / 1000)
+            if args.compute_ms:  # a benchmark's model of GPU time: the host waits, idle
+                time.sleep(args.compute_ms / 1000)
         torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
         opt.step()
         opt.zero_grad(set_to_none=True)

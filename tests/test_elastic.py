@@ -89,7 +89,7 @@ def test_elastic_run_shrinks_to_the_offered_nodes_and_grows_back(tmp_path: Path)
     samples = tmp_path / "samples"
     steps, batch = 100, 8  # 10 steps an epoch; ≥ 100 s of (slept) compute outlast the dip
     train = ["--steps", str(steps), "--global-batch", str(batch), "--micro-batch", "2",
-             "--samples", "80", "--ckpt-interval", "5", "--compute-ms", "1000", "--log-every", "20",
+             "--samples", "80", "--ckpt-interval", "5", "--compute-ms", "500", "--log-every", "20",
              "--parallel", "ddp", "--sample-log", str(samples)]  # fmt: skip
     args = ["up", str(EXAMPLE), "--cloud", "local", "--name", "stretch", "--yes", "--nodes",
             "2", "--min-nodes", "1", "--gpus", "cpu:1", "--recovery", "gang", "--spot-trace",
@@ -232,3 +232,44 @@ def test_on_a_cloud_each_size_change_relaunches_the_job_never_two_live(
     assert cloud.jobs[10] == "RUNNING" and state.nodes_live == 4
     launches = [e for r in list_records("llm") for e in r.events if e.kind == "launch"]
     assert any("on the 2 of 4 nodes spot offers" in e.detail for e in launches)
+
+
+def test_a_smaller_world_is_priced_against_waiting_for_the_gang(tmp_path: Path) -> None:
+    """Training on k < N nodes pays when the wait for all N is expected to outlast its two
+    extra launches: w > o·(1 + N/k); the expected wait is the mean of the shortfalls seen."""
+    from mncloud import control
+    from mncloud.deadline.policy import (
+        Job,
+        expected_gang_wait,
+        smaller_world_breakeven,
+        smaller_world_pays,
+    )
+    from mncloud.plan.traces import Trace
+    from mncloud.request import build_spec
+    from mncloud.spec import LaunchOptions
+
+    job = Job.build(nodes=4, hours=10, deadline_s=30 * 3600, overhead_s=600, gap_s=300,
+                    spot_price=1.0, on_demand_price=3.0)  # fmt: skip
+    assert job.overhead_ticks == 2
+    assert smaller_world_breakeven(job, 2) == 6 and smaller_world_breakeven(job, 1) == 10
+    assert expected_gang_wait([4, 4, 2], 4) == float("inf")  # no shortfall ended yet
+    assert expected_gang_wait([4, 2, 2, 4, 3, 3, 3, 3, 4, 2], 4) == 2  # mean 3, 1 tick in
+    assert smaller_world_pays(job, 2, [4, 2])  # a first shortfall: the gang may not come back
+    short = [4, 2, 2, 4, 2, 2, 4, 2]  # shortfalls of 2 ticks: waiting is cheaper
+    assert not smaller_world_pays(job, 2, short)
+    eight = [4] + [2] * 8 + [4, 2]  # shortfalls of 8 ticks: 7 expected still, 1 tick in
+    assert smaller_world_pays(job, 2, eight)  # 7 > 6: half the gang trains meanwhile
+    assert not smaller_world_pays(job, 1, [min(c, 1) if c < 4 else c for c in eight])  # 7 < 10
+
+    train = tmp_path / "train.py"
+    train.write_text("print('hi')\n")
+    spec = build_spec(train, gpus="cpu:1", nodes=4, min_nodes=2, cloud="local", name="el")
+    trace = tmp_path / "trace.json"
+    trace.write_text(json.dumps({"metadata": {"gap_seconds": 300}, "data": short}))
+    state = control.deadline_state(
+        spec, LaunchOptions(hours=10, recovery_minutes=10), deadline_s=30 * 3600,
+        hours_given=True, spot_trace=trace,
+    )  # fmt: skip
+    market = control.TraceMarket(Trace.model_validate_json(trace.read_text()), 4, 2)
+    seen = [market.spot_at(state, t, None, 0.0) for t in range(len(short))]
+    assert seen == [True, True, True, True, False, False, True, False]  # waits once it knows

@@ -485,6 +485,8 @@ class Controller:
             work = st.model_work_ticks
         else:
             step = self._checkpoint_step() or 0
+            # A smaller world's steps are slower (`elastic.py`): work counts at the gang's speed.
+            rate *= (st.nodes_live or job.nodes) / job.nodes
             work = int(step * rate * st.config.time_scale // job.gap_seconds)
         return max(0, min(work, job.work_ticks - 1))
 

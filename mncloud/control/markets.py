@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from mncloud.backends.base import RunState
-from mncloud.deadline.policy import Mode
+from mncloud.deadline.policy import Mode, smaller_world_pays
 
 if TYPE_CHECKING:
     from mncloud.backends.base import Backend, RunStatus
@@ -90,7 +90,13 @@ class TraceMarket:
         return self.counts[min(tick, len(self.counts) - 1)]
 
     def spot_at(self, state: ControlState, tick: int, status: RunStatus | None, now: float) -> bool:
-        return self.available[min(tick, len(self.available) - 1)]
+        """Spot for all nodes; for an elastic run, for at least `--min-nodes` when training on
+        them pays against waiting for all (`policy.smaller_world_pays`, on the past ticks)."""
+        at = min(tick, len(self.available) - 1)
+        offered = self.counts[at]
+        if not self.available[at] or offered >= self.nodes:
+            return self.available[at]
+        return smaller_world_pays(state.config.job(), offered, self.counts[: at + 1])
 
     def lose_spot(self, name: str, backend: Backend) -> None:
         before = backend.status(name)
