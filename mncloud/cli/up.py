@@ -66,6 +66,11 @@ def up_command(
     else:
         notices: list[str] = []
         spec = _spec(values, existing, notices)
+        if spec.min_nodes is not None:
+            raise opts.SpecError(
+                "--min-nodes is kept by the run's controller: add --deadline (on a cloud) or "
+                "--spot-trace (--cloud local), or drop --min-nodes"
+            )
         launch_options = opts.launch_options_from(values)
         opts.print_notices(notices)
         launch_and_follow(
