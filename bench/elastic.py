@@ -3,7 +3,8 @@
     .venv/bin/python bench/elastic.py [--nodes 2] [--min-nodes 1] [--steps 120]
 
 Runs `examples/train_fsdp.py` twice under `mncloud up --cloud local --spot-trace` (no deadline:
-spot only), one run after the other, on the same trace: all `--nodes` offered for the first
+spot only), one run after the other (`--together`: both at once, so that both see the same
+load on a shared machine), on the same trace: all `--nodes` offered for the first
 third of the run's expected length, `--min-nodes` for the next third, all again after. Each
 step trains the same global batch; a step's accelerator time is modeled by `--compute-ms` per
 micro-batch, so a smaller world takes proportionally longer steps (the CPU work itself is
@@ -29,9 +30,8 @@ BATCH, SAMPLES, MICRO = 8, 80, 2
 SCALE, GAP = 30, 60  # a 60 s tick of the trace passes in 2 s
 
 
-def run(name: str, trace: Path, args: argparse.Namespace, elastic: bool) -> dict[str, Any]:
-    from mncloud import control
-
+def start(name: str, trace: Path, args: argparse.Namespace, elastic: bool) -> None:
+    """`mncloud up` of one run: it returns once the run's controller is started."""
     samples = Path(trace.parent / f"samples-{name}")
     train = ["--steps", str(args.steps), "--global-batch", str(BATCH), "--micro-batch",
              str(MICRO), "--samples", str(SAMPLES), "--ckpt-interval", "5", "--compute-ms",
@@ -41,6 +41,13 @@ def run(name: str, trace: Path, args: argparse.Namespace, elastic: bool) -> dict
     mncloud("up", str(EXAMPLE), "--cloud", "local", "--name", name, "--yes", "--nodes",
             str(args.nodes), "--gpus", "cpu:1", "--recovery", "gang", "--spot-trace", str(trace),
             "--time-scale", str(SCALE), *flags, "--", *train)  # fmt: skip
+
+
+def result(name: str, trace: Path, args: argparse.Namespace, elastic: bool) -> dict[str, Any]:
+    """Wait for the run's controller to end; its wall time, launches and sample check."""
+    from mncloud import control
+
+    samples = Path(trace.parent / f"samples-{name}")
     state = wait(lambda: (s := control.load_state(name)).final and s, 3600, name)
     assert state.phase == "finished", state.detail
     ended = max(d.time for d in state.decisions)
@@ -80,6 +87,8 @@ def main() -> None:
     p.add_argument("--compute-ms", type=float, default=500.0)
     p.add_argument("--third-s", type=float, default=90.0,
                    help="wall seconds of each third of the trace")  # fmt: skip
+    p.add_argument("--together", action="store_true",
+                   help="run both at once (a shared machine), not one after the other")  # fmt: skip
     args = p.parse_args()
     home = fresh_home()
     third = round(args.third_s * SCALE / GAP)
@@ -87,7 +96,16 @@ def main() -> None:
     data = [args.nodes] * third + [args.min_nodes] * third + [args.nodes]
     trace.write_text(json.dumps({"metadata": {"gap_seconds": GAP}, "data": data}))
     started = time.time()
-    rows = [run("gang", trace, args, elastic=False), run("stretch", trace, args, elastic=True)]
+    runs = [("gang", False), ("stretch", True)]
+    if args.together:  # both under the same load: the ratio holds on a busy machine
+        for name, elastic in runs:
+            start(name, trace, args, elastic)
+        rows = [result(name, trace, args, elastic) for name, elastic in runs]
+    else:
+        rows = []
+        for name, elastic in runs:
+            start(name, trace, args, elastic)
+            rows.append(result(name, trace, args, elastic))
     for row in rows:
         print(json.dumps(row))
     ratio = rows[1]["wall_s"] / rows[0]["wall_s"]
