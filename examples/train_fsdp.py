@@ -16,7 +16,8 @@ sequence once per epoch across a change of node count. Gradients are clipped to 
 
 A `CheckpointManager` saves the sharded model and optimizer (each rank writes its own shard)
 every `--ckpt-interval` steps; `mncloud up --resume` with another `--nodes` reshards them.
-`--sample-log DIR` writes, per rank, the sequence ids each step trained on (`DIR/rank-R.jsonl`).
+`--sample-log DIR` writes, per rank, the sequence ids each step trained on (`DIR/rank-R.jsonl`,
+with the launch's run id: a step trained again after a preemption counts once, from the last).
 At the end, `final.json` (steps, final loss, sha256 of the gathered weights) beside the
 checkpoints.
 """
@@ -29,6 +30,7 @@ import hashlib
 import json
 import logging
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -71,6 +73,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--sample-log", type=Path, help="write each rank's sample ids per step here")
+    p.add_argument("--compute-ms", type=float, default=0.0,
+                   help="sleep this long per micro-batch, standing for accelerator time: "
+                   "fewer ranks take more micro-batches a step, so longer steps")  # fmt: skip
     return p.parse_args()
 
 
@@ -194,13 +199,17 @@ def main() -> None:
                 out = F.cross_entropy(logits.float(), tokens[:, 1:].flatten())
                 (out / accum).backward()
             total += out.detach() / accum
+            if args.compute_ms:  # a benchmark's model of GPU time: the host waits, idle
+                time.sleep(args.compute_ms / 1000)
         torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
         opt.step()
         opt.zero_grad(set_to_none=True)
         loss = global_mean(total)
         state["loss"] = loss
         if sample_log is not None:
-            sample_log.write(json.dumps({"step": step, "world": d.world_size, "ids": ids}) + "\n")
+            launch = os.environ.get("MNCLOUD_RUN_ID")  # each launch of a run has its own
+            record = {"step": step, "world": d.world_size, "run": launch, "ids": ids}
+            sample_log.write(json.dumps(record) + "\n")
             sample_log.flush()
         saved = ckpt.maybe_save(step, state)
         stall = {"ckpt_s": round(ckpt.last_stall_s, 4)} if saved else {}

@@ -20,6 +20,7 @@ from mncloud.errors import SpecError, first_error
 from mncloud.spec import (
     BUCKET_MOUNT_PATH,
     LOCAL_CLOUD,
+    MIN_NODES,
     Accelerator,
     JobSpec,
     Launcher,
@@ -29,6 +30,7 @@ from mncloud.spec import (
     SpotPolicy,
     checked_nodes,
     default_of,
+    min_nodes_error,
 )
 from mncloud.storage.url import BucketURL
 
@@ -121,6 +123,7 @@ class ProjectConfig(BaseModel):
 
     gpus: str | None = None
     nodes: int | None = None
+    min_nodes: int | None = None
     spot: bool | str | None = None
     cloud: _Words = None
     region: _Words = None
@@ -259,6 +262,7 @@ def _spec_from_options(
             accelerator=accelerator,
             gpu_alternatives=alternatives,
             nodes=nodes,
+            min_nodes=_min_nodes(opts.get("min_nodes"), nodes),
             spot=spot,
             clouds=as_list(opts.get("cloud")),
             regions=as_list(opts.get("region")),
@@ -299,6 +303,16 @@ def opts_in_to_node_recovery(script: Path) -> bool:
         return bool(_OPTS_IN.search(script.read_text(errors="replace")))
     except OSError:
         return False
+
+
+def _min_nodes(value: Any, nodes: int) -> int | None:
+    """`--min-nodes` (None: the gang waits for all `--nodes`): from 1 to `--nodes`."""
+    if value is None:
+        return None
+    whole = isinstance(value, int) and not isinstance(value, bool)
+    if not whole or not MIN_NODES <= value <= nodes:
+        raise SpecError(min_nodes_error(value, nodes))
+    return int(value)
 
 
 def _parallel(value: Any, nodes: int) -> Parallel | None:

@@ -209,6 +209,14 @@ def checked_nodes(value: object) -> int:
     return value  # type: ignore[return-value]
 
 
+def min_nodes_error(value: object, nodes: int) -> str:
+    """The one message for a bad `--min-nodes` (0, negative, not whole, above `--nodes`)."""
+    return (
+        f"--min-nodes {value!r}: give a whole number of nodes from {MIN_NODES} to --nodes "
+        f"({nodes}), the fewest an elastic spot run may train on"
+    )
+
+
 def _node_count(value: object) -> int:
     try:
         return checked_nodes(value)
@@ -248,6 +256,9 @@ class JobSpec(BaseModel):
     """Other GPU types a plan may choose instead (`--gpus H100:8,A100-80GB:8`): ranked by
     expected cost to finish, rendered as `ordered` entries."""
     nodes: NodeCount = 1
+    min_nodes: NodeCount | None = None
+    """`--min-nodes`: an elastic spot run trains on as few as this many nodes while capacity
+    gives fewer than `nodes`, and grows back at the next checkpoint; None: the gang waits."""
     spot: SpotPolicy = SpotPolicy.EITHER
     clouds: list[str] = Field(default_factory=list)
     """Allowed clouds (lower case); empty means any enabled cloud."""
@@ -335,6 +346,12 @@ class JobSpec(BaseModel):
         for key in values:
             _check_env_name(key, "--secret")
         return values
+
+    @model_validator(mode="after")
+    def _min_nodes_at_most_nodes(self) -> JobSpec:
+        if self.min_nodes is not None and self.min_nodes > self.nodes:
+            raise ValueError(min_nodes_error(self.min_nodes, self.nodes))
+        return self
 
     @model_validator(mode="after")
     def _alternatives_are_for_clouds(self) -> JobSpec:

@@ -678,6 +678,7 @@ def test_rerun_keeps_every_option(
         ["--lr", "0.1", "--log", "x"],
         gpus="cpu:4",
         nodes=3,
+        min_nodes=2,
         spot=True,
         cloud=["aws", "gcp"],
         region=["us-east-1", "us-central1"],

@@ -176,7 +176,7 @@ def _market(state: ControlState) -> Any:
         trace = Trace.model_validate({"metadata": {"gap_seconds": cfg.gap_s}, "data": [cfg.nodes]})
     else:
         trace = load_trace(cfg.trace)
-    return control.TraceMarket(trace, cfg.nodes)
+    return control.TraceMarket(trace, cfg.nodes, cfg.min_nodes)
 
 
 def _rebased(spec: dict[str, Any], workdir: Path) -> dict[str, Any]:

@@ -78,6 +78,16 @@ Nodes = Annotated[
         help=f"Number of nodes (default {default_of('nodes')}).",
     ),
 ]
+MinNodes = Annotated[
+    int | None,
+    typer.Option(
+        "--min-nodes",
+        rich_help_panel=ADVANCED,
+        help="Elastic spot run: train on as few as this many nodes while spot capacity gives "
+        "fewer than --nodes (from the newest checkpoint, resharded, the global batch kept), "
+        "and grow back at the next checkpoint. Default: the gang waits for all --nodes.",
+    ),
+]
 Spot = Annotated[
     bool | None,
     typer.Option(
@@ -460,6 +470,7 @@ JOB = _group(
     ("ckpt_dir", CkptDir, None),
     ("recovery", Recovery, None),
     ("parallel", Parallelism, None),
+    ("min_nodes", MinNodes, None),
     ("name", Name, None),
     ("template", Template, None),
 )

@@ -9,6 +9,7 @@ import typer
 
 from mncloud.cli import options as opts
 from mncloud.cli._common import console, err_console, handle_errors, print_json
+from mncloud.spec import MAX_HOURS
 
 if TYPE_CHECKING:
     from mncloud.backends.base import RunStatus
@@ -65,6 +66,11 @@ def up_command(
     else:
         notices: list[str] = []
         spec = _spec(values, existing, notices)
+        if spec.min_nodes is not None:
+            raise opts.SpecError(
+                "--min-nodes is kept by the run's controller: add --deadline (on a cloud) or "
+                "--spot-trace (--cloud local), or drop --min-nodes"
+            )
         launch_options = opts.launch_options_from(values)
         opts.print_notices(notices)
         launch_and_follow(
@@ -100,6 +106,8 @@ def _spec(values: dict[str, Any], existing: Existing, notices: list[str]) -> Job
     return spec.updated(export_on_finish=fmt)
 
 
+#: `--spot-trace` without `--deadline`: a year, which the policy never comes near.
+NO_DEADLINE_S = MAX_HOURS * 3600.0
 _DEADLINE_ONLY = ("budget", "spot_trace", "time_scale", "spot_price", "on_demand_price")
 
 
@@ -131,14 +139,17 @@ def _up_deadline(values: dict[str, Any], existing: Existing) -> None:
     """`up --deadline`: start the deadline controller (`mncloud.cli.control`)."""
     from mncloud.cli.control import start_deadline_run
 
-    if values["deadline"] is None:
+    no_deadline = values["deadline"] is None
+    if no_deadline and not values["spot_trace"]:
         raise opts.SpecError("--budget, --spot-trace, --time-scale and the prices need --deadline")
     if values["cluster"]:
         raise opts.SpecError(
             "--cluster keeps one cluster up for `mncloud exec`; a --deadline run switches "
             "markets by launching anew: drop one of them"
         )
-    deadline_s = opts.deadline_seconds(values["deadline"])
+    # A local rehearsal without a deadline (`--spot-trace` alone, e.g. an elastic run's
+    # `--min-nodes`): spot only, waiting for capacity; a year is no deadline.
+    deadline_s = NO_DEADLINE_S if no_deadline else opts.deadline_seconds(values["deadline"])
     assert deadline_s is not None
     prices = list(values["spot_price"] or [])
     for price in prices:  # each checked as one would be
@@ -156,7 +167,7 @@ def _up_deadline(values: dict[str, Any], existing: Existing) -> None:
         numbers=numbers,
         spot_prices=prices,
         spot_traces=list(values["spot_trace"] or []),
-        hours_given=source is not None and source.name != "DEFAULT",
+        hours_given=no_deadline or (source is not None and source.name != "DEFAULT"),
         existing=existing.value,
         dryrun=values["dryrun"],
         as_json=values["as_json"],

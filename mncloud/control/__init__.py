@@ -30,6 +30,8 @@ existing=Existing.RESUME)`, so training resumes from the newest complete checkpo
     billing.py  a spot job SkyPilot recovered by itself bills again (a `recovery` event)
     watch.py    `status` of a cloud deadline run asks SkyPilot how its controller is
     access.py   what the controller VM launches with: secrets as SkyPilot secrets
+    elastic.py  `--min-nodes`: a spot launch on the nodes spot offers, grown back at the next
+                checkpoint
 
 Every launch writes its own run record; each switch is a `launch` event there with its
 reason, spot flag and price, so the ledgers of the launches split spot and on-demand.

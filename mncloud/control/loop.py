@@ -181,8 +181,13 @@ class Controller:
         elif tick <= st.last_tick:
             return
         spot_here, spot_now = self.course.learn(st, tick, status, now)
+        from mncloud.control import elastic
+
+        elastic.observe(self, tick, status, now)
         if st.mode is Mode.SPOT and (not spot_here or self._held_after_loss(status)):
             self._preempted(tick)
+        elif elastic.shrinks(self) or elastic.grows(self):
+            elastic.resize(self, tick)  # the decision below launches on the nodes offered
         elif st.mode is Mode.NONE and st.market is Mode.SPOT and spot_here:
             st.mode, st.entered_tick = Mode.SPOT, tick  # the queued spot job got its VMs
             from mncloud.control.billing import reopen
@@ -279,10 +284,15 @@ class Controller:
         from mncloud.spec import JobSpec, LaunchOptions, Recovery, SpotPolicy
 
         st, cfg = self.state, self.state.config
+        from mncloud.control.elastic import launch_nodes
+
         spec = JobSpec.model_validate(st.spec)
         market = SpotPolicy.SPOT if mode is Mode.SPOT else SpotPolicy.ON_DEMAND
+        st.nodes_live = nodes = launch_nodes(self, mode)
+        if nodes < cfg.nodes:
+            reason = f"{reason}; elastic: on the {nodes} of {cfg.nodes} nodes spot offers"
         # The controller owns the error budget (`outcomes.py`): a launch retries nothing itself.
-        spec = spec.updated(spot=market, max_restarts=0)
+        spec = spec.updated(spot=market, max_restarts=0, nodes=nodes)
         update: dict[str, Any] = {}
         if self.backend.runs_here:
             # The ledger bills wall time; a rehearsal's $/h is per hour of run time.
@@ -445,6 +455,8 @@ class Controller:
             work = st.model_work_ticks
         else:
             step = checkpoint_step(st) or 0
+            # A smaller world's steps are slower (`elastic.py`): work counts at the gang's speed.
+            rate *= (st.nodes_live or job.nodes) / job.nodes
             work = int(step * rate * st.config.time_scale // job.gap_seconds)
         return max(0, min(work, job.work_ticks - 1))
 

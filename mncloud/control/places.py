@@ -166,6 +166,12 @@ class PlacesCourse:
         here = row[st.place] if live_spot and st.place is not None else any(row)
         return here, any(row)
 
+    def offered(
+        self, st: ControlState, tick: int, status: RunStatus | None, now: float
+    ) -> int | None:
+        """Not known: an elastic run across places is refused (`--min-nodes`)."""
+        return None
+
     def spot_gone(self, st: ControlState, now: float) -> None:
         """The spot launch found no capacity in its place: missing there from now on."""
         place = st.place

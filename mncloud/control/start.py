@@ -98,6 +98,11 @@ def deadline_state(
 
         gap, trace = load_trace(traces[0]).gap, str(Path(traces[0]).resolve())
     gap = places_gap or gap
+    if places and spec.min_nodes is not None:
+        raise SpecError(
+            "--min-nodes runs on one place: give one --spot-trace (or one region), or drop "
+            "--min-nodes"
+        )
     if not places and len(prices) > 1:
         per_place(prices, 1, "one place")  # SpecError: one price per place, but one place
     home_spot = places[0].spot_price if places else (prices[0] if prices else None)
@@ -119,6 +124,7 @@ def deadline_state(
         time_scale=time_scale or 1.0,
         trace=trace,
         policy=policy,
+        min_nodes=spec.min_nodes,
         state_uri=layout.control_state_uri(ckpt) if ckpt and not spec.is_local else None,
         places=places,
     )

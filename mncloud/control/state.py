@@ -116,6 +116,9 @@ class ControlConfig(BaseModel):
     trace: str | None = None
     """Local rehearsal: the spot trace whose capacity local "spot" nodes follow."""
     policy: str = DEFAULT_POLICY
+    min_nodes: int | None = Field(None, ge=1)
+    """`--min-nodes`: a spot launch runs on the nodes spot offers, at least this many
+    (`control/elastic.py`); None: the whole gang or none."""
     capacity_wait_s: float = Field(900.0, ge=0)
     """Clouds: a spot job still pending after this long means no spot capacity."""
     probe_after_s: float = Field(3600.0, ge=0)
@@ -236,6 +239,13 @@ class ControlState(BaseModel):
     moves: int = 0
     """Across places: spot launches in another place than the spot launch before."""
     preemptions: int = 0
+    nodes_live: int | None = None
+    """The node count of the launch made last (elastic runs change it, `elastic.py`)."""
+    nodes_offered: int | None = None
+    """Elastic: the spot nodes the market offered at the last look (`Market.offered`)."""
+    grow_after_step: int | None = None
+    """Elastic: the newest checkpoint step when spot first offered more nodes than the live
+    launch has; the launch grows at the first checkpoint past it."""
     spot_missing_since: float | None = None
     """Clouds: wall time spot was last seen missing (it is probed again later)."""
     decisions: list[Decision] = Field(default_factory=list)

@@ -3,7 +3,7 @@
 `loop.Controller` is one class; what differs between a run in one place and one across
 places is a `Course` it is given (`OnePlace` here, `places.PlacesCourse`): how spot capacity
 is learned, what the policy chooses, where a launch goes and at what price. The helpers
-(`recovery`, `outcomes`, `unsure`, `billing`) name the `Steering` Protocol instead of
+(`recovery`, `outcomes`, `unsure`, `billing`, `elastic`) name the `Steering` Protocol instead of
 importing the loop, so the loop imports them and nothing imports the loop back.
 A launch made is one value, `LaunchMade`, so what recording it takes is written once:
 `Controller._launched` records it, and a course adds to it through `Course.placed`.
@@ -54,6 +54,13 @@ class Course(Protocol):
 
     def spot_gone(self, st: ControlState, now: float) -> None:
         """The spot launch found no capacity (where it runs): missing from now on."""
+        ...
+
+    def offered(
+        self, st: ControlState, tick: int, status: RunStatus | None, now: float
+    ) -> int | None:
+        """How many spot nodes `tick` offers, for an elastic run (`--min-nodes`,
+        `elastic.py`); None: not known, all or none as `learn` says."""
         ...
 
     def lose_spot(self, name: str, backend: Backend) -> None:
@@ -111,6 +118,11 @@ class OnePlace:
     def spot_gone(self, st: ControlState, now: float) -> None:
         spot_gone_everywhere(st, now)
 
+    def offered(
+        self, st: ControlState, tick: int, status: RunStatus | None, now: float
+    ) -> int | None:
+        return self.market.offered(st, tick, status, now)
+
     def lose_spot(self, name: str, backend: Backend) -> None:
         self.market.lose_spot(name, backend)
 
@@ -160,3 +172,4 @@ class Steering(Protocol):
     def _decided(self, decision: Decision) -> None: ...
     def _event(self, kind: Any, detail: str, **placement: Any) -> None: ...
     def _refresh_costs(self) -> None: ...
+    def _preempted(self, tick: int) -> None: ...

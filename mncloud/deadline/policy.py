@@ -153,6 +153,40 @@ def safe(job: Job, obs: Observation, mode: Mode) -> bool:
     return s.time_left - 1 >= job.overhead_ticks + s.work_left - progress
 
 
+def smaller_world_breakeven(job: Job, offered: int) -> float:
+    """Ticks the wait for the whole gang must still last for training meanwhile on `offered`
+    < N nodes to pay (`--min-nodes`, `control/elastic.py`).
+
+    The smaller world keeps the global batch, so a tick on k nodes does k/N of a tick's work
+    (slower steps) at k/N of the gang's price: per unit of work spot costs the same. What it
+    adds is launches: its own (o ticks without progress) and the one that grows it back, which
+    the gang waiting would not pay (o ticks of the whole gang). Over a wait of w ticks it gains
+    (w − o)·k/N ticks of work and loses o, so it pays when w > o·(1 + N/k). Example: o = 2,
+    N = 4, k = 2: a wait expected to last more than 6 ticks; k = 1: more than 10."""
+    return job.overhead_ticks * (1 + job.nodes / max(1, offered))
+
+
+def expected_gang_wait(counts: Sequence[int], nodes: int) -> float:
+    """Ticks the current shortfall (the trailing ticks of `counts` below `nodes`) is expected
+    to last still: the mean length of the shortfalls that ended before it, less its age; with
+    none ended yet, without end (the replacement is not coming, as far as anyone knows)."""
+    runs, length = [], 0
+    for count in counts:
+        if count < nodes:
+            length += 1
+        elif length:
+            runs, length = [*runs, length], 0
+    if not runs:
+        return float("inf")
+    return max(0.0, sum(runs) / len(runs) - length)
+
+
+def smaller_world_pays(job: Job, offered: int, counts: Sequence[int]) -> bool:
+    """Whether to train now on `offered` < N spot nodes rather than wait for all N (the prices
+    above): the wait expected still is longer than the break-even."""
+    return expected_gang_wait(counts, job.nodes) > smaller_world_breakeven(job, offered)
+
+
 PAST_DEADLINE = "past the deadline: finishing on on-demand"
 """Why a run past its deadline runs on on-demand (`past_deadline`)."""
 
