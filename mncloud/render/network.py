@@ -103,7 +103,8 @@ def _network(entry: dict[str, Any]) -> hardware.Network:
 
 def expected_busbw(spec: JobSpec, choices: list[dict[str, Any]]) -> tuple[float, str] | None:
     """The all-reduce bus bandwidth (GB/s) the preflight expects between nodes, and a word on
-    why: the first entry's (the plan's choice) at the rate it will really get; None for one node.
+    why: the first entry's (the plan's choice) at the rate it will really get between the run's
+    node count (a fabric's efficiency falls from 2 nodes to 8+); None for one node.
 
     The preflight runs one rank per node, so a fabric with a rail per GPU (EFA, TCPX, IB) is
     expected to give that rank its share of the node's rate; TCP and loopback give it all.
@@ -112,14 +113,14 @@ def expected_busbw(spec: JobSpec, choices: list[dict[str, Any]]) -> tuple[float,
         return None
     if spec.is_local:
         local = hardware.network("local", "*")
-        return local.busbw_gbs(enabled=True), local.fabric.name
+        return local.busbw_gbs(enabled=True, nodes=spec.nodes), local.fabric.name
     if not choices or not choices[0].get("instance_type"):
         return None
     entry = choices[0]
     net = _network(entry)
     enabled = entry.get("network_tier") == "best" or not net.fabric.tier_best
     all_cards = net.fabric.key != "efa" or net.cards == 1 or skyconfig.aws_all_efa_cards()
-    busbw = net.busbw_gbs(enabled=enabled, all_cards=all_cards)
+    busbw = net.busbw_gbs(enabled=enabled, all_cards=all_cards, nodes=spec.nodes)
     railed = enabled and all_cards and net.fabric.key not in ("tcp", "loopback")
     if railed and spec.accelerator.count > 1:
         busbw /= spec.accelerator.count
