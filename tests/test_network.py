@@ -134,6 +134,19 @@ def test_bad_network_flags_are_one_line_exit_2(
     assert "Traceback" not in result.output
 
 
+def test_min_bandwidth_without_the_preflight_is_one_line_exit_2(
+    script: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No preflight, no test to hold the fabric to the floor: refused, never ignored."""
+    monkeypatch.chdir(script.parent)
+    args = ["render", "train.py", "--gpus", "H100:8", "--nodes", "2", "--min-bandwidth", "5"]
+    result = CliRunner().invoke(app, [*args, "--no-preflight"])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "--min-bandwidth 5 is checked by the preflight" in result.output
+    assert len(result.output.strip().splitlines()) == 1
+    assert CliRunner().invoke(app, args).exit_code == 0
+
+
 def test_a_fabric_named_in_mncloud_yaml_is_one_line_exit_2(
     script: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

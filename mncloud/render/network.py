@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from mncloud.catalog import skyconfig
+from mncloud.errors import SpecError
 from mncloud.plan import hardware
 from mncloud.spec import JobSpec, NetworkTier
 
@@ -99,6 +100,16 @@ def fabric_env(spec: JobSpec, choices: list[dict[str, Any]]) -> dict[str, str]:
 
 def _network(entry: dict[str, Any]) -> hardware.Network:
     return hardware.network(_cloud(entry), str(entry.get("instance_type") or ""))
+
+
+def require_preflight(spec: JobSpec) -> None:
+    """SpecError when `--min-bandwidth` is given with `--no-preflight`: no test would hold the
+    fabric to it, and a floor must never be ignored silently."""
+    if spec.min_bandwidth is not None and not spec.preflight:
+        raise SpecError(
+            f"--min-bandwidth {spec.min_bandwidth:g} is checked by the preflight's bandwidth "
+            "test; drop --no-preflight (or --min-bandwidth)"
+        )
 
 
 def expected_busbw(spec: JobSpec, choices: list[dict[str, Any]]) -> tuple[float, str] | None:
