@@ -91,6 +91,9 @@ REPLICA_ID_ENV = "MNCLOUD_REPLICA_ID"
 NUM_REPLICAS_ENV = "MNCLOUD_NUM_REPLICAS"
 REPLICA_HOST_ENV = "MNCLOUD_REPLICA_HOST"
 LIGHTHOUSE_ENV = "TORCHFT_LIGHTHOUSE"
+#: Set on a node that node recovery relaunched alone: its preflight checks it alone (no gang to
+#: meet, no bandwidth test); the nodes that start together meet and measure the fabric.
+REPLACEMENT_ENV = "MNCLOUD_REPLACEMENT"
 
 #: How the model is spread over the GPUs (`up --parallel`: ddp, fsdp or hsdp); unset: the
 #: script's own choice (`mncloud.train.parallel`).

@@ -14,7 +14,7 @@ from mncloud.backends.base import RunState
 from mncloud.doctor import bandwidth
 from tests.servers import free_port
 from tests.test_doctor import FAILED, finish, start_node, workdir
-from tests.test_local import cli, run_log, up, wait_final
+from tests.test_local import cli, run_log, run_series, up, wait_final
 
 if TYPE_CHECKING:
     from tests.fakesky import FakeSky
@@ -175,3 +175,42 @@ def _invoke(*args: str) -> Any:
     from mncloud.cli import app
 
     return CliRunner().invoke(app, list(args))
+
+
+# ------------------------------------------------ node recovery (the default with Replicas)
+
+
+def _up_default(name: str, *flags: str, steps: int = 3) -> None:
+    """`up` of `examples/train_ddp.py` (it uses Replicas) on 2 local nodes, with no --recovery:
+    node recovery is the default."""
+    from tests.test_local import EXAMPLE
+
+    args = ["up", str(EXAMPLE), "--cloud", "local", "--name", name, "--detach", "--yes"]
+    cli(*args, "--nodes", "2", "--gpus", "cpu:1", *flags, "--", "--steps", str(steps))
+
+
+@pytest.mark.slow
+@pytest.mark.catalog
+def test_node_recovery_measures_the_fabric_before_the_first_quorum() -> None:
+    """The nodes that start together meet and measure (one rank per node) before torchft's
+    first quorum; the figure reaches `status --json`."""
+    _up_default("bwnode")
+    assert wait_final("bwnode").state is RunState.SUCCEEDED, run_log("bwnode")
+    log = run_log("bwnode")
+    assert "between 2 nodes (gloo)" in log[log.index("all-reduce bus bandwidth") :]
+    (status,) = json.loads(cli("status", "bwnode", "--json").output)
+    assert status["recovery"] == "node"
+    assert status["bandwidth"]["busbw_gbs"] > 0 and status["bandwidth"]["nodes"] == 2
+
+
+@pytest.mark.slow
+@pytest.mark.catalog
+def test_node_recovery_min_bandwidth_refuses_before_the_first_step() -> None:
+    _up_default("bwnodemin", "--min-bandwidth", "1000000")
+    final = wait_final("bwnodemin")
+    log = run_log("bwnodemin")
+    assert final.state is RunState.FAILED, log
+    refused = [x for x in log.splitlines() if "preflight failed" in x]
+    assert refused and all("below --min-bandwidth 1e+06 GB/s" in x for x in refused), log
+    assert "all-reduce bus bandwidth" in refused[0]  # names the figure it measured
+    assert run_series("bwnodemin").steps == []  # no rank ever stepped

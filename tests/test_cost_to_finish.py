@@ -453,11 +453,45 @@ def test_learn_takes_measured_bandwidth_and_efficiency_from_earlier_runs() -> No
     )
     assert [r.created_at for r in runs] == [3.0, 2.0, 1.0]
     busbw = learned.node_busbw(runs)
-    assert busbw == {"aws/p5.48xlarge": 5.0 * 8}  # the newest, one rank per node × 8 rails
+    # The newest, one rank per node × 8 rails, measured on 4 nodes: kept as at 8 (EFA 0.715 →
+    # 0.6 of its rate), given back at 4.
+    assert busbw == {"aws/p5.48xlarge": pytest.approx(5.0 * 8 * 0.6 / 0.715)}
+    assert learned.at_nodes(busbw["aws/p5.48xlarge"], "aws", "p5.48xlarge", 4) == pytest.approx(40)
     work = Workload(flops_per_step=6.4e13, grad_bytes=5.2e9)
     mfu = learned.mfu_by_gpu(work, runs, "/p/train.py", ["--big"])
     assert set(mfu) == {"H100"} and 0 < mfu["H100"] < 0.4
     assert learned.mfu_by_gpu(work, runs, "/p/other.py", []) == {}
     plan = _chatty_plan(workload=work.model_copy(update={"mfu_by_gpu": mfu}), measured_busbw=busbw)
     p5 = next(c for c in plan.candidates if c.instance_type == "p5.48xlarge")
-    assert "measured 40 GB/s" in p5.network
+    assert "measured 40 GB/s" in p5.network  # the plan's 4 nodes, as measured
+
+
+@pytest.mark.catalog
+def test_a_bandwidth_measured_on_2_nodes_is_rescaled_to_the_plans_node_count() -> None:
+    """EFA between 2 nodes reaches 0.83 of its rate, from 8 on 0.6: a 2-node preflight's
+    figure does not promise a 16-node run the same (nor 2 nodes a 16-node figure's)."""
+    from mncloud.plan import learned
+    from mncloud.records.ledger import observed_runs
+    from mncloud.records.model import RunRecord
+
+    two = RunRecord(
+        run_id="a", name="llm", user="u", host="h", created_at=1.0, backend="skypilot",
+        nodes=2, task_yaml="", spec={"script": "/p/train.py"},
+        plan={"choice": {"cloud": "aws", "instance_type": "p5.48xlarge",
+                         "accelerator": "H100:8"}},
+        bandwidth={"busbw_gbs": 5.0},
+    )  # fmt: skip
+    busbw = learned.node_busbw(observed_runs([two]))
+    assert busbw["aws/p5.48xlarge"] == pytest.approx(40 * 0.6 / 0.83)
+    work = Workload(flops_per_step=1e13, grad_bytes=5.2e9)
+    wide = make_plan(
+        PlanRequest.build(
+            accelerator=Accelerator.parse("H100:8"), nodes=16, spot="on-demand",
+            clouds=["aws"], steps=20_000, workload=work, measured_busbw=busbw,
+        )
+    )  # fmt: skip
+    p5 = next(c for c in wide.candidates if c.instance_type == "p5.48xlarge")
+    assert f"measured {40 * 0.6 / 0.83:.3g} GB/s" in p5.network
+    four = _chatty_plan(workload=work, measured_busbw=busbw)  # 4 nodes: between the two
+    p5 = next(c for c in four.candidates if c.instance_type == "p5.48xlarge")
+    assert f"measured {40 * 0.715 / 0.83:.3g} GB/s" in p5.network

@@ -246,6 +246,19 @@ def test_node_recovery_on_a_cloud_needs_a_bucket_its_vms_reach(
     assert build_spec(script, **{**flags, "bucket": BUCKET}).recovery.value == "node"
 
 
+def test_min_bandwidth_no_preflight_can_check_is_refused_not_ignored(script: Path) -> None:
+    """Each node task is a cluster of its own: no preflight measures between them, so a
+    `--min-bandwidth` floor is one line, not a floor that silently never holds."""
+    with pytest.raises(MncloudError) as caught:
+        render(_spec(script, min_bandwidth=50))
+    message = str(caught.value)
+    assert "\n" not in message and "--min-bandwidth 50 cannot be checked" in message
+    assert "--recovery gang" in message
+    flags = {"gpus": "H100:8", "nodes": 3, "name": "llm", "bucket": BUCKET, "min_bandwidth": 50}
+    gang = render(build_spec(script, recovery="gang", **flags)).yaml_text
+    assert "--bandwidth" in gang and "--min-bandwidth 50" in gang
+
+
 def test_group_state_follows_the_node_tasks() -> None:
     s = RunState
     assert group_state([s.SUCCEEDED, s.SUCCEEDED]) is s.SUCCEEDED

@@ -81,6 +81,10 @@ class Fabric(BaseModel):
         t = (math.log2(max(nodes, 2)) - 1) / 2
         return self.achievable_2 + t * (self.achievable - self.achievable_2)
 
+    def rescale(self, busbw_gbs: float, measured_nodes: int, nodes: int) -> float:
+        """A bus bandwidth measured between `measured_nodes` nodes, as `nodes` would get it."""
+        return busbw_gbs * self.achievable_at(nodes) / self.achievable_at(measured_nodes)
+
 
 class Network(BaseModel):
     """One offer's inter-node network: its fabric and nominal rate per node."""

@@ -79,7 +79,8 @@ class PlanRequest(BaseModel):
     replica fits, HSDP when the state sharded over a node fits, FSDP otherwise."""
     measured_busbw: dict[str, float] = Field(default_factory=dict)
     """`cloud/instance_type` → inter-node bus bandwidth per node (GB/s) that earlier runs'
-    preflights measured (`--learn`): replaces the data file's nominal figure."""
+    preflights measured (`--learn`), as at `learned.REFERENCE_NODES` nodes (rescaled to the
+    plan's node count by the fabric's efficiency there): replaces the data file's figure."""
     max_hourly: float | None = Field(None, gt=0)
     """Budget: the most the whole job may cost per hour, USD."""
     max_cost: float | None = Field(None, gt=0)

@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 from mncloud.catalog import Exclusion, Offer, skyconfig
 from mncloud.errors import CatalogError
-from mncloud.plan import hardware, sharding
+from mncloud.plan import hardware, learned, sharding
 from mncloud.plan.model import PlanRequest
 from mncloud.plan.sharding import Layout
 from mncloud.plan.stepmodel import GIB, StepTime, Workload, step_time
@@ -95,7 +95,10 @@ def _step(
     enabled = (best and net.fabric.tier_best) or net.fabric.key in {"tcp", "loopback"}
     all_cards = net.fabric.key != "efa" or net.cards == 1 or all_efa
     measured = request.measured_busbw.get(f"{offer.cloud}/{offer.instance_type}")
-    busbw = measured or net.busbw_gbs(enabled=enabled, all_cards=all_cards, nodes=request.nodes)
+    if measured:  # kept as at learned.REFERENCE_NODES nodes: rescaled to this plan's count
+        busbw = net.fabric.rescale(measured, learned.REFERENCE_NODES, request.nodes)
+    else:
+        busbw = net.busbw_gbs(enabled=enabled, all_cards=all_cards, nodes=request.nodes)
     step = step_time(
         workload,
         gpu,
@@ -115,7 +118,7 @@ def _step(
         cards = "" if all_cards or not enabled else f", 1 of {net.cards} EFA cards"
         words = f"{fabric} {gbps:,.0f} Gbps{cards}" + ("" if net.known else " (assumed)")
         if measured:
-            words += f", measured {measured:,.3g} GB/s"
+            words += f", measured {busbw:,.3g} GB/s"
     return step, words
 
 

@@ -200,6 +200,7 @@ def template_variables(
             choices = [{**c, "accelerators": str(a)} for a in _accelerators(spec) for c in choices]
     choices = network.with_tiers(spec, choices)
     envs = {**network.fabric_env(spec, choices), **task_env(spec, use_spot, run_id)}
+    network.require_preflight(spec)
     expected = network.expected_busbw(spec, choices)
     gpus_per_node = f'"${constants.SKYPILOT_NUM_GPUS_PER_NODE}"'
     return {

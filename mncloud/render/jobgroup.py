@@ -102,6 +102,18 @@ def require_bucket(spec: JobSpec) -> None:
         )
 
 
+def refuse_min_bandwidth(spec: JobSpec) -> None:
+    """SpecError on `--min-bandwidth`: each node task is a cluster of its own that meets the
+    others only through the lighthouse, so no preflight can measure between them, and a floor
+    no one checks must not pass for one that holds (the local backend's nodes do measure)."""
+    if spec.min_bandwidth is not None:
+        raise SpecError(
+            f"--min-bandwidth {spec.min_bandwidth:g} cannot be checked under --recovery node on "
+            "a cloud (each node is a job of its own, with no preflight between them); use "
+            "--recovery gang, whose preflight measures the fabric, or drop --min-bandwidth"
+        )
+
+
 def mncloud_source() -> str | None:
     """This mncloud's source tree when it runs from a checkout (the lighthouse task installs
     it from there), else None (it installs the same version from the package index)."""
@@ -116,6 +128,7 @@ def group_variables(
     `task_template` with them, `name`, `num_nodes` and `envs` replaced) plus the group's."""
     name = spec.name
     require_bucket(spec)
+    refuse_min_bandwidth(spec)
     nodes = []
     for k, task_name in enumerate(node_tasks(name, spec.nodes)):
         envs = dict(task_variables["envs"])

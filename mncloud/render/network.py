@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from mncloud.catalog import skyconfig
+from mncloud.errors import SpecError
 from mncloud.plan import hardware
 from mncloud.spec import JobSpec, NetworkTier
 
@@ -101,9 +102,20 @@ def _network(entry: dict[str, Any]) -> hardware.Network:
     return hardware.network(_cloud(entry), str(entry.get("instance_type") or ""))
 
 
+def require_preflight(spec: JobSpec) -> None:
+    """SpecError when `--min-bandwidth` is given with `--no-preflight`: no test would hold the
+    fabric to it, and a floor must never be ignored silently."""
+    if spec.min_bandwidth is not None and not spec.preflight:
+        raise SpecError(
+            f"--min-bandwidth {spec.min_bandwidth:g} is checked by the preflight's bandwidth "
+            "test; drop --no-preflight (or --min-bandwidth)"
+        )
+
+
 def expected_busbw(spec: JobSpec, choices: list[dict[str, Any]]) -> tuple[float, str] | None:
     """The all-reduce bus bandwidth (GB/s) the preflight expects between nodes, and a word on
-    why: the first entry's (the plan's choice) at the rate it will really get; None for one node.
+    why: the first entry's (the plan's choice) at the rate it will really get between the run's
+    node count (a fabric's efficiency falls from 2 nodes to 8+); None for one node.
 
     The preflight runs one rank per node, so a fabric with a rail per GPU (EFA, TCPX, IB) is
     expected to give that rank its share of the node's rate; TCP and loopback give it all.
@@ -112,14 +124,14 @@ def expected_busbw(spec: JobSpec, choices: list[dict[str, Any]]) -> tuple[float,
         return None
     if spec.is_local:
         local = hardware.network("local", "*")
-        return local.busbw_gbs(enabled=True), local.fabric.name
+        return local.busbw_gbs(enabled=True, nodes=spec.nodes), local.fabric.name
     if not choices or not choices[0].get("instance_type"):
         return None
     entry = choices[0]
     net = _network(entry)
     enabled = entry.get("network_tier") == "best" or not net.fabric.tier_best
     all_cards = net.fabric.key != "efa" or net.cards == 1 or skyconfig.aws_all_efa_cards()
-    busbw = net.busbw_gbs(enabled=enabled, all_cards=all_cards)
+    busbw = net.busbw_gbs(enabled=enabled, all_cards=all_cards, nodes=spec.nodes)
     railed = enabled and all_cards and net.fabric.key not in ("tcp", "loopback")
     if railed and spec.accelerator.count > 1:
         busbw /= spec.accelerator.count

@@ -148,10 +148,13 @@ class Supervisor:
         if mapped:
             self._records.put(mapped, message, node, at, price)
 
-    def _start(self, node: int, script: str, label: str) -> subprocess.Popen[bytes]:
+    def _start(
+        self, node: int, script: str, label: str, extra: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
         env = node_env(self.launch, self.folder, node, metadata_url=self._metadata.url(node),
                        setup=script == "setup.sh")  # fmt: skip
         env.update(self._node_env)
+        env.update(extra or {})
         if script == "run.sh":  # a worker forked from the node's warm host, when it listens
             env.update(self._hosts.env(node))
         proc = start_node(self.launch, self.folder, node, script, env)
@@ -161,7 +164,9 @@ class Supervisor:
 
     def _replace(self, node: int) -> subprocess.Popen[bytes]:
         """Start a replacement for `node` alone (node recovery)."""
-        proc = self._procs[node] = self._start(node, "run.sh", "")
+        # Alone: its preflight has no gang to meet (the fabric was measured at the start).
+        replacement = {constants.REPLACEMENT_ENV: "1"}
+        proc = self._procs[node] = self._start(node, "run.sh", "", replacement)
         record = self.state.nodes[node]
         record.launcher_pid, record.pids, record.started_at = proc.pid, [proc.pid], time.time()
         record.exit_code = record.ended_at = None
