@@ -134,6 +134,8 @@ def test_skypilots_job_group_loader_accepts_it(script: Path) -> None:
     assert all(not r.use_spot for r in lighthouse.resources)
     assert all(r.use_spot for node in nodes for r in node.resources)
     assert [n.envs[constants.REPLICA_ID_ENV] for n in nodes] == ["0", "1", "2"]
+    # Issue #43 point 10: no task of the group (the lighthouse included) gets an API token.
+    assert not any(t.api_server_access for t in dag.tasks)
 
 
 def test_planned_job_group_keeps_the_ordered_fallbacks(script: Path) -> None:
