@@ -34,7 +34,13 @@ from typing import TYPE_CHECKING, Any
 
 from mncloud import layout
 from mncloud.constants import LOCAL_ON_DEMAND_PRICE, LOCAL_SPOT_PRICE
-from mncloud.control.access import ControllerAccess, controller_access, redact_url
+from mncloud.control.access import (
+    ControllerAccess,
+    check_identity,
+    controller_access,
+    on_this_machine_only,
+    redact_url,
+)
 from mncloud.control.placing import cloud_places, home_on_demand_price, local_places, per_place
 from mncloud.control.state import (
     ControlConfig,
@@ -264,6 +270,7 @@ def start(state: ControlState) -> ControlState:
         return state  # the controller writes the state from now on
     from mncloud.control.lease import take
 
+    _check_identity(_api_server())  # before anything is cancelled or launched
     take(state)  # one controller per run: a live one refuses this `up` (or `--replace` ends it)
     try:
         state.controller_job_id = _launch_sky(state)
@@ -337,7 +344,9 @@ def render_control_task(
 
     spec = state.spec
     if access is None:
-        access = controller_access(api_server, list(spec.get("secrets") or []), os.environ)
+        access = controller_access(
+            api_server, list(spec.get("secrets") or []), os.environ, spec.get("envs")
+        )
     source = Path(__file__).resolve().parents[2]
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(template_dir())),
@@ -368,7 +377,10 @@ def _launch_sky(state: ControlState) -> int | None:
     from mncloud.backends.skypilot import sky_errors
 
     api_server = _api_server()
-    access = controller_access(api_server, list(state.spec.get("secrets") or []), os.environ)
+    spec = state.spec
+    access = controller_access(
+        api_server, list(spec.get("secrets") or []), os.environ, spec.get("envs")
+    )
     save_state(state)  # to the bucket too: the controller starts from there
     config = yaml.safe_load(render_control_task(state, api_server, access))
     task = sky.Task.from_yaml_config(config, secrets_overrides=list(access.secrets.items()))
@@ -384,13 +396,25 @@ def _api_server() -> str:
     from sky.server import common
 
     url = os.environ.get("SKYPILOT_API_SERVER_ENDPOINT") or common.get_server_url()
-    if any(host in url for host in ("127.0.0.1", "localhost", "[::1]", "0.0.0.0")):
+    if on_this_machine_only(url):
         raise SpecError(
             f"--deadline on a cloud runs its controller as a SkyPilot job, which must reach "
             f"your SkyPilot API server; {redact_url(url)} is on this machine only: deploy one and "
             "`sky api login -e URL`"
         )
     return url
+
+
+def _check_identity(api_server: str) -> None:
+    """Refuse (one line) an API server that would not know the controller VM (`access.py`)."""
+    import sky
+    from sky.server import constants as server_constants
+
+    from mncloud.backends.skypilot import sky_errors
+
+    with sky_errors("ask SkyPilot's API server how it logs users in"):
+        info = sky.api_info()
+    check_identity(info, api_server, os.environ, server_constants.MIN_API_ACCESS_API_VERSION)
 
 
 #: How long `mncloud down` waits for a local controller to stop its run and exit, beyond the

@@ -24,14 +24,17 @@ import json
 import logging
 import os
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from mncloud import layout
+from mncloud.control.access import RUN_ENVS_SECRET
 from mncloud.deadline.policy import DEFAULT_POLICY, Job, Mode
 from mncloud.errors import MncloudError, RunNotFoundError
+from mncloud.redact import REDACTED, spec_redactor
 
 log = logging.getLogger(__name__)
 
@@ -312,14 +315,52 @@ class ControlState(BaseModel):
 
 
 def save_state(state: ControlState) -> None:
-    """Write the state to the run folder, atomically, then beside the checkpoints (best effort)."""
+    """Write the state to the run folder, atomically, then beside the checkpoints (best effort).
+
+    Both copies have credential-shaped text scrubbed from their messages (SkyPilot's errors
+    name the API server's URL, `user:password@` included); the bucket copy keeps the names
+    of the `--env` values only (the controller VM gets them as a secret, `RUN_ENVS_SECRET`).
+    """
     from mncloud.storage import write_atomic
 
     state.updated_at = time.time()
-    payload = state.model_dump_json(indent=2).encode()
-    write_atomic(layout.control_state_file(state.name), payload)
+    data = _scrubbed(state)
+    write_atomic(layout.control_state_file(state.name), json.dumps(data, indent=2).encode())
     if state.config.state_uri:
-        _push(state.config.state_uri, payload)
+        envs = data["spec"].get("envs") or {}
+        data["spec"] = dict(data["spec"], envs=dict.fromkeys(envs, REDACTED))
+        _push(state.config.state_uri, json.dumps(data, indent=2).encode())
+
+
+def _scrubbed(state: ControlState) -> dict[str, Any]:
+    """The state as JSON, its free-text fields (where SkyPilot's messages land) scrubbed."""
+    data = state.model_dump(mode="json")
+    scrub = spec_redactor(state.spec).scrub
+    for key in ("detail", "controller", "closing"):
+        if data.get(key):
+            data[key] = scrub(data[key])
+    launching = data.get("launching")
+    reasons = [*data["decisions"], *([launching, launching["decision"]] if launching else [])]
+    for one in reasons:
+        one["reason"] = scrub(one["reason"])
+    meta = (data.get("live") or {}).get("meta") or {}
+    if meta.get("error"):
+        meta["error"] = scrub(meta["error"])
+    return data
+
+
+def with_run_envs(state: ControlState, environ: Mapping[str, str]) -> ControlState:
+    """A state read from the bucket with its `--env` values back, from the controller task's
+    secret (`RUN_ENVS_SECRET`); as it was where there is none (the laptop)."""
+    carried = environ.get(RUN_ENVS_SECRET)
+    envs = state.spec.get("envs") or {}
+    if not carried or REDACTED not in envs.values():
+        return state
+    values = json.loads(carried)
+    state.spec = dict(
+        state.spec, envs={k: values.get(k, v) if v == REDACTED else v for k, v in envs.items()}
+    )
+    return state
 
 
 def _object(uri: str) -> tuple[Any, str]:
@@ -364,7 +405,8 @@ def load_uri(uri: str) -> ControlState | None:
     """The state stored at a bucket URI, or None when it is missing or unreadable."""
     with contextlib.suppress(Exception):
         bucket, key = _object(uri)
-        return ControlState.model_validate_json(bucket.get_bytes(key))
+        state = ControlState.model_validate_json(bucket.get_bytes(key))
+        return with_run_envs(state, os.environ)
     return None
 
 
