@@ -263,6 +263,8 @@ class ControlState(BaseModel):
     """Launches that failed in the user's code and were made again (of `--max-restarts`)."""
     relaunches: int = 0
     """Launches made again after the backend failed them (no capacity, its own failure)."""
+    relaunch_at: float | None = None
+    """Wall time an on-demand relaunch for want of capacity waits for (`outcomes.py`)."""
     vanished_looks: int = 0
     """Looks in a row at a live launch the backend no longer knew."""
     place: int | None = None
