@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from mncloud import layout
 from mncloud.control.access import RUN_ENVS_SECRET
 from mncloud.deadline.policy import DEFAULT_POLICY, Job, Mode
-from mncloud.errors import MncloudError, RunNotFoundError
+from mncloud.errors import BackendError, MncloudError, RunNotFoundError
 from mncloud.redact import REDACTED, spec_redactor
 
 log = logging.getLogger(__name__)
@@ -316,8 +316,12 @@ class ControlState(BaseModel):
         )
 
 
-def save_state(state: ControlState) -> None:
-    """Write the state to the run folder, atomically, then beside the checkpoints (best effort).
+def save_state(state: ControlState, *, journal: bool = False) -> None:
+    """Write the state to the run folder, atomically, then beside the checkpoints.
+
+    The bucket copy is best effort (a warning; the next save writes it again), except with
+    `journal` (a launch about to be sent): then a copy not written is a BackendError, and the
+    caller sends nothing, since a controller restarted on a fresh VM knows only that copy.
 
     Both copies have credential-shaped text scrubbed from their messages (SkyPilot's errors
     name the API server's URL, `user:password@` included); the bucket copy keeps the names
@@ -331,7 +335,12 @@ def save_state(state: ControlState) -> None:
     if state.config.state_uri:
         envs = data["spec"].get("envs") or {}
         data["spec"] = dict(data["spec"], envs=dict.fromkeys(envs, REDACTED))
-        _push(state.config.state_uri, json.dumps(data, indent=2).encode())
+        failed = _push(state.config.state_uri, json.dumps(data, indent=2).encode())
+        if failed and journal:
+            raise BackendError(
+                f"the controller's journal could not be written to {state.config.state_uri} "
+                f"({failed}); nothing was launched"
+            )
 
 
 def _scrubbed(state: ControlState) -> dict[str, Any]:
@@ -374,12 +383,15 @@ def _object(uri: str) -> tuple[Any, str]:
     return bucket, join_key(prefix, filename)
 
 
-def _push(uri: str, payload: bytes) -> None:
+def _push(uri: str, payload: bytes) -> str | None:
+    """Write the bucket copy; why it failed, or None."""
     try:
         bucket, key = _object(uri)
         bucket.put_bytes(key, payload)
     except Exception as err:  # the mirror must never stop the controller
         log.warning("controller state not written to %s: %s", uri, err)
+        return str(err) or type(err).__name__
+    return None
 
 
 def load_state(name: str, *, fresh: bool = True) -> ControlState:
