@@ -376,6 +376,26 @@ def test_down_cancels_the_whole_group(script: Path, fake_sky: FakeSky) -> None:
     assert {t.status for t in fake_sky.job(9).tasks} == {S.CANCELLED}
 
 
+def test_resume_after_a_failed_node_cancels_the_nodes_still_training(
+    script: Path, fake_sky: FakeSky
+) -> None:
+    """Issue #43 point 4: node 1 FAILED past its restarts, nodes 0 and 2 (and the lighthouse)
+    train and bill on; `up --resume` takes them down before its launch: one gang per
+    checkpoint prefix, never two."""
+    from sky.jobs import ManagedJobStatus as S
+
+    from mncloud.launch import Existing, settle_existing
+
+    backend = _launched(script, fake_sky)
+    fake_sky.set_status(9, S.RUNNING)
+    fake_sky.set_status(9, S.FAILED, task="llm-node-1")
+    assert backend.status("llm").state is RunState.FAILED and fake_sky.live_jobs() == [9]
+    settle_existing(_spec(script), Existing.RESUME)
+    assert fake_sky.live_jobs() == [] and fake_sky.called("jobs.cancel") == [((), {"job_ids": [9]})]
+    backend.launch(_request(script))
+    assert len(fake_sky.live_jobs()) == 1
+
+
 @pytest.mark.parametrize(
     ("failed", "state", "said"),
     [
