@@ -320,6 +320,7 @@ def backend_name(spec: JobSpec) -> str:
 
 def settle_existing(spec: JobSpec, existing: Existing) -> None:
     """Refuse to launch over an earlier run of the same name unless told what to do with it."""
+    from mncloud.backends.base import RunState
     from mncloud.backends.registry import backend_for_run, known_runs
 
     if spec.name not in known_runs():
@@ -336,8 +337,22 @@ def settle_existing(spec: JobSpec, existing: Existing) -> None:
             "from its newest complete checkpoint, --replace to start over (local checkpoints "
             "are set aside, never deleted; a bucket that holds some is refused), or another --name"
         )
+    if status.state is RunState.FAILED:
+        _down_what_is_left(spec.name)
     if existing is Existing.REPLACE:
         _set_checkpoints_aside(spec)
+
+
+def _down_what_is_left(name: str) -> None:
+    """A failed run may still have live parts: a job group whose one node FAILED keeps its
+    other nodes training and billing. They are cancelled before a launch on the same
+    checkpoints (two gangs on one prefix otherwise); a backend that ends its own runs
+    (local) has nothing left."""
+    from mncloud.backends.registry import backend_for_run
+
+    backend = backend_for_run(name)
+    if not backend.records_own_events:
+        backend.down(name, notice_s=0.0, by="mncloud up (the failed launch's live parts)")
 
 
 def _set_checkpoints_aside(spec: JobSpec) -> None:

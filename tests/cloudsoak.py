@@ -4,9 +4,12 @@ checks the invariants of issue #43.
 
 Faults: API errors at the queue, a lost launch answer, a slow cancel (past `WAIT_S`), a spot
 preemption and SkyPilot's own recovery, SkyPilot failing the job, no spot capacity, the
-controller restarted on a fresh VM (an empty home, the state from the bucket). At the end,
-`down`. Invariants: never two live training jobs of the run; after `down` nothing live; the
-run's secret in no state, record or task YAML. `soak()` returns what it did, for
+controller restarted on a fresh VM (an empty home, the state from the bucket); and
+(`LATER_FAULTS`) `down` at a random moment, a second `up --deadline` of the name from another
+laptop, one node of a job group failing. At the end, `down`. Invariants: never two live
+training jobs of the run; after `down` nothing live (the controller's own job included); the
+run's secret and the API server's password in no state, record or task YAML, and its `--env`
+value not in the controller's state in the bucket. `soak()` returns what it did, for
 docs/benchmarks.md (`bench/cloud_soak.sh` runs the long version).
 """
 
@@ -23,7 +26,7 @@ from sky import exceptions as sx
 from sky.jobs import ManagedJobStatus as S
 
 from mncloud import control
-from mncloud.errors import MncloudError
+from mncloud.errors import MncloudError, SpecError
 from tests.fakesky import FakeSky
 from tests.test_control import GAP
 from tests.test_control_cloud import Driver, _fresh_vm
@@ -83,10 +86,14 @@ def soak(
     monkeypatch.setitem(cancel.cancel_jobs.__kwdefaults__, "sleep", lambda _s: None)
     rng, report = random.Random(seed), Report(seed)
     run = Driver(state)
+    _controller_job(fake, monkeypatch, state)
     for n in range(faults):
-        kind = rng.choice(FAULTS)
+        kind = rng.choice(FAULTS + LATER_FAULTS)
         report.faults[kind] = report.faults.get(kind, 0) + 1
-        if kind == "restart":
+        if kind in LATER_FAULTS:
+            if _later_fault(kind, rng, fake, run, monkeypatch, tmp_path, report):
+                break  # `down`: the run is over
+        elif kind == "restart":
             fresh = _fresh_vm(monkeypatch, tmp_path, f"vm-{seed}-{n}")
             run = Driver(fresh, run.clock)
             with contextlib.suppress(MncloudError):  # LaunchUnknown: SkyPilot restarts it
@@ -111,10 +118,11 @@ def soak(
             break
         except MncloudError:
             report.downs_refused += 1
-    if fake.live_jobs("llm"):
-        report.violations.append(f"after down: live {fake.live_jobs('llm')}")
+    if fake.live_jobs():
+        report.violations.append(f"after down: live {fake.live_jobs()}")
     report.launches = len(fake.called("jobs.launch"))
     _secrets_kept(fake, tmp_path, report)
+    _credentials_kept(fake, tmp_path, report)
     return report
 
 
@@ -135,6 +143,130 @@ def _secrets_kept(fake: FakeSky, tmp_path: Path, report: Report) -> None:
             report.violations.append(f"secret in job {job.job_id}'s YAML")
 
 
+# ------------------------------------------------------ #43's later faults and checks
+
+LATER_FAULTS = ("down", "second_up", "node_failed")
+PASSWORD = "soak-api-pw-51c9"
+ENDPOINT = f"https://alice:{PASSWORD}@sky.example.com:46580"
+ENV_VALUE = "soak-env-value-0b2e"
+
+
+def _controller_job(
+    fake: FakeSky, monkeypatch: pytest.MonkeyPatch, st: control.ControlState
+) -> None:
+    """The controller's own managed job (`llm-control`, its envs naming the state in the
+    bucket: `down` and the lease find it there), and an API server behind basic auth."""
+    from sky.server import common as server_common
+
+    from mncloud.control.access import controller_access
+
+    monkeypatch.setattr(server_common, "get_server_url", lambda host=None: ENDPOINT)
+    access = controller_access(ENDPOINT, [], {}, {"NOTE": ENV_VALUE})
+    for name, value in access.secrets.items():  # what the controller VM gets as secrets
+        if name != "SKYPILOT_API_SERVER_ENDPOINT":
+            monkeypatch.setenv(name, value)
+    job = fake.add_job("llm-control", S.RUNNING)
+    fake.job(
+        job
+    ).yaml = f"name: llm-control\nenvs:\n  MNCLOUD_CONTROL_STATE_URI: {st.config.state_uri}\n"
+    st.controller_job_id = job
+
+
+def _later_fault(
+    kind: str,
+    rng: random.Random,
+    fake: FakeSky,
+    run: Driver,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    report: Report,
+) -> bool:
+    """One of `LATER_FAULTS`; True when it ended the run (`down`)."""
+    if kind == "down":
+        _down_now(run, fake, report)
+        return True
+    if kind == "second_up":
+        _second_up(run, fake, monkeypatch, tmp_path, report)
+    else:
+        _node_failed(rng, fake)
+    return False
+
+
+def _down_now(run: Driver, fake: FakeSky, report: Report) -> None:
+    """`down` whatever is going on (API errors, a slow cancel, a launch in flight): run again
+    while it says it could not finish, as a user would; then nothing of the run is live."""
+    for _attempt in range(5):
+        try:
+            _down(run)
+            break
+        except MncloudError:
+            report.downs_refused += 1
+    else:
+        return  # still refused: the soak's final `down` (the API back) must finish it
+    if fake.live_jobs():
+        report.violations.append(f"look {report.looks}: live after down: {fake.live_jobs()}")
+
+
+def _second_up(
+    run: Driver,
+    fake: FakeSky,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    report: Report,
+) -> None:
+    """`up --deadline --name llm` from another laptop while the controller lives: refused in
+    one line naming `mncloud status llm` and `--replace`; nothing launched."""
+    import os
+
+    from mncloud.control.start import start
+
+    home, jobs = os.environ["MNCLOUD_HOME"], len(fake.jobs)
+    monkeypatch.setenv("MNCLOUD_HOME", str(tmp_path / f"laptop-{report.looks}"))
+    st = run.state
+    again = control.ControlState(name=st.name, config=st.config, spec=st.spec, options=st.options)
+    try:
+        start(again)
+        report.violations.append(f"look {report.looks}: a second up was not refused")
+    except SpecError as err:  # (a BackendError: the queue could not be asked, refused too)
+        said = str(err)
+        if "mncloud status llm" not in said or "--replace" not in said or "\n" in said:
+            report.violations.append(f"look {report.looks}: second up refused as {said!r}")
+    except MncloudError:
+        pass
+    finally:
+        monkeypatch.setenv("MNCLOUD_HOME", home)
+    if len(fake.jobs) != jobs or len(fake.live_jobs("llm-control")) > 1:
+        report.violations.append(f"look {report.looks}: a second up launched something")
+
+
+def _node_failed(rng: random.Random, fake: FakeSky) -> None:
+    """One node of the live launch fails past its restarts (a job group's others train on)."""
+    live = fake.live_jobs("llm")
+    if not live:
+        return
+    tasks = fake.job(live[0]).tasks
+    nodes = [t for t in tasks if t.primary] or tasks
+    node = rng.choice(nodes)
+    fake.set_status(live[0], S.FAILED, task=node.name, reason=f"{node.name}'s program exited 1")
+
+
+def _credentials_kept(fake: FakeSky, tmp_path: Path, report: Report) -> None:
+    """The API server's password in no file and no task YAML; the `--env` value not in the
+    controller's state in the bucket (it names it only; run records keep `--env` values by
+    design, for `rerun`), and in every training task."""
+    for path in tmp_path.rglob("*"):
+        if path.is_file() and PASSWORD.encode() in path.read_bytes():
+            report.violations.append(f"API password in {path}")
+    for path in (tmp_path / "bucket").rglob("control/state.json"):
+        if ENV_VALUE.encode() in path.read_bytes():
+            report.violations.append(f"--env value in the bucket's {path}")
+    for job in fake.jobs.values():
+        if PASSWORD in job.yaml:
+            report.violations.append(f"API password in job {job.job_id}'s YAML")
+        if job.name == "llm" and ENV_VALUE not in job.yaml:
+            report.violations.append(f"job {job.job_id} launched without its --env value")
+
+
 def soak_state(script: Path, tmp_path: Path, **flags: Any) -> control.ControlState:
     """A cloud deadline run with a secret, a long deadline and many restarts allowed."""
     from mncloud.request import build_spec
@@ -142,7 +274,8 @@ def soak_state(script: Path, tmp_path: Path, **flags: Any) -> control.ControlSta
 
     bucket = f"file://{tmp_path / 'bucket'}"
     spec = build_spec(script, gpus="H100:8", nodes=4, name="llm", bucket=bucket,
-                      secret=["SOAK_TOKEN"], max_restarts=50, **flags)  # fmt: skip
+                      secret=["SOAK_TOKEN"], max_restarts=50, env=[f"NOTE={ENV_VALUE}"],
+                      **flags)  # fmt: skip
     state = control.deadline_state(
         spec, LaunchOptions(hours=2, recovery_minutes=10), deadline_s=12 * 3600,
         hours_given=True, spot_price=10.0, on_demand_price=30.0, policy="uniform-progress",

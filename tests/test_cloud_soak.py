@@ -32,3 +32,25 @@ def test_cloud_faults_keep_one_job_bill_and_leave_nothing(
           f"{report.downs_refused} downs refused")  # fmt: skip
     assert report.violations == []
     assert sum(report.faults.values()) >= 1 and report.looks >= 1
+
+
+@pytest.mark.parametrize("seed", range(SEEDS))
+def test_cloud_faults_on_a_job_group(
+    seed: int,
+    script: Path,  # noqa: F811
+    fake_sky: FakeSky,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The same soak over a `--recovery node` run (a job group): a failed node's siblings
+    are cancelled before the relaunch, never two gangs."""
+    from mncloud.render import jobgroup
+
+    script.write_text("from mncloud.train import Replicas\nreplicas = Replicas({})\n")
+    monkeypatch.setattr(jobgroup, "require_bucket", lambda _spec: None)
+    monkeypatch.setenv("SOAK_TOKEN", SECRET)
+    state = soak_state(script, tmp_path, recovery="node")
+    report = soak(fake_sky, monkeypatch, tmp_path, state, 1000 + seed, FAULTS)
+    print(f"cloud soak (job group) seed {1000 + seed}: {report.faults}, {report.looks} looks")
+    assert report.violations == []
+    assert sum(report.faults.values()) >= 1 and report.looks >= 1

@@ -134,6 +134,8 @@ def test_skypilots_job_group_loader_accepts_it(script: Path) -> None:
     assert all(not r.use_spot for r in lighthouse.resources)
     assert all(r.use_spot for node in nodes for r in node.resources)
     assert [n.envs[constants.REPLICA_ID_ENV] for n in nodes] == ["0", "1", "2"]
+    # Issue #43 point 10: no task of the group (the lighthouse included) gets an API token.
+    assert not any(t.api_server_access for t in dag.tasks)
 
 
 def test_planned_job_group_keeps_the_ordered_fallbacks(script: Path) -> None:
@@ -385,6 +387,26 @@ def test_down_cancels_the_whole_group(script: Path, fake_sky: FakeSky) -> None:
     assert fake_sky.called("jobs.cancel") == [((), {"job_ids": [9]})]
     assert status.state is RunState.CANCELLED and "cancelled managed job 9" in status.detail
     assert {t.status for t in fake_sky.job(9).tasks} == {S.CANCELLED}
+
+
+def test_resume_after_a_failed_node_cancels_the_nodes_still_training(
+    script: Path, fake_sky: FakeSky
+) -> None:
+    """Issue #43 point 4: node 1 FAILED past its restarts, nodes 0 and 2 (and the lighthouse)
+    train and bill on; `up --resume` takes them down before its launch: one gang per
+    checkpoint prefix, never two."""
+    from sky.jobs import ManagedJobStatus as S
+
+    from mncloud.launch import Existing, settle_existing
+
+    backend = _launched(script, fake_sky)
+    fake_sky.set_status(9, S.RUNNING)
+    fake_sky.set_status(9, S.FAILED, task="llm-node-1")
+    assert backend.status("llm").state is RunState.FAILED and fake_sky.live_jobs() == [9]
+    settle_existing(_spec(script), Existing.RESUME)
+    assert fake_sky.live_jobs() == [] and fake_sky.called("jobs.cancel") == [((), {"job_ids": [9]})]
+    backend.launch(_request(script))
+    assert len(fake_sky.live_jobs()) == 1
 
 
 @pytest.mark.parametrize(

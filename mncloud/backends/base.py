@@ -285,6 +285,11 @@ class ControllerHost(Protocol):
         """The API server the controller will launch through."""
         ...
 
+    def api_login(self) -> tuple[Any, int]:
+        """How the API server logs users in (its health answer) and the least API version
+        whose tasks can be given a token of their own (`control/access.check_identity`)."""
+        ...
+
     def launch_controller(
         self, run_name: str, config: dict[str, Any], secrets: dict[str, str]
     ) -> int | None:

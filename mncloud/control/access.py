@@ -10,6 +10,8 @@ everywhere SkyPilot shows a task). So:
     the run's --secret NAMEs        secrets (values read here, at `up`; a missing one: one
                                     line, exit 2, before any VM)
     SKYPILOT_SERVICE_ACCOUNT_TOKEN  secrets, when the laptop has one
+    the run's --env values          secrets, as one JSON value (`RUN_ENVS_SECRET`): the
+                                    state in the bucket names them only
     AWS_ENDPOINT_URL (and region)   envs: an address, not a credential
 
 and `api_server_access: true` on the controller's task (SkyPilot then gives it a token of the
@@ -20,9 +22,12 @@ controller's queue and cancel calls are the laptop user's, and see its jobs.
 
 from __future__ import annotations
 
+import ipaddress
+import json
 import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from mncloud.errors import SpecError
 
@@ -30,6 +35,9 @@ ENDPOINT_ENV = "SKYPILOT_API_SERVER_ENDPOINT"
 TOKEN_ENV = "SKYPILOT_SERVICE_ACCOUNT_TOKEN"
 CARRIED_ENVS = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION", "AWS_DEFAULT_REGION")
 """Plain settings the controller's launches need as the laptop had them (addresses only)."""
+RUN_ENVS_SECRET = "MNCLOUD_RUN_ENVS"
+"""The controller task's secret carrying the run's `--env` values (JSON): the state in the
+bucket names them only (`state.save_state`), the controller reads them back from it."""
 
 
 @dataclass
@@ -53,10 +61,13 @@ def redact_url(url: str) -> str:
 
 
 def controller_access(
-    api_server: str, secret_names: list[str], environ: Mapping[str, str]
+    api_server: str,
+    secret_names: list[str],
+    environ: Mapping[str, str],
+    run_envs: Mapping[str, str] | None = None,
 ) -> ControllerAccess:
     """The controller's envs and secrets (see the module docstring); SpecError, one line,
-    when a secret the run needs is not set here."""
+    when a secret the run needs is not set here. `run_envs`: the run's `--env` values."""
     missing = [name for name in secret_names if name not in environ]
     if missing:
         raise SpecError(
@@ -73,4 +84,66 @@ def controller_access(
     access.secrets.update({name: environ[name] for name in secret_names})
     if environ.get(TOKEN_ENV):
         access.secrets[TOKEN_ENV] = environ[TOKEN_ENV]
+    if run_envs:
+        access.secrets[RUN_ENVS_SECRET] = json.dumps(dict(run_envs))
     return access
+
+
+_LOCAL_NAMES = ("localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback")
+
+
+def on_this_machine_only(url: str) -> bool:
+    """Whether a controller VM in a cloud surely cannot reach the API server at `url`: a
+    loopback, unspecified or link-local address in any spelling (127.0.0.0/8, `::1`,
+    `::ffff:127.0.0.1`, 0.0.0.0, 169.254.0.0/16, fe80::/10), a `localhost` name or a `.local`
+    (mDNS) one. Private addresses (10/8, a VPC's) and other names may be reachable: allowed."""
+    host = (urllib.parse.urlsplit(url if "//" in url else f"//{url}").hostname or "").lower()
+    host = host.rstrip(".")
+    if host in _LOCAL_NAMES or host.endswith((".localhost", ".local")):
+        return True
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return address.is_loopback or address.is_unspecified or address.is_link_local
+
+
+def check_identity(
+    info: Any, api_server: str, environ: Mapping[str, str], min_api_version: int
+) -> None:
+    """SpecError, one line, when the API server wants a login the controller VM would not have.
+
+    `info`: the server's health answer (`sky.api_info()`). The controller's identity is the
+    laptop's service-account token (`SKYPILOT_SERVICE_ACCOUNT_TOKEN`, carried as a secret),
+    the `user:password@` of a basic-auth endpoint (likewise), or the token SkyPilot makes for
+    a task with `api_server_access: true`, which it does only where the server has service
+    accounts enabled and is new enough (`min_api_version`)."""
+    wants = [
+        what
+        for flag, what in (
+            ("basic_auth_enabled", "basic auth"),
+            ("ingress_basic_auth_enabled", "basic auth on its ingress"),
+            ("external_proxy_auth_enabled", "a login through its auth proxy (SSO)"),
+        )
+        if getattr(info, flag, False)
+    ]
+    if not wants or environ.get(TOKEN_ENV):
+        return
+    has_password = redact_url(api_server) != api_server
+    if has_password and not getattr(info, "external_proxy_auth_enabled", False):
+        return
+    try:
+        version = int(getattr(info, "api_version", "") or 0)
+    except ValueError:
+        version = 0
+    if getattr(info, "service_account_token_enabled", False) and version >= min_api_version:
+        return
+    raise SpecError(
+        f"SkyPilot's API server at {redact_url(api_server)} wants {' and '.join(wants)}, and "
+        "the deadline controller's VM would have no login: export SKYPILOT_SERVICE_ACCOUNT_TOKEN "
+        "(a service-account token, `sky api login --token`) before `mncloud up`, or enable "
+        "service accounts on the server (ENABLE_SERVICE_ACCOUNTS=true) so SkyPilot gives the "
+        "controller your token"
+    )

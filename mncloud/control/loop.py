@@ -276,7 +276,11 @@ class Controller:
         st.launching = Launching(mode=mode, tick=tick, reason=reason, at=self.clock.time(),
                                  decision=decision, place=place,
                                  run_id=new_run_id(st.name))  # fmt: skip
-        save_state(st)
+        try:
+            save_state(st, journal=True)  # in the bucket before the launch is sent
+        except MncloudError:
+            st.launching = None  # never sent: nothing for a restart to finish
+            raise
 
     def _launch(self, mode: Mode, tick: int, reason: str, *, again: bool = False) -> None:
         """Launch the spec in `mode` (`again`: after a launch cut short by a crash)."""

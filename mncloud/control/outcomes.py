@@ -7,7 +7,9 @@ The backend's status says how the live launch ended (`RunStatus.state` and, for 
     FAILED  capacity       (FAILED_NO_RESOURCE) on spot: spot is missing from now on (probed
                            again `probe_after_s` later) and the policy decides again at once:
                            on-demand, spot in another place, or a wait. On on-demand: launched
-                           again, `MAX_RELAUNCHES` times in a row at most
+                           again after `CAPACITY_BACKOFF` (1, 2, 4 min: SkyPilot has just
+                           tried every region it may use), `MAX_RELAUNCHES` times in a row at
+                           most; the wait is in the state (`relaunch_at`), a restart keeps it
     FAILED  user           (FAILED, FAILED_SETUP) launched again from the newest checkpoint,
                            counted against `--max-restarts` over the whole run (a launch the
                            controller makes retries no error itself, so each is counted once);
@@ -38,6 +40,8 @@ import enum
 import logging
 from typing import TYPE_CHECKING
 
+from tenacity import RetryCallState, wait_exponential
+
 from mncloud.backends.base import Failure, RunState
 from mncloud.deadline.policy import Mode
 
@@ -52,6 +56,8 @@ log = logging.getLogger(__name__)
 MAX_RELAUNCHES = 3
 #: Looks in a row at a job the queue no longer lists before it counts as lost.
 VANISHED_LOOKS = 3
+CAPACITY_BACKOFF = wait_exponential(multiplier=60.0, min=60.0, max=1800.0)
+"""Wall seconds before the n-th relaunch of an on-demand launch that found no capacity."""
 
 
 class Settled(enum.Enum):
@@ -64,12 +70,18 @@ class Settled(enum.Enum):
     AGAIN = "again"
     """The launch is over and the run goes on: decide now, this tick included."""
     UNSURE = "unsure"
-    """The backend's answer cannot be trusted this look: decide nothing, look again."""
+    """The backend's answer cannot be trusted this look, or a relaunch waits out its backoff:
+    decide nothing, look again."""
 
 
 def settle(ctl: Steering, status: RunStatus | None) -> Settled:
     """Answer the live launch's status (see the module docstring)."""
     st = ctl.state
+    if st.relaunch_at is not None:  # nothing runs: an on-demand relaunch waits its backoff
+        if ctl.clock.time() < st.relaunch_at:
+            return Settled.UNSURE
+        st.relaunch_at = None
+        return Settled.AGAIN
     if status is None:
         return Settled.GOING
     if not status.state.is_final:
@@ -116,11 +128,22 @@ def _cancel_the_rest(ctl: Steering) -> None:
 def _no_capacity(ctl: Steering, status: RunStatus) -> Settled:
     st = ctl.state
     if st.market is not Mode.SPOT:
-        return _relaunch(ctl, status, f"no {st.market.value} capacity")
+        settled = _relaunch(ctl, status, f"no {st.market.value} capacity")
+        if settled is Settled.AGAIN:  # not at once: after CAPACITY_BACKOFF
+            st.relaunch_at = ctl.clock.time() + capacity_backoff_s(st.relaunches)
+            return Settled.UNSURE
+        return settled
     _close(ctl, status)
     ctl.course.spot_gone(st, ctl.clock.time())
     log.info("no spot capacity for the launch (%s); deciding again", status.detail)
     return Settled.AGAIN
+
+
+def capacity_backoff_s(relaunch: int) -> float:
+    """The wait before the `relaunch`-th on-demand relaunch for want of capacity."""
+    state = RetryCallState(retry_object=None, fn=None, args=(), kwargs={})  # type: ignore[arg-type]
+    state.attempt_number = relaunch
+    return float(CAPACITY_BACKOFF(state))
 
 
 def _user_failed(ctl: Steering, status: RunStatus) -> Settled:

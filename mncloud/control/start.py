@@ -33,7 +33,13 @@ from typing import TYPE_CHECKING, Any
 
 from mncloud import layout
 from mncloud.constants import LOCAL_ON_DEMAND_PRICE, LOCAL_SPOT_PRICE
-from mncloud.control.access import ControllerAccess, controller_access, redact_url
+from mncloud.control.access import (
+    ControllerAccess,
+    check_identity,
+    controller_access,
+    on_this_machine_only,
+    redact_url,
+)
 from mncloud.control.placing import cloud_places, home_on_demand_price, local_places, per_place
 from mncloud.control.state import (
     ControlConfig,
@@ -268,8 +274,12 @@ def start(state: ControlState) -> ControlState:
         keeper = _spawn_local(name)
         state.controller = f"this machine, keeper pid {keeper}"
         return state  # the controller writes the state from now on
+    from mncloud.control.down import host_of
     from mncloud.control.lease import take
 
+    host = host_of(state)
+    info, min_version = host.api_login()  # refused before anything is cancelled or launched
+    check_identity(info, _api_server(host), os.environ, min_version)
     take(state)  # one controller per run: a live one refuses this `up` (or `--replace` ends it)
     try:
         state.controller_job_id = _launch_sky(state)
@@ -343,7 +353,9 @@ def render_control_task(
 
     spec = state.spec
     if access is None:
-        access = controller_access(api_server, list(spec.get("secrets") or []), os.environ)
+        access = controller_access(
+            api_server, list(spec.get("secrets") or []), os.environ, spec.get("envs")
+        )
     source = Path(__file__).resolve().parents[2]
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(template_dir())),
@@ -374,7 +386,10 @@ def _launch_sky(state: ControlState) -> int | None:
 
     host = host_of(state)
     api_server = _api_server(host)
-    access = controller_access(api_server, list(state.spec.get("secrets") or []), os.environ)
+    spec = state.spec
+    access = controller_access(
+        api_server, list(spec.get("secrets") or []), os.environ, spec.get("envs")
+    )
     save_state(state)  # to the bucket too: the controller starts from there
     config = yaml.safe_load(render_control_task(state, api_server, access))
     return host.launch_controller(state.name, config, access.secrets)
@@ -383,7 +398,7 @@ def _launch_sky(state: ControlState) -> int | None:
 def _api_server(host: ControllerHost) -> str:
     """The SkyPilot API server the controller will use; it must be reachable from the cloud."""
     url = os.environ.get("SKYPILOT_API_SERVER_ENDPOINT") or host.api_server_url()
-    if any(host in url for host in ("127.0.0.1", "localhost", "[::1]", "0.0.0.0")):
+    if on_this_machine_only(url):
         raise SpecError(
             f"--deadline on a cloud runs its controller as a SkyPilot job, which must reach "
             f"your SkyPilot API server; {redact_url(url)} is on this machine only: deploy one and "

@@ -24,14 +24,17 @@ import json
 import logging
 import os
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from mncloud import layout
+from mncloud.control.access import RUN_ENVS_SECRET
 from mncloud.deadline.policy import DEFAULT_POLICY, Job, Mode
-from mncloud.errors import MncloudError, RunNotFoundError
+from mncloud.errors import BackendError, MncloudError, RunNotFoundError
+from mncloud.redact import REDACTED, spec_redactor
 
 log = logging.getLogger(__name__)
 
@@ -270,6 +273,8 @@ class ControlState(BaseModel):
     """Launches that failed in the user's code and were made again (of `--max-restarts`)."""
     relaunches: int = 0
     """Launches made again after the backend failed them (no capacity, its own failure)."""
+    relaunch_at: float | None = None
+    """Wall time an on-demand relaunch for want of capacity waits for (`outcomes.py`)."""
     vanished_looks: int = 0
     """Looks in a row at a live launch the backend no longer knew."""
     place: int | None = None
@@ -321,15 +326,62 @@ class ControlState(BaseModel):
         )
 
 
-def save_state(state: ControlState) -> None:
-    """Write the state to the run folder, atomically, then beside the checkpoints (best effort)."""
+def save_state(state: ControlState, *, journal: bool = False) -> None:
+    """Write the state to the run folder, atomically, then beside the checkpoints.
+
+    The bucket copy is best effort (a warning; the next save writes it again), except with
+    `journal` (a launch about to be sent): then a copy not written is a BackendError, and the
+    caller sends nothing, since a controller restarted on a fresh VM knows only that copy.
+
+    Both copies have credential-shaped text scrubbed from their messages (SkyPilot's errors
+    name the API server's URL, `user:password@` included); the bucket copy keeps the names
+    of the `--env` values only (the controller VM gets them as a secret, `RUN_ENVS_SECRET`).
+    """
     from mncloud.storage import write_atomic
 
     state.updated_at = time.time()
-    payload = state.model_dump_json(indent=2).encode()
-    write_atomic(layout.control_state_file(state.name), payload)
+    data = _scrubbed(state)
+    write_atomic(layout.control_state_file(state.name), json.dumps(data, indent=2).encode())
     if state.config.state_uri:
-        _push(state.config.state_uri, payload)
+        envs = data["spec"].get("envs") or {}
+        data["spec"] = dict(data["spec"], envs=dict.fromkeys(envs, REDACTED))
+        failed = _push(state.config.state_uri, json.dumps(data, indent=2).encode())
+        if failed and journal:
+            raise BackendError(
+                f"the controller's journal could not be written to {state.config.state_uri} "
+                f"({failed}); nothing was launched"
+            )
+
+
+def _scrubbed(state: ControlState) -> dict[str, Any]:
+    """The state as JSON, its free-text fields (where SkyPilot's messages land) scrubbed."""
+    data = state.model_dump(mode="json")
+    scrub = spec_redactor(state.spec).scrub
+    for key in ("detail", "controller", "closing"):
+        if data.get(key):
+            data[key] = scrub(data[key])
+    launching = data.get("launching")
+    reasons = [*data["decisions"], *([launching, launching["decision"]] if launching else [])]
+    for one in reasons:
+        one["reason"] = scrub(one["reason"])
+    meta = (data.get("live") or {}).get("meta") or {}
+    if meta.get("error"):
+        meta["error"] = scrub(meta["error"])
+    return data
+
+
+def with_run_envs(state: ControlState, environ: Mapping[str, str]) -> ControlState:
+    """A state read from the bucket with its `--env` values back, from the controller task's
+    secret (`RUN_ENVS_SECRET`); as it was where there is none (the laptop)."""
+    carried = environ.get(RUN_ENVS_SECRET)
+    envs = state.spec.get("envs") or {}
+    if not carried or REDACTED not in envs.values():
+        return state
+    values = json.loads(carried)
+    state.spec = dict(
+        state.spec, envs={k: values.get(k, v) if v == REDACTED else v for k, v in envs.items()}
+    )
+    return state
 
 
 def _object(uri: str) -> tuple[Any, str]:
@@ -341,12 +393,15 @@ def _object(uri: str) -> tuple[Any, str]:
     return bucket, join_key(prefix, filename)
 
 
-def _push(uri: str, payload: bytes) -> None:
+def _push(uri: str, payload: bytes) -> str | None:
+    """Write the bucket copy; why it failed, or None."""
     try:
         bucket, key = _object(uri)
         bucket.put_bytes(key, payload)
     except Exception as err:  # the mirror must never stop the controller
         log.warning("controller state not written to %s: %s", uri, err)
+        return str(err) or type(err).__name__
+    return None
 
 
 def load_state(name: str, *, fresh: bool = True) -> ControlState:
@@ -374,7 +429,8 @@ def load_uri(uri: str) -> ControlState | None:
     """The state stored at a bucket URI, or None when it is missing or unreadable."""
     with contextlib.suppress(Exception):
         bucket, key = _object(uri)
-        return ControlState.model_validate_json(bucket.get_bytes(key))
+        state = ControlState.model_validate_json(bucket.get_bytes(key))
+        return with_run_envs(state, os.environ)
     return None
 
 

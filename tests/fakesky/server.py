@@ -4,6 +4,7 @@ the wire, kept in flight, failed or lost on demand) and `install`, which patches
 from __future__ import annotations
 
 import inspect
+import json
 import time
 from collections import Counter, deque
 from collections.abc import Callable
@@ -12,7 +13,9 @@ from typing import Any
 import pytest
 from sky import exceptions as sx
 from sky.jobs import ManagedJobStatus as S
+from sky.schemas.api import responses
 from sky.server import common as server_common
+from sky.server import constants as server_constants
 from sky.server.requests import payloads
 
 from tests.fakesky.clusters import Clusters
@@ -58,6 +61,9 @@ class FakeSky(ManagedJobs, Clusters):
         self._in_flight: dict[str, tuple[str, str, Callable[[], Any], int]] = {}
         self._failing: dict[str, deque[BaseException]] = {}
         self._losing: Counter[str] = Counter()
+        self.health: dict[str, Any] = {}
+        """Fields of the server's `/api/health` answer (`sky.api_info`) over a healthy one of
+        this SkyPilot's API version with no auth: `external_proxy_auth_enabled=True`..."""
 
     # ------------------------------------------------------------------ test controls
 
@@ -244,6 +250,15 @@ class FakeSky(ManagedJobs, Clusters):
             raise value
         return value
 
+    def api_info(self, *args: Any, **kwargs: Any) -> Any:
+        """`sky.api_info()`: the server's health answer (`health`), not a request."""
+        inspect.signature(real("api_info")).bind(*args, **kwargs)
+        self._check_reachable()
+        self.calls.append(("api_info", args, kwargs))
+        fields = {"status": server_common.ApiServerStatus.HEALTHY.value,
+                  "api_version": str(server_constants.API_VERSION), **self.health}  # fmt: skip
+        return responses.APIHealthResponse(**json.loads(json.dumps(fields)))
+
     def _api_status(self, request_ids: Any, all_status: bool, **_kw: Any) -> list[Any]:
         """The server's unfinished requests (`held` ones), as `sky.api_status` lists them:
         named as the server names them (`sky.jobs.launch`)."""
@@ -278,6 +293,7 @@ def install(monkeypatch: pytest.MonkeyPatch) -> FakeSky:
         "jobs.cancel": fake._request("jobs.cancel", fake._jobs_cancel),
         "jobs.tail_logs": fake._stream("jobs.tail_logs", fake._jobs_tail_logs),
         "api_status": fake._stream("api_status", fake._api_status),
+        "api_info": fake.api_info,
     }
     real_status = server_common.get_api_server_status
 

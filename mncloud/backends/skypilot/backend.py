@@ -221,9 +221,11 @@ class SkyPilotBackend:
         older mncloud's on-demand run): its cluster torn down (`sky.down`)."""
         meta = require_meta(run_name)
         noticed = self._notice(meta, notice_s, by)
-        status = self._down_cluster(meta) if meta.kind == CLUSTER else self._cancel_run(meta)
-        if noticed is not None and meta.ckpt_uri:
-            withdraw_notice(meta.ckpt_uri)
+        try:
+            status = self._down_cluster(meta) if meta.kind == CLUSTER else self._cancel_run(meta)
+        finally:  # a failed cancel too: the job's restarts (exit 115) must not stop again
+            if noticed is not None and meta.ckpt_uri:
+                withdraw_notice(meta.ckpt_uri)
         if noticed is None:
             return status
         saved = f"step {noticed[1]} saved" if noticed[1] is not None else "no new step saved"

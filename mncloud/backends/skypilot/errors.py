@@ -7,14 +7,16 @@ import re
 from collections.abc import Iterator
 
 from mncloud.errors import BackendError, MncloudError, RunNotFoundError
+from mncloud.redact import Redactor
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 """Terminal colour and cursor codes, which SkyPilot puts in its messages and logs."""
 
 
 def one_line(err: BaseException | str, limit: int = 300) -> str:
-    """`err` as one line without terminal codes, cut to `limit` characters."""
-    text = " ".join(ANSI.sub("", str(err)).split())
+    """`err` as one line without terminal codes or credential-shaped text (SkyPilot names its
+    API server's URL, `user:password@` included), cut to `limit` characters."""
+    text = Redactor().scrub(" ".join(ANSI.sub("", str(err)).split()))
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 

@@ -29,6 +29,14 @@ class SkyPilotHost:
 
         return str(common.get_server_url())
 
+    def api_login(self) -> tuple[Any, int]:
+        import sky
+        from sky.server import constants as server_constants
+
+        with sky_errors("ask SkyPilot's API server how it logs users in"):
+            info = sky.api_info()
+        return info, int(server_constants.MIN_API_ACCESS_API_VERSION)
+
     def launch_controller(
         self, run_name: str, config: dict[str, Any], secrets: dict[str, str]
     ) -> int | None:
