@@ -100,7 +100,9 @@ def _spec(values: dict[str, Any], existing: Existing, notices: list[str]) -> Job
     return spec.updated(export_on_finish=fmt)
 
 
-_DEADLINE_ONLY = ("budget", "spot_trace", "time_scale", "spot_price", "on_demand_price")
+_DEADLINE_ONLY = (
+    "budget", "spot_trace", "time_scale", "pace_steps", "spot_price", "on_demand_price",
+)  # fmt: skip
 
 
 def _deadline_only(values: dict[str, Any]) -> bool:
@@ -132,7 +134,9 @@ def _up_deadline(values: dict[str, Any], existing: Existing) -> None:
     from mncloud.cli.control import start_deadline_run
 
     if values["deadline"] is None:
-        raise opts.SpecError("--budget, --spot-trace, --time-scale and the prices need --deadline")
+        raise opts.SpecError(
+            "--budget, --spot-trace, --time-scale, --pace-steps and the prices need --deadline"
+        )
     if values["cluster"]:
         raise opts.SpecError(
             "--cluster keeps one cluster up for `mncloud exec`; a --deadline run switches "

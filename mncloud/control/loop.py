@@ -151,19 +151,24 @@ class Controller:
         self.stop_reason = reason
 
     def tick_at(self, now: float) -> int:
-        cfg, start = self.state.config, self.state.started_at or now
-        return int((now - start) * cfg.time_scale // cfg.gap_s)
+        from mncloud.control.pacing import run_seconds
+
+        return int(run_seconds(self.state, now) // self.state.config.gap_s)
 
     def _pause(self) -> float:
+        from mncloud.control.pacing import run_seconds
+
         cfg, now = self.state.config, self.clock.time()
         tick_wall = cfg.gap_s / cfg.time_scale
-        next_tick = (self.state.started_at or now) + (self.tick_at(now) + 1) * tick_wall
-        return max(0.01, min(next_tick - now, MAX_POLL_S, max(0.2, tick_wall / 5)))
+        run_s = run_seconds(self.state, now)
+        to_next = ((run_s // cfg.gap_s + 1) * cfg.gap_s - run_s) / cfg.time_scale
+        return max(0.01, min(to_next, MAX_POLL_S, max(0.2, tick_wall / 5)))
 
     def step(self) -> None:
         """One look: the end of the launch if it came (`outcomes.py`); a decision if a new
         tick began, or at once when a launch ended and the run goes on."""
         from mncloud.control.outcomes import Settled, settle
+        from mncloud.control.pacing import holds
 
         st, now = self.state, self.clock.time()
         status = self._live_status()
@@ -175,6 +180,8 @@ class Controller:
             status = None  # the launch is over: nothing runs
         elif tick <= st.last_tick:
             return
+        if holds(st, now, status, self._work_ticks):
+            return  # a paced rehearsal: the new tick waits for the training (`pacing.py`)
         spot_here, spot_now = self._learn(tick, status, now)
         if st.mode is Mode.SPOT and (not spot_here or self._held_after_loss(status)):
             self._preempted(tick)
@@ -479,8 +486,12 @@ class Controller:
         return max(0, min(work, job.work_ticks - 1))
 
     def _seconds_per_step(self) -> float | None:
+        """Wall seconds a step (a paced rehearsal's: what `--pace-steps` makes it)."""
         from mncloud.control.progress import seconds_per_step
 
+        cfg = self.state.config
+        if cfg.pace_step_s is not None:
+            return cfg.pace_step_s / cfg.time_scale
         return seconds_per_step(self.state)
 
     def _refresh_costs(self) -> None:
