@@ -86,6 +86,8 @@ def test_pace_steps_is_for_a_local_deadline_rehearsal(tmp_path: Path) -> None:
         ([*aws, "--deadline", "2h", "--pace-steps", "100"], "--pace-steps is for --cloud local"),
         (["--cloud", "local", "--deadline", "2h", "--pace-steps", "0"],
          "--pace-steps 0: it must be greater than 0"),
+        (["--cloud", "local", "--deadline", "2h", "--pace-steps", "9", "--budget", "5"],
+         "--budget with --pace-steps"),
     ]:  # fmt: skip
         result = runner.invoke(app, [*base, *flags])
         assert result.exit_code == 2, result.output

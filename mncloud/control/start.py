@@ -93,6 +93,11 @@ def deadline_state(
     first_trace = traces[0] if traces else None
     _check_flags(spec, hours_given=hours_given, spot_trace=first_trace, time_scale=time_scale,
                  pace_steps=pace_steps)  # fmt: skip
+    if pace_steps is not None and budget is not None:
+        raise SpecError(
+            "--budget with --pace-steps: a paced rehearsal's ticks wait for the training while "
+            "its ledger bills wall time; rehearse a budget without --pace-steps"
+        )
     gap, trace = DECISION_INTERVAL_S, None
     places, places_gap, home_od = _places(spec, traces, prices, on_demand_price)
     if len(traces) == 1:
