@@ -305,6 +305,7 @@ class Controller:
 
     def _launch(self, mode: Mode, tick: int, reason: str, *, again: bool = False) -> None:
         """Launch the spec in `mode` (`again`: after a launch cut short by a crash)."""
+        from mncloud.control.pacing import off_the_clock
         from mncloud.launch import Existing
         from mncloud.spec import JobSpec, LaunchOptions, Recovery, SpotPolicy
 
@@ -326,11 +327,12 @@ class Controller:
         existing = Existing(st.existing) if first else Existing.RESUME
         spec = self._pinned(spec, mode)
         run_id = st.launching.run_id if st.launching is not None else None
-        launched = self.launcher(
-            spec, options, existing=existing, approve=lambda _plan: True, notify=log.info,
-            record_events=False,  # the controller records its own launches and ends
-            **({"run_id": run_id} if run_id else {}),
-        )  # fmt: skip
+        with off_the_clock(st, self.clock):  # a paced rehearsal's launch takes no run time
+            launched = self.launcher(
+                spec, options, existing=existing, approve=lambda _plan: True, notify=log.info,
+                record_events=False,  # the controller records its own launches and ends
+                **({"run_id": run_id} if run_id else {}),
+            )  # fmt: skip
         plan = launched.prepared.plan
         choice = plan.choice if plan is not None else None
         placement = {
@@ -380,10 +382,13 @@ class Controller:
     def _take_down(self, why: str, notice_s: float | None = None) -> None:
         """Stop the live launch (checkpoints stay), after a preemption notice; a cloud launch
         gets its closing event."""
+        from mncloud.control.pacing import off_the_clock
+
         st = self.state
         st.closing = why
         save_state(st)
-        self._down(self.stop_notice_s() if notice_s is None else notice_s)
+        with off_the_clock(st, self.clock):  # paced: the notice and teardown take no run time
+            self._down(self.stop_notice_s() if notice_s is None else notice_s)
         if not self.backend.records_own_events:  # else the backend records its own end
             self._event("finish", f"deadline controller: {why}")
         st.market, st.closing = Mode.NONE, None
@@ -422,12 +427,15 @@ class Controller:
         )
 
     def _preempted(self, tick: int) -> None:
+        from mncloud.control.pacing import off_the_clock
+
         st = self.state
         st.preemptions += 1
         if not self.market.keeps_spot_request:
             st.closing = "spot capacity for the nodes is gone"
             save_state(st)
-        self.market.lose_spot(st.name, self.backend)
+        with off_the_clock(st, self.clock):  # paced: the teardown takes no run time
+            self.market.lose_spot(st.name, self.backend)
         if not self.backend.records_own_events:
             self._event("preemption", "deadline controller: spot capacity for the nodes is gone")
         if not self.market.keeps_spot_request:

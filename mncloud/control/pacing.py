@@ -16,13 +16,16 @@ of run time a step: 66.7 steps a tick of 60 s), overhead 4 ticks, `--time-scale 
     tick 5   begins at 25 s of wall time; the newest checkpoint is step 40 (< 66.7 steps):
              the clock stays at 300 s of run time; at step 80 it goes on from there
 
-Waiting, starting up and the overhead pass at `time_scale` (no steps to wait for). Not paced
-(a cloud, a rehearsal without `--pace-steps`): run time is wall time × `time_scale`.
+The controller's own actions take no run time when paced (`off_the_clock`): the wall time of
+a launch call, a stop's notice and teardown, a preemption's teardown is held, as the model's
+restart overhead stands for them. Waiting, starting up and the overhead pass at `time_scale`.
+Not paced (a cloud, a rehearsal without `--pace-steps`): run time is wall time × `time_scale`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from mncloud.backends.base import RunState
@@ -30,6 +33,7 @@ from mncloud.deadline.policy import Mode
 
 if TYPE_CHECKING:
     from mncloud.backends.base import RunStatus
+    from mncloud.control.markets import Clock
     from mncloud.control.state import ControlState
 
 
@@ -69,3 +73,14 @@ def _release(state: ControlState, now: float) -> None:
     start = state.started_at if state.started_at is not None else now
     state.held_s = max(state.held_s, now - start - state.paused_at_s / state.config.time_scale)
     state.paused_at_s = None
+
+
+@contextmanager
+def off_the_clock(state: ControlState, clock: Clock) -> Iterator[None]:
+    """Paced: the wall time of the block (a launch, a stop) passes no run time."""
+    began = clock.time()
+    try:
+        yield
+    finally:
+        if state.config.pace_step_s is not None and state.paused_at_s is None:
+            state.held_s += max(0.0, clock.time() - began)
