@@ -67,7 +67,7 @@ def test_a_run_moves_to_the_place_with_spot_and_meets_the_deadline(tmp_path: Pat
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     assert "spot in any of east (spot $1), west (spot $1.5); on-demand in east" in result.stdout
-    state = wait_until(lambda: (s := control.load_state("dl")).final and s, 480, "the controller")
+    state = wait_until(lambda: (s := control.load_state("dl")).final and s, 900, "the controller")
     assert isinstance(state, control.ControlState)
     assert state.phase == "finished", (state.detail, run_log("dl"))
     assert "deadline 0.3 h met" in state.detail, state.detail

@@ -157,7 +157,7 @@ def test_kill_9_mid_run_and_during_a_switch_still_meets_the_deadline(tmp_path: P
     switching = wait_until(lambda: (s := control.load_state("dl")).launching and s, 480,
                            "a switch under way")  # fmt: skip
     _kill(switching.pid)  # during the switch to on-demand
-    state = wait_until(lambda: (s := control.load_state("dl")).final and s, 480, "the end")
+    state = wait_until(lambda: (s := control.load_state("dl")).final and s, 900, "the end")
     assert state.phase == "finished", (state.detail, run_log("dl"))
     assert "deadline 0.3 h met" in state.detail and state.resumes >= 2, state.detail
     # One launch per decision: every record of the name is a launch the state knows, each
