@@ -550,6 +550,9 @@ class DeadlineOptions(BaseModel):
     """USD: a hard cap (`up`), or the most the run may be expected to cost (`plan`)."""
     time_scale: float | None = Field(None, gt=0, le=MAX_TIME_SCALE)
     """Local rehearsal: run time passes this many times faster than wall time."""
+    pace_steps: int | None = Field(None, gt=0, le=10**12)
+    """Local rehearsal: `--hours` of work is this many training steps; run time never runs
+    ahead of the steps trained (`control/pacing.py`)."""
     spot_price: float | None = Field(None, ge=0, le=MAX_USD)
     """USD per node-hour on spot."""
     on_demand_price: float | None = Field(None, gt=0, le=MAX_USD)

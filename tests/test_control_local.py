@@ -7,7 +7,6 @@ Each test waits on the controller's own state file (bounded polls).
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +28,9 @@ SCALE = 12  # a 60 s tick of the trace passes in 5 s
 # Long enough that the trace's spot capacity goes away mid-training: steps of known length
 # (≥ 30 s in all), so a fast machine cannot finish on spot before the trace takes it at 25 s.
 TRAIN = ["--steps", "600", "--ckpt-interval", "20", "--log-every", "200", "--compute-ms", "50"]
+# Run time paced by the training (`control/pacing.py`): `--hours` is TRAIN's 600 steps, and a
+# tick of work passes only when its steps are done, so a slow machine meets the deadline too.
+PACED = ["--pace-steps", "600"]
 
 
 def _trace(folder: Path, data: list[int]) -> Path:
@@ -63,15 +65,17 @@ def test_spot_lost_then_on_demand_meets_the_deadline_with_the_same_weights(
 ) -> None:
     """Spot for 5 ticks, then none: preempted, switched to on-demand, done by the deadline."""
     trace = _trace(tmp_path, [2] * 5 + [0] * 60)
-    _deadline_up("dl", trace, "--deadline", "18m", "--hours", "0.15", steps=TRAIN)
-    state = _wait_controller("dl", 400)
+    _deadline_up("dl", trace, "--deadline", "18m", "--hours", "0.15", *PACED, steps=TRAIN)
+    state = _wait_controller("dl", 900)  # a bound on a hang only: slow is fine
     assert state.phase == "finished", (state.detail, run_log("dl"))
-    # Whether 0.3 h is met depends on how fast this machine trains (the clock is scaled, the
-    # steps are real): the test holds the decisions, never the machine's speed.
-    assert state.detail.startswith("finished at") and "deadline 0.3 h" in state.detail
+    assert "deadline 0.3 h met" in state.detail, state.detail
     assert state.preemptions >= 1 and state.switches >= 1
     chosen = [d.chose.value for d in state.decisions]
     assert chosen[0] == "spot" and "on-demand" in chosen
+    # The switch came after the trace took spot away (tick 5), and every decision fell
+    # before the deadline's tick (18 ticks of 60 s), in run time, however slow the machine.
+    switch = next(d for d in state.decisions if d.chose.value == "on-demand")
+    assert switch.tick >= 5 and state.decisions[-1].tick < 18, state.decisions
 
     ledgers = _ledgers(state)
     assert sum(s.spot for s in ledgers) > 0 and sum(s.on_demand for s in ledgers) > 0
@@ -97,15 +101,18 @@ def test_budget_stops_the_run_cleanly_and_keeps_its_checkpoint(tmp_path: Path) -
     # 2 nodes × $1/h of run time: $0.033 a tick; the budget lasts ~9 ticks (45 s).
     _deadline_up("pay", trace, "--deadline", "3h", "--hours", "1", "--budget", "0.3",
                  steps=long_run)  # fmt: skip
-    started = time.monotonic()
-    state = _wait_controller("pay", 120)
+    state = _wait_controller("pay", 240)
     assert state.phase == "stopped" and "budget $0.30" in state.detail, state.detail
-    assert "checkpoint step" in state.detail and "kept" in state.detail
-    assert time.monotonic() - started < 100
-    assert state.cost <= 0.3 + 1e-6
+    # Stopped within the budget, and not before its last tick: a stop comes when the next
+    # tick ($0.033) and the stop's notice (at most a tick's) would cross it.
+    assert 0.3 - 3 * 2 * 60 / 3600 < state.cost <= 0.3 + 1e-6, state.cost
     status = json.loads(runner.invoke(app, ["status", "pay", "--json"]).stdout)[0]
-    assert status["state"] == "CANCELLED" and status["ckpt_step"] and status["ckpt_step"] >= 20
-    assert "budget" in status["detail"]
+    assert status["state"] == "CANCELLED" and "budget" in status["detail"]
+    # The newest complete checkpoint is kept and named; the budget is wall time here, so a
+    # machine too slow to save one within the budget's 45 s keeps none and says nothing.
+    step = status["ckpt_step"]
+    kept = f"checkpoint step {step} kept"
+    assert (kept in state.detail) if step else ("kept" not in state.detail), state.detail
 
 
 def test_a_node_lost_while_spot_is_offered_is_launched_again(tmp_path: Path) -> None:

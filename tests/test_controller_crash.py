@@ -139,7 +139,8 @@ def test_kill_9_mid_run_and_during_a_switch_still_meets_the_deadline(tmp_path: P
     args = ["up", str(EXAMPLE), "--cloud", "local", "--name", "dl", "--yes", "--nodes", "2",
             "--gpus", "cpu:2", "--recovery", "gang", "--spot-trace", str(trace),
             "--time-scale", "12", "--spot-price", "1", "--on-demand-price", "3",
-            "--recovery-minutes", "4", "--deadline", "18m", "--hours", "0.15", "--",
+            "--recovery-minutes", "4", "--deadline", "18m", "--hours", "0.15",
+            "--pace-steps", "600", "--",  # run time paced by the 600 steps: any machine
             "--steps", "600", "--ckpt-interval", "20", "--log-every", "200",
             # Steps of known length (≥ 30 s in all): the run cannot finish on spot before
             # the trace takes it away at 25 s, however fast the machine.
@@ -150,16 +151,15 @@ def test_kill_9_mid_run_and_during_a_switch_still_meets_the_deadline(tmp_path: P
         s = control.load_state("dl")
         return s if s.phase == "spot" and s.last_tick >= 1 else None
 
-    spot = wait_until(on_spot, 60, "spot")
+    spot = wait_until(on_spot, 240, "spot")  # a bound on a hang only: a slow start is fine
     _kill(spot.pid)  # mid-run, on spot
-    switching = wait_until(lambda: (s := control.load_state("dl")).launching and s, 120,
+    # Tick 5 (the switch) waits for the steps of the ticks before it: long on a slow machine.
+    switching = wait_until(lambda: (s := control.load_state("dl")).launching and s, 480,
                            "a switch under way")  # fmt: skip
     _kill(switching.pid)  # during the switch to on-demand
-    state = wait_until(lambda: (s := control.load_state("dl")).final and s, 480, "the end")
+    state = wait_until(lambda: (s := control.load_state("dl")).final and s, 900, "the end")
     assert state.phase == "finished", (state.detail, run_log("dl"))
-    # Met or missed depends on this machine's speed (a scaled clock, real steps): the test
-    # holds what two kills must not change, never how fast 2 cores train.
-    assert state.detail.startswith("finished at") and state.resumes >= 2, state.detail
+    assert "deadline 0.3 h met" in state.detail and state.resumes >= 2, state.detail
     # One launch per decision: every record of the name is a launch the state knows, each
     # with the controller's launch event once.
     records = list_records("dl")

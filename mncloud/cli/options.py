@@ -31,6 +31,7 @@ from mncloud.cli.plan_options import (  # noqa: F401 - re-exported: commands rea
     MicroBatches,
     Minimize,
     OnDemandPrice,
+    PaceSteps,
     Params,
     PlanBudget,
     PlanParallel,
@@ -527,6 +528,7 @@ DEADLINE = _group(
     ("budget", Budget, None),
     ("spot_trace", SpotTrace, None),
     ("time_scale", TimeScale, None),
+    ("pace_steps", PaceSteps, None),
     ("spot_price", SpotPrice, None),
     ("on_demand_price", OnDemandPrice, None),
 )

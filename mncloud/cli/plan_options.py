@@ -236,6 +236,16 @@ TimeScale = Annotated[
     ),
 ]
 
+PaceSteps = Annotated[
+    int | None,
+    typer.Option(
+        "--pace-steps",
+        rich_help_panel=LOCAL_PANEL,
+        help="Local rehearsal: --hours of work is this many training steps; run time then "
+        "never runs ahead of the steps trained, so a slow machine rehearses the same decisions.",
+    ),
+]
+
 SpotPrice = Annotated[
     list[float] | None,
     typer.Option(

@@ -108,7 +108,9 @@ def _spec(values: dict[str, Any], existing: Existing, notices: list[str]) -> Job
 
 #: `--spot-trace` without `--deadline`: a year, which the policy never comes near.
 NO_DEADLINE_S = MAX_HOURS * 3600.0
-_DEADLINE_ONLY = ("budget", "spot_trace", "time_scale", "spot_price", "on_demand_price")
+_DEADLINE_ONLY = (
+    "budget", "spot_trace", "time_scale", "pace_steps", "spot_price", "on_demand_price",
+)  # fmt: skip
 
 
 def _deadline_only(values: dict[str, Any]) -> bool:
@@ -141,7 +143,9 @@ def _up_deadline(values: dict[str, Any], existing: Existing) -> None:
 
     no_deadline = values["deadline"] is None
     if no_deadline and not values["spot_trace"]:
-        raise opts.SpecError("--budget, --spot-trace, --time-scale and the prices need --deadline")
+        raise opts.SpecError(
+            "--budget, --spot-trace, --time-scale, --pace-steps and the prices need --deadline"
+        )
     if values["cluster"]:
         raise opts.SpecError(
             "--cluster keeps one cluster up for `mncloud exec`; a --deadline run switches "

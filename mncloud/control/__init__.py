@@ -20,6 +20,7 @@ existing=Existing.RESUME)`, so training resumes from the newest complete checkpo
     identity.py who the live launch is, kept in the state (a restarted controller finds it)
     outcomes.py how the controller answers a launch that ended without it
     progress.py the run's progress as the controller measures it (newest complete step)
+    pacing.py   run time; a local rehearsal's paced by its training (`--pace-steps`)
     steering.py what the controller's helpers (`recovery`, `outcomes`) may use of it, and
                 `Course`: one place (`OnePlace`) or several (`places.PlacesCourse`)
     down.py     `down` of a cloud deadline run: its controller's job and every training job

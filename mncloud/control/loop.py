@@ -156,19 +156,24 @@ class Controller:
         self.stop_reason = reason
 
     def tick_at(self, now: float) -> int:
-        cfg, start = self.state.config, self.state.started_at or now
-        return int((now - start) * cfg.time_scale // cfg.gap_s)
+        from mncloud.control.pacing import run_seconds
+
+        return int(run_seconds(self.state, now) // self.state.config.gap_s)
 
     def _pause(self) -> float:
+        from mncloud.control.pacing import run_seconds
+
         cfg, now = self.state.config, self.clock.time()
         tick_wall = cfg.gap_s / cfg.time_scale
-        next_tick = (self.state.started_at or now) + (self.tick_at(now) + 1) * tick_wall
-        return max(0.01, min(next_tick - now, MAX_POLL_S, max(0.2, tick_wall / 5)))
+        run_s = run_seconds(self.state, now)
+        to_next = ((run_s // cfg.gap_s + 1) * cfg.gap_s - run_s) / cfg.time_scale
+        return max(0.01, min(to_next, MAX_POLL_S, max(0.2, tick_wall / 5)))
 
     def step(self) -> None:
         """One look: the end of the launch if it came (`outcomes.py`); a decision if a new
         tick began, or at once when a launch ended and the run goes on."""
         from mncloud.control.outcomes import Settled, settle
+        from mncloud.control.pacing import holds
 
         st, now = self.state, self.clock.time()
         status = self._live_status()
@@ -180,6 +185,8 @@ class Controller:
             status = None  # the launch is over: nothing runs
         elif tick <= st.last_tick:
             return
+        if holds(st, now, status, self._work_ticks):
+            return  # a paced rehearsal: the new tick waits for the training (`pacing.py`)
         spot_here, spot_now = self.course.learn(st, tick, status, now)
         from mncloud.control import elastic
 
@@ -284,6 +291,7 @@ class Controller:
 
     def _launch(self, mode: Mode, tick: int, reason: str, *, again: bool = False) -> None:
         """Launch the spec in `mode` (`again`: after a launch cut short by a crash)."""
+        from mncloud.control.pacing import off_the_clock
         from mncloud.launch import Existing
         from mncloud.spec import JobSpec, LaunchOptions, Recovery, SpotPolicy
 
@@ -310,11 +318,12 @@ class Controller:
         existing = Existing(st.existing) if first else Existing.RESUME
         spec = self.course.pinned(st, spec, self.backend.runs_here)
         run_id = st.launching.run_id if st.launching is not None else None
-        launched = self.launcher(
-            spec, options, existing=existing, approve=lambda _plan: True, notify=log.info,
-            record_events=False,  # the controller records its own launches and ends
-            **({"run_id": run_id} if run_id else {}),
-        )  # fmt: skip
+        with off_the_clock(st, self.clock):  # a paced rehearsal's launch takes no run time
+            launched = self.launcher(
+                spec, options, existing=existing, approve=lambda _plan: True, notify=log.info,
+                record_events=False,  # the controller records its own launches and ends
+                **({"run_id": run_id} if run_id else {}),
+            )  # fmt: skip
         plan = launched.prepared.plan
         choice = plan.choice if plan is not None else None
         placement = {
@@ -360,10 +369,13 @@ class Controller:
     def _take_down(self, why: str, notice_s: float | None = None) -> None:
         """Stop the live launch (checkpoints stay), after a preemption notice; a cloud launch
         gets its closing event."""
+        from mncloud.control.pacing import off_the_clock
+
         st = self.state
         st.closing = why
         save_state(st)
-        self._down(self.stop_notice_s() if notice_s is None else notice_s)
+        with off_the_clock(st, self.clock):  # paced: the notice and teardown take no run time
+            self._down(self.stop_notice_s() if notice_s is None else notice_s)
         if not self.backend.records_own_events:  # else the backend records its own end
             self._event("finish", f"deadline controller: {why}")
         st.market, st.closing = Mode.NONE, None
@@ -404,12 +416,15 @@ class Controller:
         )
 
     def _preempted(self, tick: int) -> None:
+        from mncloud.control.pacing import off_the_clock
+
         st = self.state
         st.preemptions += 1
         if not self.course.keeps_spot_request:
             st.closing = "spot capacity for the nodes is gone"
             save_state(st)
-        self.course.lose_spot(st.name, self.backend)
+        with off_the_clock(st, self.clock):  # paced: the teardown takes no run time
+            self.course.lose_spot(st.name, self.backend)
         if not self.backend.records_own_events:
             self._event("preemption", "deadline controller: spot capacity for the nodes is gone")
         if not self.course.keeps_spot_request:
@@ -454,15 +469,23 @@ class Controller:
     def _work_ticks(self) -> int:
         """Ticks of work done: measured when the run has a step time, else the model's count."""
         st, job = self.state, self.job
-        rate = seconds_per_step(st)
+        rate = self._seconds_per_step()
         if rate is None:
             work = st.model_work_ticks
         else:
             step = checkpoint_step(st) or 0
-            # A smaller world's steps are slower (`elastic.py`): work counts at the gang's speed.
-            rate *= (st.nodes_live or job.nodes) / job.nodes
+            if st.config.pace_step_s is None:
+                # A smaller world's steps are slower (`elastic.py`): work at the gang's speed.
+                rate *= (st.nodes_live or job.nodes) / job.nodes
             work = int(step * rate * st.config.time_scale // job.gap_seconds)
         return max(0, min(work, job.work_ticks - 1))
+
+    def _seconds_per_step(self) -> float | None:
+        """Wall seconds a step (a paced rehearsal's: what `--pace-steps` makes it)."""
+        cfg = self.state.config
+        if cfg.pace_step_s is not None:
+            return cfg.pace_step_s / cfg.time_scale
+        return seconds_per_step(self.state)
 
     def _refresh_costs(self) -> None:
         """Spot and on-demand cost so far: the ledgers of every launch's run record."""

@@ -191,7 +191,9 @@ def _end(ctl: Steering, phase: str, detail: str) -> None:
 def _finished(ctl: Steering) -> None:
     st = ctl.state
     _end(ctl, "finished", "")
-    end = (ctl.clock.time() - (st.started_at or 0)) * st.config.time_scale / 3600
+    from mncloud.control.pacing import run_seconds
+
+    end = run_seconds(st, ctl.clock.time()) / 3600
     met = "met" if end * 3600 <= st.config.deadline_s else "MISSED"
     st.work_hours = st.config.hours
     st.detail = (

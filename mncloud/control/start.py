@@ -83,6 +83,7 @@ def deadline_state(
     budget: float | None = None,
     spot_trace: Path | Sequence[Path] | None = None,
     time_scale: float | None = None,
+    pace_steps: int | None = None,
     spot_price: float | Sequence[float] | None = None,
     on_demand_price: float | None = None,
     existing: str = "refuse",
@@ -96,7 +97,13 @@ def deadline_state(
 
     traces, prices = _listed(spot_trace), [float(p) for p in _listed(spot_price)]
     first_trace = traces[0] if traces else None
-    _check_flags(spec, hours_given=hours_given, spot_trace=first_trace, time_scale=time_scale)
+    _check_flags(spec, hours_given=hours_given, spot_trace=first_trace, time_scale=time_scale,
+                 pace_steps=pace_steps)  # fmt: skip
+    if pace_steps is not None and budget is not None:
+        raise SpecError(
+            "--budget with --pace-steps: a paced rehearsal's ticks wait for the training while "
+            "its ledger bills wall time; rehearse a budget without --pace-steps"
+        )
     gap, trace = DECISION_INTERVAL_S, None
     places, places_gap, home_od = _places(spec, traces, prices, on_demand_price)
     if len(traces) == 1:
@@ -128,6 +135,7 @@ def deadline_state(
         gap_s=gap,
         overhead_s=(DEFAULT_RECOVERY_MINUTES if minutes is None else minutes) * 60,
         time_scale=time_scale or 1.0,
+        pace_step_s=options.hours * 3600 / pace_steps if pace_steps else None,
         trace=trace,
         policy=policy,
         min_nodes=spec.min_nodes,
@@ -181,15 +189,21 @@ def _places(
 
 
 def _check_flags(
-    spec: JobSpec, *, hours_given: bool, spot_trace: Path | None, time_scale: float | None
+    spec: JobSpec,
+    *,
+    hours_given: bool,
+    spot_trace: Path | None,
+    time_scale: float | None,
+    pace_steps: int | None = None,
 ) -> None:
     """The deadline flags that cannot go together, or not with this backend."""
     if not hours_given:
         raise SpecError("--deadline needs --hours: the work the job needs at full speed")
     if time_scale is not None and time_scale <= 0:
         raise SpecError(f"--time-scale {time_scale:g}: it must be greater than 0")
-    if not spec.is_local and (spot_trace is not None or time_scale is not None):
+    if not spec.is_local and (spot_trace, time_scale, pace_steps) != (None, None, None):
         flag = "--spot-trace" if spot_trace is not None else "--time-scale"
+        flag = "--pace-steps" if pace_steps is not None else flag
         raise SpecError(
             f"{flag} is for --cloud local (a rehearsal); a cloud's spot capacity comes from "
             "SkyPilot's managed job"

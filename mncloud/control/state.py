@@ -116,6 +116,9 @@ class ControlConfig(BaseModel):
     """A launch's cost in time: from launch to training again (`--recovery-minutes`)."""
     time_scale: float = Field(1.0, gt=0)
     """Local rehearsal: run time passes this many times faster than wall time."""
+    pace_step_s: float | None = Field(None, gt=0)
+    """Local rehearsal paced by its training (`--pace-steps`): run seconds a step is worth;
+    run time never runs ahead of the steps trained (`pacing.py`)."""
     trace: str | None = None
     """Local rehearsal: the spot trace whose capacity local "spot" nodes follow."""
     policy: str = DEFAULT_POLICY
@@ -207,6 +210,10 @@ class ControlState(BaseModel):
     """What the first launch does with an earlier run of the name (`launch.Existing`)."""
     started_at: float | None = None
     """Wall time of the first decision (tick 0)."""
+    held_s: float = 0.0
+    """Wall seconds a paced rehearsal held run time back (`pacing.py`)."""
+    paused_at_s: float | None = None
+    """Paced: the run time the clock stays at while the training catches up (`pacing.py`)."""
     phase: str = "starting"
     """starting, spot, on-demand, waiting, finished, stopped or failed."""
     market: Mode = Mode.NONE

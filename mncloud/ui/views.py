@@ -238,7 +238,7 @@ def deadline_at(name: str) -> float | None:
         return None
     if state.started_at is None:
         return None
-    return state.started_at + state.config.deadline_s / state.config.time_scale
+    return state.started_at + state.held_s + state.config.deadline_s / state.config.time_scale
 
 
 def record_sections(record: RunRecord) -> dict[str, str]:
