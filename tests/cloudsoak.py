@@ -6,13 +6,16 @@ Faults: API errors at the queue, a lost launch answer, a slow cancel (past `WAIT
 preemption and SkyPilot's own recovery, SkyPilot failing the job, no spot capacity, the
 controller restarted on a fresh VM (an empty home, the state from the bucket). At the end,
 `down`. Invariants: never two live training jobs of the run; after `down` nothing live; the
-run's secret in no state, record or task YAML. `soak()` returns what it did, for
+run's secret in no state, record or task YAML; the ledger's billed seconds (every home's
+records of the run, each read up to when its controller VM went) equal the seconds the fake's
+VMs ran the training jobs, within one tick. `soak()` returns what it did, for
 docs/benchmarks.md (`bench/cloud_soak.sh` runs the long version).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +47,10 @@ class Report:
     looks: int = 0
     launches: int = 0
     downs_refused: int = 0
+    billed_s: float = 0.0
+    """Seconds the ledger bills (all nodes together: a record's $/h is the whole job's)."""
+    ran_s: float = 0.0
+    """Seconds the fake's VMs ran the training jobs (`FakeSky.running_seconds`)."""
     violations: list[str] = field(default_factory=list)
 
 
@@ -83,10 +90,13 @@ def soak(
     monkeypatch.setitem(cancel.cancel_jobs.__kwdefaults__, "sleep", lambda _s: None)
     rng, report = random.Random(seed), Report(seed)
     run = Driver(state)
+    homes: list[tuple[str, float]] = []
+    """Each controller VM's home and when it went."""
     for n in range(faults):
         kind = rng.choice(FAULTS)
         report.faults[kind] = report.faults.get(kind, 0) + 1
         if kind == "restart":
+            homes.append((os.environ["MNCLOUD_HOME"], run.clock.now))
             fresh = _fresh_vm(monkeypatch, tmp_path, f"vm-{seed}-{n}")
             run = Driver(fresh, run.clock)
             with contextlib.suppress(MncloudError):  # LaunchUnknown: SkyPilot restarts it
@@ -115,7 +125,41 @@ def soak(
         report.violations.append(f"after down: live {fake.live_jobs('llm')}")
     report.launches = len(fake.called("jobs.launch"))
     _secrets_kept(fake, tmp_path, report)
+    homes.append((os.environ["MNCLOUD_HOME"], run.clock.now))
+    _money_kept(fake, monkeypatch, homes, report)
     return report
+
+
+def _money_kept(
+    fake: FakeSky, monkeypatch: pytest.MonkeyPatch, homes: list[tuple[str, float]], report: Report
+) -> None:
+    """The ledger bills what the VMs ran, within one tick: per launch (run id), the union of
+    the segments every home's record of it bills, each home's read up to when it went."""
+    from mncloud.records.ledger import cost_segments
+    from mncloud.records.store import list_records
+
+    spans: dict[str, list[tuple[float, float]]] = {}
+    for home, went in homes:
+        monkeypatch.setenv("MNCLOUD_HOME", home)
+        for record in list_records("llm"):
+            billed = spans.setdefault(record.run_id, [])
+            billed.extend((s.start, min(s.end, went)) for s in cost_segments(record, went))
+    report.billed_s = sum(_union(billed) for billed in spans.values())
+    report.ran_s = sum(sum(fake.running_seconds(j)) for j in fake.jobs if fake.job(j).name == "llm")
+    if abs(report.billed_s - report.ran_s) > GAP:
+        report.violations.append(
+            f"billed {report.billed_s:.0f} s, the VMs ran {report.ran_s:.0f} s"
+        )
+
+
+def _union(spans: list[tuple[float, float]]) -> float:
+    """Seconds covered by `spans` (overlaps counted once)."""
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(spans):
+        start = max(start, reach)
+        if end > start:
+            total, reach = total + end - start, end
+    return total
 
 
 def _down(run: Driver) -> None:
