@@ -91,15 +91,20 @@ def catch_up(
     if times.running and times.since is not None:
         if seen:
             return added  # this stint is billed (or was, before a teardown of its VMs)
+        before = times.ran_s - ((times.ended_at or now) - times.since)
         if opened is not None:  # the wait before it, or a stint that ended unseen
-            before = times.ran_s - ((times.ended_at or now) - times.since)
             end = opened.start + max(0.0, before - closed_s)
             added.append(("waiting", min(max(end, opened.start), times.since)))
+        elif before - closed_s > SAME_S:  # a whole stint ran between two looks
+            added += _unseen(before - closed_s, times.since - (before - closed_s))
         added.append(("running", times.since))
         return added
-    if opened is None:
-        return added
     ran_s = times.ran_s if times.since is not None else 0.0
+    if opened is None:
+        if times.since is not None and not seen and ran_s - closed_s > SAME_S:
+            extra = ran_s - closed_s
+            added += _unseen(extra, min(times.since, (times.ended_at or now) - extra))
+        return added
     end = min(max(opened.start + ran_s - closed_s, opened.start), times.ended_at or now)
     if times.ended_at is not None:
         kind = end_kind
@@ -107,6 +112,12 @@ def catch_up(
         kind = "preemption" if spot and times.recovering and ran_s > 0 else "waiting"
     added.append((kind, end))
     return added
+
+
+def _unseen(seconds: float, start: float) -> list[tuple[str, float]]:
+    """A stint of `seconds` that started and ended between two looks, from `start` (how long
+    it ran the queue says; when, only of its last stint)."""
+    return [("running", start), ("waiting", start + seconds)]
 
 
 class CostSummary(BaseModel):
