@@ -38,6 +38,9 @@ FAULTS = ("api_error", "lost_answer", "slow_cancel", "preempt", "recovered", "jo
 
 _TO = {"preempt": S.RECOVERING, "recovered": S.RUNNING, "job_failed": S.FAILED_CONTROLLER,
        "no_capacity": S.FAILED_NO_RESOURCE}  # fmt: skip
+_LIVE = (S.PENDING, S.STARTING, S.RUNNING, S.RECOVERING)
+"""A job SkyPilot may fail or preempt (not one being cancelled: CANCELLING only ends)."""
+_FROM = {"preempt": (S.RUNNING,), "recovered": (S.PENDING, S.STARTING, S.RECOVERING)}
 
 
 @dataclass
@@ -72,7 +75,9 @@ def _apply(kind: str, rng: random.Random, fake: FakeSky, run: Driver) -> None:
     elif kind == "slow_cancel":
         fake.cancel_polls = rng.randint(1, 4)
     elif kind in ("preempt", "recovered", "job_failed", "no_capacity") and live:
-        fake.set_status(live[0], _TO[kind])
+        now = fake.job(live[0]).tasks[0].status
+        if now in _FROM.get(kind, _LIVE):  # SkyPilot's own transitions only
+            fake.set_status(live[0], _TO[kind])
 
 
 def soak(
@@ -108,7 +113,8 @@ def soak(
                 break
             _look(run, fake, report, rng.choice([1.0, GAP]))
         for job in fake.live_jobs("llm"):  # the cloud gives the job its VMs again
-            if rng.random() < 0.5:
+            waits = fake.job(job).tasks[0].status in _FROM["recovered"]
+            if rng.random() < 0.5 and waits:
                 fake.set_status(job, S.RUNNING)
         if run.state.final:
             break
