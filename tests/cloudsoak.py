@@ -9,13 +9,16 @@ controller restarted on a fresh VM (an empty home, the state from the bucket); a
 laptop, one node of a job group failing. At the end, `down`. Invariants: never two live
 training jobs of the run; after `down` nothing live (the controller's own job included); the
 run's secret and the API server's password in no state, record or task YAML, and its `--env`
-value not in the controller's state in the bucket. `soak()` returns what it did, for
+value not in the controller's state in the bucket; the ledger's billed seconds (every home's
+records of the run, each read up to when its controller VM went) equal the seconds the fake's
+VMs ran the training jobs, within one tick. `soak()` returns what it did, for
 docs/benchmarks.md (`bench/cloud_soak.sh` runs the long version).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +41,9 @@ FAULTS = ("api_error", "lost_answer", "slow_cancel", "preempt", "recovered", "jo
 
 _TO = {"preempt": S.RECOVERING, "recovered": S.RUNNING, "job_failed": S.FAILED_CONTROLLER,
        "no_capacity": S.FAILED_NO_RESOURCE}  # fmt: skip
+_LIVE = (S.PENDING, S.STARTING, S.RUNNING, S.RECOVERING)
+"""A job SkyPilot may fail or preempt (not one being cancelled: CANCELLING only ends)."""
+_FROM = {"preempt": (S.RUNNING,), "recovered": (S.PENDING, S.STARTING, S.RECOVERING)}
 
 
 @dataclass
@@ -47,6 +53,10 @@ class Report:
     looks: int = 0
     launches: int = 0
     downs_refused: int = 0
+    billed_s: float = 0.0
+    """Seconds the ledger bills (all nodes together: a record's $/h is the whole job's)."""
+    ran_s: float = 0.0
+    """Seconds the fake's VMs ran the training jobs (`FakeSky.running_seconds`)."""
     violations: list[str] = field(default_factory=list)
 
 
@@ -68,7 +78,9 @@ def _apply(kind: str, rng: random.Random, fake: FakeSky, run: Driver) -> None:
     elif kind == "slow_cancel":
         fake.cancel_polls = rng.randint(1, 4)
     elif kind in ("preempt", "recovered", "job_failed", "no_capacity") and live:
-        fake.set_status(live[0], _TO[kind])
+        now = fake.job(live[0]).tasks[0].status
+        if now in _FROM.get(kind, _LIVE):  # SkyPilot's own transitions only
+            fake.set_status(live[0], _TO[kind])
 
 
 def soak(
@@ -87,6 +99,8 @@ def soak(
     rng, report = random.Random(seed), Report(seed)
     run = Driver(state)
     _controller_job(fake, monkeypatch, state)
+    homes: list[tuple[str, float]] = []
+    """Each controller VM's home and when it went."""
     for n in range(faults):
         kind = rng.choice(FAULTS + LATER_FAULTS)
         report.faults[kind] = report.faults.get(kind, 0) + 1
@@ -94,6 +108,7 @@ def soak(
             if _later_fault(kind, rng, fake, run, monkeypatch, tmp_path, report):
                 break  # `down`: the run is over
         elif kind == "restart":
+            homes.append((os.environ["MNCLOUD_HOME"], run.clock.now))
             fresh = _fresh_vm(monkeypatch, tmp_path, f"vm-{seed}-{n}")
             run = Driver(fresh, run.clock)
             with contextlib.suppress(MncloudError):  # LaunchUnknown: SkyPilot restarts it
@@ -105,7 +120,8 @@ def soak(
                 break
             _look(run, fake, report, rng.choice([1.0, GAP]))
         for job in fake.live_jobs("llm"):  # the cloud gives the job its VMs again
-            if rng.random() < 0.5:
+            waits = fake.job(job).tasks[0].status in _FROM["recovered"]
+            if rng.random() < 0.5 and waits:
                 fake.set_status(job, S.RUNNING)
         if run.state.final:
             break
@@ -123,7 +139,41 @@ def soak(
     report.launches = len(fake.called("jobs.launch"))
     _secrets_kept(fake, tmp_path, report)
     _credentials_kept(fake, tmp_path, report)
+    homes.append((os.environ["MNCLOUD_HOME"], run.clock.now))
+    _money_kept(fake, monkeypatch, homes, report)
     return report
+
+
+def _money_kept(
+    fake: FakeSky, monkeypatch: pytest.MonkeyPatch, homes: list[tuple[str, float]], report: Report
+) -> None:
+    """The ledger bills what the VMs ran, within one tick: per launch (run id), the union of
+    the segments every home's record of it bills, each home's read up to when it went."""
+    from mncloud.records.ledger import cost_segments
+    from mncloud.records.store import list_records
+
+    spans: dict[str, list[tuple[float, float]]] = {}
+    for home, went in homes:
+        monkeypatch.setenv("MNCLOUD_HOME", home)
+        for record in list_records("llm"):
+            billed = spans.setdefault(record.run_id, [])
+            billed.extend((s.start, min(s.end, went)) for s in cost_segments(record, went))
+    report.billed_s = sum(_union(billed) for billed in spans.values())
+    report.ran_s = sum(sum(fake.running_seconds(j)) for j in fake.jobs if fake.job(j).name == "llm")
+    if abs(report.billed_s - report.ran_s) > GAP:
+        report.violations.append(
+            f"billed {report.billed_s:.0f} s, the VMs ran {report.ran_s:.0f} s"
+        )
+
+
+def _union(spans: list[tuple[float, float]]) -> float:
+    """Seconds covered by `spans` (overlaps counted once)."""
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(spans):
+        start = max(start, reach)
+        if end > start:
+            total, reach = total + end - start, end
+    return total
 
 
 def _down(run: Driver) -> None:

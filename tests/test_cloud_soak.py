@@ -29,7 +29,8 @@ def test_cloud_faults_keep_one_job_bill_and_leave_nothing(
     report = soak(fake_sky, monkeypatch, tmp_path, soak_state(script, tmp_path), seed, FAULTS)
     print(f"cloud soak seed {seed}: {sum(report.faults.values())} faults {report.faults}, "
           f"{report.looks} looks, {report.launches} launches, "
-          f"{report.downs_refused} downs refused")  # fmt: skip
+          f"{report.downs_refused} downs refused, billed {report.billed_s:.0f} s "
+          f"of {report.ran_s:.0f} s run")  # fmt: skip
     assert report.violations == []
     assert sum(report.faults.values()) >= 1 and report.looks >= 1
 

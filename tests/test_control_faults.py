@@ -83,7 +83,8 @@ def test_a_lost_launch_answer_is_resolved_from_the_queue_never_failed(
     fake_sky.set_status(job, S.RUNNING)
     _looks(run, 3)
     assert len(_launches(fake_sky)) == 1 and fake_sky.live_jobs("llm") == [job]
-    assert [e.kind for r in list_records("llm") for e in r.events] == ["launch"]
+    kinds = [e.kind for r in list_records("llm") for e in r.events]
+    assert kinds == ["launch", "waiting", "running"]  # one launch, billed from its start
 
 
 def test_api_errors_are_unsure_then_bounded_and_the_launch_is_cancelled(
@@ -306,9 +307,10 @@ def test_a_spot_job_skypilot_recovered_bills_again(
     fake_sky: FakeSky,
     tmp_path: Path,
 ) -> None:
-    """Issue #43 point 3: RECOVERING closes the spot job's segment; when SkyPilot's own
-    recovery gets VMs, the segment opens again at the launch's price, so 30 more minutes of
-    4 nodes running are billed (before: the cost stood still)."""
+    """Issue #43 point 3: RECOVERING closes the spot job's segment where its VMs stopped;
+    when SkyPilot's own recovery gets VMs, a segment opens again at the launch's price at
+    SkyPilot's `last_recovered_at`, so 30 more minutes of 4 nodes running are billed (before:
+    the cost stood still)."""
     from mncloud.records.ledger import cost_summary
 
     state = _state(script, tmp_path)
@@ -331,9 +333,11 @@ def test_a_spot_job_skypilot_recovered_bills_again(
     _looks(run, 1)
     assert run.state.mode is Mode.SPOT and len(_launches(fake_sky)) == 1
     (record,) = list_records("llm")
-    back = next(e for e in record.events if e.kind == "recovery")
+    lost = next(e.time for e in record.events if e.kind == "preemption")
+    back = next(e for e in record.events if e.kind == "running" and e.time > lost)
     launch = next(e for e in record.events if e.kind == "launch")
     assert back.spot is True and back.hourly_price == launch.hourly_price > 0
-    later = back.time + 1800.0
+    assert back.time == fake_sky.job(job).tasks[0].last_recovered_at
+    later = run.clock.now + 1800.0
     billed = cost_summary(record, now=later).total - waited
-    assert billed == pytest.approx(launch.hourly_price * 0.5)
+    assert billed == pytest.approx(launch.hourly_price * (later - back.time) / 3600)

@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 from mncloud import control
 from mncloud.backends.base import RunState, RunStatus
 from mncloud.cli import app
+from mncloud.control import loop
 from mncloud.control.loop import Controller
 from mncloud.control.pacing import holds, run_seconds
 from mncloud.deadline.policy import Mode
@@ -156,28 +157,25 @@ class Machine:
         return self.status(name)
 
 
-class OnMachine(Controller):
-    """The controller, its progress read off the simulated machine's checkpoints."""
-
-    machine: Machine
-
-    def _checkpoint_step(self) -> int | None:
-        self.state.ckpt_step = self.machine.checkpoint()
-        return self.state.ckpt_step
-
-
 def _rehearse(
     tmp_path: Path, steps_per_s: float, startup_s: float, launch_s: float, paced: bool
 ) -> Any:
-    """test_control_local's rehearsal on a simulated machine: spot for 5 ticks, then none."""
+    """test_control_local's rehearsal on a simulated machine: spot for 5 ticks, then none; the
+    controller's progress read off the machine's checkpoints."""
     state = _state(tmp_path, 600 if paced else None, trace_data=[2] * 5 + [0] * 60)
     market = control.TraceMarket(load_trace(Path(state.config.trace or "")), 2)
     clock = FakeClock()
     machine = Machine(clock, steps_per_s, startup_s, launch_s)
-    ctl = OnMachine(state, market, clock=clock, backend=machine, launcher=machine.launch)  # type: ignore[arg-type]
-    ctl.machine = machine
-    state.started_at = None
-    return ctl.run()
+
+    def checkpoint_step(st: Any) -> int:
+        st.ckpt_step = machine.checkpoint()
+        return int(st.ckpt_step)
+
+    ctl = Controller(state, market, clock=clock, backend=machine, launcher=machine.launch)  # type: ignore[arg-type]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(loop, "checkpoint_step", checkpoint_step)
+        state.started_at = None
+        return ctl.run()
 
 
 @pytest.mark.parametrize(

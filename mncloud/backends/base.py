@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, Field, computed_field
 
+from mncloud.records.ledger import RunTimes
 from mncloud.spec import LaunchOptions
 
 if TYPE_CHECKING:
@@ -112,6 +113,9 @@ class RunStatus(BaseModel):
     """Node recovery: each node's state (running, replacing, healing, finished, stopped)."""
     quorum: list[int] = Field(default_factory=list)
     """Node recovery: the nodes in the replicas' newest quorum."""
+    times: RunTimes | None = None
+    """When the backend's VMs ran the job, as its scheduler reports it (SkyPilot's queue):
+    what the ledger bills (`records.ledger.catch_up`); None where the backend does not say."""
     bandwidth: dict[str, Any] | None = None
     """The preflight's all-reduce test (`doctor/bandwidth.py`): `busbw_gbs`, per-size figures,
     the expectation and fabric; None before it ran (or on one node)."""

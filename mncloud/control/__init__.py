@@ -28,7 +28,7 @@ existing=Existing.RESUME)`, so training resumes from the newest complete checkpo
     places.py   the course across places: spot anywhere, on-demand in the home place
     unsure.py   an error in a tick is "unsure, look again" (bounded backoff), not the end
     lease.py    one controller per cloud run: SkyPilot's queue is the lease
-    billing.py  a spot job SkyPilot recovered by itself bills again (a `recovery` event)
+    billing.py  the live launch's ledger follows SkyPilot's queue times (waiting unbilled)
     watch.py    `status` of a cloud deadline run asks SkyPilot how its controller is
     access.py   what the controller VM launches with: secrets as SkyPilot secrets
     elastic.py  `--min-nodes`: a spot launch on the nodes spot offers, grown back at the next

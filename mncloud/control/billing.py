@@ -1,32 +1,82 @@
-"""The ledger bills what SkyPilot runs: a spot job SkyPilot recovered by itself bills again.
+"""The ledger bills what SkyPilot runs: each look, the live launch's record follows the times
+SkyPilot's queue reports for its job (`records.ledger.catch_up`).
 
-A cloud spot job that goes RECOVERING (or waits past `capacity_wait_s`) gets a `preemption`
-event, which closes its cost segment: while SkyPilot looks for VMs nothing runs, nothing is
-billed. SkyPilot keeps the spot request (`ManagedJobMarket.keeps_spot_request`) and, when it
-gets VMs again, the same job runs on: its segment must open again, or 4 nodes train unbilled
-and `--budget` is overrun. Sequence:
+A cloud spot job waits for VMs (PENDING, STARTING), runs, is preempted (RECOVERING: no VMs),
+runs again when SkyPilot's own recovery gets VMs, ends. Only the running is billed, from the
+queue's own times (`last_recovered_at`, `job_duration`, `end_at`), not from when the
+controller happened to look:
 
-    t=0     launch (spot, $40/h)           segment 1 opens
-    t=1 h   RECOVERING: `preemption`       segment 1 closes ($40)
-    t=1.2h  RUNNING again: `recovery`      segment 2 opens at the same price
-    t=1.7h  looked at                      $40 + $20 so far
+    t=0      launch (spot, $40/h)     `launch`, closed at once by `waiting`: nothing runs
+    t=0.3h   RUNNING since 0.25 h     `running` at 0.25 h
+    t=1.3h   RECOVERING, ran 1 h      `preemption` at 1.25 h                  $40
+    t=1.6h   RUNNING since 1.5 h      `running` at 1.5 h
+    t=2.1h   looked at                                                  $40 + $24 so far
+    (CANCELLING bills on while SkyPilot tears the VMs down; CANCELLED closes at its `end_at`)
+
+A status without the queue's times (a job group, the local backend) keeps the older way:
+`preemption` when the controller counts the spot gone, `recovery` (`reopen`) when it runs again.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
+from mncloud.backends.base import RunState
+from mncloud.deadline.policy import Mode
 from mncloud.errors import MncloudError
 
 if TYPE_CHECKING:
+    from mncloud.backends.base import RunStatus
     from mncloud.control.steering import Steering
+    from mncloud.records.model import Event
+
+log = logging.getLogger(__name__)
 
 PLACEMENT = ("cloud", "region", "instance_type", "spot", "hourly_price")
+_DETAILS = {
+    "waiting": "SkyPilot: the job waits for VMs (nothing billed)",
+    "running": "SkyPilot: the job's VMs run it",
+    "preemption": "SkyPilot: the spot VMs were preempted (RECOVERING)",
+}
+
+
+def follow(ctl: Steering, status: RunStatus | None) -> bool:
+    """Bring the live launch's record up to what the queue says ran; whether it could (the
+    status has the queue's times and the launch has a record)."""
+    from mncloud.records.ledger import catch_up
+    from mncloud.records.store import append_event, find_record
+
+    st = ctl.state
+    if status is None or status.times is None or ctl.backend.records_own_events:
+        return False
+    if not st.run_ids:
+        return False
+    run_id = st.run_ids[-1]
+    try:
+        record = find_record(run_id)
+    except MncloudError:
+        return False
+    end_kind = "failure" if status.state is RunState.FAILED else "finish"
+    spot = status.spot if status.spot is not None else st.market is Mode.SPOT
+    placement = _placement(record.events)
+    for kind, at in catch_up(record, status.times, ctl.clock.time(), spot=spot,
+                             end_kind=end_kind):  # fmt: skip
+        extra = placement if kind == "running" else {}
+        detail = _DETAILS.get(kind, f"SkyPilot: {status.detail}")
+        append_event(st.name, kind, detail=detail, at=at, run_id=run_id, **extra)  # type: ignore[arg-type]
+    return True
+
+
+def _placement(events: list[Event]) -> dict[str, object]:
+    launch = next((e for e in reversed(events) if e.kind == "launch"), None)
+    return {} if launch is None else {k: getattr(launch, k) for k in PLACEMENT}
 
 
 def reopen(ctl: Steering) -> None:
-    """The live spot job got VMs again after the controller counted it preempted: its record
-    gets a `recovery` event priced as its launch (see the module docstring)."""
+    """The live spot job got VMs again after the controller counted it preempted, and its
+    status has no queue times (see the module docstring): a `recovery` event priced as its
+    launch."""
     from mncloud.records.store import append_event, find_record
 
     st = ctl.state
@@ -36,14 +86,12 @@ def reopen(ctl: Steering) -> None:
         events = find_record(st.run_ids[-1]).events
     except MncloudError:
         return
-    launch = next((e for e in reversed(events) if e.kind == "launch"), None)
-    if launch is None:
+    if not any(e.kind == "launch" for e in events):
         return
-    placement = {k: getattr(launch, k) for k in PLACEMENT}
     append_event(
         st.name,
         "recovery",
         detail="deadline controller: SkyPilot got the spot job VMs again",
         at=ctl.clock.time(),
-        **placement,
+        **_placement(events),  # type: ignore[arg-type]
     )

@@ -172,11 +172,13 @@ class Controller:
     def step(self) -> None:
         """One look: the end of the launch if it came (`outcomes.py`); a decision if a new
         tick began, or at once when a launch ended and the run goes on."""
+        from mncloud.control.billing import follow, reopen
         from mncloud.control.outcomes import Settled, settle
         from mncloud.control.pacing import holds
 
         st, now = self.state, self.clock.time()
         status = self._live_status()
+        followed = follow(self, status)  # the ledger bills what the queue says ran (`billing.py`)
         settled = settle(self, status)
         if settled in (Settled.ENDED, Settled.UNSURE):
             return
@@ -192,14 +194,14 @@ class Controller:
 
         elastic.observe(self, tick, status, now)
         if st.mode is Mode.SPOT and (not spot_here or self._held_after_loss(status)):
-            self._preempted(tick)
+            waited = status is not None and status.state in (RunState.PENDING, RunState.STARTING)
+            self._preempted(tick, recorded=followed, ran=not waited)
         elif elastic.shrinks(self) or elastic.grows(self):
             elastic.resize(self, tick)  # the decision below launches on the nodes offered
         elif st.mode is Mode.NONE and st.market is Mode.SPOT and spot_here:
             st.mode, st.entered_tick = Mode.SPOT, tick  # the queued spot job got its VMs
-            from mncloud.control.billing import reopen
-
-            reopen(self)  # its ledger segment opens again (`billing.py`)
+            if not followed:
+                reopen(self)  # its ledger segment opens again (`billing.py`)
         # Only a cluster the backend reports RUNNING does work: a managed job still PENDING
         # for VMs (SkyPilot looks for capacity for a while) makes no progress.
         running = status is not None and status.state is RunState.RUNNING
@@ -415,7 +417,11 @@ class Controller:
             and status.state is RunState.RECOVERING
         )
 
-    def _preempted(self, tick: int) -> None:
+    def _preempted(self, tick: int, *, recorded: bool = False, ran: bool = True) -> None:
+        """Spot is gone for the live launch; `recorded`: its ledger follows the queue, which
+        said whether (and when) VMs it had were preempted (`billing.py`); `ran`: it had
+        started (a job that waited for capacity and never ran was preempted from nothing:
+        its record says `waiting`, and `plan --learn` learns no preemption from it)."""
         from mncloud.control.pacing import off_the_clock
 
         st = self.state
@@ -425,8 +431,11 @@ class Controller:
             save_state(st)
         with off_the_clock(st, self.clock):  # paced: the teardown takes no run time
             self.course.lose_spot(st.name, self.backend)
-        if not self.backend.records_own_events:
-            self._event("preemption", "deadline controller: spot capacity for the nodes is gone")
+        if not self.backend.records_own_events and not recorded:
+            self._event(
+                "preemption" if ran else "waiting",
+                "deadline controller: spot capacity for the nodes is gone",
+            )
         if not self.course.keeps_spot_request:
             st.market, st.closing = Mode.NONE, None
         st.mode, st.phase = Mode.NONE, "waiting"

@@ -22,8 +22,9 @@ The backend's status says how the live launch ended (`RunStatus.state` and, for 
     (any FAILED)           first, whatever of the launch is still live is cancelled: a job
                            group with one FAILED node keeps its other nodes training and
                            billing; a relaunch beside them would be a second gang
-    CANCELLED              (CANCELLING too) someone else stopped the launch (`sky jobs cancel`):
-                           the run stops; the controller launches nothing more
+    CANCELLED              someone else stopped the launch (`sky jobs cancel`): the run stops;
+                           the controller launches nothing more. While SkyPilot still tears
+                           it down (CANCELLING, no `end_at`) the look is unsure: it bills on
 
 Every launch made again goes through `Controller._apply`, journaled first, so a controller that
 dies in between makes it once. Example, 2 nodes, a spot launch SkyPilot cannot place:
@@ -93,6 +94,8 @@ def settle(ctl: Steering, status: RunStatus | None) -> Settled:
         _finished(ctl)
         return Settled.ENDED
     if status.state is RunState.CANCELLED:
+        if status.times is not None and status.times.ended_at is None:
+            return Settled.UNSURE  # CANCELLING: VMs torn down, billed until CANCELLED's end
         _end(ctl, "stopped", f"the launch was cancelled outside the controller: {status.detail}")
         return Settled.ENDED
     failure = status.failure or Failure.USER

@@ -17,6 +17,14 @@ The gap between a preemption and the recovery is not billed: a managed job tears
 down and provisions a new one, and the provisioning time is what SkyPilot bills least
 predictably — a backend that knows better sends its `recovery` event when provisioning starts.
 
+A scheduler that reports when its VMs ran the job (SkyPilot's managed-jobs queue: `start_at`,
+`last_recovered_at`, `job_duration`, `end_at`) is followed exactly (`catch_up`): the `launch`
+segment closes at once (`waiting`: the job is queued for VMs, nothing billed), each stint of
+running opens at its start (`running`, at `last_recovered_at`) and closes where the run seconds
+say it ended (`preemption` for a spot job gone RECOVERING, `waiting` otherwise, the end's kind
+when it ended). A spot job that waits 20 min, runs 1 h, is preempted, recovers 10 min later
+and runs 30 min more bills 1.5 h, not 2 h.
+
 `observed_spot_hazard` turns the ledgers of this machine's records into preemptions per
 node-hour by cloud, for the planner's `--learn`.
 """
@@ -49,6 +57,67 @@ class Segment(BaseModel):
     hours: float
     cost: float | None
     """None when the price is unknown."""
+
+
+class RunTimes(BaseModel):
+    """When the job's VMs ran it, as its scheduler reports it (SkyPilot's queue)."""
+
+    running: bool
+    """VMs hold the job now (RUNNING, WINDING_DOWN, CANCELLING while they are torn down)."""
+    ran_s: float
+    """Seconds they ran it so far, waiting and recovery excluded (`job_duration`)."""
+    since: float | None
+    """When the current (or last) stint began (`last_recovered_at`); None: it never ran."""
+    ended_at: float | None = None
+    """When the job ended (`end_at`); None while it (or its teardown) goes on."""
+    recovering: bool = False
+    """Preempted (or failed) and waiting for VMs again (RECOVERING)."""
+
+
+#: Seconds within which two times of one stint count as the same instant.
+SAME_S = 1e-3
+
+
+def catch_up(
+    record: RunRecord, times: RunTimes, now: float, *, spot: bool, end_kind: str = "finish"
+) -> list[tuple[str, float]]:
+    """The events (kind, time) that make `record`'s ledger bill what `times` reports (see the
+    module docstring): a stint opened once at its start, closed where its run seconds end."""
+    segments = cost_segments(record, now)
+    opened = segments[-1] if segments and segments[-1].open else None
+    closed_s = sum((s.end - s.start) for s in segments if not s.open)
+    seen = times.since is not None and any(s.start >= times.since - SAME_S for s in segments)
+    added: list[tuple[str, float]] = []
+    if times.running and times.since is not None:
+        if seen:
+            return added  # this stint is billed (or was, before a teardown of its VMs)
+        before = times.ran_s - ((times.ended_at or now) - times.since)
+        if opened is not None:  # the wait before it, or a stint that ended unseen
+            end = opened.start + max(0.0, before - closed_s)
+            added.append(("waiting", min(max(end, opened.start), times.since)))
+        elif before - closed_s > SAME_S:  # a whole stint ran between two looks
+            added += _unseen(before - closed_s, times.since - (before - closed_s))
+        added.append(("running", times.since))
+        return added
+    ran_s = times.ran_s if times.since is not None else 0.0
+    if opened is None:
+        if times.since is not None and not seen and ran_s - closed_s > SAME_S:
+            extra = ran_s - closed_s
+            added += _unseen(extra, min(times.since, (times.ended_at or now) - extra))
+        return added
+    end = min(max(opened.start + ran_s - closed_s, opened.start), times.ended_at or now)
+    if times.ended_at is not None:
+        kind = end_kind
+    else:
+        kind = "preemption" if spot and times.recovering and ran_s > 0 else "waiting"
+    added.append((kind, end))
+    return added
+
+
+def _unseen(seconds: float, start: float) -> list[tuple[str, float]]:
+    """A stint of `seconds` that started and ended between two looks, from `start` (how long
+    it ran the queue says; when, only of its last stint)."""
+    return [("running", start), ("waiting", start + seconds)]
 
 
 class CostSummary(BaseModel):
@@ -134,7 +203,8 @@ def observed_spot_hazard(
 ) -> dict[str, tuple[float, int, float]]:
     """Observed spot preemptions per node-hour by cloud: `cloud → (hazard, count, node_hours)`.
 
-    Feeds the planner's `--learn`: a preemption counts against the spot segment it ended. Clouds
+    Feeds the planner's `--learn`: a preemption counts against the spot segment it ended, if
+    that segment ran (a job that waited for capacity and never ran lost nothing). Clouds
     with fewer than `min_node_hours` of spot time are left out (too little to learn from).
     """
     records = list_records() if records is None else records
@@ -144,12 +214,12 @@ def observed_spot_hazard(
             if not seg.spot or not seg.cloud:
                 continue
             entry = totals.setdefault(seg.cloud, [0.0, 0.0])
-            entry[0] += seg.ended_by in PREEMPTIONS
+            entry[0] += seg.ended_by in PREEMPTIONS and seg.hours > 0  # it ran, then lost VMs
             entry[1] += seg.hours * record.nodes
     return {
         cloud: (count / hours, int(count), hours)
         for cloud, (count, hours) in totals.items()
-        if hours >= min_node_hours
+        if hours >= min_node_hours and hours > 0
     }
 
 

@@ -17,14 +17,16 @@ SCHEMA_VERSION = 1
 
 EventKind = Literal[
     "launch", "preemption", "recovery", "restart", "checkpoint", "finish", "failure",
-    "node-lost", "node-joined", "node-healed", "export",
+    "node-lost", "node-joined", "node-healed", "export", "running", "waiting",
 ]  # fmt: skip
 #: Events that start a stretch of billed time, and those that end one (see `ledger.py`). Under
 #: node recovery a lost node and its replacement's start change the price (N−1 nodes, then N).
-OPENS_SEGMENT = ("launch", "recovery", "restart", "node-lost", "node-joined")
+#: `running` / `waiting`: the job's VMs started (or recovered) / stopped running it, at the
+#: times its scheduler reports (SkyPilot's queue: `ledger.catch_up`).
+OPENS_SEGMENT = ("launch", "recovery", "restart", "node-lost", "node-joined", "running")
 #: Events that count as a spot preemption: of the whole gang, or of one node (node recovery).
 PREEMPTIONS = ("preemption", "node-lost")
-CLOSES_SEGMENT = ("preemption", "failure", "finish")
+CLOSES_SEGMENT = ("preemption", "failure", "finish", "waiting")
 
 
 class RecordError(MncloudError):

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -59,7 +58,7 @@ class Clusters:
         name = str(body.cluster_name)
         first = next(iter(task.resources))
         record = {
-            "name": name, "launched_at": int(time.time()), "status": "UP",
+            "name": name, "launched_at": int(self.now()), "status": "UP",
             "autostop": -1 if body.idle_minutes_to_autostop is None
             else body.idle_minutes_to_autostop,
             "to_down": bool(body.down), "cluster_hash": "fake", "cluster_ever_up": True,

@@ -57,7 +57,9 @@ class ManagedJobs(JobModel):
         # What the server keeps as `original_user_yaml_content`: the YAML the user specified,
         # secrets redacted (`sky/jobs/server/core.py`: `use_user_specified_yaml=True`).
         kept = dag_utils.dump_dag_to_yaml_str(loaded, use_user_specified_yaml=True)
-        self.jobs[job_id] = FakeJob(job_id, name, loaded, kept, tasks, user=self.user)
+        self.jobs[job_id] = FakeJob(
+            job_id, name, loaded, kept, tasks, submitted_at=self.now(), user=self.user
+        )
         return [job_id], None
 
     def _jobs_queue_v2(self, **kw: Any) -> tuple[list[Any], int, dict[str, int], int, list[str]]:
@@ -81,7 +83,7 @@ class ManagedJobs(JobModel):
         found.sort(key=lambda item: (-item[0].job_id, item[1]))
         found = found[: kw["limit"] or None]
         keep = None if kw["fields"] is None else set(kw["fields"]) | {"job_id", "task_id", "status"}
-        records = [record(job, n, one) for job, n, one in found]
+        records = [record(job, n, one, self.now()) for job, n, one in found]
         models = [
             responses.ManagedJobRecord(**{k: v for k, v in r.items() if keep is None or k in keep})
             for r in records

@@ -7,7 +7,7 @@ import enum
 import json
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,9 +51,13 @@ class FakeTask:
     region: str | None = None
     start_at: float | None = None
     end_at: float | None = None
-    last_recovered_at: float | None = None
+    last_recovered_at: float = -1.0
+    """SkyPilot's column: -1 until the task starts, then when its current stint began."""
+    job_duration: float = 0.0
+    """SkyPilot's column: run seconds before `last_recovered_at` (the queue adds the rest)."""
     running_s: float = 0.0
-    """Seconds this task has held RUNNING so far (closed spans; `running_since` the open one)."""
+    """Seconds VMs held this task running so far (RUNNING, WINDING_DOWN, and CANCELLING while
+    they are torn down): what the cloud bills. Closed spans; `running_since` the open one."""
     running_since: float | None = None
     script: deque[S | Event] = field(default_factory=deque)
 
@@ -81,6 +85,11 @@ class JobModel:
     jobs: dict[int, FakeJob]
     next_job_id: int
     _cancelling: dict[tuple[int, int], int]
+    clock: Callable[[], float] | None
+    """The server's clock (a test's fake clock); None: `time.time`."""
+
+    def now(self) -> float:
+        return self.clock() if self.clock is not None else time.time()
 
     def _next_id(self) -> int:
         job_id = max([self.next_job_id - 1, *self.jobs]) + 1
@@ -122,16 +131,25 @@ class JobModel:
             self._enter(one, step)
 
     def _enter(self, one: FakeTask, status: S, reason: str | None = None) -> None:
-        now = time.time()
-        if one.status is S.RECOVERING and status is S.RUNNING:
-            one.recovery_count += 1  # sky/jobs/state.py set_recovered_async
+        """`one` enters `status` now, its times kept as `sky/jobs/state.py` keeps them
+        (`set_started_async`, `set_recovering_async`, `set_recovered_async`, `set_failed`)."""
+        now, before = self.now(), one.status
+        if status is S.RUNNING and before is S.RECOVERING:
+            one.recovery_count += 1
             one.last_recovered_at = now
-        if status is S.RUNNING and one.start_at is None:
-            one.start_at = now
-        if one.running_since is not None and status is not S.RUNNING:
+        elif status is S.RUNNING and one.start_at is None:
+            one.start_at = one.last_recovered_at = now
+        if status is S.RECOVERING and before in _RUNS and one.last_recovered_at >= 0:
+            one.job_duration += now - one.last_recovered_at
+        if status is S.RECOVERING and one.last_recovered_at < 0:
+            one.last_recovered_at = now
+        if status.is_failed() and before is S.RECOVERING:
+            one.last_recovered_at = now
+        holds = status in _RUNS or (status is S.CANCELLING and one.running_since is not None)
+        if one.running_since is not None and not holds:
             one.running_s += now - one.running_since
             one.running_since = None
-        if status is S.RUNNING and one.running_since is None:
+        if holds and one.running_since is None:
             one.running_since = now
         if status.is_terminal():
             one.end_at = now
@@ -143,6 +161,18 @@ class JobModel:
         one.status = status
 
 
+#: The states in which a task's VMs run it (`job_duration` grows).
+_RUNS = (S.RUNNING, S.WINDING_DOWN)
+
+
+def queue_duration(one: FakeTask, now: float) -> float:
+    """The queue's `job_duration` of a task, computed as `sky/jobs/utils.py` computes it."""
+    begun = one.last_recovered_at - one.job_duration
+    if one.status is S.RECOVERING:
+        return one.job_duration
+    return (one.end_at or now) - begun if begun > 0 else 0.0
+
+
 def request_body(sent: dict[str, Any]) -> str:
     """A request's body as the server keeps it (`RequestPayload.request_body`): the payload the
     client sent (`jobs.launch`: its `JobsLaunchBody`, the task's YAML inside)."""
@@ -152,7 +182,7 @@ def request_body(sent: dict[str, Any]) -> str:
     return json.dumps({k: repr(v) for k, v in sent.items()})
 
 
-def record(job: FakeJob, n: int, one: FakeTask) -> dict[str, Any]:
+def record(job: FakeJob, n: int, one: FakeTask, now: float) -> dict[str, Any]:
     """The server's row for task `n` of `job` (every column `ManagedJobRecord` has)."""
     infra = "/".join(v for v in (one.cloud, one.region) if v) or None
     return {
@@ -165,7 +195,7 @@ def record(job: FakeJob, n: int, one: FakeTask) -> dict[str, Any]:
         "start_at": one.start_at,
         "end_at": one.end_at,
         "last_recovered_at": one.last_recovered_at,
-        "job_duration": (one.end_at or time.time()) - (one.start_at or job.submitted_at),
+        "job_duration": queue_duration(one, now),
         "recovery_count": one.recovery_count,
         "cloud": one.cloud,
         "region": one.region,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import sys
 import time
 from collections import Counter, deque
 from collections.abc import Callable
@@ -24,6 +25,8 @@ from tests.fakesky.model import LAPTOP, Event, FakeJob, FakeTask, User, request_
 from tests.fakesky.wire import MODULES, real, sdk_functions, server_name, unfaked, wire
 
 _MODEL = object()
+INSTALLED: FakeSky | None = None
+"""The fake `install` put in place for the running test (a driver sets its `clock`)."""
 
 
 class FakeSky(ManagedJobs, Clusters):
@@ -46,6 +49,8 @@ class FakeSky(ManagedJobs, Clusters):
         self.cancel_polls = 1
         """Queue reads a cancelled live task stays CANCELLING before it is CANCELLED (a slow
         teardown: set it high)."""
+        self.clock: Callable[[], float] | None = None
+        """The server's clock for the jobs' times (a test's fake clock); None: `time.time`."""
         self.user: User = LAPTOP
         """Who the client is to the server (`as_user`): the owner of the jobs it launches."""
         self._results: dict[str, tuple[str, Any]] = {}
@@ -85,10 +90,10 @@ class FakeSky(ManagedJobs, Clusters):
         names = tasks or [name]
         group = len(names) > 1
         made = [FakeTask(t, status, True if group else None) for t in names]
-        self.jobs[job_id] = FakeJob(job_id, name, None, "", made, user=user)
+        self.jobs[job_id] = FakeJob(job_id, name, None, "", made, self.now(), user=user)
         if status is S.RUNNING:
             for one in made:
-                one.start_at = one.running_since = time.time()
+                one.start_at = one.last_recovered_at = one.running_since = self.now()
         return job_id
 
     def set_status(
@@ -140,8 +145,8 @@ class FakeSky(ManagedJobs, Clusters):
             self._finish(request_id)
 
     def running_seconds(self, job_id: int) -> list[float]:
-        """Per task, the seconds it held RUNNING up to now (what the cloud bills)."""
-        now = time.time()
+        """Per task, the seconds VMs ran it up to now (what the cloud bills: `FakeTask`)."""
+        now = self.now()
         return [
             t.running_s + (now - t.running_since if t.running_since is not None else 0.0)
             for t in self.jobs[job_id].tasks
@@ -303,6 +308,7 @@ def install(monkeypatch: pytest.MonkeyPatch) -> FakeSky:
         return server_common.ApiServerInfo(status=up or server_common.ApiServerStatus.HEALTHY)
 
     monkeypatch.setattr(server_common, "get_api_server_status", api_server_status)
+    monkeypatch.setattr(sys.modules[__name__], "INSTALLED", fake)
     for prefix, modules in MODULES.items():
         for attr in sdk_functions(modules[0]):
             replacement = faked.get(prefix + attr) or unfaked(prefix + attr)

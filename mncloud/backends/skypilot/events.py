@@ -1,11 +1,15 @@
 """A cloud run's billed time in its run record: the events the goodput ledger prices.
 
-SkyPilot bills from the launch until the job's cluster is gone; a managed job recovers from a
-preemption by itself, so the record holds the launch and the end, and the relaunches between
-are read off the run's telemetry (`operate.with_relaunches`). This backend writes:
+A managed job's VMs bill while they run it: the record follows the times SkyPilot's queue
+reports (`follow_times`, `records.ledger.catch_up`), so waiting for VMs is not billed and a
+recovery SkyPilot made by itself bills from its own start. This backend writes:
 
     launch    when SkyPilot accepted the job: the plan's placement and $/h (all nodes)
-    finish    when `status` first sees the job SUCCEEDED or CANCELLED (at SkyPilot's end time)
+    waiting   the job is queued for VMs (at once after the launch: nothing runs yet)
+    running   its VMs run it: at SkyPilot's `last_recovered_at` (its start, each recovery)
+    preemption / waiting   a spot job / any job gone RECOVERING, where its run seconds end
+    finish    when `status` first sees the job SUCCEEDED or CANCELLED (at SkyPilot's end time:
+              a CANCELLING job bills on until its VMs are gone)
     failure   when it first sees it FAILED; a `--cluster` run ends at `down` (or its autodown):
               an idle cluster bills on after its job
 
@@ -39,7 +43,11 @@ def record_end(meta: RunMeta, status: RunStatus) -> None:
     caller)."""
     from mncloud.records.store import append_event
 
-    if not meta.records_events or meta.end_recorded or not status.state.is_final:
+    if not meta.records_events or meta.end_recorded:
+        return
+    if status.times is not None and follow_times(meta, status):
+        return
+    if not status.state.is_final:
         return
     ended = meta.downed_at or meta.gone_at
     if meta.kind == CLUSTER and ended is None:
@@ -49,6 +57,41 @@ def record_end(meta: RunMeta, status: RunStatus) -> None:
     detail = f"SkyPilot: {status.detail or status.state.value.lower()}"
     append_event(meta.name, kind, detail=detail, at=at, run_id=meta.run_id)
     meta.end_recorded = True
+
+
+def follow_times(meta: RunMeta, status: RunStatus) -> bool:
+    """The record bills what the queue says ran (`records.ledger.catch_up`): waiting unbilled,
+    each stint from its start, the end at SkyPilot's `end_at` (a CANCELLING job bills on until
+    its VMs are gone). True when the end is recorded, or not yet due (still CANCELLING)."""
+    from mncloud.errors import MncloudError
+    from mncloud.records.ledger import catch_up
+    from mncloud.records.store import append_event, find_record
+
+    assert status.times is not None
+    try:
+        record = find_record(meta.run_id)
+    except MncloudError:
+        return False
+    end_kind = "failure" if status.state is RunState.FAILED else "finish"
+    launch = next((e for e in reversed(record.events) if e.kind == "launch"), None)
+    placement = {} if launch is None else launch.model_dump(include=_PLACEMENT)
+    added = catch_up(record, status.times, time.time(), spot=bool(meta.spot), end_kind=end_kind)
+    for kind, at in added:
+        detail = f"SkyPilot: {status.detail}" if kind in (end_kind, "preemption") else (
+            "SkyPilot: the job's VMs run it" if kind == "running" else
+            "SkyPilot: the job waits for VMs (nothing billed)")  # fmt: skip
+        extra = placement if kind == "running" else {}
+        append_event(meta.name, kind, detail=detail, at=at, run_id=meta.run_id, **extra)
+    if any(kind == end_kind for kind, _ in added):
+        meta.end_recorded = True
+    if meta.kind == CLUSTER:
+        return False  # its end is `down` (or its autodown), below
+    if status.state.is_final and status.times.ended_at is None and status.failure is None:
+        return True  # CANCELLING: the end is SkyPilot's `end_at`, when its VMs are gone
+    return meta.end_recorded
+
+
+_PLACEMENT = {"cloud", "region", "instance_type", "spot", "hourly_price"}
 
 
 def record_superseded(name: str) -> None:

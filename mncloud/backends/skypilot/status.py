@@ -9,6 +9,7 @@ from typing import Any
 from mncloud.backends.base import Failure, RunState, RunStatus
 from mncloud.backends.skypilot.errors import one_line, sky_errors
 from mncloud.backends.skypilot.meta import RunMeta, status_from_meta
+from mncloud.records.ledger import RunTimes
 
 CLUSTER_STATES = {
     "PENDING": RunState.PENDING,
@@ -68,8 +69,8 @@ FAILURES = {
 
 QUEUE_FIELDS = [
     "job_id", "job_name", "status", "submitted_at", "start_at", "end_at",
-    "recovery_count", "cloud", "region", "infra", "cluster_resources",
-    "failure_reason", "details", "task_id",
+    "last_recovered_at", "job_duration", "recovery_count", "cloud", "region", "infra",
+    "cluster_resources", "failure_reason", "details", "task_id",
 ]  # fmt: skip
 
 
@@ -123,6 +124,10 @@ def cluster_status(meta: RunMeta, idle_minutes: int) -> RunStatus:
         detail += f"; cluster tears down after {idle_minutes} idle minutes"
     status = status_from_meta(meta, state, detail)
     status.failure = failure_of(job_state)
+    launched = record.get("launched_at")
+    if launched:  # UP since then: its VMs bill from there (not from when `up` was sent)
+        ran = max(0.0, time.time() - float(launched))
+        status.times = RunTimes(running=True, ran_s=ran, since=float(launched))
     return status
 
 
@@ -192,7 +197,26 @@ def managed_job_status(meta: RunMeta) -> RunStatus:
     status.restarts = recoveries
     status.started_at = record.get("start_at") or record.get("submitted_at") or meta.launched_at
     status.ended_at = record.get("end_at") or None
+    status.times = queue_times(record, raw)
     return status
+
+
+#: SkyPilot's states in which VMs hold a job that has started: its `job_duration` grows.
+_VMS_HOLD = ("RUNNING", "WINDING_DOWN", "CANCELLING")
+
+
+def queue_times(record: Any, raw: str) -> RunTimes:
+    """When the VMs ran the job, from its queue record: `last_recovered_at` (-1 before it
+    started), `job_duration` (run seconds, computed by the queue: `sky/jobs/utils.py`)."""
+    since = record.get("last_recovered_at")
+    since = float(since) if since is not None and since > 0 else None
+    return RunTimes(
+        running=raw in _VMS_HOLD and since is not None,
+        ran_s=float(record.get("job_duration") or 0.0) if since is not None else 0.0,
+        since=since,
+        ended_at=record.get("end_at") or None,
+        recovering=raw == "RECOVERING",
+    )
 
 
 def vanished(meta: RunMeta) -> RunStatus:

@@ -1,0 +1,218 @@
+"""The ledger bills what SkyPilot ran (issue #43 point 3 and 12): cost segments opened and
+closed at the managed job's own times in the queue (`start_at`, `last_recovered_at`,
+`job_duration`, `end_at`), so waiting for VMs (PENDING, STARTING, RECOVERING) bills nothing
+and running bills; CANCELLING bills until SkyPilot's CANCELLED. On `tests/fakesky/`, whose
+`running_seconds` are the seconds VMs ran each job (what the cloud bills)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import sky
+from sky.jobs import ManagedJobStatus as S
+
+from mncloud import control
+from mncloud.backends.base import RunState
+from mncloud.backends.skypilot import SkyPilotBackend
+from mncloud.deadline.policy import Mode
+from mncloud.errors import BackendError
+from mncloud.records.ledger import cost_summary, observed_spot_hazard
+from mncloud.records.store import list_records
+from tests.fakesky import PREEMPT, FakeSky
+from tests.test_control import GAP
+from tests.test_control_cloud import Driver, _named, _state
+from tests.test_skypilot import script  # noqa: F401 - a fixture
+
+pytestmark = pytest.mark.catalog
+
+
+def _billed_s(name: str, now: float) -> float:
+    """Seconds the ledgers of run `name`'s records bill up to `now`."""
+    return sum(s.end - s.start for r in list_records(name) for s in cost_summary(r, now).segments)
+
+
+def _looks(run: Driver, n: int, gap: float = GAP) -> None:
+    for _ in range(n):
+        if run.state.final:
+            return
+        run.ctl.look()
+        run.clock.now += gap
+
+
+def _launched(train: Path, fake: FakeSky, tmp_path: Path, *, spot: bool) -> SkyPilotBackend:
+    """`mncloud up` of a plain managed job (its run record written, job 7)."""
+    from mncloud.launch import launch
+    from mncloud.request import build_spec
+
+    fake.next_job_id = 7
+    bucket = f"file://{tmp_path / 'bucket'}"
+    spec = build_spec(train, gpus="H100:8", nodes=4, spot=spot, name="llm", bucket=bucket)
+    launch(spec, approve=lambda _plan: True)
+    return SkyPilotBackend()
+
+
+class Clock:
+    """`time.time` for a test: moves only when told."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.now = time.time()
+        monkeypatch.setattr(time, "time", lambda: self.now)
+
+
+# ----------------------------------------------------------------- the deadline controller
+
+
+def test_a_deadline_spot_job_bills_its_running_not_its_waiting(
+    script: Path,  # noqa: F811
+    fake_sky: FakeSky,
+    tmp_path: Path,
+) -> None:
+    """PENDING 2 looks, RUNNING 3, RECOVERING 2, RUNNING 2: billed = the seconds VMs ran it
+    (before: from the launch, the wait for VMs included)."""
+    state = _state(script, tmp_path)
+    state.config = state.config.model_copy(update={"deadline_s": 48 * 3600})
+    control.save_state(state)
+    run = Driver(state)
+    _looks(run, 1)
+    (job,) = _named(fake_sky, "llm")
+    _looks(run, 2)  # PENDING: SkyPilot looks for spot VMs
+    fake_sky.set_status(job, S.RUNNING)
+    _looks(run, 3)
+    fake_sky.set_status(job, S.RECOVERING)
+    _looks(run, 2)
+    fake_sky.set_status(job, S.RUNNING)
+    _looks(run, 2)
+    ran = fake_sky.running_seconds(job)[0]
+    assert ran == 5 * GAP
+    assert _billed_s("llm", run.clock.now) == pytest.approx(ran)
+    (record,) = list_records("llm")
+    price = next(e for e in record.events if e.kind == "launch").hourly_price
+    assert cost_summary(record, run.clock.now).total == pytest.approx(price * ran / 3600)
+
+
+def test_a_launch_cancelled_outside_bills_until_skypilot_says_cancelled(
+    script: Path,  # noqa: F811
+    fake_sky: FakeSky,
+    tmp_path: Path,
+) -> None:
+    """`sky jobs cancel`: CANCELLING while the VMs are torn down (billed), CANCELLED at its
+    `end_at`; only then the run stops (before: stopped at CANCELLING, its segment never
+    closed)."""
+    run = Driver(_state(script, tmp_path))
+    _looks(run, 1)
+    (job,) = _named(fake_sky, "llm")
+    fake_sky.set_status(job, S.RUNNING)
+    _looks(run, 2)
+    fake_sky.cancel_polls = 3  # a slow teardown
+    sky.get(sky.jobs.cancel(job_ids=[job]))  # `sky jobs cancel`
+    _looks(run, 2)
+    assert not run.state.final and fake_sky.job(job).tasks[0].status is S.CANCELLING
+    _looks(run, 2)
+    assert run.state.phase == "stopped"
+    ran = fake_sky.running_seconds(job)[0]
+    assert ran == 4 * GAP
+    assert _billed_s("llm", run.clock.now + 7200) == pytest.approx(ran)
+
+
+def test_plan_learn_counts_no_preemption_of_a_job_that_never_ran(
+    script: Path,  # noqa: F811
+    fake_sky: FakeSky,
+    tmp_path: Path,
+) -> None:
+    """A spot job PENDING past `capacity_wait_s` is spot missing, not a preemption of a
+    running job: `plan --learn` learns none from it (before: one)."""
+    run = Driver(_state(script, tmp_path))
+    wait = run.state.config.capacity_wait_s / run.state.config.time_scale
+    _looks(run, 1)
+    (job,) = _named(fake_sky, "llm")
+    _looks(run, 3, gap=wait)
+    assert run.state.mode is not Mode.SPOT or run.state.market is not Mode.SPOT
+    records = list_records("llm")
+    assert all(e.kind != "preemption" for r in records for e in r.events)
+    learned = observed_spot_hazard(records, min_node_hours=0.0)
+    assert all(count == 0 for _hazard, count, _hours in learned.values())
+    assert fake_sky.running_seconds(job) == [0.0]
+
+
+# --------------------------------------------------------------------- plain managed jobs
+
+
+def test_a_plain_spot_job_bills_from_its_start_not_its_submission(
+    script: Path,  # noqa: F811
+    fake_sky: FakeSky,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """PENDING 20 min, RUNNING 1 h, preempted 10 min, RUNNING 30 min, SUCCEEDED: 1.5 h
+    billed (before: 2 h, from the submission)."""
+    clock = Clock(monkeypatch)
+    backend = _launched(script, fake_sky, tmp_path, spot=True)
+    for minutes, step in [(20, S.RUNNING), (60, PREEMPT), (10, S.RUNNING), (30, S.SUCCEEDED)]:
+        clock.now += minutes * 60
+        fake_sky.script(7, [step])
+        backend.status("llm")
+    assert backend.status("llm").state is RunState.SUCCEEDED
+    assert fake_sky.running_seconds(7) == [5400.0]
+    assert _billed_s("llm", clock.now + 3600) == pytest.approx(5400.0)
+    (record,) = list_records("llm")
+    assert [s.opened_by for s in cost_summary(record).segments if s.hours] == ["running"] * 2
+
+
+def test_a_plain_job_whose_cancel_is_slow_bills_until_cancelled(
+    script: Path,  # noqa: F811
+    fake_sky: FakeSky,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`down` asks, SkyPilot tears down slowly (CANCELLING past the wait): the record ends at
+    SkyPilot's CANCELLED `end_at`, not when the cancel was asked."""
+    from mncloud.backends.skypilot import cancel
+
+    monkeypatch.setitem(cancel.cancel_jobs.__kwdefaults__, "wait_s", 0.0)
+    monkeypatch.setitem(cancel.cancel_jobs.__kwdefaults__, "sleep", lambda _s: None)
+    clock = Clock(monkeypatch)
+    backend = _launched(script, fake_sky, tmp_path, spot=False)
+    fake_sky.set_status(7, S.RUNNING)
+    clock.now += 600
+    fake_sky.cancel_polls = 4
+    with pytest.raises(BackendError):
+        backend.down("llm")
+    clock.now += 300
+    assert backend.status("llm").state is RunState.CANCELLED  # CANCELLING
+    (record,) = list_records("llm")
+    assert not any(e.kind == "finish" for e in record.events)
+    while fake_sky.live_jobs("llm"):
+        clock.now += 60
+        backend.status("llm")
+    (record,) = list_records("llm")
+    end = fake_sky.job(7).tasks[0].end_at
+    assert next(e for e in record.events if e.kind == "finish").time == end
+    assert _billed_s("llm", clock.now + 3600) == pytest.approx(fake_sky.running_seconds(7)[0])
+
+
+def test_a_cluster_run_bills_from_its_cluster_s_launch(
+    script: Path,  # noqa: F811
+    fake_sky: FakeSky,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`up --cluster`: the cluster came UP 10 min after `up` sent it (SkyPilot's
+    `launched_at`); billed from there until `down` (before: from `up`)."""
+    from mncloud.launch import launch
+    from mncloud.request import build_spec
+    from mncloud.spec import LaunchOptions
+
+    clock = Clock(monkeypatch)
+    bucket = f"file://{tmp_path / 'bucket'}"
+    spec = build_spec(script, gpus="H100:8", nodes=4, spot=False, name="llm", bucket=bucket)
+    launch(spec, LaunchOptions(cluster=True, idle_minutes=30), approve=lambda _plan: True)
+    up = int(clock.now) + 600
+    fake_sky.clusters["llm"]["record"]["launched_at"] = up
+    clock.now += 3600
+    backend = SkyPilotBackend()
+    assert backend.status("llm").times is not None
+    clock.now += 600
+    backend.down("llm")
+    assert _billed_s("llm", clock.now + 3600) == pytest.approx(clock.now - up)
