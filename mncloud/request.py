@@ -76,7 +76,8 @@ def find_workdir(script: Path) -> Path:
 
 
 def load_project_config(workdir: Path) -> dict[str, Any]:
-    """Read `mncloud.yaml` in the project (a team's committed defaults), or {}."""
+    """Read `mncloud.yaml` in the project (a team's committed defaults), or {}. A key set to
+    null (`nodes:` or `nodes: null`) is unset: the flag, else the field's default, decides."""
     path = workdir / constants.PROJECT_CONFIG_FILE
     if not is_file(path):
         return {}
@@ -94,7 +95,7 @@ def load_project_config(workdir: Path) -> dict[str, Any]:
         if err.errors()[0].get("type") == "extra_forbidden":
             raise SpecError(_unknown_keys_message(path, data)) from None
         raise SpecError(first_error(err, str(path))) from None
-    return config.model_dump(exclude_unset=True)
+    return config.model_dump(exclude_unset=True, exclude_none=True)
 
 
 def _unknown_keys_message(path: Path, data: dict[Any, Any]) -> str:
