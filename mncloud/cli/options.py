@@ -54,11 +54,8 @@ from mncloud.cli.values import print_notices as print_notices
 from mncloud.cli.values import retry_alias as retry_alias
 from mncloud.cli.values import spec_from_options as spec_from_options
 from mncloud.errors import SpecError as SpecError  # re-exported: commands raise it
-from mncloud.spec import DEFAULT_HOURS as DEFAULT_HOURS  # re-exported: commands default to it
-from mncloud.spec import (
-    DEFAULT_IDLE_MINUTES,
-    default_of,
-)
+from mncloud.options import DEFAULT_HOURS as DEFAULT_HOURS  # re-exported: commands default to it
+from mncloud.options import DEFAULT_IDLE_MINUTES, job_default
 
 # Job options (render, up): everything a JobSpec is built from.
 Gpus = Annotated[
@@ -75,7 +72,7 @@ Nodes = Annotated[
     typer.Option(
         "--nodes",
         rich_help_panel=ESSENTIALS,
-        help=f"Number of nodes (default {default_of('nodes')}).",
+        help=f"Number of nodes (default {job_default('nodes')}).",
     ),
 ]
 Spot = Annotated[
@@ -171,7 +168,7 @@ MaxRestarts = Annotated[
         "--max-restarts",
         rich_help_panel=ADVANCED,
         help="Retries after errors in your code, on every backend "
-        f"(default {default_of('max_restarts')}). Preemptions are "
+        f"(default {job_default('max_restarts')}). Preemptions are "
         "always recovered and never count against it.",
     ),
 ]
@@ -200,7 +197,7 @@ Network = Annotated[
     typer.Option(
         "--network",
         rich_help_panel=ADVANCED,
-        help=f"best or standard: {default_of('network').value} asks 2+ node tasks for each "
+        help=f"best or standard: {job_default('network')} asks 2+ node tasks for each "
         "offer's fast fabric (network_tier: best on AWS EFA, GCP a3-high TCPX, Nebius IB); "
         "standard keeps TCP.",
     ),
@@ -247,7 +244,7 @@ Preflight = Annotated[
     typer.Option(
         "--preflight/--no-preflight",
         rich_help_panel=ADVANCED,
-        help=f"Check every node before torchrun ({'on' if default_of('preflight') else 'off'}).",
+        help=f"Check every node before torchrun ({'on' if job_default('preflight') else 'off'}).",
     ),
 ]
 Launcher = Annotated[
@@ -255,7 +252,7 @@ Launcher = Annotated[
     typer.Option(
         "--launcher",
         rich_help_panel=ADVANCED,
-        help=f"What starts the script on every node: {default_of('launcher').value} (default), "
+        help=f"What starts the script on every node: {job_default('launcher')} (default), "
         "accelerate, deepspeed, or none (the script itself, MASTER_ADDR/NODE_RANK/NNODES "
         "exported).",
     ),

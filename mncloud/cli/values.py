@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from mncloud.errors import SpecError
-from mncloud.spec import MAX_HOURS
+from mncloud.options import MAX_HOURS
 
 if TYPE_CHECKING:
     from mncloud.spec import DeadlineOptions, JobSpec, LaunchOptions
