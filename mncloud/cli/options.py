@@ -48,6 +48,7 @@ from mncloud.cli.plan_options import (  # noqa: F401 - re-exported: commands rea
 )
 from mncloud.cli.values import deadline_options as deadline_options
 from mncloud.cli.values import deadline_seconds as deadline_seconds
+from mncloud.cli.values import job_options as job_options
 from mncloud.cli.values import launch_options_from as launch_options_from
 from mncloud.cli.values import parse_duration as parse_duration
 from mncloud.cli.values import print_notices as print_notices
