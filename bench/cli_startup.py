@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -25,10 +26,14 @@ import time
 GOAL_S = 0.3
 
 
-def _seconds(argv: list[str], env: dict[str, str] | None = None) -> float:
+def _seconds(argv: list[str], env: dict[str, str] | None = None) -> tuple[float, float]:
+    """Wall seconds and CPU seconds (user + system) of one run of `argv`."""
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     subprocess.run(argv, check=True, capture_output=True, env=env)
-    return time.perf_counter() - start
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, (after.ru_utime - used.ru_utime) + (after.ru_stime - used.ru_stime)
 
 
 def main() -> None:
@@ -49,14 +54,18 @@ def main() -> None:
     if args.before:
         commands["mncloud --help (before)"] = commands["mncloud --help"]
         envs["mncloud --help (before)"] = {**os.environ, "PYTHONPATH": args.before}
-    times: dict[str, list[float]] = {name: [] for name in commands}
+    times: dict[str, list[tuple[float, float]]] = {name: [] for name in commands}
     for _ in range(args.repeat):
         for name, argv in commands.items():
             times[name].append(_seconds(argv, envs[name]))
-    median = {name: statistics.median(values) for name, values in times.items()}
+    median = {name: statistics.median(w for w, _ in values) for name, values in times.items()}
+    cpu = {name: statistics.median(c for _, c in values) for name, values in times.items()}
     bare = median["python -c pass"]
     for name, seconds in median.items():
-        print(f"{name:20s} {seconds:6.3f} s median  (+{seconds - bare:6.3f} s over bare python)")
+        print(
+            f"{name:24s} {seconds:6.3f} s median (+{seconds - bare:6.3f} s over bare python); "
+            f"CPU {cpu[name]:6.3f} s (+{cpu[name] - cpu['python -c pass']:6.3f} s)"
+        )
     for name in ("mncloud --help", "mncloud up --help"):
         over = median[name] - bare
         met = "met" if over <= GOAL_S else "NOT met"

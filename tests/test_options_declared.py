@@ -131,6 +131,7 @@ def test_nodes_is_followed_by_name_from_the_flag_to_the_template() -> None:
     hints = get_type_hints(JobOptions)
     params = _params("up")
     assert "--nodes" in params["nodes"].opts and "nodes" in JOB_FIELDS
+    assert f"{MIN_NODES} to {MAX_NODES} (default {job_default('nodes')})" in params["nodes"].help
     for group in (MARKET, JOB):  # a job option's parameter is its field, of a type it holds
         for param in group:
             if param.name in JOB_FIELDS:

@@ -56,7 +56,14 @@ from mncloud.cli.values import retry_alias as retry_alias
 from mncloud.cli.values import spec_from_options as spec_from_options
 from mncloud.errors import SpecError as SpecError  # re-exported: commands raise it
 from mncloud.options import DEFAULT_HOURS as DEFAULT_HOURS  # re-exported: commands default to it
-from mncloud.options import DEFAULT_IDLE_MINUTES, job_default
+from mncloud.options import DEFAULT_IDLE_MINUTES, job_default, meta
+
+
+def _range(name: str) -> str:
+    """A job option's bounds as its help says them (`1 to 1024`): its field's metadata."""
+    bounds = meta(name)
+    return f"{bounds.ge:g} to {bounds.le:g}"
+
 
 # Job options (render, up): everything a JobSpec is built from.
 Gpus = Annotated[
@@ -73,7 +80,7 @@ Nodes = Annotated[
     typer.Option(
         "--nodes",
         rich_help_panel=ESSENTIALS,
-        help=f"Number of nodes (default {job_default('nodes')}).",
+        help=f"Number of nodes, {_range('nodes')} (default {job_default('nodes')}).",
     ),
 ]
 Spot = Annotated[
@@ -176,7 +183,9 @@ MaxRestarts = Annotated[
 MasterPort = Annotated[
     int | None,
     typer.Option(
-        "--master-port", rich_help_panel=ADVANCED, help="Rendezvous port on the head node (29500)."
+        "--master-port",
+        rich_help_panel=ADVANCED,
+        help=f"Rendezvous port on the head node, {_range('master_port')} (29500).",
     ),
 ]
 NcclDebug = Annotated[
