@@ -20,8 +20,12 @@ import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
+#: Where the commands run: not a checkout (`python -m` and `-c` put the current folder first on
+#: sys.path, which would hide PYTHONPATH's tree).
+_ELSEWHERE = tempfile.gettempdir()
 #: The most `mncloud --help` may take over a bare `python -c pass` (#42).
 GOAL_S = 0.3
 
@@ -30,10 +34,30 @@ def _seconds(argv: list[str], env: dict[str, str] | None = None) -> tuple[float,
     """Wall seconds and CPU seconds (user + system) of one run of `argv`."""
     used = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    subprocess.run(argv, check=True, capture_output=True, env=env)
+    subprocess.run(argv, check=True, capture_output=True, env=env, cwd=_ELSEWHERE)
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return wall, (after.ru_utime - used.ru_utime) + (after.ru_stime - used.ru_stime)
+
+
+_IMPORT_CPU = (
+    "import sys, time\nstart = time.process_time()\nimport mncloud.cli\n"
+    "print(time.process_time() - start, len(sys.modules))"
+)
+
+
+def _import_cpu(env: dict[str, str] | None) -> tuple[float, int]:
+    """CPU seconds `import mncloud.cli` takes in a fresh interpreter, and the modules loaded:
+    steadier than wall time on a busy machine."""
+    out = subprocess.run(
+        [sys.executable, "-c", _IMPORT_CPU],
+        check=True,
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=_ELSEWHERE,
+    ).stdout.split()
+    return float(out[0]), int(out[1])
 
 
 def main() -> None:
@@ -71,6 +95,11 @@ def main() -> None:
         met = "met" if over <= GOAL_S else "NOT met"
         ratio = median[name] / bare
         print(f"{name}: {ratio:.1f}x bare python, +{over:.3f} s (goal +{GOAL_S} s: {met})")
+    trees = {"now": None, **({"before": envs["mncloud --help (before)"]} if args.before else {})}
+    for tree, env in trees.items():
+        runs = [_import_cpu(env) for _ in range(args.repeat)]
+        seconds, modules = statistics.median(c for c, _ in runs), runs[0][1]
+        print(f"import mncloud.cli ({tree}): {seconds:.3f} s CPU median, {modules} modules")
     if args.before:
         before = median["mncloud --help (before)"]
         print(f"mncloud --help now / before = {median['mncloud --help'] / before:.2f}x")
