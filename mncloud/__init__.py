@@ -5,6 +5,7 @@ the order of the rooms):
 
     errors.py, constants.py, layout.py   the ground floor: error types, shared names, paths
     redact.py      what a credential looks like: refused in `--env`, scrubbed from records
+    options.py     the job's options as plain data: name, type, default, bounds (help reads it)
     catalog/       SkyPilot's facts, cached: offers, prices, enabled clouds, GPU names
     storage/       one Bucket interface over S3, GCS and a directory; the checkpoint layout
     telemetry/     the ranks' telemetry segments (steps, metrics, events) and their readers

@@ -4,19 +4,22 @@ validated `JobSpec` (`build_spec`). Nothing downstream sees flags or the config 
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import os
 import re
 import secrets
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, get_type_hints
 
 import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import ConfigDict, ValidationError, create_model
 
 from mncloud import constants, layout
 from mncloud.errors import SpecError, first_error
+from mncloud.options import FLAG_ONLY as FLAG_ONLY  # re-exported: its old home
+from mncloud.options import JOB_FIELDS, YAML_KEYS, JobOptions, job_default
 from mncloud.spec import (
     BUCKET_MOUNT_PATH,
     LOCAL_CLOUD,
@@ -29,7 +32,6 @@ from mncloud.spec import (
     Recovery,
     SpotPolicy,
     checked_nodes,
-    default_of,
     min_nodes_error,
 )
 from mncloud.storage.url import BucketURL
@@ -77,11 +79,13 @@ def find_workdir(script: Path) -> Path:
     return script.parent
 
 
-def load_project_config(workdir: Path) -> dict[str, Any]:
-    """Read `mncloud.yaml` in the project (a team's committed defaults), or {}."""
+def project_options(workdir: Path) -> JobOptions:
+    """The options `mncloud.yaml` in the project sets (a team's committed defaults); none
+    without the file. A key set to null (`nodes:` or `nodes: null`) is unset: the flag, else
+    the field's default, decides."""
     path = workdir / constants.PROJECT_CONFIG_FILE
     if not is_file(path):
-        return {}
+        return JobOptions()
     try:
         data = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as err:
@@ -96,7 +100,7 @@ def load_project_config(workdir: Path) -> dict[str, Any]:
         if err.errors()[0].get("type") == "extra_forbidden":
             raise SpecError(_unknown_keys_message(path, data)) from None
         raise SpecError(first_error(err, str(path))) from None
-    return config.model_dump(exclude_unset=True)
+    return JobOptions(*(getattr(config, name, None) for name in JOB_FIELDS))
 
 
 def _unknown_keys_message(path: Path, data: dict[Any, Any]) -> str:
@@ -109,56 +113,21 @@ def _unknown_keys_message(path: Path, data: dict[Any, Any]) -> str:
     return f"{path}: unknown option {', '.join(named)}; allowed: {', '.join(valid)}"
 
 
-_Words = str | list[str] | None
-_Pairs = list[str] | dict[str, Any] | None
+_KEY_TYPES = get_type_hints(JobOptions)
 
-
-class ProjectConfig(BaseModel):
-    """`mncloud.yaml`: a team's committed defaults, named like the CLI flags ('_' for '-').
-
-    Flags override it; an unknown key is an error that lists the allowed ones.
-    """
-
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-
-    gpus: str | None = None
-    nodes: int | None = None
-    min_nodes: int | None = None
-    spot: bool | str | None = None
-    cloud: _Words = None
-    region: _Words = None
-    bucket: str | None = None
-    mount_bucket: bool | None = None
-    env: _Pairs = None
-    secret: _Words = None
-    setup: str | None = None
-    requirements: str | None = None
-    disk_size: int | None = None
-    image: str | None = None
-    label: _Pairs = None
-    max_hourly: float | None = None
-    max_restarts: int | None = None
-    master_port: int | None = None
-    nccl_debug: str | None = None
-    nccl_socket_ifname: str | None = None
-    network: str | None = None
-    min_bandwidth: float | None = None
-    require_path: _Words = None
-    preflight: bool | None = None
-    launcher: str | None = None
-    ckpt_dir: str | None = None
-    recovery: str | None = None
-    parallel: str | None = None
-    name: str | None = None
-
-
-#: Flags that are no setting of mncloud.yaml: a user says them on the command line each time.
-FLAG_ONLY = ("allow_secret_env",)
+#: `mncloud.yaml`: a team's committed defaults, its keys `JobOptions`' fields (`YAML_KEYS`),
+#: named like the CLI flags ('_' for '-'), each typed as its field. Flags override it; an
+#: unknown key is an error that lists the allowed ones.
+ProjectConfig = create_model(  # type: ignore[call-overload]
+    "ProjectConfig",
+    __config__=ConfigDict(extra="forbid", allow_inf_nan=False),
+    **{key: (_KEY_TYPES[key], None) for key in YAML_KEYS},
+)
 
 
 def flag_names() -> tuple[str, ...]:
     """Every option `build_spec` takes: the settings of mncloud.yaml, then the flag-only ones."""
-    return (*ProjectConfig.model_fields, *FLAG_ONLY)
+    return tuple(JOB_FIELDS)
 
 
 def build_spec(
@@ -169,9 +138,23 @@ def build_spec(
     on_local: Callable[[str], None] | None = None,
     **flags: Any,
 ) -> JobSpec:
-    """Build a JobSpec from CLI-style options (`flag_names()`, named like the flags with '_'
-    for '-') over the project's `mncloud.yaml` defaults; an option left None or empty keeps
-    the project's value.
+    """`spec_from` with the options as keywords named like the flags (`JobOptions`' fields),
+    for a caller that is no command (tests, scripts); an unknown one is a TypeError."""
+    return spec_from(
+        script, script_args, JobOptions(**flags), default_name=default_name, on_local=on_local
+    )
+
+
+def spec_from(
+    script: str | Path,
+    script_args: list[str] | None,
+    flags: JobOptions,
+    *,
+    default_name: Callable[[str], str] | None = None,
+    on_local: Callable[[str], None] | None = None,
+) -> JobSpec:
+    """Build a JobSpec from the options the flags say over the project's `mncloud.yaml`
+    defaults (`JobOptions.over`); an option left None or empty keeps the project's value.
 
     `spot`: True = spot only, False = on-demand only, None = either (the planner decides).
     `default_name(stem)`: the run name when neither flags nor mncloud.yaml give one (default:
@@ -179,9 +162,6 @@ def build_spec(
     no cloud is named and SkyPilot has none enabled (`local_when_no_cloud`), and say so.
     Raises SpecError with a one-line, actionable message.
     """
-    unknown = sorted(set(flags) - set(flag_names()))
-    if unknown:
-        raise TypeError(f"build_spec() got unknown option(s): {', '.join(unknown)}")
     script_path = user_path(script, "script")
     if not is_file(script_path):
         raise SpecError(
@@ -189,37 +169,36 @@ def build_spec(
         )
     script_path = script_path.resolve()
     workdir = find_workdir(script_path)
-    merged = load_project_config(workdir)
-    merged.update({k: v for k, v in flags.items() if v is not None and v != []})
+    options = flags.over(project_options(workdir))
     if on_local is not None:
-        notice = local_when_no_cloud(merged)
+        options, notice = local_when_no_cloud(options)
         if notice:
             on_local(notice)
-    if not merged.get("name"):
-        merged["name"] = (default_name or (lambda stem: stem))(script_stem(script_path))
-    return _spec_from_options(merged, script_path, workdir, list(script_args or []))
+    if not options.name:
+        name = (default_name or (lambda stem: stem))(script_stem(script_path))
+        options = dataclasses.replace(options, name=name)
+    return _spec_from_options(options, script_path, workdir, list(script_args or []))
 
 
 #: Local CPU nodes when no cloud is enabled: two processes per node, or one on a 1-core machine.
 LOCAL_CPUS = max(1, min(2, os.cpu_count() or 1))
 
 
-def local_when_no_cloud(options: dict[str, Any]) -> str | None:
+def local_when_no_cloud(options: JobOptions) -> tuple[JobOptions, str | None]:
     """Where no cloud is named (flag or mncloud.yaml), no GPU is asked for and SkyPilot has no
-    cloud enabled: set `cloud` local and `gpus` cpu:N in `options` and return the one-line
-    notice; else change nothing and return None."""
-    gpus = str(options.get("gpus") or "").strip()
-    if as_list(options.get("cloud")) or (gpus and not gpus.lower().startswith("cpu")):
-        return None
+    cloud enabled: the options with `cloud` local and `gpus` cpu:N, and the one-line notice;
+    else the options unchanged and None."""
+    gpus = str(options.gpus or "").strip()
+    if as_list(options.cloud) or (gpus and not gpus.lower().startswith("cpu")):
+        return options, None
     from mncloud.catalog.clouds import enabled_clouds
 
     if enabled_clouds() != []:  # some enabled, or SkyPilot's state is elsewhere: unknown
-        return None
-    options["cloud"] = [LOCAL_CLOUD]
-    options["gpus"] = gpus or f"cpu:{LOCAL_CPUS}"
-    return (
+        return options, None
+    local = dataclasses.replace(options, cloud=[LOCAL_CLOUD], gpus=gpus or f"cpu:{LOCAL_CPUS}")
+    return local, (
         "no cloud is enabled in SkyPilot (`sky check` found none): running on this machine, "
-        f"--cloud local --gpus {options['gpus']}"
+        f"--cloud local --gpus {local.gpus}"
     )
 
 
@@ -238,21 +217,26 @@ def _as_mapping(value: Any, flag: str) -> dict[str, str]:
     return parse_key_values(as_list(value), flag)
 
 
+def _or_default(value: Any, name: str) -> Any:
+    """An option's value, or its default (`job_default`) when nobody said it."""
+    return job_default(name) if value is None else value
+
+
 def _spec_from_options(
-    opts: dict[str, Any], script: Path, workdir: Path, script_args: list[str]
+    opts: JobOptions, script: Path, workdir: Path, script_args: list[str]
 ) -> JobSpec:
-    if not opts.get("gpus"):
+    if not opts.gpus:
         raise SpecError("--gpus is required, e.g. --gpus H100:8 (or cpu:2 for local CPU nodes)")
-    accelerator, *alternatives = Accelerator.parse_list(str(opts["gpus"]))
-    nodes = checked_nodes(opts.get("nodes", default_of("nodes")))
-    spot = spot_policy(opts.get("spot"))
-    bucket = BucketURL.parse(str(opts["bucket"])) if opts.get("bucket") else None
-    requirements = _requirements(opts.get("requirements"), workdir)
-    if opts.get("mount_bucket") and bucket is None:
+    accelerator, *alternatives = Accelerator.parse_list(str(opts.gpus))
+    nodes = checked_nodes(_or_default(opts.nodes, "nodes"))
+    spot = spot_policy(opts.spot)
+    bucket = BucketURL.parse(str(opts.bucket)) if opts.bucket else None
+    requirements = _requirements(opts.requirements, workdir)
+    if opts.mount_bucket and bucket is None:
         raise SpecError("--mount-bucket needs --bucket s3://… or gs://…")
-    if opts.get("mount_bucket") and bucket is not None and bucket.scheme == "file":
+    if opts.mount_bucket and bucket is not None and bucket.scheme == "file":
         raise SpecError("--mount-bucket works with s3:// or gs:// buckets, not file://")
-    name = opts.get("name") or script_stem(script)
+    name = opts.name or script_stem(script)
     try:
         return JobSpec(
             script=script,
@@ -262,32 +246,32 @@ def _spec_from_options(
             accelerator=accelerator,
             gpu_alternatives=alternatives,
             nodes=nodes,
-            min_nodes=_min_nodes(opts.get("min_nodes"), nodes),
+            min_nodes=_min_nodes(opts.min_nodes, nodes),
             spot=spot,
-            clouds=as_list(opts.get("cloud")),
-            regions=as_list(opts.get("region")),
+            clouds=as_list(opts.cloud),
+            regions=as_list(opts.region),
             bucket=bucket,
-            mount_bucket=bool(opts.get("mount_bucket")),
+            mount_bucket=bool(opts.mount_bucket),
             envs=_checked_envs(opts),
-            secrets=as_list(opts.get("secret")),
-            setup=opts.get("setup"),
+            secrets=as_list(opts.secret),
+            setup=opts.setup,
             requirements=requirements,
-            disk_size=opts.get("disk_size"),
-            image=opts.get("image"),
-            labels=_as_mapping(opts.get("label"), "--label"),
-            max_hourly=opts.get("max_hourly"),
-            max_restarts=opts.get("max_restarts", default_of("max_restarts")),
-            master_port=opts.get("master_port"),
-            nccl_debug=opts.get("nccl_debug"),
-            nccl_socket_ifname=opts.get("nccl_socket_ifname"),
-            network=_network(opts.get("network")),
-            min_bandwidth=_min_bandwidth(opts.get("min_bandwidth")),
-            require_paths=as_list(opts.get("require_path")),
-            preflight=bool(opts.get("preflight", default_of("preflight"))),
-            launcher=Launcher.parse(opts.get("launcher") or default_of("launcher")),
+            disk_size=opts.disk_size,
+            image=opts.image,
+            labels=_as_mapping(opts.label, "--label"),
+            max_hourly=opts.max_hourly,
+            max_restarts=_or_default(opts.max_restarts, "max_restarts"),
+            master_port=opts.master_port,
+            nccl_debug=opts.nccl_debug,
+            nccl_socket_ifname=opts.nccl_socket_ifname,
+            network=_network(opts.network),
+            min_bandwidth=_min_bandwidth(opts.min_bandwidth),
+            require_paths=as_list(opts.require_path),
+            preflight=bool(_or_default(opts.preflight, "preflight")),
+            launcher=Launcher.parse(opts.launcher or job_default("launcher")),
             ckpt_dir=_checked_ckpt_dir(opts, workdir, bucket),
             recovery=_recovery(opts, script, nodes, bucket),
-            parallel=_parallel(opts.get("parallel"), nodes),
+            parallel=_parallel(opts.parallel, nodes),
         )
     except ValidationError as err:
         raise SpecError(first_error(err)) from None
@@ -333,7 +317,7 @@ def _parallel(value: Any, nodes: int) -> Parallel | None:
 def _network(value: Any) -> NetworkTier:
     """`--network best|standard` (or mncloud.yaml's `network`); a fabric's name is no setting."""
     if value is None:
-        return default_of("network")
+        return NetworkTier(job_default("network"))
     text = str(getattr(value, "value", value)).strip().lower()
     try:
         return NetworkTier(text)
@@ -360,14 +344,14 @@ def _min_bandwidth(value: Any) -> float | None:
     return number
 
 
-def _recovery(opts: dict[str, Any], script: Path, nodes: int, bucket: BucketURL | None) -> Recovery:
+def _recovery(opts: JobOptions, script: Path, nodes: int, bucket: BucketURL | None) -> Recovery:
     """`--recovery gang|node`; without it, node when the script opts in and runs on 2+ nodes,
     locally or on a cloud with a bucket (where a job group's nodes find the lighthouse), else
     gang."""
-    value, opted_in = opts.get("recovery"), opts_in_to_node_recovery(script)
-    launcher = str(getattr(opts.get("launcher"), "value", opts.get("launcher") or "torchrun"))
+    value, opted_in = opts.recovery, opts_in_to_node_recovery(script)
+    launcher = str(getattr(opts.launcher, "value", opts.launcher or "torchrun"))
     if value is None:  # node where it can run: locally, or on a cloud with a bucket
-        local = as_list(opts.get("cloud")) == [LOCAL_CLOUD]
+        local = as_list(opts.cloud) == [LOCAL_CLOUD]
         placeable = local or (bucket is not None and bucket.scheme != "file")
         auto = opted_in and nodes >= 2 and launcher == "torchrun" and placeable
         return Recovery.NODE if auto else Recovery.GANG
@@ -414,12 +398,12 @@ def _requirements(value: Any, workdir: Path) -> Path | None:
     return path.relative_to(workdir)
 
 
-def _checked_ckpt_dir(opts: dict[str, Any], workdir: Path, bucket: BucketURL | None) -> str | None:
+def _checked_ckpt_dir(opts: JobOptions, workdir: Path, bucket: BucketURL | None) -> str | None:
     """`--ckpt-dir`: an absolute folder outside the synced workdir and the bucket mount; on a
     cloud it lives in the bucket, so it needs an s3:// or gs:// `--bucket`."""
-    if not opts.get("ckpt_dir"):
+    if not opts.ckpt_dir:
         return None
-    path, flag = PurePosixPath(str(opts["ckpt_dir"])), f"--ckpt-dir {str(opts['ckpt_dir'])!r}"
+    path, flag = PurePosixPath(str(opts.ckpt_dir)), f"--ckpt-dir {str(opts.ckpt_dir)!r}"
     if not path.is_absolute() or ".." in path.parts or len(path.parts) < 2:
         raise SpecError(f"{flag}: give an absolute folder of its own on the nodes, e.g. /ckpt")
     work, mount = PurePosixPath(workdir.as_posix()), PurePosixPath(BUCKET_MOUNT_PATH)
@@ -427,7 +411,7 @@ def _checked_ckpt_dir(opts: dict[str, Any], workdir: Path, bucket: BucketURL | N
         raise SpecError(f"{flag} is inside the workdir, which is synced to every node; use /ckpt")
     if path.is_relative_to(mount) or work.is_relative_to(path) or mount.is_relative_to(path):
         raise SpecError(f"{flag} overlaps the workdir or the bucket mount ({mount}); use /ckpt")
-    if as_list(opts.get("cloud")) != [LOCAL_CLOUD] and (bucket is None or bucket.scheme == "file"):
+    if as_list(opts.cloud) != [LOCAL_CLOUD] and (bucket is None or bucket.scheme == "file"):
         raise SpecError(
             f"{flag} needs --bucket s3://… or gs://… on a cloud: the folder lives in the bucket "
             "and outlives the VMs"
@@ -435,11 +419,11 @@ def _checked_ckpt_dir(opts: dict[str, Any], workdir: Path, bucket: BucketURL | N
     return path.as_posix()
 
 
-def _checked_envs(opts: dict[str, Any]) -> dict[str, str]:
+def _checked_envs(opts: JobOptions) -> dict[str, str]:
     """`--env` values; one that looks like a credential is refused unless the user insists:
     it would be written into the task YAML SkyPilot stores (use `--secret NAME`)."""
-    envs = _as_mapping(opts.get("env"), "--env")
-    if opts.get("allow_secret_env"):
+    envs = _as_mapping(opts.env, "--env")
+    if opts.allow_secret_env:
         return envs
     from mncloud.redact import looks_like_credential
 

@@ -27,6 +27,17 @@ from mncloud.constants import min_replicas as min_replicas  # re-exported: its o
 from mncloud.errors import SpecError
 from mncloud.errors import first_error as first_error  # re-exported: its old home
 from mncloud.export import ExportFormat
+from mncloud.options import (  # re-exported: their old home; stated once, in mncloud.options
+    DEFAULT_CKPT_SECONDS as DEFAULT_CKPT_SECONDS,
+)
+from mncloud.options import DEFAULT_HOURS as DEFAULT_HOURS
+from mncloud.options import DEFAULT_IDLE_MINUTES as DEFAULT_IDLE_MINUTES
+from mncloud.options import DEFAULT_RECOVERY_MINUTES as DEFAULT_RECOVERY_MINUTES
+from mncloud.options import MAX_HOURS as MAX_HOURS
+from mncloud.options import MAX_NODES as MAX_NODES
+from mncloud.options import MAX_USD as MAX_USD
+from mncloud.options import MIN_NODES as MIN_NODES
+from mncloud.options import job_default, meta
 from mncloud.storage.url import BucketURL
 
 #: Clouds a request may name: SkyPilot's registry names plus our own local backend.
@@ -192,12 +203,6 @@ class Accelerator(BaseModel):
         return parsed
 
 
-#: The most nodes one run may ask for: beyond any single offer (the largest clusters SkyPilot
-#: documents are hundreds of nodes) and a guard against a typo that would cost a fortune.
-MAX_NODES = 1024
-MIN_NODES = 1
-
-
 def checked_nodes(value: object) -> int:
     """`--nodes` (or mncloud.yaml's `nodes`): a whole number from MIN_NODES to MAX_NODES, the one
     check of a node count (`NodeCount`, the type of every model's `nodes`)."""
@@ -226,12 +231,7 @@ def _node_count(value: object) -> int:
 
 #: A node count, wherever one is a field (`JobSpec.nodes`, `PlanRequest.nodes`): its bounds
 #: are this metadata, checked by `checked_nodes`.
-NodeCount = Annotated[int, Field(ge=MIN_NODES, le=MAX_NODES), BeforeValidator(_node_count)]
-#: The longest a job's work, a deadline or any other duration an option takes may be: a year.
-#: Longer is a typo (or `1e308`), and the models' tick counts would overflow.
-MAX_HOURS = 24 * 365
-#: The most USD any money option (a budget, a price per hour) may name.
-MAX_USD = 1e9
+NodeCount = Annotated[int, Field(**meta("nodes").bounds()), BeforeValidator(_node_count)]
 #: The fastest a local rehearsal's run time may pass (`--time-scale`): an hour a second.
 MAX_TIME_SCALE = 3600.0
 #: Numbers are finite everywhere: `nan` and `inf` are refused, never compared.
@@ -255,7 +255,7 @@ class JobSpec(BaseModel):
     gpu_alternatives: list[Accelerator] = Field(default_factory=list)
     """Other GPU types a plan may choose instead (`--gpus H100:8,A100-80GB:8`): ranked by
     expected cost to finish, rendered as `ordered` entries."""
-    nodes: NodeCount = 1
+    nodes: NodeCount = job_default("nodes")
     min_nodes: NodeCount | None = None
     """`--min-nodes`: an elastic spot run trains on as few as this many nodes while capacity
     gives fewer than `nodes`, and grows back at the next checkpoint; None: the gang waits."""
@@ -273,31 +273,31 @@ class JobSpec(BaseModel):
     """A user setup command (shell), run once per node before training."""
     requirements: Path | None = None
     """A requirements file, relative to workdir, pip-installed in setup."""
-    disk_size: int | None = Field(None, ge=1, le=65536)
+    disk_size: int | None = Field(None, **meta("disk_size").bounds())
     image: str | None = None
     labels: dict[str, str] = Field(default_factory=dict)
-    max_hourly: float | None = Field(None, gt=0, le=MAX_USD)
+    max_hourly: float | None = Field(None, **meta("max_hourly").bounds())
     """Budget: the most the whole job may cost per hour, in USD."""
-    max_restarts: int = Field(3, ge=0, le=1000)
+    max_restarts: int = Field(job_default("max_restarts"), **meta("max_restarts").bounds())
     """Retries after errors in the user's code, on every backend: SkyPilot's
     `max_restarts_on_errors`, the local supervisor's error budget. Preemptions are always
     recovered and never count against it."""
-    master_port: int | None = Field(None, ge=1024, le=65535)
+    master_port: int | None = Field(None, **meta("master_port").bounds())
     """Rendezvous port on the head node; None: 29500 on clouds, a free port for a local run
     (chosen at launch, so local runs side by side never collide)."""
     nccl_debug: str | None = None
     nccl_socket_ifname: str | None = None
-    network: NetworkTier = NetworkTier.BEST
+    network: NetworkTier = NetworkTier(job_default("network"))
     """Multi-node tasks: ask for each offer's fast fabric (best) or not (standard); one node
     and local runs are never changed."""
-    min_bandwidth: float | None = Field(None, gt=0, allow_inf_nan=False)
+    min_bandwidth: float | None = Field(None, allow_inf_nan=False, **meta("min_bandwidth").bounds())
     """GB/s: the preflight's all-reduce bus bandwidth below this refuses to train (else the
     shortfall against the plan's expectation only warns)."""
     require_paths: list[str] = Field(default_factory=list)
     """Paths (local or bucket URLs) every node must see before training starts."""
-    preflight: bool = True
+    preflight: bool = job_default("preflight")
     """Run `python -m mncloud.doctor node` on every node before torchrun (when installed)."""
-    launcher: Launcher = Launcher.TORCHRUN
+    launcher: Launcher = Launcher(job_default("launcher"))
     """What starts the script on every node: torchrun, accelerate, deepspeed or none."""
     ckpt_dir: str | None = None
     """An absolute path on every node backed by `<ckpt uri>/ckpt-dir` (`MNCLOUD_CKPT_DIR`)."""
@@ -408,18 +408,6 @@ def canonical_cloud(value: str) -> str:
     if name not in known:
         raise ValueError(f"--cloud {value!r} is unknown; choose one of: local, {', '.join(known)}")
     return name
-
-
-#: Hours of work the planner assumes when the user gives none (`plan`, `render --plan`, `up`).
-DEFAULT_HOURS = 24.0
-#: R, a launch's time to training again when `--recovery-minutes` is not given: detect the
-#: preemption, provision a new cluster (minutes for 8-GPU VMs), run setup and load the
-#: checkpoint. SkyPilot's managed-job recovery usually takes several minutes; 10 is a guess.
-DEFAULT_RECOVERY_MINUTES = 10.0
-#: C: time the training loop stalls to write one checkpoint (async uploads keep it short).
-DEFAULT_CKPT_SECONDS = 60.0
-#: `up --cluster`: idle minutes (no job running) before the cluster tears itself down.
-DEFAULT_IDLE_MINUTES = 10
 
 
 def default_of(field: str) -> Any:

@@ -173,6 +173,35 @@ def test_bad_input_is_one_line_and_exit_2(script: Path, flags: list[str], fragme
     assert "Traceback" not in result.output
 
 
+@pytest.mark.parametrize(
+    ("yaml_text", "fragment"),
+    [
+        ("nodes: null\ngpu: null\n", "unknown option 'gpu' (did you mean 'gpus'?)"),
+        ("nodes: null\nlauncher: mpi\n", "--launcher 'mpi' is unknown"),
+        ("nodes: null\nnodes_: 2\n", "unknown option 'nodes_'"),
+    ],
+)
+def test_mncloud_yaml_null_is_unset_and_bad_keys_one_line(
+    script: Path, yaml_text: str, fragment: str
+) -> None:
+    """`key: null` in mncloud.yaml is unset (the flag or the default decides); beside it, a bad
+    key or value is still one line, exit 2."""
+    (script.parent / "mncloud.yaml").write_text("nodes: null\nspot: null\nmax_restarts: null\n")
+    ok = runner.invoke(app, ["render", "train.py", "--gpus", "H100:8"])
+    assert ok.exit_code == 0, ok.output
+    config = yaml.safe_load(ok.stdout)
+    assert config["num_nodes"] == 1
+    assert config["resources"]["job_recovery"]["max_restarts_on_errors"] == 3
+    flagged = runner.invoke(app, ["render", "train.py", "--gpus", "H100:8", "--nodes", "3"])
+    assert flagged.exit_code == 0 and yaml.safe_load(flagged.stdout)["num_nodes"] == 3
+    (script.parent / "mncloud.yaml").write_text(yaml_text)
+    result = runner.invoke(app, ["render", "train.py", "--gpus", "H100:8"])
+    assert result.exit_code == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and fragment in lines[0], lines
+    assert "Traceback" not in result.output
+
+
 def test_secret_looking_env_only_when_the_user_insists(script: Path) -> None:
     base = ["render", "train.py", "--gpus", "H100:8", "--env", "HF_TOKEN=hf_x"]
     result = runner.invoke(app, [*base, "--allow-secret-env"])
@@ -240,6 +269,7 @@ RENDER_OPTIONS = {
     "--allow-secret-env",
     "--gpus",
     "--nodes",
+    "--min-nodes",
     "--spot",
     "--on-demand",
     "--cloud",

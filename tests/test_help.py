@@ -202,3 +202,23 @@ def test_control_is_hidden_but_still_runs(capsys: pytest.CaptureFixture[str]) ->
     assert code == 0 and "Steer a deadline run" in out, err
     code, out, err = _run(["control", "no-such-run"], capsys)
     assert code == 2 and err.startswith("error: ") and err.count("\n") == 1
+
+
+#: What no `--help` may load: the validation library, the request's models, the heavy stacks.
+NOT_FOR_HELP = ("pydantic", "mncloud.spec", "mncloud.request", "torch", "sky", "yaml", "jinja2")
+
+
+def test_help_loads_neither_pydantic_nor_the_spec() -> None:
+    """`mncloud --help` and every command's `--help` in one fresh interpreter: the help text
+    is plain data (`mncloud.options`), so none of NOT_FOR_HELP is imported (`mncloud --help`
+    stays near a bare `python -c pass`: bench/help_time.py measures it)."""
+    code = (
+        "import sys\nfrom mncloud.cli import main\n"
+        f"for path in {[list(path) for path, _ in COMMANDS]!r}:\n"
+        "    try:\n        main([*path, '--help'])\n    except SystemExit:\n        pass\n"
+        f"print('\\nLOADED', [m for m in {NOT_FOR_HELP!r} if m in sys.modules])\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("Usage: mncloud") == len(COMMANDS)
+    assert proc.stdout.strip().endswith("LOADED []"), proc.stdout[-300:]

@@ -49,6 +49,7 @@ ROOMS: list[tuple[str, str]] = [
     ("mncloud", ""),
     ("mncloud.errors", ""),
     ("mncloud.constants", ""),
+    ("mncloud.options", ""),
     ("mncloud.layout", ""),
     ("mncloud.redact", ""),
     ("mncloud.catalog", "cache clouds gpus index skyconfig"),

@@ -22,6 +22,7 @@ from mncloud.backends.base import RunState
 from mncloud.backends.registry import known_runs
 from mncloud.catalog import clouds as skycheck
 from mncloud.cli import app
+from mncloud.options import JobOptions
 from tests.test_local import run_log, wait_final
 
 runner = CliRunner()
@@ -69,7 +70,7 @@ def test_a_remote_api_server_is_unknown(no_cloud: Path, monkeypatch: pytest.Monk
     """Another machine keeps SkyPilot's state: unknown, so nothing changes."""
     monkeypatch.setenv("SKYPILOT_API_SERVER_ENDPOINT", "https://sky.example.com")
     assert skycheck.enabled_clouds() is None
-    assert request.local_when_no_cloud({}) is None
+    assert request.local_when_no_cloud(JobOptions()) == (JobOptions(), None)
     monkeypatch.setenv("SKYPILOT_API_SERVER_ENDPOINT", "http://127.0.0.1:46580")
     assert skycheck.enabled_clouds() == []
 
@@ -82,15 +83,17 @@ def test_with_a_cloud_enabled_nothing_changes(sky_enabled_clouds: list[str], pro
 
 
 def test_the_fallback_takes_cpu_and_leaves_named_clouds_and_gpus(no_cloud: Path) -> None:
-    options: dict[str, object] = {}
-    notice = request.local_when_no_cloud(options)
+    options, notice = request.local_when_no_cloud(JobOptions())
     assert notice is not None and "sky check" in notice and "\n" not in notice
-    assert options == {"cloud": ["local"], "gpus": f"cpu:{request.LOCAL_CPUS}"}
-    kept = {"gpus": "cpu:4"}
-    assert request.local_when_no_cloud(kept) and kept["gpus"] == "cpu:4"
-    for named in ({"cloud": ["aws"]}, {"gpus": "H100:8"}, {"cloud": "local", "gpus": "cpu:1"}):
-        before = dict(named)
-        assert request.local_when_no_cloud(named) is None and named == before
+    assert (options.cloud, options.gpus) == (["local"], f"cpu:{request.LOCAL_CPUS}")
+    kept, notice = request.local_when_no_cloud(JobOptions(gpus="cpu:4"))
+    assert notice and kept.gpus == "cpu:4"
+    for named in (
+        JobOptions(cloud=["aws"]),
+        JobOptions(gpus="H100:8"),
+        JobOptions(cloud="local", gpus="cpu:1"),
+    ):
+        assert request.local_when_no_cloud(named) == (named, None)
 
 
 def test_render_and_plan_say_so_in_one_line(no_cloud: Path, project: Path) -> None:

@@ -5,16 +5,27 @@ So a new job option is a decision: a field, a `ProjectConfig` key or a `FLAG_ONL
 
 from __future__ import annotations
 
+import ast
 import re
+import typing
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Any, get_type_hints
 
 import pytest
 import typer.main
 
 from mncloud.cli import app
-from mncloud.cli.options import JOB, MARKET
+from mncloud.cli.options import JOB, MARKET, job_options
+from mncloud.options import (
+    JOB_FIELDS,
+    MAX_NODES,
+    MIN_NODES,
+    YAML_KEYS,
+    JobOptions,
+    job_default,
+    meta,
+)
 from mncloud.request import FLAG_ONLY, ProjectConfig, build_spec
 from mncloud.spec import JobSpec, default_of
 
@@ -84,3 +95,90 @@ def test_a_spec_from_no_flags_and_no_yaml_has_the_declared_defaults(tmp_path: Pa
         field = FIELD_OF.get(key, key)
         if field not in DERIVED:
             assert getattr(spec, field) == default_of(field), field
+
+
+# ------------------------------------------------------------- one option followed by name
+# `nodes` from its Typer option to `templates/task.yaml.j2`, through typed fields only: the
+# option's parameter is a `JobOptions` field of the same name and type; `spec_from` reads the
+# field as an attribute and hands it to `JobSpec(nodes=…)` (no `**` anywhere in the call);
+# `PlanRequest.from_spec` reads `spec.nodes`; render's variables set `num_nodes` from
+# `spec.nodes`; the template writes `num_nodes`.
+
+MNCLOUD = Path(__file__).resolve().parents[1] / "mncloud"
+
+
+def _function(path: Path, name: str) -> ast.FunctionDef:
+    tree = ast.parse(path.read_text())
+    return next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == name)
+
+
+def _call(func: ast.FunctionDef, callee: str) -> ast.Call:
+    calls = [
+        n
+        for n in ast.walk(func)
+        if isinstance(n, ast.Call) and ast.unparse(n.func).split(".")[-1] == callee
+    ]
+    assert len(calls) == 1, (func.name, callee, len(calls))
+    return calls[0]
+
+
+def _keyword(call: ast.Call, name: str) -> str:
+    assert all(k.arg is not None for k in call.keywords), f"a **dict in {ast.unparse(call)[:80]}"
+    return next(ast.unparse(k.value) for k in call.keywords if k.arg == name)
+
+
+def test_nodes_is_followed_by_name_from_the_flag_to_the_template() -> None:
+    hints = get_type_hints(JobOptions)
+    params = _params("up")
+    assert "--nodes" in params["nodes"].opts and "nodes" in JOB_FIELDS
+    assert f"{MIN_NODES} to {MAX_NODES} (default {job_default('nodes')})" in params["nodes"].help
+    for group in (MARKET, JOB):  # a job option's parameter is its field, of a type it holds
+        for param in group:
+            if param.name in JOB_FIELDS:
+                flag_type = typing.get_args(param.annotation)[0]
+                assert set(typing.get_args(flag_type)) <= set(typing.get_args(hints[param.name]))
+    values = {name: None for name in (*JOB_FIELDS, "script", "script_args")}
+    assert job_options({**values, "nodes": 7}).nodes == 7  # the parameter → the field
+
+    builder = _function(MNCLOUD / "request.py", "_spec_from_options")
+    assert "opts: JobOptions" in ast.unparse(builder.args)
+    body = [n for stmt in builder.body for n in ast.walk(stmt)]
+    assert not [n for n in body if isinstance(n, ast.Subscript | ast.Dict)], (
+        "the spec is built from JobOptions' attributes, not from a dict"
+    )
+    assert _keyword(_call(builder, "JobSpec"), "nodes") == "nodes"
+    assert "checked_nodes(_or_default(opts.nodes, 'nodes'))" in ast.unparse(builder)
+    assert JobSpec.model_fields["nodes"].default == job_default("nodes")
+
+    from_spec = _function(MNCLOUD / "plan" / "model.py", "from_spec")
+    assert _keyword(_call(from_spec, "for_market"), "nodes") == "spec.nodes"
+
+    variables = _function(MNCLOUD / "render" / "__init__.py", "template_variables")
+    returned = next(n.value for n in ast.walk(variables) if isinstance(n, ast.Return))
+    assert isinstance(returned, ast.Dict)
+    entries = {
+        ast.literal_eval(k): ast.unparse(v)
+        for k, v in zip(returned.keys, returned.values, strict=True)
+        if k
+    }
+    assert entries["num_nodes"] == "spec.nodes"
+    template = (MNCLOUD / "templates" / "task.yaml.j2").read_text()
+    assert "num_nodes: {{ num_nodes | yaml }}" in template
+
+
+def _bounds(metadata: list[Any]) -> dict[str, Any]:
+    found = ((key, getattr(m, key, None)) for m in metadata for key in ("ge", "gt", "le"))
+    return {key: value for key, value in found if value is not None}
+
+
+def test_the_spec_takes_its_defaults_and_bounds_from_the_options_metadata() -> None:
+    for name in JOB_FIELDS:
+        field = JobSpec.model_fields.get(FIELD_OF.get(name, name))
+        if field is None:
+            continue
+        assert _bounds(field.metadata) == meta(name).bounds(), name
+        if meta(name).default is not None:
+            assert _text(default_of(name)) == _text(meta(name).default), name
+    assert meta("nodes").bounds() == {"ge": MIN_NODES, "le": MAX_NODES}
+    assert set(ProjectConfig.model_fields) == set(YAML_KEYS)
+    assert FLAG_ONLY == ("allow_secret_env",)

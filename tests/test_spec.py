@@ -170,3 +170,32 @@ def test_missing_script(tmp_path: Path) -> None:
 def test_gpus_required(script: Path) -> None:
     with pytest.raises(SpecError, match="--gpus is required"):
         build_spec(script)
+
+
+def test_project_config_null_means_unset(script: Path) -> None:
+    """`key: null` (or a bare `key:`) in mncloud.yaml says nothing: the flag, else the default."""
+    (script.parent.parent / "mncloud.yaml").write_text(
+        "gpus: A100:8\nnodes: null\nspot:\nmax_restarts: ~\npreflight: null\nlauncher: null\n"
+        "env: null\nname: null\nnetwork: null\ncloud: null\n"
+    )
+    spec = build_spec(script)
+    assert (spec.nodes, spec.spot, spec.max_restarts) == (1, SpotPolicy.EITHER, 3)
+    assert spec.preflight is True and spec.launcher.value == "torchrun"
+    assert spec.envs == {} and spec.name == "train" and spec.clouds == []
+    assert build_spec(script, nodes=2, name="x").nodes == 2
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ("gpus: A100:8\nnode: null\n", r"unknown option 'node' \(did you mean 'nodes'\?\)"),
+        ("gpus: A100:8\nnodes: 0\n", r"--nodes 0"),
+        ("gpus: A100:8\nnodes: [2]\n", r"mncloud.yaml: nodes: "),
+    ],
+)
+def test_project_config_bad_key_or_value_beside_nulls(
+    script: Path, text: str, fragment: str
+) -> None:
+    (script.parent.parent / "mncloud.yaml").write_text(text + "spot: null\n")
+    with pytest.raises(SpecError, match=fragment):
+        build_spec(script)

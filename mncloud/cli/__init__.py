@@ -25,7 +25,6 @@ import sys
 from typing import Any
 
 import typer
-from typer.core import TyperGroup
 
 from mncloud import __version__
 from mncloud.cli import chaos as chaos_cli
@@ -44,7 +43,7 @@ from mncloud.cli import runs as runs_cli
 from mncloud.cli import ui as ui_cli
 from mncloud.cli import up as up_cli
 from mncloud.cli._common import one_line
-from mncloud.cli.params import use_panels
+from mncloud.cli.params import PlainFlagsGroup, use_panels
 from mncloud.errors import MncloudError
 
 
@@ -66,7 +65,7 @@ def _one_line(err: Exception) -> str:
     return message
 
 
-class _Group(TyperGroup):
+class _Group(PlainFlagsGroup):
     """The root group: turns errors into one line on stderr and an exit code."""
 
     def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from mncloud.cli._common import console, handle_errors, print_json
 from mncloud.errors import CheckpointError, RunNotFoundError
-from mncloud.storage.buckets import ObjectInfo
-from mncloud.storage.checkpoints import CheckpointStore
-from mncloud.storage.url import BucketURL
+
+if TYPE_CHECKING:  # the storage modules load pydantic: not for `mncloud --help`
+    from mncloud.storage.buckets import ObjectInfo
+    from mncloud.storage.checkpoints import CheckpointStore
 
 app = typer.Typer(no_args_is_help=True, help="List, verify, pull and remove checkpoints.")
 
@@ -28,6 +29,8 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a t
 
 
 def _store(where: str) -> CheckpointStore:
+    from mncloud.storage.checkpoints import CheckpointStore
+
     return CheckpointStore(checkpoint_location(where))
 
 
@@ -42,6 +45,8 @@ def checkpoint_location(where: str) -> str:
     """The checkpoint URL that RUN|URL|DIR names: a URL as given, a directory as `file://`,
     a run's name as the run's recorded checkpoint URL. CheckpointError when it names nothing
     that exists (a missing directory, an unknown run that is no directory either)."""
+    from mncloud.storage.url import BucketURL
+
     if "://" in where:
         # Any bucket the cloud still serves, legacy S3 names (capitals, underscores) too; a
         # name no bucket can have (300 characters) is refused here, in one line.
@@ -78,6 +83,7 @@ def ckpt_dir_files(ckpt_uri: str, retry_seconds: float = 5.0) -> list[ObjectInfo
     """What a run's `--ckpt-dir` folder holds in the bucket, keys relative to the folder."""
     from mncloud import layout
     from mncloud.storage import open_bucket
+    from mncloud.storage.buckets import ObjectInfo
 
     bucket, prefix = open_bucket(layout.ckpt_dir_uri(ckpt_uri), retry_seconds=retry_seconds)
     base = f"{prefix}/" if prefix else ""

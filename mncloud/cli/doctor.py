@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
@@ -111,31 +111,32 @@ def _laptop_checks(
 ) -> list[Check]:
     """Every check `mncloud doctor` runs, with the project's mncloud.yaml as defaults."""
     from mncloud import doctor
-    from mncloud.request import as_list, find_workdir, is_file, load_project_config
+    from mncloud.options import JobOptions
+    from mncloud.request import as_list, find_workdir, is_file, project_options
     from mncloud.spec import Accelerator
 
     checks: list[Check] = []
-    config: dict[str, Any] = {}
+    config = JobOptions()
     if script is not None:
         if not is_file(script):
             checks.append(doctor.Check("script", False, f"{script} does not exist"))
         else:
             workdir = find_workdir(script.resolve())
-            config = load_project_config(workdir)
+            config = project_options(workdir)
             digest = doctor.code_hash(workdir)
             checks.append(doctor.Check("code", True, f"{workdir}: code hash {digest}"))
-    gpus = gpus or config.get("gpus")
+    gpus = gpus or config.gpus
     if gpus:
         try:
             checks.append(doctor.Check("gpus", True, f"{Accelerator.parse(str(gpus))} is known"))
         except Exception as err:  # SpecError: an unknown accelerator name
             checks.append(doctor.Check("gpus", False, str(err)))
-    clouds = list(cloud or []) or as_list(config.get("cloud"))
+    clouds = list(cloud or []) or as_list(config.cloud)
     if clouds:
         checks += doctor.check_credentials(clouds, timeout=timeout)
     else:
         checks.append(doctor.Check("credentials", True, "no --cloud given: nothing to check"))
-    bucket = bucket or config.get("bucket")
+    bucket = bucket or config.bucket
     if bucket:
         checks.append(doctor.check_bucket(str(bucket)))
     for path in require_paths:

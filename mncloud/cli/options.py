@@ -49,17 +49,22 @@ from mncloud.cli.plan_options import (  # noqa: F401 - re-exported: commands rea
 )
 from mncloud.cli.values import deadline_options as deadline_options
 from mncloud.cli.values import deadline_seconds as deadline_seconds
+from mncloud.cli.values import job_options as job_options
 from mncloud.cli.values import launch_options_from as launch_options_from
 from mncloud.cli.values import parse_duration as parse_duration
 from mncloud.cli.values import print_notices as print_notices
 from mncloud.cli.values import retry_alias as retry_alias
 from mncloud.cli.values import spec_from_options as spec_from_options
 from mncloud.errors import SpecError as SpecError  # re-exported: commands raise it
-from mncloud.spec import DEFAULT_HOURS as DEFAULT_HOURS  # re-exported: commands default to it
-from mncloud.spec import (
-    DEFAULT_IDLE_MINUTES,
-    default_of,
-)
+from mncloud.options import DEFAULT_HOURS as DEFAULT_HOURS  # re-exported: commands default to it
+from mncloud.options import DEFAULT_IDLE_MINUTES, job_default, meta
+
+
+def _range(name: str) -> str:
+    """A job option's bounds as its help says them (`1 to 1024`): its field's metadata."""
+    bounds = meta(name)
+    return f"{bounds.ge:g} to {bounds.le:g}"
+
 
 # Job options (render, up): everything a JobSpec is built from.
 Gpus = Annotated[
@@ -76,7 +81,7 @@ Nodes = Annotated[
     typer.Option(
         "--nodes",
         rich_help_panel=ESSENTIALS,
-        help=f"Number of nodes (default {default_of('nodes')}).",
+        help=f"Number of nodes, {_range('nodes')} (default {job_default('nodes')}).",
     ),
 ]
 MinNodes = Annotated[
@@ -182,14 +187,16 @@ MaxRestarts = Annotated[
         "--max-restarts",
         rich_help_panel=ADVANCED,
         help="Retries after errors in your code, on every backend "
-        f"(default {default_of('max_restarts')}). Preemptions are "
+        f"(default {job_default('max_restarts')}). Preemptions are "
         "always recovered and never count against it.",
     ),
 ]
 MasterPort = Annotated[
     int | None,
     typer.Option(
-        "--master-port", rich_help_panel=ADVANCED, help="Rendezvous port on the head node (29500)."
+        "--master-port",
+        rich_help_panel=ADVANCED,
+        help=f"Rendezvous port on the head node, {_range('master_port')} (29500).",
     ),
 ]
 NcclDebug = Annotated[
@@ -211,7 +218,7 @@ Network = Annotated[
     typer.Option(
         "--network",
         rich_help_panel=ADVANCED,
-        help=f"best or standard: {default_of('network').value} asks 2+ node tasks for each "
+        help=f"best or standard: {job_default('network')} asks 2+ node tasks for each "
         "offer's fast fabric (network_tier: best on AWS EFA, GCP a3-high TCPX, Nebius IB); "
         "standard keeps TCP.",
     ),
@@ -258,7 +265,7 @@ Preflight = Annotated[
     typer.Option(
         "--preflight/--no-preflight",
         rich_help_panel=ADVANCED,
-        help=f"Check every node before torchrun ({'on' if default_of('preflight') else 'off'}).",
+        help=f"Check every node before torchrun ({'on' if job_default('preflight') else 'off'}).",
     ),
 ]
 Launcher = Annotated[
@@ -266,7 +273,7 @@ Launcher = Annotated[
     typer.Option(
         "--launcher",
         rich_help_panel=ADVANCED,
-        help=f"What starts the script on every node: {default_of('launcher').value} (default), "
+        help=f"What starts the script on every node: {job_default('launcher')} (default), "
         "accelerate, deepspeed, or none (the script itself, MASTER_ADDR/NODE_RANK/NNODES "
         "exported).",
     ),

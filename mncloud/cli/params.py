@@ -15,7 +15,7 @@ import inspect
 from typing import Any
 
 import typer
-from typer.core import TyperCommand
+from typer.core import TyperCommand, TyperGroup
 
 ESSENTIALS = "Essentials"
 PLAN_PANEL = "Planning & cost"
@@ -59,15 +59,42 @@ def _rank(panel: str, seen: list[str]) -> tuple[int, int]:
     return (1, seen.index(panel))
 
 
+def plain_flags(params: list[Any]) -> list[Any]:
+    """Give each boolean flag not yet coerced Typer's pass-through coercion, which is what a
+    flag's value (None or a bool, neither of which Typer coerces) gets anyway. Else Typer builds
+    a pydantic adapter for a group's unset `--help`, and `mncloud CMD --help` loads pydantic for
+    nothing. A Typer without this machinery is left as it is."""
+    for param in params:
+        described = getattr(param, "type_descriptor", None)
+        unbuilt = getattr(param, "_runtime_param", "absent") is None
+        if unbuilt and described is not None and described.annotation is bool:
+            from typer import _coercion
+
+            param._runtime_param = _coercion.PassThroughRuntimeParam(
+                annotation=bool, parameter_info=described.parameter_info
+            )
+    return params
+
+
+class PlainFlagsGroup(TyperGroup):
+    """A command group whose boolean flags are read without pydantic (`plain_flags`)."""
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        return plain_flags(super().get_params(ctx))
+
+
 def use_panels(app: typer.Typer) -> None:
     """Give every command of `app` (and of its sub-apps) that names no class of its own (Typer's
-    default) the panel help; call it once every command is registered."""
+    default) the panel help, and every sub-app `PlainFlagsGroup`; call it once every command is
+    registered."""
     for info in app.registered_commands:
         if info.cls in (None, TyperCommand):
             info.cls = PanelCommand
     for group in app.registered_groups:
         if group.typer_instance is not None:
             use_panels(group.typer_instance)
+            if not isinstance(group.cls, type):
+                group.cls = PlainFlagsGroup
 
 
 def group(*items: tuple[str, Any, Any]) -> tuple[inspect.Parameter, ...]:

@@ -16,6 +16,7 @@ from mncloud.cli.params import ESSENTIALS
 
 if TYPE_CHECKING:
     from mncloud.deadline.pricing import DeadlineReport
+    from mncloud.options import JobOptions
     from mncloud.plan import Candidate, Plan, PlanRequest
 
 
@@ -122,19 +123,17 @@ def _runs_locally(
 ) -> bool:
     """No cloud named, no GPU asked for and none enabled: `up` would run on this machine, so
     there is nothing to plan; say so (the notice on stderr) and return True."""
-    from mncloud.request import build_spec, local_when_no_cloud
+    from mncloud.request import local_when_no_cloud, spec_from
 
     notices: list[str] = []
-    market = {k: values[k] for k in ("gpus", "nodes", "spot", "cloud", "region", "max_hourly")}
     if script is not None:
-        spec = build_spec(
-            script, values["script_args"], recovery=recovery, on_local=notices.append, **market
-        )
+        market = _market(values, recovery)
+        spec = spec_from(script, values["script_args"], market, on_local=notices.append)
         gpus = str(spec.accelerator)
     else:
-        options = {"gpus": values["gpus"], "cloud": values["cloud"]}
-        notices += filter(None, [local_when_no_cloud(options)])
-        gpus = str(options["gpus"])
+        options, notice = local_when_no_cloud(_market(values, recovery))
+        notices += filter(None, [notice])
+        gpus = str(options.gpus)
         if notices:  # the checks a plan would make of the same options
             _check_market(values)
     if not notices:
@@ -149,6 +148,21 @@ def _runs_locally(
             highlight=False,
         )
     return True
+
+
+def _market(values: dict[str, Any], recovery: str | None) -> JobOptions:
+    """The job options `plan` takes (the market and `--recovery`); the rest is a script's."""
+    from mncloud.options import JobOptions
+
+    return JobOptions(
+        gpus=values["gpus"],
+        nodes=values["nodes"],
+        spot=values["spot"],
+        cloud=values["cloud"],
+        region=values["region"],
+        max_hourly=values["max_hourly"],
+        recovery=recovery,
+    )
 
 
 def _check_market(values: dict[str, Any]) -> None:
@@ -170,12 +184,9 @@ def _request(values: dict[str, Any], script: Path | None, recovery: str | None) 
     from mncloud.spec import Accelerator, Recovery, SpotPolicy, default_of
 
     if script is not None:
-        from mncloud.request import build_spec
+        from mncloud.request import spec_from
 
-        market = ("gpus", "nodes", "spot", "cloud", "region", "max_hourly")
-        spec = build_spec(
-            script, values["script_args"], recovery=recovery, **{k: values[k] for k in market}
-        )
+        spec = spec_from(script, values["script_args"], _market(values, recovery))
         return plan_request(spec, opts.launch_options_from(values))
     if not values["gpus"]:
         raise opts.SpecError("--gpus is required, e.g. --gpus H100:8")

@@ -10,7 +10,7 @@ import typer
 
 from mncloud.cli.params import DEADLINE_PANEL, LOCAL_PANEL, PLAN_PANEL
 from mncloud.constants import LOCAL_ON_DEMAND_PRICE, LOCAL_SPOT_PRICE
-from mncloud.spec import DEFAULT_CKPT_SECONDS, DEFAULT_HOURS, DEFAULT_RECOVERY_MINUTES
+from mncloud.options import DEFAULT_CKPT_SECONDS, DEFAULT_HOURS, DEFAULT_RECOVERY_MINUTES
 
 # Planning options shared by `plan` and `up`.
 MaxCost = Annotated[

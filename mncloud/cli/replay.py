@@ -19,7 +19,7 @@ from mncloud.cli.options import parse_duration
 from mncloud.cli.params import DEADLINE_PANEL, ESSENTIALS
 from mncloud.constants import LOCAL_ON_DEMAND_PRICE, LOCAL_SPOT_PRICE
 from mncloud.errors import SpecError
-from mncloud.spec import DEFAULT_RECOVERY_MINUTES, MAX_NODES, default_of
+from mncloud.options import DEFAULT_RECOVERY_MINUTES, MAX_NODES, job_default
 
 if TYPE_CHECKING:
     from mncloud.deadline.places import PlacesJob
@@ -55,7 +55,7 @@ def replay_command(
         typer.Option(
             "--nodes", rich_help_panel=ESSENTIALS, min=1, max=MAX_NODES, help="Number of nodes."
         ),
-    ] = default_of("nodes"),
+    ] = job_default("nodes"),
     hours: Annotated[
         float,
         typer.Option(

@@ -9,7 +9,7 @@ import typer
 
 from mncloud.cli import options as opts
 from mncloud.cli._common import console, err_console, handle_errors, print_json
-from mncloud.spec import MAX_HOURS
+from mncloud.options import MAX_HOURS
 
 if TYPE_CHECKING:
     from mncloud.backends.base import RunStatus

@@ -13,9 +13,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from mncloud.errors import SpecError
-from mncloud.spec import MAX_HOURS
+from mncloud.options import MAX_HOURS
 
 if TYPE_CHECKING:
+    from mncloud.options import JobOptions
     from mncloud.spec import DeadlineOptions, JobSpec, LaunchOptions
 
 
@@ -75,27 +76,34 @@ def launch_options_from(values: dict[str, Any]) -> LaunchOptions:
         raise SpecError(first_error(err)) from None
 
 
+def job_options(values: dict[str, Any]) -> JobOptions:
+    """The job's options from a command's parameters: each `JobOptions` field from the
+    parameter of its name (the MARKET and JOB groups declare one per field)."""
+    from mncloud.options import JOB_FIELDS, JobOptions
+
+    return JobOptions(*(values[name] for name in JOB_FIELDS))
+
+
 def spec_from_options(
     values: dict[str, Any],
     *,
     default_name: Callable[[str], str] | None = None,
     notices: list[str] | None = None,
 ) -> JobSpec:
-    """Build the JobSpec from a command's parameters, by the names `build_spec` takes.
+    """Build the JobSpec from a command's parameters, through `JobOptions` (`job_options`).
 
     With `notices`, a request that names no cloud runs locally when SkyPilot has none enabled,
     and the notice saying so is appended (print it with `print_notices` once all is checked).
     """
-    from mncloud.request import build_spec, flag_names
+    from mncloud.request import spec_from
 
-    options = {name: values[name] for name in flag_names()}
     on_local = None if notices is None else notices.append
-    return build_spec(
+    return spec_from(
         values["script"],
         values["script_args"],
+        job_options(values),
         default_name=default_name,
         on_local=on_local,
-        **options,
     )
 
 
