@@ -193,6 +193,85 @@ def test_the_preflight_warns_when_the_checkpoint_s_mesh_differs(tmp_path: Path) 
     assert "hsdp on 1 node" in hsdp
 
 
+def _save_checkpoint(uri: str, argv: list[str], step: int = 4) -> None:
+    """One step of the example's model (built from `argv`) saved as `step` at `uri`, in this
+    process: a checkpoint as a run of that model writes it."""
+    from unittest import mock
+
+    from mncloud.train import CheckpointManager
+
+    demo = _example()
+    with mock.patch("sys.argv", ["train_fsdp.py", *argv]):
+        model = demo.make_model(demo.parse_args())
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.zeros(2, 8, dtype=torch.long)).sum().backward()
+    opt.step()
+    with CheckpointManager(uri, async_upload=False) as ckpt:
+        ckpt.save(step, {"model": model, "optimizer": opt})
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+SMALL = ["--layers", "1", "--dim", "32", "--steps", "10", "--global-batch", "4"]
+
+
+@pytest.mark.catalog
+def test_a_resume_onto_another_model_is_refused_before_launch() -> None:
+    """The script's profile says what it builds (dim 32); the checkpoint under the run's name
+    was written by dim 16: `up --resume` names the first difference, exit 2, launches
+    nothing, and leaves the checkpoint as it was."""
+    from mncloud import layout
+    from mncloud.cli import app
+    from mncloud.plan.profile import run_profile, save
+    from tests.test_local import runner, state_of
+
+    save(run_profile(EXAMPLE, SMALL))
+    folder = layout.local_ckpt_dir("other")
+    _save_checkpoint(folder.as_uri(), ["--layers", "1", "--dim", "16"])
+    before = _files(folder)
+    args = ["up", str(EXAMPLE), "--cloud", "local", "--gpus", "cpu:2", "--nodes", "2", "--name",
+            "other", "--resume", "--yes", "--detach", "--", *SMALL]  # fmt: skip
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, result.output
+    (line,) = result.output.strip().splitlines()
+    assert line.startswith("error: checkpoint step 4 was written by a different model: "
+                           "model.blocks.0.mlp.0.bias is 64 there, 128 in train_fsdp.py "
+                           "(its profile);"), line  # fmt: skip
+    assert "Traceback" not in result.output
+    with pytest.raises(Exception):  # noqa: B017 - no run was recorded under the name
+        state_of("other")
+    assert _files(folder) == before
+    # The same model resumes: the check lets it through (a dry run launches nothing).
+    _save_checkpoint(folder.as_uri(), ["--layers", "1", "--dim", "32"], step=8)
+    ok = runner.invoke(app, [*args[: -len(SMALL) - 1], "--dryrun", "--", *SMALL])
+    assert ok.exit_code == 0, ok.output
+
+
+def test_the_first_load_refuses_another_model_and_writes_nothing(tmp_path: Path) -> None:
+    """Without a profile the script's model is known only once it is built: `load` compares
+    it with the manifest's shapes before DCP reads a byte, and ends the process with exit 2
+    (`ModelMismatch`), naming the tensor; the checkpoint is left as it was."""
+    from mncloud.train import CheckpointManager, ModelMismatch
+
+    uri = f"file://{tmp_path}/ckpt"
+    _save_checkpoint(uri, ["--layers", "1", "--dim", "16"])
+    before = _files(tmp_path / "ckpt")
+    demo = _example()
+    model = demo.TinyLM(128, 32, 1, 4, 32)
+    state = {"model": model, "optimizer": torch.optim.AdamW(model.parameters())}
+    ckpt = CheckpointManager(uri)
+    with pytest.raises(ModelMismatch) as caught:
+        ckpt.load(state)
+    assert caught.value.code == 2
+    assert str(caught.value).startswith("checkpoint step 4 was written by a different model: "
+                                        "model.blocks.0.mlp.0.bias is 64 there, 128 in this "
+                                        "script;")  # fmt: skip
+    ckpt.close()
+    assert _files(tmp_path / "ckpt") == before
+
+
 # --------------------------------------------------------------------------- slow
 
 

@@ -87,6 +87,8 @@ class StepProfile(BaseModel):
     """This device's measured matmul FLOP/s: MFU's denominator where no datasheet has one."""
     meta: bool = False
     torch: str = ""
+    shapes: dict[str, list[int]] = Field(default_factory=dict)
+    """The models' tensors by name and shape (what `up --resume` compares with a checkpoint)."""
 
     @property
     def gpu(self) -> hardware.GpuFacts | None:
