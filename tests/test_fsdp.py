@@ -426,3 +426,31 @@ def test_hsdp_on_2_nodes_resumes_on_3_resharded() -> None:
     assert "saved sharded over 4 ranks (mesh 2 × 2); this run has 3 node(s) × 2 = 6" in run_log(
         "hsdp"
     )
+
+
+@pytest.mark.slow
+@pytest.mark.catalog
+def test_fsdp_in_each_node_under_node_recovery_survives_a_lost_node() -> None:
+    """`--recovery node`, 2 nodes × 2 processes: each node's replica is FSDP-sharded over its
+    own 2 ranks and `Replicas` averages the local shards across nodes. Node 1 is preempted
+    mid-run: node 0 trains on without a restart, node 1 is replaced alone, and both replicas
+    end on the same weights."""
+    from mncloud.backends.base import RunState
+    from tests.test_local import cli, run_log, state_of, up, wait_final, wait_until
+    from tests.test_node_recovery import events_of, steps_of
+
+    flags = ["--nodes", "2", "--gpus", "cpu:2", "--recovery", "node", "--provision-delay", "2s"]
+    args = ["--steps", "120", "--ckpt-interval", "20", "--samples", "240", "--log-every", "40"]
+    up("fnode", EXAMPLE, *flags, script_args=args)
+    wait_until(lambda: len(steps_of("fnode", 1)) >= 10, 300, "10 steps on node 1")
+    cli("chaos", "preempt", "fnode", "--node", "1")
+    killed_at = wait_until(lambda: [e.t for e in state_of("fnode").events
+                                    if e.kind == "node-lost"], 60, "node-lost")[0]  # fmt: skip
+    final = wait_final("fnode", 400)
+    assert final.state is RunState.SUCCEEDED, run_log("fnode")
+    assert (final.attempt, final.restarts, final.preemptions) == (1, 0, 1)
+    assert len(events_of("fnode", "join", 0)) == 1  # the survivor was never restarted
+    assert [s for t, s in steps_of("fnode", 0) if t > killed_at]  # and trained on alone
+    done = {r["node"]: r for r in events_of("fnode", "done")}
+    assert sorted(done) == [0, 1] and {d["steps"] for d in done.values()} == {120}
+    assert len({d["weights_sha256"] for d in done.values()}) == 1  # the same replica, twice
