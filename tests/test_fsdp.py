@@ -272,6 +272,36 @@ def test_the_first_load_refuses_another_model_and_writes_nothing(tmp_path: Path)
     assert _files(tmp_path / "ckpt") == before
 
 
+def test_the_profile_of_a_sharded_script_reports_memory_per_gpu_sharded() -> None:
+    """`mncloud profile` of the FSDP example learns from `parallelize` that it shards: on 2
+    nodes × 4 GPUs each GPU holds an eighth of the weights, gradients and optimizer state
+    (a node's quarter under hsdp), plus the activations; the same script run as ddp holds a
+    whole replica."""
+    from mncloud.cli import app
+    from mncloud.plan.profile import StepProfile, find
+    from tests.test_local import runner
+
+    sized = ["--gpus-per-node", "4", "--nodes", "2"]
+    result = runner.invoke(app, ["profile", str(EXAMPLE), *sized, "--json", "--", *SMALL])
+    assert result.exit_code == 0, result.output
+    fsdp = json.loads(result.stdout)
+    state = fsdp["weight_bytes"] + fsdp["grad_bytes"] + fsdp["optimizer_bytes"]
+    assert fsdp["parallel"] == "fsdp" and fsdp["grad_bytes"] == fsdp["weight_bytes"] > 0
+    assert fsdp["memory_per_gpu_bytes"] == pytest.approx(state / 8 + fsdp["activation_bytes"])
+    assert fsdp["memory_per_gpu"].startswith("fsdp: weights, gradients and optimizer state ÷ 8")
+    hsdp = StepProfile.model_validate(fsdp).model_copy(update={"parallel": "hsdp"})
+    need, how = hsdp.memory_per_gpu(gpus_per_node=4, nodes=2)
+    assert need == pytest.approx(state / 4 + fsdp["activation_bytes"]) and "÷ 4 GPUs" in how
+
+    ddp_args = [*SMALL, "--parallel", "ddp"]
+    text = runner.invoke(app, ["profile", str(EXAMPLE), *sized, "--", *ddp_args]).output
+    ddp, _ = find(EXAMPLE, ddp_args)
+    assert ddp is not None and ddp.parallel == "ddp"
+    whole = ddp.weight_bytes + ddp.grad_bytes + ddp.optimizer_bytes + ddp.activation_bytes
+    shown = f"memory per GPU on 2 node(s) × 4 GPUs: {whole / 2**30:,.3g} GiB (ddp: a whole"
+    assert shown in text, text
+
+
 # --------------------------------------------------------------------------- slow
 
 

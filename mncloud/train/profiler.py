@@ -216,6 +216,8 @@ class Session:
         self.last_step: int | None = None
         self.counter: StepCounter | None = None
         self.sizes: dict[str, int] = {}
+        self.parallel: str | None = None
+        """How the script spreads its model (`parallelize`'s choice); None: it did not say."""
 
     def step_started(self, step: int, state: Mapping[str, Any] | None, batch: Any) -> None:
         if step == self.last_step:
@@ -242,6 +244,7 @@ class Session:
             **counts,
             **state_bytes(state),
             "shapes": shapes_of(state),
+            "parallel": self.parallel,
             **self.sizes,
             "step_seconds": statistics.median(intervals) if intervals else None,
             "steps_timed": len(intervals),
