@@ -481,6 +481,10 @@ def test_fsdp_in_each_node_under_node_recovery_survives_a_lost_node() -> None:
     assert (final.attempt, final.restarts, final.preemptions) == (1, 0, 1)
     assert len(events_of("fnode", "join", 0)) == 1  # the survivor was never restarted
     assert [s for t, s in steps_of("fnode", 0) if t > killed_at]  # and trained on alone
+    # The replacement healed from node 0's sharded state mid-run and trained beside it: the
+    # equal weights below come from averaging the shards across nodes, not from a late copy.
+    healed = [h for h in events_of("fnode", "heal", 1) if h["t"] > killed_at]
+    assert healed and healed[0]["step"] < 120, healed
     done = {r["node"]: r for r in events_of("fnode", "done")}
     assert sorted(done) == [0, 1] and {d["steps"] for d in done.values()} == {120}
     assert len({d["weights_sha256"] for d in done.values()}) == 1  # the same replica, twice
