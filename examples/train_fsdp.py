@@ -2,6 +2,7 @@
 
     mncloud up examples/train_fsdp.py --cloud local --nodes 2 --gpus cpu:2 --name lm
     mncloud up examples/train_fsdp.py --nodes 4 --gpus H100:8 --parallel hsdp --name lm
+    mncloud up examples/train_fsdp.py --nodes 4 --gpus H100:8 --recovery node --name lm
     torchrun --nproc_per_node=4 examples/train_fsdp.py --steps 100      # without mncloud
 
 A decoder-only transformer (causal attention through `scaled_dot_product_attention`) learns
@@ -16,6 +17,8 @@ sequence once per epoch across a change of node count. Gradients are clipped to 
 
 A `CheckpointManager` saves the sharded model and optimizer (each rank writes its own shard)
 every `--ckpt-interval` steps; `mncloud up --resume` with another `--nodes` reshards them.
+Under node recovery (`--recovery node`) each node is a replica sharded over its own ranks, and
+`Replicas` averages the shards across nodes: a lost node costs one replica, not the run.
 `--sample-log DIR` writes, per rank, the sequence ids each step trained on (`DIR/rank-R.jsonl`,
 with the launch's run id: a step trained again after a preemption counts once, from the last).
 At the end, `final.json` (steps, final loss, sha256 of the gathered weights) beside the
@@ -44,6 +47,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from mncloud.train import (
     CheckpointManager,
     Progress,
+    Replicas,
     ResumableSampler,
     accumulation_steps,
     cleanup,
@@ -151,6 +155,19 @@ def batches(loader: DataLoader) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         yield from loader
 
 
+class StepBatches:
+    """Each step's `accum` micro-batches, step after step: what `Replicas.steps` hands out (a
+    new iteration, after a heal, continues from the sampler's position)."""
+
+    def __init__(self, loader: DataLoader, accum: int) -> None:
+        self.loader, self.accum = loader, accum
+
+    def __iter__(self) -> Iterator[list[tuple[torch.Tensor, torch.Tensor]]]:
+        micro = batches(self.loader)
+        while True:
+            yield [next(micro) for _ in range(self.accum)]
+
+
 def main() -> None:
     args = parse_args()
     d = init_distributed(timeout_s=120)
@@ -171,9 +188,10 @@ def main() -> None:
     run = parallelize(model, blocks=model.blocks, default=args.parallel)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
     state = {"model": model, "optimizer": opt, "sampler": sampler, "loss": 0.0}
-    ckpt = CheckpointManager(interval_steps=args.ckpt_interval, keep=2)
+    replicas = Replicas(state)  # node recovery: this node's replica; else the plain loop
+    ckpt = CheckpointManager(interval_steps=args.ckpt_interval, keep=2, replicas=replicas)
     start = ckpt.load(state) or 0
-    progress = Progress(ckpt, rank=d.rank)
+    progress = Progress(ckpt, replicas, rank=d.rank)
     progress.event(event="start", resumed_from=start, world_size=d.world_size)
     if d.rank == 0:
         how = f"resumed from step {start}" if start else "from scratch"
@@ -184,13 +202,13 @@ def main() -> None:
         args.sample_log.mkdir(parents=True, exist_ok=True)
         sample_log = (args.sample_log / f"rank-{d.rank}.jsonl").open("a")
 
-    micro = batches(loader)
     step, loss = start, float(state["loss"])
-    for step in range(start + 1, args.steps + 1):
+    steps = replicas.steps(StepBatches(loader, accum), start=start, total=args.steps)
+    for step, micro_batches in steps:
+        opt.zero_grad(set_to_none=True)
         ids: list[int] = []
         total = torch.zeros((), device=device)
-        for i in range(accum):
-            sample_ids, tokens = next(micro)
+        for i, (sample_ids, tokens) in enumerate(micro_batches):
             ids += sample_ids.tolist()
             tokens = tokens.to(device)
             last = i == accum - 1
@@ -202,8 +220,8 @@ def main() -> None:
             if args.compute_ms:  # a benchmark's model of GPU time: the host waits, idle
                 time.sleep(args.compute_ms / 1000)
         torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        if not replicas.step(opt):  # a peer node was lost mid-step: this batch comes again
+            continue
         loss = global_mean(total)
         state["loss"] = loss
         if sample_log is not None:
@@ -216,6 +234,7 @@ def main() -> None:
         progress.event(step=step, loss=round(loss, 6), **stall)
         if d.rank == 0 and (step % args.log_every == 0 or step == args.steps):
             print(f"step {step:5d}  loss {loss:.4f}", flush=True)
+    step, loss = replicas.committed_step, float(state["loss"])
     ckpt.save(step, state, wait=True)  # the final state too (a no-op if just saved)
     ckpt.close()
 
@@ -225,6 +244,7 @@ def main() -> None:
                   "world_size": d.world_size}  # fmt: skip
         progress.finish(**result)
         print(f"done: {json.dumps(result)}", flush=True)
+    replicas.close()
     cleanup()
 
 

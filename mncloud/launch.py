@@ -182,6 +182,8 @@ def launch(
         spec = cluster_spec(spec)
     if not dryrun:
         settle_existing(spec, existing)
+    if existing is not Existing.REPLACE:
+        check_resume_fits(spec)
     run_id = None if dryrun else run_id or _new_run_id(spec.name)
     prepared = prepare(spec, options, run_id=run_id, approve=approve)
     if prepared.plan is not None and spec.bucket is not None and not dryrun:
@@ -353,6 +355,34 @@ def _down_what_is_left(name: str) -> None:
     backend = backend_for_run(name)
     if not backend.records_own_events:
         backend.down(name, notice_s=0.0, by="mncloud up (the failed launch's live parts)")
+
+
+def check_resume_fits(spec: JobSpec) -> None:
+    """Refuse (SpecError, one line) a launch that would resume from a checkpoint another model
+    wrote: the newest complete step's shapes against those of the script's fresh profile (the
+    only place its model is known before launch). Without a profile or recorded shapes the
+    first load refuses instead (`mncloud.train.ModelMismatch`)."""
+    from mncloud.plan.profile import Freshness, find
+    from mncloud.storage import CheckpointStore
+    from mncloud.storage.shapes import SHAPES_KEY, shape_mismatch
+
+    profile, freshness = find(spec.script, list(spec.script_args))
+    uri = spec.ckpt_uri
+    if uri is None and spec.is_local:
+        uri = layout.local_ckpt_dir(spec.name).as_uri()
+    if profile is None or freshness is not Freshness.FRESH or not profile.shapes or not uri:
+        return
+    try:
+        store = CheckpointStore(uri, retry_seconds=5)
+        step, _ = store.latest()
+        saved = store.read_manifest(step).extra.get(SHAPES_KEY) if step is not None else None
+    except MncloudError:  # an unreadable bucket is the bucket check's to report
+        return
+    if step is not None and isinstance(saved, dict) and saved:
+        line = shape_mismatch(saved, profile.shapes, step=step,
+                              where=f"{spec.script.name} (its profile)")  # fmt: skip
+        if line is not None:
+            raise SpecError(line)
 
 
 def _set_checkpoints_aside(spec: JobSpec) -> None:

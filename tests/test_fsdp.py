@@ -193,6 +193,115 @@ def test_the_preflight_warns_when_the_checkpoint_s_mesh_differs(tmp_path: Path) 
     assert "hsdp on 1 node" in hsdp
 
 
+def _save_checkpoint(uri: str, argv: list[str], step: int = 4) -> None:
+    """One step of the example's model (built from `argv`) saved as `step` at `uri`, in this
+    process: a checkpoint as a run of that model writes it."""
+    from unittest import mock
+
+    from mncloud.train import CheckpointManager
+
+    demo = _example()
+    with mock.patch("sys.argv", ["train_fsdp.py", *argv]):
+        model = demo.make_model(demo.parse_args())
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.zeros(2, 8, dtype=torch.long)).sum().backward()
+    opt.step()
+    with CheckpointManager(uri, async_upload=False) as ckpt:
+        ckpt.save(step, {"model": model, "optimizer": opt})
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+SMALL = ["--layers", "1", "--dim", "32", "--steps", "10", "--global-batch", "4"]
+
+
+@pytest.mark.catalog
+def test_a_resume_onto_another_model_is_refused_before_launch() -> None:
+    """The script's profile says what it builds (dim 32); the checkpoint under the run's name
+    was written by dim 16: `up --resume` names the first difference, exit 2, launches
+    nothing, and leaves the checkpoint as it was."""
+    from mncloud import layout
+    from mncloud.cli import app
+    from mncloud.plan.profile import run_profile, save
+    from tests.test_local import runner, state_of
+
+    save(run_profile(EXAMPLE, SMALL))
+    folder = layout.local_ckpt_dir("other")
+    _save_checkpoint(folder.as_uri(), ["--layers", "1", "--dim", "16"])
+    before = _files(folder)
+    args = ["up", str(EXAMPLE), "--cloud", "local", "--gpus", "cpu:2", "--nodes", "2", "--name",
+            "other", "--resume", "--yes", "--detach", "--", *SMALL]  # fmt: skip
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, result.output
+    (line,) = result.output.strip().splitlines()
+    assert line.startswith("error: checkpoint step 4 was written by a different model: "
+                           "model.blocks.0.mlp.0.bias is 64 there, 128 in train_fsdp.py "
+                           "(its profile);"), line  # fmt: skip
+    assert "Traceback" not in result.output
+    with pytest.raises(Exception):  # noqa: B017 - no run was recorded under the name
+        state_of("other")
+    assert _files(folder) == before
+    # The same model resumes: the check lets it through (a dry run launches nothing).
+    _save_checkpoint(folder.as_uri(), ["--layers", "1", "--dim", "32"], step=8)
+    ok = runner.invoke(app, [*args[: -len(SMALL) - 1], "--dryrun", "--", *SMALL])
+    assert ok.exit_code == 0, ok.output
+
+
+def test_the_first_load_refuses_another_model_and_writes_nothing(tmp_path: Path) -> None:
+    """Without a profile the script's model is known only once it is built: `load` compares
+    it with the manifest's shapes before DCP reads a byte, and ends the process with exit 2
+    (`ModelMismatch`), naming the tensor; the checkpoint is left as it was."""
+    from mncloud.train import CheckpointManager, ModelMismatch
+
+    uri = f"file://{tmp_path}/ckpt"
+    _save_checkpoint(uri, ["--layers", "1", "--dim", "16"])
+    before = _files(tmp_path / "ckpt")
+    demo = _example()
+    model = demo.TinyLM(128, 32, 1, 4, 32)
+    state = {"model": model, "optimizer": torch.optim.AdamW(model.parameters())}
+    ckpt = CheckpointManager(uri)
+    with pytest.raises(ModelMismatch) as caught:
+        ckpt.load(state)
+    assert caught.value.code == 2
+    assert str(caught.value).startswith("checkpoint step 4 was written by a different model: "
+                                        "model.blocks.0.mlp.0.bias is 64 there, 128 in this "
+                                        "script;")  # fmt: skip
+    ckpt.close()
+    assert _files(tmp_path / "ckpt") == before
+
+
+def test_the_profile_of_a_sharded_script_reports_memory_per_gpu_sharded() -> None:
+    """`mncloud profile` of the FSDP example learns from `parallelize` that it shards: on 2
+    nodes × 4 GPUs each GPU holds an eighth of the weights, gradients and optimizer state
+    (a node's quarter under hsdp), plus the activations; the same script run as ddp holds a
+    whole replica."""
+    from mncloud.cli import app
+    from mncloud.plan.profile import StepProfile, find
+    from tests.test_local import runner
+
+    sized = ["--gpus-per-node", "4", "--nodes", "2"]
+    result = runner.invoke(app, ["profile", str(EXAMPLE), *sized, "--json", "--", *SMALL])
+    assert result.exit_code == 0, result.output
+    fsdp = json.loads(result.stdout)
+    state = fsdp["weight_bytes"] + fsdp["grad_bytes"] + fsdp["optimizer_bytes"]
+    assert fsdp["parallel"] == "fsdp" and fsdp["grad_bytes"] == fsdp["weight_bytes"] > 0
+    assert fsdp["memory_per_gpu_bytes"] == pytest.approx(state / 8 + fsdp["activation_bytes"])
+    assert fsdp["memory_per_gpu"].startswith("fsdp: weights, gradients and optimizer state ÷ 8")
+    hsdp = StepProfile.model_validate(fsdp).model_copy(update={"parallel": "hsdp"})
+    need, how = hsdp.memory_per_gpu(gpus_per_node=4, nodes=2)
+    assert need == pytest.approx(state / 4 + fsdp["activation_bytes"]) and "÷ 4 GPUs" in how
+
+    ddp_args = [*SMALL, "--parallel", "ddp"]
+    text = runner.invoke(app, ["profile", str(EXAMPLE), *sized, "--", *ddp_args]).output
+    ddp, _ = find(EXAMPLE, ddp_args)
+    assert ddp is not None and ddp.parallel == "ddp"
+    whole = ddp.weight_bytes + ddp.grad_bytes + ddp.optimizer_bytes + ddp.activation_bytes
+    shown = f"memory per GPU on 2 node(s) × 4 GPUs: {whole / 2**30:,.3g} GiB (ddp: a whole"
+    assert shown in text, text
+
+
 # --------------------------------------------------------------------------- slow
 
 
@@ -347,3 +456,35 @@ def test_hsdp_on_2_nodes_resumes_on_3_resharded() -> None:
     assert "saved sharded over 4 ranks (mesh 2 × 2); this run has 3 node(s) × 2 = 6" in run_log(
         "hsdp"
     )
+
+
+@pytest.mark.slow
+@pytest.mark.catalog
+def test_fsdp_in_each_node_under_node_recovery_survives_a_lost_node() -> None:
+    """`--recovery node`, 2 nodes × 2 processes: each node's replica is FSDP-sharded over its
+    own 2 ranks and `Replicas` averages the local shards across nodes. Node 1 is preempted
+    mid-run: node 0 trains on without a restart, node 1 is replaced alone, and both replicas
+    end on the same weights."""
+    from mncloud.backends.base import RunState
+    from tests.test_local import cli, run_log, state_of, up, wait_final, wait_until
+    from tests.test_node_recovery import events_of, steps_of
+
+    flags = ["--nodes", "2", "--gpus", "cpu:2", "--recovery", "node", "--provision-delay", "2s"]
+    args = ["--steps", "120", "--ckpt-interval", "20", "--samples", "240", "--log-every", "40"]
+    up("fnode", EXAMPLE, *flags, script_args=args)
+    wait_until(lambda: len(steps_of("fnode", 1)) >= 10, 300, "10 steps on node 1")
+    cli("chaos", "preempt", "fnode", "--node", "1")
+    killed_at = wait_until(lambda: [e.t for e in state_of("fnode").events
+                                    if e.kind == "node-lost"], 60, "node-lost")[0]  # fmt: skip
+    final = wait_final("fnode", 400)
+    assert final.state is RunState.SUCCEEDED, run_log("fnode")
+    assert (final.attempt, final.restarts, final.preemptions) == (1, 0, 1)
+    assert len(events_of("fnode", "join", 0)) == 1  # the survivor was never restarted
+    assert [s for t, s in steps_of("fnode", 0) if t > killed_at]  # and trained on alone
+    # The replacement healed from node 0's sharded state mid-run and trained beside it: the
+    # equal weights below come from averaging the shards across nodes, not from a late copy.
+    healed = [h for h in events_of("fnode", "heal", 1) if h["t"] > killed_at]
+    assert healed and healed[0]["step"] < 120, healed
+    done = {r["node"]: r for r in events_of("fnode", "done")}
+    assert sorted(done) == [0, 1] and {d["steps"] for d in done.values()} == {120}
+    assert len({d["weights_sha256"] for d in done.values()}) == 1  # the same replica, twice

@@ -28,6 +28,16 @@ def profile_command(
             "this machine's memory; nothing is timed.",
         ),
     ] = False,
+    gpus_per_node: Annotated[
+        int,
+        typer.Option(
+            "--gpus-per-node",
+            min=1,
+            help="GPUs per node of the run to size: a sharded script's state is divided over "
+            "them (hsdp) or over every GPU of the run (fsdp).",
+        ),
+    ] = 8,
+    nodes: Annotated[int, typer.Option("--nodes", min=1, help="Nodes of the run to size.")] = 1,
     as_json: opts.Json = False,
 ) -> None:
     """Run a few steps of the script in one process here, count one step's FLOPs, operators,
@@ -39,8 +49,10 @@ def profile_command(
     args = list(script_args or [])
     profile = run_profile(Path(script), args, meta=meta)
     path = save(profile)
+    memory, how = profile.memory_per_gpu(gpus_per_node=gpus_per_node, nodes=nodes)
     if as_json:
-        print_json(profile.model_dump(mode="json") | {"path": str(path)})
+        sized = {"memory_per_gpu_bytes": memory, "memory_per_gpu": how}
+        print_json(profile.model_dump(mode="json") | sized | {"path": str(path)})
         return
     gib = 2**30
     console.print(
@@ -50,6 +62,11 @@ def profile_command(
         f"optimizer {profile.optimizer_bytes / gib:,.3g} GiB, activations "
         f"{profile.activation_bytes / gib:,.3g} GiB "
         f"{'measured' if profile.activations_measured else 'counted'})",
+        highlight=False,
+    )
+    console.print(
+        f"memory per GPU on {nodes} node(s) × {gpus_per_node} GPUs: {memory / gib:,.3g} GiB "
+        f"({how})",
         highlight=False,
     )
     if profile.samples_per_step:

@@ -87,6 +87,11 @@ class StepProfile(BaseModel):
     """This device's measured matmul FLOP/s: MFU's denominator where no datasheet has one."""
     meta: bool = False
     torch: str = ""
+    shapes: dict[str, list[int]] = Field(default_factory=dict)
+    """The models' tensors by name and shape (what `up --resume` compares with a checkpoint)."""
+    parallel: str | None = None
+    """How the script spreads its model (`mncloud.train.parallelize`: ddp, fsdp or hsdp);
+    None when it did not say (a replica per GPU is assumed)."""
 
     @property
     def gpu(self) -> hardware.GpuFacts | None:
@@ -102,6 +107,26 @@ class StepProfile(BaseModel):
         return measured_mfu(
             self.flops_per_step, self.ops_per_step, self.step_seconds, gpu.peak_flops()
         )
+
+    def memory_per_gpu(self, *, gpus_per_node: int, nodes: int) -> tuple[float, str]:
+        """Bytes one GPU holds in a run of `nodes` × `gpus_per_node` GPUs, and how: a sharded
+        script's weights, gradients and optimizer state ÷ its shard group (every GPU for fsdp,
+        a node's for hsdp), plus the activations; a replica per GPU otherwise."""
+        from mncloud.plan.sharding import memory_per_gpu
+        from mncloud.spec import Parallel
+
+        parallel = Parallel(self.parallel) if self.parallel else Parallel.DDP
+        if parallel is Parallel.HSDP and nodes < 2:
+            parallel = Parallel.FSDP  # one node: nothing to replicate across
+        shards = {Parallel.DDP: 1, Parallel.HSDP: gpus_per_node}.get(
+            parallel, gpus_per_node * nodes
+        )
+        need = memory_per_gpu(self.workload(), parallel, "none", gpus_per_node=gpus_per_node,
+                              nodes=nodes)  # fmt: skip
+        if shards == 1:
+            return need, f"{parallel.value}: a whole replica per GPU, plus activations"
+        return need, (f"{parallel.value}: weights, gradients and optimizer state ÷ {shards} "
+                      "GPUs, plus activations")  # fmt: skip
 
     def workload(self) -> Workload:
         """The step-time model's input; a GPU profile's measured efficiency replaces the

@@ -12,6 +12,7 @@ local directory, bucket preparation before a launch, and the checkpoint layout.
     lighthouse.py   where a cloud run's nodes find torchft's lighthouse
     stoprequest.py  a stop request in the bucket: `down`'s notice to a cloud run
     final.py        a finished run's final figures (final.json beside its checkpoints)
+    shapes.py       does a checkpoint fit the model a script builds (names and shapes)
 
 Importing the package is light: no SDK, no SkyPilot, no torch.
 """

@@ -44,12 +44,13 @@ from mncloud.train.parallel import accumulation_steps, parallel_mode, paralleliz
 from mncloud.train.preempt import Notice, Preempted, PreemptionWatcher
 from mncloud.train.progress import Progress
 from mncloud.train.sampler import ResumableSampler
-from mncloud.train.state import rng_state, set_rng_state
+from mncloud.train.state import ModelMismatch, rng_state, set_rng_state
 from mncloud.train.steptime import StepTimer, report
 
 __all__ = [
     "CheckpointManager",
     "DistInfo",
+    "ModelMismatch",
     "Notice",
     "Preempted",
     "PreemptionWatcher",

@@ -74,6 +74,7 @@ from typing import Any
 from mncloud.constants import CKPT_STAGING_ENV, CKPT_URI_ENV, PREEMPTION_WATCH_ENV
 from mncloud.errors import CheckpointError, MncloudError
 from mncloud.storage.checkpoints import CheckpointStore, Manifest
+from mncloud.storage.shapes import SHAPES_KEY
 from mncloud.train import profiler
 from mncloud.train.collectives import Collectives
 from mncloud.train.emergency import (
@@ -86,7 +87,7 @@ from mncloud.train.ft import Replicas
 from mncloud.train.preempt import Notice, Preempted, PreemptionWatcher
 from mncloud.train.saving import PendingSave, SavePipeline
 from mncloud.train.staging import SaveStats, StagingSlots
-from mncloud.train.state import restore_state, rng_state, set_rng_state
+from mncloud.train.state import ModelMismatch, restore_state, rng_state, set_rng_state
 from mncloud.train.steptime import report
 
 __all__ = ["CheckpointManager", "rng_state", "set_rng_state"]
@@ -409,8 +410,14 @@ class CheckpointManager:
                 if errors:
                     log.warning("checkpoint step %d skipped: %s", cand, "; ".join(errors))
                     continue
-                restore_state(state, local, manifest.step, pg=self._ranks.dcp_pg,
-                              distributed=self.distributed, own_rng=own_rng)  # fmt: skip
+                try:
+                    restore_state(state, local, manifest.step, pg=self._ranks.dcp_pg,
+                                  distributed=self.distributed, own_rng=own_rng,
+                                  saved_shapes=_saved_shapes(manifest))  # fmt: skip
+                except ModelMismatch as err:  # every rank: the same manifest, the same model
+                    if self.rank == 0:
+                        log.error("%s", err)
+                    raise
             finally:
                 shutil.rmtree(local, ignore_errors=True)
             self._saving.floor = cand
@@ -460,6 +467,12 @@ class CheckpointManager:
         self.store.pull(step, local, names=names, content=self.verify_sha256)
         (local / "extras.pt").symlink_to(local / own)
         return manifest, mine
+
+
+def _saved_shapes(manifest: Manifest) -> dict[str, list[int]] | None:
+    """The model tensors' shapes the manifest records (None: saved before they were)."""
+    shapes = manifest.extra.get(SHAPES_KEY)
+    return shapes if isinstance(shapes, dict) and shapes else None
 
 
 def _checked_uri(

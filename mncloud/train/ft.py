@@ -20,7 +20,12 @@ the plain loop above (gang recovery: the whole run restarts from the bucket).
 Design (torchft's Manager underneath): every step starts with a quorum at the lighthouse. The
 gradients, already averaged over the node's ranks by DDP, are averaged across the replicas in
 the quorum (rank i of each node with rank i of the others, one flat all-reduce), and the
-optimizer steps only if every replica's all-reduce succeeded. Example, 3 nodes:
+optimizer steps only if every replica's all-reduce succeeded. A sharded model
+(`parallelize(..., default="fsdp")`, FSDP2 over the node's own ranks) works the same way:
+FSDP reduce-scatters the gradients inside the node, and rank i of each node averages its
+local shards (`DTensor.to_local()`), which are the same slice of the same parameters on every
+node (torchtitan's HSDP under torchft, with the cross-node average after the backward pass
+instead of in FSDP's all-reduce hook). Example, 3 nodes:
 
     step 40   quorum {0, 1, 2}; all three commit
     step 41   node 1 is preempted mid all-reduce: nodes 0 and 2 see the error, do not commit
@@ -128,6 +133,16 @@ def _set_collective_timeout(pg: Any, timeout: timedelta) -> None:
         pg._get_backend(torch.device("cpu"))._set_default_timeout(timeout)
 
 
+def _local_grads(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """The gradients this rank holds, in the optimizer's order: under FSDP2 each a DTensor's
+    local shard (`to_local()`, the same storage), so rank i of every node averages the same
+    shard of the same parameters (every node shards alike: the same ranks per node)."""
+    from torch.distributed.tensor import DTensor
+
+    grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+    return [g.to_local() if isinstance(g, DTensor) else g for g in grads]
+
+
 def _state_of(value: Any) -> Any:
     return value.state_dict() if hasattr(value, "state_dict") else value
 
@@ -209,7 +224,7 @@ class Replicas:
             optimizer.step()
             self._profile_done()
             return True
-        grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+        grads = _local_grads(optimizer)
         flat = torch.cat([g.reshape(-1) for g in grads]) if grads else torch.zeros(1)
         self._manager.allreduce(flat).wait()
         if self._manager.errored() is not None:

@@ -26,6 +26,7 @@ from torch import nn
 
 from mncloud import constants
 from mncloud.errors import MncloudError
+from mncloud.train import profiler
 from mncloud.train.dist import data_shard, info, wrap_ddp
 
 MODES = ("ddp", "fsdp", "hsdp")
@@ -98,6 +99,8 @@ def parallelize(
     mode = parallel_mode(default)
     d = info()
     if not d.distributed:
+        if (session := profiler.session()) is not None:  # `mncloud profile`: how it shards
+            session.parallel = mode
         return model
     if mode == "ddp":
         _mesh_facts.clear()

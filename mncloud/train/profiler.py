@@ -154,6 +154,18 @@ def state_bytes(state: Mapping[str, Any] | None) -> dict[str, int]:
     }
 
 
+def shapes_of(state: Mapping[str, Any] | None) -> dict[str, list[int]]:
+    """The models' tensors by name and shape, as a checkpoint's manifest records them (`up
+    --resume` compares the two before it launches: `mncloud.storage.shapes`)."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    from mncloud.train.state import model_shapes
+
+    state = dict(state or {})
+    modules = {k: v for k, v in state.items() if isinstance(v, torch.nn.Module)}
+    return model_shapes(state, {k: get_model_state_dict(v) for k, v in modules.items()})
+
+
 def batch_sizes(batch: Any) -> dict[str, int]:
     """Samples in a batch (its first tensor's first dimension); tokens when that tensor holds
     token ids (two dimensions of integers)."""
@@ -204,6 +216,8 @@ class Session:
         self.last_step: int | None = None
         self.counter: StepCounter | None = None
         self.sizes: dict[str, int] = {}
+        self.parallel: str | None = None
+        """How the script spreads its model (`parallelize`'s choice); None: it did not say."""
 
     def step_started(self, step: int, state: Mapping[str, Any] | None, batch: Any) -> None:
         if step == self.last_step:
@@ -229,6 +243,8 @@ class Session:
         result = {
             **counts,
             **state_bytes(state),
+            "shapes": shapes_of(state),
+            "parallel": self.parallel,
             **self.sizes,
             "step_seconds": statistics.median(intervals) if intervals else None,
             "steps_timed": len(intervals),

@@ -37,6 +37,7 @@ import torch.distributed.checkpoint as dcp
 from mncloud.errors import MncloudError, StorageError
 from mncloud.storage.checkpoints import CheckpointStore, FileEntry, Manifest
 from mncloud.storage.s3 import S3Bucket
+from mncloud.storage.shapes import SHAPES_KEY
 from mncloud.train.collectives import Collectives
 from mncloud.train.staging import (
     SaveStats,
@@ -45,7 +46,13 @@ from mncloud.train.staging import (
     hashing_filesystem,
     tensor_bytes,
 )
-from mncloud.train.state import NO_DIST_WARNING, mesh_of, split_state, tensor_state
+from mncloud.train.state import (
+    NO_DIST_WARNING,
+    mesh_of,
+    model_shapes,
+    split_state,
+    tensor_state,
+)
 from mncloud.train.streaming import PartBuffers, S3StreamFileSystem
 
 log = logging.getLogger("mncloud.train.ckpt")  # one logger for every checkpoint message
@@ -170,6 +177,8 @@ class SavePipeline:
         self._part_buffers: dict[str, PartBuffers] = {}
         self.mesh: dict[str, Any] = {}
         """The device mesh of the state's DTensors at the last staging ({} unsharded)."""
+        self.shapes: dict[str, list[int]] = {}
+        """The model tensors' global shapes at the last staging (`storage.shapes`)."""
 
     @property
     def pending(self) -> PendingSave | None:
@@ -238,6 +247,7 @@ class SavePipeline:
         try:
             tensors, extras = split_state(state)
             self.mesh = mesh_of(tensors)
+            self.shapes = model_shapes(state, tensors)
             stage_dir = self._stage_root(tensor_bytes(tensors)) / f"step_{step}"
             shutil.rmtree(stage_dir, ignore_errors=True)
             stage_dir.mkdir(parents=True)
@@ -417,6 +427,7 @@ class SavePipeline:
                 "upload_s": round(self.last_save_s, 3),
                 "bytes_per_rank": bytes_per_rank,
                 **mesh,
+                SHAPES_KEY: self.shapes,
                 **extra,
             },
         )

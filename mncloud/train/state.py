@@ -27,6 +27,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from mncloud.errors import CheckpointError
+from mncloud.storage.shapes import shape_mismatch
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +36,19 @@ NO_DIST_WARNING = "torch.distributed is disabled, unavailable"
 
 _RNG_KEY = "__rng__"
 _VALUE, _STATEFUL = "value", "stateful"
+
+
+class ModelMismatch(SystemExit):
+    """The checkpoint was written by a different model (`mncloud.storage.shapes`): nothing is
+    loaded. Uncaught, it ends the process with exit code 2 (bad input, not a fault to recover
+    from); `CheckpointManager.load` logs its one line on rank 0 first."""
+
+    def __init__(self, line: str) -> None:
+        super().__init__(2)
+        self.line = line
+
+    def __str__(self) -> str:
+        return self.line
 
 
 def rng_state() -> dict[str, Any]:
@@ -78,6 +92,19 @@ def tensor_state(state: MutableMapping[str, Any]) -> dict[str, Any]:
         elif isinstance(val, torch.Tensor):
             tensors[key] = val
     return tensors
+
+
+def model_shapes(state: MutableMapping[str, Any], tensors: dict[str, Any]) -> dict[str, list[int]]:
+    """`{"<state key>.<name>": global shape}` of every model tensor in `tensors` (what
+    `tensor_state(state)` returned): what a checkpoint's manifest records of its model
+    (`mncloud.storage.shapes`). A sharded tensor counts by its whole shape."""
+    return {
+        f"{key}.{name}": list(t.shape)
+        for key, val in state.items()
+        if isinstance(val, torch.nn.Module)
+        for name, t in tensors[key].items()
+        if isinstance(t, torch.Tensor)
+    }
 
 
 def mesh_of(tensors: Any) -> dict[str, Any]:
@@ -129,13 +156,21 @@ def restore_state(
     pg: Any,
     distributed: bool,
     own_rng: bool = True,
+    saved_shapes: dict[str, list[int]] | None = None,
 ) -> None:
     """Load step `step`'s files in `local` into `state` in place: DCP's tensors (collectives on
     `pg`), then this rank's extras (`local/extras.pt`), the RNG states last. `own_rng=False`
     (a rank the saving world did not have, whose extras are another rank's): the RNG states
-    stay this process's own, so no two ranks draw the same numbers."""
+    stay this process's own, so no two ranks draw the same numbers. `saved_shapes` (the
+    manifest's, when it has them): ModelMismatch, before anything is read, when they are not
+    this model's."""
     modules = [v for v in state.values() if isinstance(v, torch.nn.Module)]
     targets = tensor_state(state)
+    if saved_shapes is not None:
+        built = model_shapes(state, targets)
+        line = shape_mismatch(saved_shapes, built, step=step, where="this script")
+        if line is not None:
+            raise ModelMismatch(line)
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=NO_DIST_WARNING)
