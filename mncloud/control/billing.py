@@ -28,7 +28,8 @@ from mncloud.errors import MncloudError
 
 if TYPE_CHECKING:
     from mncloud.backends.base import RunStatus
-    from mncloud.control.steering import Steering
+    from mncloud.control.state import ControlState
+    from mncloud.control.steering import Course, Steering
     from mncloud.records.model import Event
 
 log = logging.getLogger(__name__)
@@ -95,3 +96,21 @@ def reopen(ctl: Steering) -> None:
         at=ctl.clock.time(),
         **_placement(events),  # type: ignore[arg-type]
     )
+
+
+def refresh_costs(st: ControlState, course: Course, now: float) -> None:
+    """Spot and on-demand cost so far (`st.spot_cost`, `st.on_demand_cost`): the ledgers of
+    every launch's run record; the course keeps what it needs beyond (across places: each
+    place's)."""
+    import contextlib
+
+    from mncloud.records.ledger import CostSummary, cost_summary
+    from mncloud.records.store import find_record
+
+    costs: dict[str, CostSummary] = {}
+    for run_id in st.run_ids:
+        with contextlib.suppress(MncloudError):  # a record unreadable now: next time
+            costs[run_id] = cost_summary(find_record(run_id), now=now)
+    st.spot_cost = sum(c.spot for c in costs.values())
+    st.on_demand_cost = sum(c.on_demand for c in costs.values())
+    course.account(st, costs)

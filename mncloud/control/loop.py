@@ -40,7 +40,6 @@ once; one cut short is cleaned up and made again. So a restart never launches a 
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -55,6 +54,7 @@ from mncloud.deadline.policy import (
     Mode,
     Observation,
     Slack,
+    decision_reason,
     make_policy,
     past_deadline,
 )
@@ -63,7 +63,6 @@ from mncloud.errors import MncloudError
 if TYPE_CHECKING:
     from mncloud.backends.base import Backend, RunStatus
     from mncloud.launch import Launched
-    from mncloud.records.ledger import CostSummary
 
 log = logging.getLogger(__name__)
 
@@ -219,7 +218,7 @@ class Controller:
             choice, reason = Mode.ON_DEMAND, PAST_DEADLINE
         else:
             choice = self.course.choose(st, obs)
-            reason = _reason(choice, obs, slack, job.gap_seconds)
+            reason = decision_reason(choice, obs, slack, job.gap_seconds)
         st.work_hours, st.hours_left = work * job.gap_seconds / 3600, slack.time_left * job.hours(1)
         st.slack_hours = slack.slack * job.hours(1)
         self._refresh_costs()
@@ -478,7 +477,7 @@ class Controller:
     def _work_ticks(self) -> int:
         """Ticks of work done: measured when the run has a step time, else the model's count."""
         st, job = self.state, self.job
-        rate = self._seconds_per_step()
+        rate = seconds_per_step(st)
         if rate is None:
             work = st.model_work_ticks
         else:
@@ -489,34 +488,8 @@ class Controller:
             work = int(step * rate * st.config.time_scale // job.gap_seconds)
         return max(0, min(work, job.work_ticks - 1))
 
-    def _seconds_per_step(self) -> float | None:
-        """Wall seconds a step (a paced rehearsal's: what `--pace-steps` makes it)."""
-        cfg = self.state.config
-        if cfg.pace_step_s is not None:
-            return cfg.pace_step_s / cfg.time_scale
-        return seconds_per_step(self.state)
-
     def _refresh_costs(self) -> None:
         """Spot and on-demand cost so far: the ledgers of every launch's run record."""
-        from mncloud.records.ledger import cost_summary
-        from mncloud.records.store import find_record
+        from mncloud.control.billing import refresh_costs
 
-        costs: dict[str, CostSummary] = {}
-        for run_id in self.state.run_ids:
-            with contextlib.suppress(MncloudError):  # a record unreadable now: next time
-                costs[run_id] = cost_summary(find_record(run_id), now=self.clock.time())
-        st = self.state
-        st.spot_cost = sum(c.spot for c in costs.values())
-        st.on_demand_cost = sum(c.on_demand for c in costs.values())
-        self.course.account(st, costs)  # across places: each place's too
-
-
-def _reason(choice: Mode, obs: Observation, slack: Slack, gap_s: int) -> str:
-    """Why the policy's answer, in words a user reads in `status` and the run record."""
-    hours = slack.slack * gap_s / 3600
-    spot = "spot capacity is there" if obs.spot_now else "no spot capacity"
-    if choice is Mode.ON_DEMAND:
-        return f"{spot}; slack {hours:.2f} h must cover one restart and the work left"
-    if choice is Mode.SPOT:
-        return f"{spot}; slack {hours:.2f} h allows spot"
-    return f"{spot}; waiting while the slack ({hours:.2f} h) allows it"
+        refresh_costs(self.state, self.course, self.clock.time())

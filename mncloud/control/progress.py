@@ -33,9 +33,12 @@ def checkpoint_step(st: ControlState) -> int | None:
 
 
 def seconds_per_step(st: ControlState) -> float | None:
-    """The median of the ranks' newest step times, from the newest launch that has them."""
+    """Wall seconds a step: a paced rehearsal's, what `--pace-steps` makes it (`pacing.py`);
+    else the median of the ranks' newest step times, from the newest launch that has them."""
     from mncloud.telemetry.steps import read_steps
 
+    if st.config.pace_step_s is not None:
+        return st.config.pace_step_s / st.config.time_scale
     if not st.ckpt_uri:
         return None
     for run_id in reversed(st.run_ids[-3:]):

@@ -403,3 +403,14 @@ class AdaptivePolicy(Policy):
             return Mode.ON_DEMAND
         s = Slack.of(job, obs)
         return Mode.NONE if s.slack > self._reserve(s) else Mode.ON_DEMAND
+
+
+def decision_reason(choice: Mode, obs: Observation, slack: Slack, gap_s: int) -> str:
+    """Why the policy's answer, in words a user reads in `status` and the run record."""
+    hours = slack.slack * gap_s / 3600
+    spot = "spot capacity is there" if obs.spot_now else "no spot capacity"
+    if choice is Mode.ON_DEMAND:
+        return f"{spot}; slack {hours:.2f} h must cover one restart and the work left"
+    if choice is Mode.SPOT:
+        return f"{spot}; slack {hours:.2f} h allows spot"
+    return f"{spot}; waiting while the slack ({hours:.2f} h) allows it"
