@@ -60,6 +60,10 @@ class Cloud:
         """The test's clock: the queue's times (start_at, job_duration, ...) are on it."""
         self.times: dict[int, dict[str, Any]] = {}
 
+    def capacity(self, job_id: int) -> bool:
+        """Whether job `job_id` gets (keeps) its VMs now."""
+        return self.spot_capacity or not self.spot[job_id]
+
     def _now(self) -> float:
         return self.clock.now if self.clock is not None else time.time()
 
@@ -109,7 +113,7 @@ class Cloud:
         found = []
         for job_id in job_ids:
             status = self.jobs[job_id]
-            capacity = self.spot_capacity or not self.spot[job_id]
+            capacity = self.capacity(job_id)
             if status in ("PENDING", "RECOVERING") and capacity:
                 status = self._moved(job_id, "RUNNING")
             if status == "RUNNING" and not capacity:

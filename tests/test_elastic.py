@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from mncloud.errors import SpecError
+from tests.test_control import Cloud
 from tests.test_skypilot import script  # noqa: F401 - a fixture
 
 
@@ -119,49 +120,25 @@ def test_elastic_run_shrinks_to_the_offered_nodes_and_grows_back(tmp_path: Path)
     assert state.preemptions >= 1 and len(state.run_ids) >= 3, (state.run_ids, launches)
 
 
-class ElasticCloud:
-    """What SkyPilot's API server would answer, from a tiny model of the cloud: spot jobs get
-    their VMs while their nodes fit in `spot_nodes`; every launch is checked to find no other
-    job of the run still live (a size change cancels before it launches)."""
+class ElasticCloud(Cloud):
+    """`test_control`'s model of the cloud, where spot jobs get their VMs while their nodes fit
+    in `spot_nodes`; every launch is checked to find no other job of the run still live (a
+    size change cancels before it launches)."""
 
     def __init__(self, spot_nodes: int) -> None:
+        super().__init__()
         self.spot_nodes = spot_nodes
-        self.jobs: dict[int, str] = {}
         self.nodes: dict[int, int] = {}
 
+    def capacity(self, job_id: int) -> bool:
+        return self.nodes[job_id] <= self.spot_nodes
+
     def answer(self, name: str, calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]]) -> Any:
-        args, kwargs = calls[-1][1], calls[-1][2]
         if name == "jobs.launch":
             live = [j for j, s in self.jobs.items() if s in ("PENDING", "RUNNING", "RECOVERING")]
             assert not live, f"a launch while job(s) {live} live"
-            job_id = 7 + len(self.jobs)
-            self.jobs[job_id], self.nodes[job_id] = "PENDING", args[0].num_nodes
-            return [job_id], None
-        if name == "jobs.cancel":
-            for job_id in kwargs.get("job_ids") or []:
-                self.jobs[job_id] = "CANCELLED"
-            return None
-        if name == "jobs.queue_v2":
-            return self._queue(kwargs.get("job_ids") or []), 1, {}, 1
-        raise AssertionError(f"unexpected SkyPilot call {name}{args}")
-
-    def _queue(self, job_ids: list[int]) -> list[Any]:
-        from sky.schemas.api import responses
-
-        from tests.test_skypilot import DATA
-
-        found = []
-        for job_id in job_ids:
-            fits = self.nodes[job_id] <= self.spot_nodes
-            status = self.jobs[job_id]
-            if status == "PENDING" and fits:
-                status = self.jobs[job_id] = "RUNNING"
-            if status == "RUNNING" and not fits:
-                status = self.jobs[job_id] = "RECOVERING"
-            raw = json.loads((DATA / "jobs_queue_recovering.json").read_text())[0]
-            raw.update(job_id=job_id, status=status, recovery_count=0)
-            found.append(responses.ManagedJobRecord.model_validate(raw))
-        return found
+            self.nodes[7 + len(self.jobs)] = calls[-1][1][0].num_nodes
+        return super().answer(name, calls)
 
 
 @pytest.mark.catalog
@@ -199,6 +176,7 @@ def test_on_a_cloud_each_size_change_relaunches_the_job_never_two_live(
     )  # fmt: skip
     assert state.config.min_nodes == 2
     clock = FakeClock()
+    cloud.clock = clock
     ctl = Controller(state, ManagedJobMarket(), clock=clock)
     state.started_at = clock.now
 
