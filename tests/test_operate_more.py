@@ -201,6 +201,6 @@ def test_an_unknown_mncloud_yaml_key_is_one_line(project: Path) -> None:
     (project / "mncloud.yaml").write_text("gpus: cpu:2\nnodez: 2\n")
     line = one_line_error(cli("render", str(project / "train.py")), "mncloud.yaml")
     assert "'nodez' (did you mean 'nodes'?)" in line
-    assert "gpus, nodes, spot, cloud" in line and "max_hourly" in line
+    assert "gpus, nodes, min_nodes, spot, cloud" in line and "max_hourly" in line
     (project / "mncloud.yaml").write_text("gpus: cpu:2\nnodes: 2\n")
     assert "num_nodes: 2" in ok("render", str(project / "train.py")).stdout
