@@ -110,7 +110,8 @@ class Regions(Cloud):
 
     def __init__(self, regions: list[str]) -> None:
         super().__init__()
-        self.capacity = dict.fromkeys(regions, True)
+        self.open = dict.fromkeys(regions, True)
+        """Whether each region has spot capacity now."""
         self.region: dict[int, str] = {}
 
     def answer(self, name: str, calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]]) -> Any:
@@ -124,12 +125,8 @@ class Regions(Cloud):
             return [job_id], None
         return super().answer(name, calls)
 
-    def _queue(self, job_ids: list[int]) -> list[Any]:
-        found = []
-        for job_id in job_ids:
-            self.spot_capacity = self.capacity[self.region[job_id]]
-            found.extend(super()._queue([job_id]))
-        return found
+    def capacity(self, job_id: int) -> bool:
+        return self.open[self.region[job_id]] or not self.spot[job_id]
 
 
 @pytest.mark.catalog
@@ -158,6 +155,7 @@ def test_capacity_gone_in_one_region_relaunches_the_run_pinned_to_the_other(
         ("europe-west4", "gcp", "europe-west4", 11.0),
     ]
     clock = FakeClock()
+    model.clock = clock  # the queue's times on the test's clock
     ctl = places_controller(state, ManagedJobPlaces(), clock=clock)
     state.started_at = clock.now
 
@@ -171,7 +169,7 @@ def test_capacity_gone_in_one_region_relaunches_the_run_pinned_to_the_other(
     first = fake_sky.called("jobs.launch")[0][0][0]
     assert {r.region for r in first.resources} == {"us-central1"}
     assert state.mode is Mode.SPOT and state.place == 0
-    model.capacity["us-central1"] = False  # preempted; SkyPilot looks for VMs there in vain
+    model.open["us-central1"] = False  # preempted; SkyPilot looks for VMs there in vain
     tick(2)
     launches = fake_sky.called("jobs.launch")
     assert len(launches) == 2, state.decisions
