@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime as dt
-import secrets
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -342,6 +341,8 @@ def _cost_report(records: list[RunRecord], as_json: bool) -> None:
 
 
 def _rerun_name(name: str) -> str:
+    import secrets  # here: `mncloud --help` need not load hashlib and hmac
+
     return f"{name[:50].rstrip('-')}-rerun-{secrets.token_hex(2)}"
 
 
