@@ -235,6 +235,7 @@ def template_variables(
         "bandwidth_expect": round(expected[0], 3) if expected else None,
         "bandwidth_fabric": expected[1] if expected else None,
         "bandwidth_min": spec.min_bandwidth,
+        "group_nodes": 0,  # a job group's node count (render/jobgroup.py): meet in the bucket
         "export_on_finish": spec.export_on_finish.value if spec.export_on_finish else None,
         "export_dir": layout.EXPORT_DIR,
         "c": constants,
