@@ -24,6 +24,7 @@ Template variables (also what a `--template PATH` of your own receives):
 | `preempted_exit_code`, `c` | the preemption exit code and `mncloud.constants` |
 | `preflight`, `preflight_gpus`, `require_paths` | node checks before torchrun (`mncloud.doctor`) |
 | `bandwidth_expect`, `bandwidth_fabric`, `bandwidth_min` | the preflight's all-reduce test |
+| `group_nodes` | a job group's node count (0 otherwise): its nodes meet in the bucket |
 | `export_on_finish`, `export_dir` | `up --export-on-finish` format (or None), its folder name |
 
 Filters: `q` (shell-quote), `yaml` (one safe YAML value), `yaml_block` (a multi-line string
