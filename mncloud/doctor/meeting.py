@@ -75,10 +75,15 @@ def launch_id(environ: dict[str, str] | None = None) -> str | None:
     return run_id or (f"managed-job-{job_id}" if job_id else None)
 
 
-def _read(store: CheckpointStore, launch: str) -> Meeting | None:
+def _read(store: CheckpointStore, launch: str, patient: bool = False) -> Meeting | None:
+    """This launch's meeting, if any. `patient`: an unreachable bucket counts as none (the
+    caller's deadline bounds the wait); otherwise its error is raised (after the store's own
+    retries): node 0 must never take a bucket hiccup for "no gang met yet"."""
     try:
         note = store.get_note(NOTE, Meeting)
-    except Exception:  # unreachable for now: the caller's deadline bounds the wait
+    except Exception:
+        if not patient:
+            raise
         return None
     return note if note is not None and note.launch == launch else None
 
@@ -109,7 +114,7 @@ def join(
                                      at=time.time()))  # fmt: skip
         return Place(rank, nodes, address, port)
     deadline = time.monotonic() + timeout
-    while (meeting := _read(store, launch)) is None:
+    while (meeting := _read(store, launch, patient=True)) is None:
         if time.monotonic() >= deadline:
             raise TimeoutError(
                 f"preflight failed on node {rank}: node 0 published no meeting point under "
