@@ -6,7 +6,7 @@ Each run of `tests/data/published_runs.yaml` (its source named per row) is descr
 planner's step-time model as `plan` flags would describe it (parameters, layers, hidden, sequence
 length, tokens per GPU per step, micro-batches, recomputation, parallelism) on the GPU and
 fabric the source states; the ratio is the model's step over the published one. No GPU is
-needed: the published figures are the measurement. `tests/test_plan_published.py` asserts the
+needed: the published figures are the measurement. `tests/test_plan_steps.py` asserts the
 ratios; docs/benchmarks.md shows the table.
 """
 

@@ -214,3 +214,120 @@ def test_node_recovery_min_bandwidth_refuses_before_the_first_step() -> None:
     assert refused and all("below --min-bandwidth 1e+06 GB/s" in x for x in refused), log
     assert "all-reduce bus bandwidth" in refused[0]  # names the figure it measured
     assert run_series("bwnodemin").steps == []  # no rank ever stepped
+
+
+# ------------------------------- a cloud job group (node recovery): the nodes meet in the bucket
+
+GROUP_SCRIPT = "from mncloud.train import Replicas\nreplicas = Replicas({})\n"
+STARTS = "TRAINING WOULD START"
+
+
+def _group_nodes(project: Path, bucket: str, run_id: str, **flags: Any) -> list[dict[str, Any]]:
+    """The node tasks of a rendered 2-node job group (node recovery on AWS)."""
+    import yaml
+
+    from mncloud.render import render
+    from mncloud.request import build_spec
+
+    (project / "train.py").write_text(GROUP_SCRIPT)
+    spec = build_spec(
+        project / "train.py", recovery="node", gpus="H100:8", nodes=2, name="llm",
+        bucket=bucket, master_port=free_port(), **flags,
+    )  # fmt: skip
+    _, _, *nodes = [d for d in yaml.safe_load_all(render(spec, run_id=run_id).yaml_text) if d]
+    return nodes
+
+
+def _start_group_node(node: dict[str, Any], workdir: Path) -> Any:
+    """A node task's rendered `run` up to the launcher, as SkyPilot runs it on a single-node
+    cluster of its own (its own address, rank 0 of 1), with no GPUs (SKYPILOT_NUM_GPUS_PER_NODE
+    0) and gloo on loopback."""
+    import os
+    import subprocess
+    import sys
+
+    run = node["run"]
+    script = run[: run.index("# --recovery node: each node is a replica group")]
+    env = {
+        **os.environ,
+        **{k: str(v) for k, v in node["envs"].items()},
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        "SKYPILOT_NODE_IPS": "127.0.0.1",
+        "SKYPILOT_NODE_RANK": "0",
+        "SKYPILOT_NUM_NODES": "1",
+        "SKYPILOT_NUM_GPUS_PER_NODE": "0",
+        "SKYPILOT_TASK_ID": node["name"],
+        "GLOO_SOCKET_IFNAME": "lo",
+    }
+    env.pop("NCCL_SOCKET_IFNAME", None)
+    return subprocess.Popen(
+        ["bash", "-c", f"{script}\necho '{STARTS}'"], cwd=workdir, env=env, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+
+
+def _outputs(*procs: Any) -> list[tuple[int, str]]:
+    try:
+        return [(p.communicate(timeout=120)[0], p.returncode)[::-1] for p in procs]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+
+
+@pytest.mark.catalog
+def test_job_group_nodes_meet_in_the_bucket_and_measure(project: Path, s3_env: Any) -> None:
+    """Two node tasks of a rendered job group, as two local processes over a real S3 server:
+    node 0 publishes where to meet, node 1 finds it there, they measure one rank per node and
+    node 0 publishes the figure where `status` reads it; a node SkyPilot recovers alone later
+    finds the verdict and checks itself alone."""
+    from mncloud.doctor import meeting
+    from mncloud.storage import CheckpointStore
+
+    bucket = f"s3://{s3_env.make_bucket()}"
+    nodes = _group_nodes(project, bucket, "r-1")
+    (rc0, out0), (rc1, out1) = _outputs(*(_start_group_node(n, project) for n in nodes))
+    assert (rc0, rc1) == (0, 0), out0 + out1
+    assert "between 2 nodes (gloo)" in out0 and STARTS in out0 and STARTS in out1
+    assert "preflight ok on node 0/2" in out0 and "preflight ok on node 1/2" in out1
+    figures = bandwidth.read(f"{bucket}/llm", "r-1")  # what `status --json` shows
+    assert figures is not None and figures["busbw_gbs"] > 0 and figures["nodes"] == 2
+    note = CheckpointStore(f"{bucket}/llm").get_note(meeting.NOTE, meeting.Meeting)
+    assert note is not None and (note.launch, note.verdict) == ("r-1", "passed")
+    assert note.address == "127.0.0.1" and "KEY" not in note.model_dump_json().upper()
+
+    ((rc, out),) = _outputs(_start_group_node(nodes[1], project))  # node 1 recovered alone
+    assert rc == 0 and "preflight ok on node 1/1" in out and "the gang met already" in out
+    assert "bus bandwidth" not in out and STARTS in out
+
+
+@pytest.mark.slow
+@pytest.mark.catalog
+def test_job_group_min_bandwidth_refuses_before_training(project: Path, s3_env: Any) -> None:
+    """`--min-bandwidth` above loopback's figure on a job group: both nodes refuse before the
+    launcher, naming the figure (a retry in that launch repeats the refusal: the test below)."""
+    bucket = f"s3://{s3_env.make_bucket()}"
+    nodes = _group_nodes(project, bucket, "r-2", min_bandwidth=1e6)
+    results = _outputs(*(_start_group_node(n, project) for n in nodes))
+    for rc, out in results:
+        assert rc == FAILED and STARTS not in out, out
+        assert "below --min-bandwidth 1e+06 GB/s" in out
+
+
+def test_a_meeting_of_another_launch_is_not_joined(tmp_path: Path) -> None:
+    """Only this launch's meeting is joined; a failed verdict is repeated to a retry, whose
+    node 0 does not open a second meeting."""
+    from mncloud.doctor import meeting
+    from mncloud.storage import CheckpointStore
+
+    store = CheckpointStore(f"file://{tmp_path / 'bucket'}/llm")
+    opened = meeting.join(store, "r-1", 0, 2, "10.0.0.5", 29500)
+    assert (opened.nodes, opened.master, opened.refused) == (2, "10.0.0.5", [])
+    with pytest.raises(TimeoutError, match="node 0 published no meeting point"):
+        meeting.join(store, "r-2", 1, 2, "10.0.0.6", 29500, timeout=0, sleep=lambda _: None)
+    member = meeting.join(store, "r-1", 1, 2, "10.0.0.6", 29500, timeout=0)
+    assert (member.nodes, member.master, member.port) == (2, "10.0.0.5", 29500)
+    meeting.close(store, "r-1", ["preflight failed on node 1: slow"])
+    retry = meeting.join(store, "r-1", 0, 2, "10.0.0.7", 29500)
+    assert retry.refused == ["preflight failed on node 1: slow"]
+    assert meeting.launch_id({"SKYPILOT_MANAGED_JOB_ID": "7"}) == "managed-job-7"

@@ -248,17 +248,21 @@ def test_node_recovery_on_a_cloud_needs_a_bucket_its_vms_reach(
     assert build_spec(script, **{**flags, "bucket": BUCKET}).recovery.value == "node"
 
 
-def test_min_bandwidth_no_preflight_can_check_is_refused_not_ignored(script: Path) -> None:
-    """Each node task is a cluster of its own: no preflight measures between them, so a
-    `--min-bandwidth` floor is one line, not a floor that silently never holds."""
+def test_min_bandwidth_is_checked_by_the_nodes_meeting_in_the_bucket(script: Path) -> None:
+    """Each node task is a cluster of its own: its preflight meets the others through the
+    bucket (`--meet-nodes`), measures and holds `--min-bandwidth` (run for real on 2 local
+    processes in test_bandwidth); with --no-preflight the floor is one line, not ignored."""
+    _, _, *nodes = _docs(render(_spec(script, min_bandwidth=50), run_id="r-1").yaml_text)
+    for node in nodes:
+        preflight = next(x for x in node["run"].splitlines() if "mncloud.doctor node" in x)
+        assert "--meet-nodes 3 --bandwidth" in preflight and "--min-bandwidth 50" in preflight
+        assert '--bucket "$MNCLOUD_CKPT_URI"' in preflight
     with pytest.raises(MncloudError) as caught:
-        render(_spec(script, min_bandwidth=50))
-    message = str(caught.value)
-    assert "\n" not in message and "--min-bandwidth 50 cannot be checked" in message
-    assert "--recovery gang" in message
+        render(_spec(script, min_bandwidth=50, preflight=False))
+    assert "\n" not in str(caught.value) and "drop --no-preflight" in str(caught.value)
     flags = {"gpus": "H100:8", "nodes": 3, "name": "llm", "bucket": BUCKET, "min_bandwidth": 50}
     gang = render(build_spec(script, recovery="gang", **flags)).yaml_text
-    assert "--bandwidth" in gang and "--min-bandwidth 50" in gang
+    assert "--bandwidth" in gang and "--min-bandwidth 50" in gang and "--meet-nodes 3" not in gang
 
 
 def test_group_state_follows_the_node_tasks() -> None:

@@ -59,7 +59,7 @@ ROOMS: list[tuple[str, str]] = [
     ("mncloud.export", "convert model run source target"),
     ("mncloud.train", "ckpt collectives dist emergency ft lighthouse preempt profiler progress "
                       "parallel sampler saving staging state steptime streaming"),
-    ("mncloud.doctor", "__main__ bandwidth checks gang mesh node"),
+    ("mncloud.doctor", "__main__ bandwidth checks gang meeting mesh node"),
     ("mncloud.spec", ""),
     ("mncloud.request", ""),
     ("mncloud.plan", "costmodel explain hardware hazards learned model profile sharding "

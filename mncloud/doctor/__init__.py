@@ -38,6 +38,7 @@ The code hash covers source-like files only (`*.py`, configs, shell, requirement
     node.py       every check of one node, then the gang check (`python -m mncloud.doctor node`,
                   through `__main__.py`)
     bandwidth.py  the all-reduce bandwidth test after the gang check
+    meeting.py    where a cloud job group's nodes meet for it (node 0's address in the bucket)
     mesh.py       a sharded run's mesh against the nodes × GPUs it was given
 
 No torch or SkyPilot at import; the node entry point uses argparse, not the CLI.

@@ -8,6 +8,7 @@ import os
 import socket
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from mncloud import constants
 from mncloud.doctor import bandwidth
@@ -28,6 +29,10 @@ from mncloud.doctor.checks import (
 )
 from mncloud.doctor.gang import NodeInfo, run_head, run_member
 from mncloud.doctor.mesh import mesh_warnings
+
+if TYPE_CHECKING:
+    from mncloud.doctor.meeting import Place
+    from mncloud.storage.checkpoints import CheckpointStore
 
 # --------------------------------------------------------------------------- the node command
 
@@ -63,6 +68,10 @@ def node_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--expect-busbw", type=float, default=None, help="GB/s the plan expects")
     parser.add_argument("--fabric", default=None, help="the offer's fabric, for the messages")
     parser.add_argument("--min-bandwidth", type=float, default=None, help="GB/s, else refuse")
+    parser.add_argument(
+        "--meet-nodes", type=int, default=0, help="a job group's node count: meet in the bucket"
+    )
+    parser.add_argument("--meet-timeout", type=float, default=None, help="seconds (900)")
     args = parser.parse_args(argv)
     start = time.monotonic()
     rank = int(os.environ.get(constants.SKYPILOT_NODE_RANK, "0") or 0)
@@ -70,6 +79,12 @@ def node_main(argv: list[str] | None = None) -> int:
     ips = os.environ.get(constants.SKYPILOT_NODE_IPS, "127.0.0.1").split()
     master = os.environ.get("MASTER_ADDR") or (ips[0] if ips else "127.0.0.1")
     port = args.port or int(os.environ.get("MASTER_PORT") or constants.DEFAULT_MASTER_PORT)
+    place = None
+    if args.meet_nodes > 1:  # a job group's node: its rank, the gang and node 0 from the bucket
+        place = meet(args, master, port)
+        if isinstance(place, list):
+            return _refuse(place)
+        rank, nodes, master, port = place.rank, place.nodes, place.master, place.port
     checks, digest, gpus = node_checks(args, rank)
     if nodes > 1:
         checks.append(check_resolvable(master, rank))
@@ -92,6 +107,9 @@ def node_main(argv: list[str] | None = None) -> int:
             problems = [c.line() for c in failures(checks)]
     if not problems and nodes > 1 and args.bandwidth and not note.startswith("the master port"):
         problems = bandwidth_test(args, rank, nodes, master, port)
+    if place is not None and rank == 0 and nodes > 1:
+        close_meeting(args, problems)
+    note = place.note if place is not None and place.note else note
     took = time.monotonic() - start
     if rank == 0 and not problems:
         per_node = int(os.environ.get(constants.SKYPILOT_NUM_GPUS_PER_NODE) or 0)
@@ -99,9 +117,7 @@ def node_main(argv: list[str] | None = None) -> int:
         for line in mesh_warnings(args.bucket, nodes, per_node, parallel):
             print(line, file=sys.stderr, flush=True)
     if problems:
-        for line in problems:
-            print(line, file=sys.stderr, flush=True)
-        return PREFLIGHT_FAILED_EXIT_CODE
+        return _refuse(problems)
     print(
         f"preflight ok on node {rank}/{nodes} in {took:.1f}s: code {digest}"
         + (f", {gpus} GPU(s)" if gpus is not None else "")
@@ -110,6 +126,64 @@ def node_main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     return 0
+
+
+def _refuse(problems: list[str]) -> int:
+    for line in problems:
+        print(line, file=sys.stderr, flush=True)
+    return PREFLIGHT_FAILED_EXIT_CODE
+
+
+def _meeting_store(args: argparse.Namespace) -> tuple[CheckpointStore, str]:
+    from mncloud.doctor import meeting
+    from mncloud.storage.checkpoints import CheckpointStore
+
+    launch = meeting.launch_id()
+    if not args.bucket or not launch:
+        raise ValueError(
+            f"the job group's preflight meets in the bucket: set {constants.CKPT_URI_ENV} "
+            f"(--bucket) and {constants.RUN_ID_ENV} (or SkyPilot's {meeting.MANAGED_JOB_ID_ENV})"
+        )
+    return CheckpointStore(args.bucket, retry_seconds=30.0), launch
+
+
+def meet(args: argparse.Namespace, address: str, port: int) -> Place | list[str]:
+    """A job group's node (`--meet-nodes N`): where it meets the others (`doctor/meeting.py`),
+    or its failure lines. Node 0 waits `--meet-timeout` for the others: they start minutes apart."""
+    from mncloud.doctor import meeting
+
+    rank = int(os.environ.get(constants.REPLICA_ID_ENV, "0") or 0)
+    wait = args.meet_timeout or meeting.MEET_TIMEOUT_S
+    try:
+        store, launch = _meeting_store(args)
+        place = meeting.join(store, launch, rank, args.meet_nodes, address, port, wait)
+    except Exception as err:  # one line: a bucket error or no meeting in time
+        text = " ".join(str(err).split())[:300]
+        return [
+            text
+            if text.startswith("preflight failed")
+            else f"preflight failed on node {rank}: {text}"
+        ]
+    if place.refused:
+        return [
+            *place.refused,
+            f"preflight failed on node {rank}: this launch's gang failed its "
+            "preflight (above); fix it and launch again",
+        ]
+    if rank == 0 and place.nodes > 1:
+        args.timeout = max(args.timeout, wait)  # the gang check waits for them all
+    return place
+
+
+def close_meeting(args: argparse.Namespace, problems: list[str]) -> None:
+    """Node 0 of a job group: the verdict beside the meeting point (a bucket hiccup is said)."""
+    from mncloud.doctor import meeting
+
+    try:
+        store, launch = _meeting_store(args)
+        meeting.close(store, launch, problems)
+    except Exception as err:
+        print(f"preflight: the verdict was not published ({err})", file=sys.stderr, flush=True)
 
 
 def bandwidth_test(

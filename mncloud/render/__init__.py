@@ -24,6 +24,7 @@ Template variables (also what a `--template PATH` of your own receives):
 | `preempted_exit_code`, `c` | the preemption exit code and `mncloud.constants` |
 | `preflight`, `preflight_gpus`, `require_paths` | node checks before torchrun (`mncloud.doctor`) |
 | `bandwidth_expect`, `bandwidth_fabric`, `bandwidth_min` | the preflight's all-reduce test |
+| `group_nodes` | a job group's node count (0 otherwise): its nodes meet in the bucket |
 | `export_on_finish`, `export_dir` | `up --export-on-finish` format (or None), its folder name |
 
 Filters: `q` (shell-quote), `yaml` (one safe YAML value), `yaml_block` (a multi-line string
@@ -235,6 +236,7 @@ def template_variables(
         "bandwidth_expect": round(expected[0], 3) if expected else None,
         "bandwidth_fabric": expected[1] if expected else None,
         "bandwidth_min": spec.min_bandwidth,
+        "group_nodes": 0,  # a job group's node count (render/jobgroup.py): meet in the bucket
         "export_on_finish": spec.export_on_finish.value if spec.export_on_finish else None,
         "export_dir": layout.EXPORT_DIR,
         "c": constants,

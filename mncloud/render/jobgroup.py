@@ -33,6 +33,12 @@ reach each other's private addresses: on AWS its clusters share one security gro
 admits traffic from itself (`sky/provision/aws/config.py`), on GCP its firewall admits
 internal traffic (`sky/provision/gcp/constants.py`). So node recovery needs `--bucket`.
 
+The preflight meets the same way: node 0's task publishes its private address and the
+rendezvous port beside the checkpoints, the other node tasks read it, and the gang check and
+the all-reduce bandwidth test run one rank per node before the first quorum, so the fabric's
+figure reaches `status` and `--min-bandwidth` refuses before training here too
+(`mncloud/doctor/meeting.py`; the node tasks' `--meet-nodes N`).
+
 This module only names things and checks the documents; `render.py` renders them through
 `templates/jobgroup.yaml.j2` (which includes the single-task template once per node).
 """
@@ -102,18 +108,6 @@ def require_bucket(spec: JobSpec) -> None:
         )
 
 
-def refuse_min_bandwidth(spec: JobSpec) -> None:
-    """SpecError on `--min-bandwidth`: each node task is a cluster of its own that meets the
-    others only through the lighthouse, so no preflight can measure between them, and a floor
-    no one checks must not pass for one that holds (the local backend's nodes do measure)."""
-    if spec.min_bandwidth is not None:
-        raise SpecError(
-            f"--min-bandwidth {spec.min_bandwidth:g} cannot be checked under --recovery node on "
-            "a cloud (each node is a job of its own, with no preflight between them); use "
-            "--recovery gang, whose preflight measures the fabric, or drop --min-bandwidth"
-        )
-
-
 def mncloud_source() -> str | None:
     """This mncloud's source tree when it runs from a checkout (the lighthouse task installs
     it from there), else None (it installs the same version from the package index)."""
@@ -128,7 +122,6 @@ def group_variables(
     `task_template` with them, `name`, `num_nodes` and `envs` replaced) plus the group's."""
     name = spec.name
     require_bucket(spec)
-    refuse_min_bandwidth(spec)
     nodes = []
     for k, task_name in enumerate(node_tasks(name, spec.nodes)):
         envs = dict(task_variables["envs"])
@@ -141,6 +134,7 @@ def group_variables(
     return {
         **task_variables,
         "group_name": name,
+        "group_nodes": spec.nodes,  # each node's preflight meets the others in the bucket
         "task_template": task_template,
         "primary_tasks": [node["name"] for node in nodes],
         "inter_connection": INTER_CONNECTION,
