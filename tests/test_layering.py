@@ -43,7 +43,8 @@ ROOT = Path(__file__).resolve().parents[1]
 #: vocabulary (`spec` checks GPU and cloud names against SkyPilot's facts); the backends'
 #: interface before `launch` (the spine calls it); the controller after `launch` (it launches
 #: again). Storage, the ranks' telemetry, export, and what a training rank imports are the
-#: ground floor. The backends' registry comes after the engines it names (its table's dotted
+#: ground floor; so is `options` (the job options' plain data, vocabulary like `spec`), because
+#: `--help` reads it without pydantic. The backends' registry comes after the engines it names (its table's dotted
 #: paths are its edges); nothing in `backends/` imports it.
 ROOMS: list[tuple[str, str]] = [
     ("mncloud", ""),
