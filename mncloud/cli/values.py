@@ -16,8 +16,9 @@ from mncloud.errors import SpecError
 from mncloud.options import MAX_HOURS
 
 if TYPE_CHECKING:
+    from mncloud.launchoptions import DeadlineOptions, LaunchOptions
     from mncloud.options import JobOptions
-    from mncloud.spec import DeadlineOptions, JobSpec, LaunchOptions
+    from mncloud.spec import JobSpec
 
 
 _DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", re.ASCII)
@@ -47,7 +48,7 @@ def deadline_seconds(text: str | None) -> float | None:
 
 def deadline_options(values: dict[str, Any]) -> DeadlineOptions:
     """The numbers beside `--deadline` in a command's parameters, checked (`DeadlineOptions`)."""
-    from mncloud.spec import DeadlineOptions
+    from mncloud.launchoptions import DeadlineOptions
 
     return DeadlineOptions.build(
         **{k: values.get(k) for k in DeadlineOptions.model_fields if values.get(k) is not None}
@@ -59,7 +60,7 @@ def launch_options_from(values: dict[str, Any]) -> LaunchOptions:
     from pydantic import ValidationError
 
     from mncloud.errors import first_error
-    from mncloud.spec import LaunchOptions
+    from mncloud.launchoptions import LaunchOptions
 
     fields = dict(values)
     for name, flag in (
