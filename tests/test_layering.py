@@ -82,9 +82,9 @@ ROOMS: list[tuple[str, str]] = [
                         "unsure watch"),
     ("mncloud.operate", "logs status stop telemetry"),
     ("mncloud.ui", "app curves serve svg views"),
-    ("mncloud.cli", "_common chaos ckpt control doctor exec export follow gpus metrics ops "
-                    "options params plan plan_options plan_rows plan_tables profile render replay "
-                    "runs ui up values"),
+    ("mncloud.cli", "_common chaos ckpt control doctor exec export follow gpus job_options "
+                    "metrics ops options params plan plan_options plan_rows plan_tables profile "
+                    "render replay runs ui up values"),
     ("mncloud.__main__", ""),
 ]  # fmt: skip
 
