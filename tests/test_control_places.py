@@ -24,11 +24,11 @@ from mncloud.backends.local.figures import read_final
 from mncloud.cli import app
 from mncloud.control.places import ManagedJobPlaces, places_controller
 from mncloud.deadline.policy import Mode
+from mncloud.launchoptions import LaunchOptions
 from mncloud.layout import local_ckpt_dir
 from mncloud.records.ledger import cost_summary
 from mncloud.records.store import find_record, list_records
 from mncloud.request import build_spec
-from mncloud.spec import LaunchOptions
 from tests.fakesky import FakeSky
 from tests.test_control import GAP, Cloud, FakeClock, train  # noqa: F401 - a fixture
 from tests.test_local import EXAMPLE, run_log, up, wait_final, wait_until

@@ -205,7 +205,16 @@ def test_control_is_hidden_but_still_runs(capsys: pytest.CaptureFixture[str]) ->
 
 
 #: What no `--help` may load: the validation library, the request's models, the heavy stacks.
-NOT_FOR_HELP = ("pydantic", "mncloud.spec", "mncloud.request", "torch", "sky", "yaml", "jinja2")
+NOT_FOR_HELP = (
+    "pydantic",
+    "mncloud.spec",
+    "mncloud.launchoptions",
+    "mncloud.request",
+    "torch",
+    "sky",
+    "yaml",
+    "jinja2",
+)
 
 
 def test_help_loads_neither_pydantic_nor_the_spec() -> None:

@@ -43,8 +43,9 @@ ROOT = Path(__file__).resolve().parents[1]
 #: vocabulary (`spec` checks GPU and cloud names against SkyPilot's facts); the backends'
 #: interface before `launch` (the spine calls it); the controller after `launch` (it launches
 #: again). Storage, the ranks' telemetry, export, and what a training rank imports are the
-#: ground floor. The backends' registry comes after the engines it names (its table's dotted
-#: paths are its edges); nothing in `backends/` imports it.
+#: ground floor; so is `options` (the job options' plain data, vocabulary like `spec`),
+#: because `--help` reads it without pydantic. The backends' registry comes after the engines
+#: it names (its table's dotted paths are its edges); nothing in `backends/` imports it.
 ROOMS: list[tuple[str, str]] = [
     ("mncloud", ""),
     ("mncloud.errors", ""),
@@ -61,6 +62,7 @@ ROOMS: list[tuple[str, str]] = [
                       "parallel sampler saving staging state steptime streaming"),
     ("mncloud.doctor", "__main__ bandwidth checks gang meeting mesh node"),
     ("mncloud.spec", ""),
+    ("mncloud.launchoptions", ""),
     ("mncloud.request", ""),
     ("mncloud.plan", "costmodel explain hardware hazards learned model profile sharding "
                      "stepmodel timing traces"),
@@ -80,9 +82,9 @@ ROOMS: list[tuple[str, str]] = [
                         "unsure watch"),
     ("mncloud.operate", "logs status stop telemetry"),
     ("mncloud.ui", "app curves serve svg views"),
-    ("mncloud.cli", "_common chaos ckpt control doctor exec export follow gpus metrics ops "
-                    "options params plan plan_options plan_rows plan_tables profile render replay "
-                    "runs ui up values"),
+    ("mncloud.cli", "_common chaos ckpt control doctor exec export follow gpus job_options "
+                    "metrics ops options params plan plan_options plan_rows plan_tables profile "
+                    "render replay runs ui up values"),
     ("mncloud.__main__", ""),
 ]  # fmt: skip
 

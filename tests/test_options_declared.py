@@ -16,7 +16,7 @@ import pytest
 import typer.main
 
 from mncloud.cli import app
-from mncloud.cli.options import JOB, MARKET, job_options
+from mncloud.cli.options import JOB, MARKET, job_options, launch_options_from
 from mncloud.options import (
     JOB_FIELDS,
     MAX_NODES,
@@ -164,6 +164,38 @@ def test_nodes_is_followed_by_name_from_the_flag_to_the_template() -> None:
     assert entries["num_nodes"] == "spec.nodes"
     template = (MNCLOUD / "templates" / "task.yaml.j2").read_text()
     assert "num_nodes: {{ num_nodes | yaml }}" in template
+
+
+def test_the_launch_options_are_built_field_by_field_from_the_parameters() -> None:
+    """`launch_options_from` names every `LaunchOptions` field once, each from the parameter
+    of its name (no `**dict`), and a value said for each arrives in its field."""
+    from mncloud.launchoptions import LaunchOptions
+
+    builder = _function(MNCLOUD / "cli" / "values.py", "launch_options_from")
+    call = _call(builder, "LaunchOptions")
+    assert not call.args
+    assert sorted(k.arg or "**" for k in call.keywords) == sorted(LaunchOptions.model_fields)
+    for keyword in call.keywords:
+        assert ast.unparse(keyword.value).startswith(f"said({keyword.arg!r}"), keyword.arg
+    said: dict[str, Any] = {
+        "hours": 5.0,
+        "learn": True,
+        "hazards_from": [Path("t.csv")],
+        "minimize": "time",
+        "recompute": "full",
+        "template": Path("t.j2"),
+        "cluster": True,
+        "recovery_delay": "30s",
+        "chaos_preempt_after": "1m",
+    }
+    numbers = set(LaunchOptions.model_fields) - set(said)
+    options = launch_options_from({**said, **{name: 7 for name in numbers}, "yes": True})
+    assert {name: getattr(options, name) for name in numbers} == dict.fromkeys(numbers, 7)
+    assert (options.hours, options.learn, options.hazards_from) == (5.0, True, (Path("t.csv"),))
+    assert (options.minimize.value, options.recompute, options.cluster) == ("time", "full", True)
+    assert (options.template, options.recovery_delay, options.chaos_preempt_after) == (
+        Path("t.j2"), 30.0, 60.0)  # fmt: skip
+    assert launch_options_from({}) == LaunchOptions()  # a parameter not said: its default
 
 
 def _bounds(metadata: list[Any]) -> dict[str, Any]:

@@ -16,6 +16,7 @@ Help is plain text (`rich_markup_mode=None`): help strings are never parsed as m
     doctor.py, chaos.py, control.py, ui.py   `doctor`, `chaos`, `control`, `ui`
     options.py, params.py, values.py   every option declared once, option groups and help
                          panels, option values turned into the core's models
+    job_options.py       the job's options (everything a JobSpec is built from)
     _common.py           console output, JSON, one-line errors
 """
 

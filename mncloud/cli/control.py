@@ -45,7 +45,8 @@ log = logging.getLogger("mncloud.control")
 
 if TYPE_CHECKING:
     from mncloud.control import ControlState
-    from mncloud.spec import DeadlineOptions, JobSpec, LaunchOptions
+    from mncloud.launchoptions import DeadlineOptions, LaunchOptions
+    from mncloud.spec import JobSpec
 
 
 def register(app: typer.Typer) -> None:

@@ -14,8 +14,9 @@ from mncloud.options import MAX_HOURS
 if TYPE_CHECKING:
     from mncloud.backends.base import RunStatus
     from mncloud.launch import Existing
+    from mncloud.launchoptions import LaunchOptions
     from mncloud.plan import Plan
-    from mncloud.spec import JobSpec, LaunchOptions
+    from mncloud.spec import JobSpec
 
 
 def register(app: typer.Typer) -> None:

@@ -16,8 +16,11 @@ from mncloud.errors import SpecError
 from mncloud.options import MAX_HOURS
 
 if TYPE_CHECKING:
+    from pydantic import BaseModel
+
+    from mncloud.launchoptions import DeadlineOptions, LaunchOptions
     from mncloud.options import JobOptions
-    from mncloud.spec import DeadlineOptions, JobSpec, LaunchOptions
+    from mncloud.spec import JobSpec
 
 
 _DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", re.ASCII)
@@ -47,7 +50,7 @@ def deadline_seconds(text: str | None) -> float | None:
 
 def deadline_options(values: dict[str, Any]) -> DeadlineOptions:
     """The numbers beside `--deadline` in a command's parameters, checked (`DeadlineOptions`)."""
-    from mncloud.spec import DeadlineOptions
+    from mncloud.launchoptions import DeadlineOptions
 
     return DeadlineOptions.build(
         **{k: values.get(k) for k in DeadlineOptions.model_fields if values.get(k) is not None}
@@ -55,25 +58,63 @@ def deadline_options(values: dict[str, Any]) -> DeadlineOptions:
 
 
 def launch_options_from(values: dict[str, Any]) -> LaunchOptions:
-    """The LaunchOptions from a command's parameters (its `locals()`); absent ones default."""
+    """The LaunchOptions from a command's parameters (its `locals()`), field by field, one
+    concern at a time: each field from the parameter of its name; one the command lacks or
+    left None keeps the field's declared default (`_said`)."""
     from pydantic import ValidationError
 
     from mncloud.errors import first_error
-    from mncloud.spec import LaunchOptions
+    from mncloud.launchoptions import LaunchOptions
 
-    fields = dict(values)
-    for name, flag in (
-        ("recovery_delay", "--provision-delay"),
-        ("chaos_preempt_after", "--chaos-preempt-after"),
-    ):
-        if isinstance(fields.get(name), str):
-            fields[name] = parse_duration(fields[name], flag)
-    fields.pop("retry_on_error", None)  # deprecated: `retry_alias` made it --max-restarts
-    known = {k: v for k, v in fields.items() if k in LaunchOptions.model_fields and v is not None}
+    said = _said(values, LaunchOptions)
     try:
-        return LaunchOptions(**known)
+        return LaunchOptions(
+            # PlanOptions: the work, budgets and the cost model's inputs (the PLANNING group).
+            hours=said("hours"),
+            max_cost=said("max_cost"),
+            preemption_rate=said("preemption_rate"),
+            learn=said("learn"),
+            recovery_minutes=said("recovery_minutes"),
+            ckpt_seconds=said("ckpt_seconds"),
+            hazards_from=said("hazards_from"),
+            steps=said("steps"),
+            minimize=said("minimize"),
+            params=said("params"),
+            flops_per_step=said("flops_per_step"),
+            tokens_per_step=said("tokens_per_step"),
+            seq_len=said("seq_len"),
+            layers=said("layers"),
+            hidden=said("hidden"),
+            recompute=said("recompute"),
+            micro_batches=said("micro_batches"),
+            grad_bytes=said("grad_bytes"),
+            # RenderOptions: the template and a `--cluster` (the JOB and CLUSTER groups).
+            template=said("template"),
+            cluster=said("cluster"),
+            idle_minutes=said("idle_minutes"),
+            # RehearsalOptions: what the local backend models (the LOCAL group).
+            recovery_delay=said("recovery_delay", "--provision-delay"),
+            chaos_preempt_after=said("chaos_preempt_after", "--chaos-preempt-after"),
+            hourly_price=said("hourly_price"),
+        )
     except ValidationError as err:
         raise SpecError(first_error(err)) from None
+
+
+def _said(values: dict[str, Any], model: type[BaseModel]) -> Callable[..., Any]:
+    """`said(name)`: the parameter `name` of a command, or the default `model` declares for
+    its field where the command has none or it is None; `said(name, flag)` reads a duration
+    (`30s`, `5m`) first."""
+
+    def said(name: str, flag: str | None = None) -> Any:
+        value = values.get(name)
+        if flag is not None and isinstance(value, str):
+            value = parse_duration(value, flag)
+        if value is None:
+            return model.model_fields[name].get_default(call_default_factory=True)
+        return value
+
+    return said
 
 
 def job_options(values: dict[str, Any]) -> JobOptions:

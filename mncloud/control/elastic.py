@@ -81,14 +81,14 @@ def grows(ctl: Steering) -> bool:
 def resize(ctl: Steering, tick: int) -> None:
     """Stop the live spot launch so that the policy's spot launch, this same tick, runs on the
     nodes on offer: locally a shrink is the trace's preemption (no notice, as a cloud's); else
-    a stop with a notice (every rank saves the step it reached), then `down` (`_take_down`)."""
+    a stop with a notice (every rank saves the step it reached), then `down` (`take_down`)."""
     st = ctl.state
     before, now = st.nodes_live, st.nodes_offered
     why = f"{'growing' if (now or 0) > (before or 0) else 'shrinking'} from {before} to {now} nodes"
     if (now or 0) < (before or 0) and not ctl.course.keeps_spot_request:
-        ctl._preempted(tick)
+        ctl.preempted(tick)
     else:
-        ctl._take_down(f"elastic: {why}: spot offers {now}")
+        ctl.take_down(f"elastic: {why}: spot offers {now}")
     st.mode, st.phase, st.grow_after_step = Mode.NONE, "waiting", None
 
 

@@ -194,7 +194,7 @@ class Controller:
         elastic.observe(self, tick, status, now)
         if st.mode is Mode.SPOT and (not spot_here or self._held_after_loss(status)):
             waited = status is not None and status.state in (RunState.PENDING, RunState.STARTING)
-            self._preempted(tick, recorded=followed, ran=not waited)
+            self.preempted(tick, recorded=followed, ran=not waited)
         elif elastic.shrinks(self) or elastic.grows(self):
             elastic.resize(self, tick)  # the decision below launches on the nodes offered
         elif st.mode is Mode.NONE and st.market is Mode.SPOT and spot_here:
@@ -221,7 +221,7 @@ class Controller:
             reason = decision_reason(choice, obs, slack, job.gap_seconds)
         st.work_hours, st.hours_left = work * job.gap_seconds / 3600, slack.time_left * job.hours(1)
         st.slack_hours = slack.slack * job.hours(1)
-        self._refresh_costs()
+        self.refresh_costs()
         budget = st.config.budget
         spent = st.cost + st.spent_before
         tick_cost = self.course.price(st, choice, self.course.place_of(st, choice)) * job.hours(1)
@@ -239,9 +239,9 @@ class Controller:
         self._apply(choice, tick, reason, decision)
         if st.mode is not Mode.NONE and overhead_left == 0 and running:
             st.model_work_ticks += 1
-        self._decided(decision)
+        self.decided(decision)
 
-    def _decided(self, decision: Decision) -> None:
+    def decided(self, decision: Decision) -> None:
         st = self.state
         st.last_tick = max(st.last_tick, decision.tick)
         log.info("tick %d: %s (%s); work %.2f h, slack %.2f h", decision.tick,
@@ -255,14 +255,14 @@ class Controller:
         decision.place = self.course.place_name(where)
         if choice is Mode.SPOT and st.market is Mode.SPOT and where not in (None, st.place):
             self._journal(choice, tick, reason, decision, where)  # a move to spot elsewhere
-            self._take_down(f"moving to spot in {decision.place}: {reason}")
-            self._launch(choice, tick, reason)
+            self.take_down(f"moving to spot in {decision.place}: {reason}")
+            self.launch(choice, tick, reason)
             return
         if choice is st.mode:
             return
         if choice is Mode.NONE:
             if st.market is not Mode.NONE and not (st.market is Mode.SPOT and st.mode is Mode.NONE):
-                self._take_down(f"waiting: {reason}")
+                self.take_down(f"waiting: {reason}")
             st.mode, st.phase = Mode.NONE, "waiting"
             return
         if choice is Mode.SPOT and st.market is Mode.SPOT:
@@ -270,8 +270,8 @@ class Controller:
             return
         self._journal(choice, tick, reason, decision, where)
         if st.market is not Mode.NONE:
-            self._take_down(f"switching to {choice.value}: {reason}")
-        self._launch(choice, tick, reason)
+            self.take_down(f"switching to {choice.value}: {reason}")
+        self.launch(choice, tick, reason)
 
     def _journal(
         self, mode: Mode, tick: int, reason: str, decision: Decision, place: int | None
@@ -290,11 +290,12 @@ class Controller:
             st.launching = None  # never sent: nothing for a restart to finish
             raise
 
-    def _launch(self, mode: Mode, tick: int, reason: str, *, again: bool = False) -> None:
+    def launch(self, mode: Mode, tick: int, reason: str, *, again: bool = False) -> None:
         """Launch the spec in `mode` (`again`: after a launch cut short by a crash)."""
         from mncloud.control.pacing import off_the_clock
         from mncloud.launch import Existing
-        from mncloud.spec import JobSpec, LaunchOptions, Recovery, SpotPolicy
+        from mncloud.launchoptions import LaunchOptions
+        from mncloud.spec import JobSpec, Recovery, SpotPolicy
 
         st, cfg = self.state, self.state.config
         from mncloud.control.elastic import launch_nodes
@@ -334,9 +335,9 @@ class Controller:
             "instance_type": choice.instance_type if choice else launched.status.instance_type,
         }
         ckpt_uri = launched.status.ckpt_uri
-        self._launched(LaunchMade(mode, tick, reason, launched.run_id, ckpt_uri, placement))
+        self.launched(LaunchMade(mode, tick, reason, launched.run_id, ckpt_uri, placement))
 
-    def _launched(self, made: LaunchMade) -> None:
+    def launched(self, made: LaunchMade) -> None:
         """Record a launch made (or found made, after a crash): once."""
         made = self.course.placed(self.state, made, self.backend.runs_here)
         mode, tick, reason = made.mode, made.tick, made.reason
@@ -352,7 +353,7 @@ class Controller:
         from mncloud.control.recovery import has_launch_event
 
         if not has_launch_event(run_id):
-            self._event(
+            self.event(
                 "launch",
                 f"deadline controller: {'switch to ' if switched else ''}{mode.value}: {reason}",
                 spot=mode is Mode.SPOT,
@@ -367,7 +368,7 @@ class Controller:
         st.launching = None
         save_state(st)
 
-    def _take_down(self, why: str, notice_s: float | None = None) -> None:
+    def take_down(self, why: str, notice_s: float | None = None) -> None:
         """Stop the live launch (checkpoints stay), after a preemption notice; a cloud launch
         gets its closing event."""
         from mncloud.control.pacing import off_the_clock
@@ -376,13 +377,13 @@ class Controller:
         st.closing = why
         save_state(st)
         with off_the_clock(st, self.clock):  # paced: the notice and teardown take no run time
-            self._down(self.stop_notice_s() if notice_s is None else notice_s)
+            self.down(self.stop_notice_s() if notice_s is None else notice_s)
         if not self.backend.records_own_events:  # else the backend records its own end
-            self._event("finish", f"deadline controller: {why}")
+            self.event("finish", f"deadline controller: {why}")
         st.market, st.closing = Mode.NONE, None
         save_state(st)
 
-    def _down(self, notice_s: float) -> None:
+    def down(self, notice_s: float) -> None:
         """`down` the run after a preemption notice of `notice_s` wall seconds (a cloud run's
         through its bucket: see `backends/skypilot/notice.py`)."""
         self.backend.down(self.state.name, notice_s=notice_s, by="the deadline controller")
@@ -416,7 +417,7 @@ class Controller:
             and status.state is RunState.RECOVERING
         )
 
-    def _preempted(self, tick: int, *, recorded: bool = False, ran: bool = True) -> None:
+    def preempted(self, tick: int, *, recorded: bool = False, ran: bool = True) -> None:
         """Spot is gone for the live launch; `recorded`: its ledger follows the queue, which
         said whether (and when) VMs it had were preempted (`billing.py`); `ran`: it had
         started (a job that waited for capacity and never ran was preempted from nothing:
@@ -431,7 +432,7 @@ class Controller:
         with off_the_clock(st, self.clock):  # paced: the teardown takes no run time
             self.course.lose_spot(st.name, self.backend)
         if not self.backend.records_own_events and not recorded:
-            self._event(
+            self.event(
                 "preemption" if ran else "waiting",
                 "deadline controller: spot capacity for the nodes is gone",
             )
@@ -446,11 +447,11 @@ class Controller:
                 notice = self.stop_notice_s(budget_left)
             else:  # `mncloud down`: the notice it asked for
                 notice = float((stop_requested(st.name) or {}).get("notice_s", DOWN_NOTICE_S))
-            self._take_down(why, notice)
+            self.take_down(why, notice)
         step = checkpoint_step(st)
         kept = f"; newest complete checkpoint step {step} kept" if step is not None else ""
         st.phase, st.mode, st.detail = "stopped", Mode.NONE, f"{why}{kept}"
-        self._refresh_costs()
+        self.refresh_costs()
 
     # -------------------------------------------------------------- recovery
     def _recover(self) -> None:
@@ -459,7 +460,7 @@ class Controller:
 
         recover(self)
 
-    def _event(self, kind: Any, detail: str, **placement: Any) -> None:
+    def event(self, kind: Any, detail: str, **placement: Any) -> None:
         from mncloud.records.store import append_event
 
         append_event(self.state.name, kind, detail=detail, at=self.clock.time(), **placement)
@@ -488,7 +489,7 @@ class Controller:
             work = int(step * rate * st.config.time_scale // job.gap_seconds)
         return max(0, min(work, job.work_ticks - 1))
 
-    def _refresh_costs(self) -> None:
+    def refresh_costs(self) -> None:
         """Spot and on-demand cost so far: the ledgers of every launch's run record."""
         from mncloud.control.billing import refresh_costs
 

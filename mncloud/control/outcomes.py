@@ -180,7 +180,7 @@ def _close(ctl: Steering, status: RunStatus) -> None:
     """The live launch is over and the run goes on: nothing runs until the next decision."""
     st = ctl.state
     if not ctl.backend.records_own_events:  # else the backend records its own end
-        ctl._event("failure", f"deadline controller: the launch ended: {status.detail}")
+        ctl.event("failure", f"deadline controller: the launch ended: {status.detail}")
     st.market = st.mode = Mode.NONE
     st.phase = "waiting"
 
@@ -188,7 +188,7 @@ def _close(ctl: Steering, status: RunStatus) -> None:
 def _end(ctl: Steering, phase: str, detail: str) -> None:
     st = ctl.state
     st.phase, st.market, st.mode, st.detail = phase, Mode.NONE, Mode.NONE, detail
-    ctl._refresh_costs()
+    ctl.refresh_costs()
 
 
 def _finished(ctl: Steering) -> None:
@@ -205,4 +205,4 @@ def _finished(ctl: Steering) -> None:
         f"${st.on_demand_cost:,.2f})"
     )
     if not ctl.backend.records_own_events:
-        ctl._event("finish", f"deadline controller: {st.detail}")
+        ctl.event("finish", f"deadline controller: {st.detail}")

@@ -55,7 +55,7 @@ def recover(ctl: Steering) -> None:
                  "; ".join(restored))  # fmt: skip
     if st.closing is not None:
         log.info("resuming: the launch was being taken down (%s); again", st.closing)
-        ctl._down(0.0 if st.mode is Mode.NONE else ctl.stop_notice_s())
+        ctl.down(0.0 if st.mode is Mode.NONE else ctl.stop_notice_s())
         st.market, st.closing = Mode.NONE, None
         save_state(st)
     pending = st.launching
@@ -70,14 +70,14 @@ def recover(ctl: Steering) -> None:
         placement["hourly_price"] = choice.get("hourly_total")
         ckpt_uri = record.ckpt_uri if record is not None else None
         made = LaunchMade(pending.mode, pending.tick, pending.reason, run_id, ckpt_uri, placement)
-        ctl._launched(made)
+        ctl.launched(made)
     else:
         log.info("resuming: the launch of tick %d was not made; launching", pending.tick)
         if st.market is not Mode.NONE:
-            ctl._take_down(f"switching to {pending.mode.value}: {pending.reason}")
+            ctl.take_down(f"switching to {pending.mode.value}: {pending.reason}")
         _clear_half_launch(ctl)
-        ctl._launch(pending.mode, pending.tick, pending.reason, again=True)
-    ctl._decided(pending.decision)
+        ctl.launch(pending.mode, pending.tick, pending.reason, again=True)
+    ctl.decided(pending.decision)
     save_state(st)
 
 

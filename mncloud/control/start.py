@@ -58,7 +58,8 @@ from mncloud.spec import DEFAULT_RECOVERY_MINUTES
 
 if TYPE_CHECKING:
     from mncloud.backends.base import ControllerHost
-    from mncloud.spec import JobSpec, LaunchOptions
+    from mncloud.launchoptions import LaunchOptions
+    from mncloud.spec import JobSpec
 
 #: Clouds: one decision every 5 minutes of run time.
 DECISION_INTERVAL_S = 300

@@ -16,6 +16,7 @@ from pydantic import (
 
 from mncloud.catalog import Exclusion
 from mncloud.errors import SpecError, first_error
+from mncloud.launchoptions import PlanOptions
 from mncloud.plan.costmodel import (
     DEFAULT_CKPT_SECONDS,
     DEFAULT_HEAL_MINUTES,
@@ -35,7 +36,6 @@ from mncloud.spec import (
     NetworkTier,
     NodeCount,
     Parallel,
-    PlanOptions,
     Recovery,
     SpotPolicy,
     canonical_cloud,

@@ -43,8 +43,9 @@ from mncloud.redact import spec_redactor
 from mncloud.storage import write_atomic
 
 if TYPE_CHECKING:
+    from mncloud.launchoptions import LaunchOptions
     from mncloud.render import RenderedTask
-    from mncloud.spec import JobSpec, LaunchOptions
+    from mncloud.spec import JobSpec
 
 log = logging.getLogger(__name__)
 
