@@ -304,7 +304,7 @@ def test_the_profile_of_a_sharded_script_reports_memory_per_gpu_sharded() -> Non
     """`mncloud profile` of the FSDP example learns from `parallelize` that it shards: on 2
     nodes × 4 GPUs each GPU holds an eighth of the weights, gradients and optimizer state
     (a node's quarter under hsdp), plus the activations; the same script run as ddp holds a
-    whole replica."""
+    whole replica; `--meta` counts the same."""
     from mncloud.cli import app
     from mncloud.plan.profile import StepProfile, find
     from tests.test_local import runner
@@ -328,6 +328,17 @@ def test_the_profile_of_a_sharded_script_reports_memory_per_gpu_sharded() -> Non
     whole = ddp.weight_bytes + ddp.grad_bytes + ddp.optimizer_bytes + ddp.activation_bytes
     shown = f"memory per GPU on 2 node(s) × 4 GPUs: {whole / 2**30:,.3g} GiB (ddp: a whole"
     assert shown in text, text
+
+    # --meta (fake parameters: `model.to(device)` swaps them, the checkpoint's staging is not
+    # warmed) counts the same model: the same work and state, sharded the same way.
+    meta_run = runner.invoke(app, ["profile", "--meta", str(EXAMPLE), *sized, "--json", "--",
+                                   *SMALL])  # fmt: skip
+    assert meta_run.exit_code == 0, meta_run.output
+    meta = json.loads(meta_run.stdout)
+    assert meta["meta"] and meta["parallel"] == "fsdp"
+    for key in ("flops_per_step", "weight_bytes", "grad_bytes", "optimizer_bytes"):
+        assert meta[key] == fsdp[key], key
+    assert meta["memory_per_gpu_bytes"] == pytest.approx(state / 8 + meta["activation_bytes"])
 
 
 # --------------------------------------------------------------------------- slow
