@@ -30,12 +30,12 @@ from dataclasses import dataclass
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from mncloud.deadline.policy import DEFAULT_POLICY, Job, make_policy
+from mncloud.deadline.policy import DEFAULT_POLICY, Job, make_policy, smaller_world_breakeven
 from mncloud.deadline.replay import replay
 from mncloud.errors import CatalogError, SpecError
 from mncloud.plan import Candidate, Plan
 from mncloud.plan.hazards import MEAN_SPOT_GAP_HOURS
-from mncloud.spec import SpotPolicy
+from mncloud.spec import MIN_NODES, SpotPolicy, min_nodes_error
 
 #: Availability windows per hazard: the Monte Carlo sample (standard error ≈ 1–2% of the cost).
 WINDOWS = 200
@@ -194,6 +194,56 @@ class PlaceEstimate(BaseModel):
         )
 
 
+class ElasticRide(BaseModel):
+    """`--min-nodes K`: what riding a spot shortfall on K < N nodes is worth, by the rule the
+    controller follows (`policy.smaller_world_pays`) over this model's mean gap. Not yet in the
+    figures per place: the replay's availability is all N nodes or none."""
+
+    model_config = ConfigDict(frozen=True)
+
+    min_nodes: int
+    nodes: int
+    breakeven_hours: float
+    """A shortfall must be expected to last longer than this for K nodes to pay."""
+    mean_gap_hours: float
+    pays: bool
+    """Whether the model's mean gap outlasts the break-even (the controller trains on K)."""
+    work_hours_per_gap: float
+    """N-node hours of work done over a mean gap on K nodes (after its relaunch), which the
+    gang waits out without progress."""
+
+    def line(self) -> str:
+        """One sentence for the plan's output."""
+        head = (
+            f"--min-nodes {self.min_nodes}: a shortfall of spot rides on {self.min_nodes} of "
+            f"{self.nodes} nodes (slower steps, the same cost per unit of work) once it is "
+            f"expected to outlast {self.breakeven_hours:.2f} h"
+        )
+        if not self.pays:
+            return f"{head}; the mean gap, {self.mean_gap_hours:g} h, is shorter: the gang waits."
+        return (
+            f"{head}; over the mean gap of {self.mean_gap_hours:g} h it trains "
+            f"{self.work_hours_per_gap:.2f} h of the {self.nodes}-node work the gang would wait "
+            "out. Not yet in the figures above (their spot is all nodes or none)."
+        )
+
+
+def elastic_ride(
+    job: Job, min_nodes: int, mean_gap_hours: float = MEAN_SPOT_GAP_HOURS
+) -> ElasticRide:
+    """What `--min-nodes` is worth over the model's mean gap (SpecError when out of range)."""
+    if not MIN_NODES <= min_nodes <= job.nodes:
+        raise SpecError(min_nodes_error(min_nodes, job.nodes))
+    breakeven = job.hours(1) * smaller_world_breakeven(job, min_nodes)
+    overhead = job.hours(job.overhead_ticks)
+    pays = min_nodes < job.nodes and mean_gap_hours > breakeven
+    work = max(0.0, mean_gap_hours - overhead) * min_nodes / job.nodes if pays else 0.0
+    return ElasticRide(
+        min_nodes=min_nodes, nodes=job.nodes, breakeven_hours=breakeven,
+        mean_gap_hours=mean_gap_hours, pays=pays, work_hours_per_gap=work,
+    )  # fmt: skip
+
+
 class DeadlineReport(BaseModel):
     """Every place of a plan under a deadline, cheapest expected cost first."""
 
@@ -211,6 +261,8 @@ class DeadlineReport(BaseModel):
     places: list[PlaceEstimate]
     choice: PlaceEstimate
     """The place of the plan's choice."""
+    elastic: ElasticRide | None = None
+    """`--min-nodes`: what riding a shortfall on fewer nodes is worth (None: the gang waits)."""
 
     @property
     def cheapest(self) -> PlaceEstimate:
@@ -238,9 +290,10 @@ def estimate_deadline(
     budget: float | None = None,
     policy: str = DEFAULT_POLICY,
     windows: int = WINDOWS,
+    min_nodes: int | None = None,
 ) -> DeadlineReport:
-    """The deadline figures of every place in the plan; SpecError on a deadline too short or a
-    budget below the least expected cost (naming it)."""
+    """The deadline figures of every place in the plan (and what `min_nodes` is worth);
+    SpecError on a deadline too short or a budget below the least expected cost (naming it)."""
     request = plan.request
     if request.spot is not SpotPolicy.EITHER:
         raise SpecError("--deadline mixes spot and on-demand: drop --spot / --on-demand")
@@ -253,6 +306,7 @@ def estimate_deadline(
         recovery_minutes=request.recovery_minutes,
     )
     make_policy(policy, job)  # SpecError naming the choices
+    elastic = None if min_nodes is None else elastic_ride(job, min_nodes)
     cache: dict[float, MarketHours] = {}
     places = sorted(
         (_place(job, spot, od, policy, windows, cache) for spot, od in pairs(plan.candidates)),
@@ -272,6 +326,7 @@ def estimate_deadline(
         budget=budget,
         places=places,
         choice=choice,
+        elastic=elastic,
     )
     if budget is not None and budget < report.cheapest.expected_cost:
         raise SpecError(
