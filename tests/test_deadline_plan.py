@@ -13,8 +13,8 @@ from typer.testing import CliRunner
 
 from mncloud.cli import plan as plan_cli
 from mncloud.deadline import pricing as deadline
-from mncloud.deadline.policy import POLICIES, Job, make_policy
-from mncloud.deadline.replay import replay
+from mncloud.deadline.policy import POLICIES, Job, Mode, make_policy
+from mncloud.deadline.replay import Result, replay
 from mncloud.errors import SpecError
 from mncloud.plan import hazards
 from tests.test_plan_cli import _app  # `plan` alone, called the way users call it
@@ -222,6 +222,28 @@ def test_min_nodes_rides_a_gap_longer_than_the_controller_s_break_even() -> None
         deadline.elastic_ride(job, 5)
 
 
+def test_the_replay_rides_a_gap_on_min_nodes_as_the_controller_would() -> None:
+    """4 nodes, 2 h of work (24 ticks), 2-tick launches; the gang's spot for 10 ticks, gone
+    for 30, back. The gang waits the gap out: done at tick 10 + 30 + 2 + 16 = 58. On 2 nodes
+    the gap (the first: without end, as far as anyone knows) is ridden: a launch (2 ticks),
+    then half a tick's work a tick, 14 in all; back on 4 at tick 40, done at 44, billed 15
+    gang-ticks more for the ride. A first gap of 2 ticks makes the next one not worth riding."""
+    job = deadline.deadline_job(nodes=4, hours=2, deadline_s=10 * 3600, recovery_minutes=10)
+    row = np.array([True] * 10 + [False] * 30 + [True] * 200)
+
+    def run(available: np.ndarray, k: int | None) -> Result:
+        return replay(make_policy(deadline.DEFAULT_POLICY, job), available, 0, min_nodes=k)
+
+    gang, two = run(row, None), run(row, 2)
+    assert gang.finished_hours == pytest.approx(job.hours(58)) and gang.idle_hours == job.hours(30)
+    assert two.finished_hours == pytest.approx(job.hours(44)) and two.idle_hours == 0
+    assert two.spot_hours == pytest.approx(job.hours(10 + 4) + job.hours(30) / 2)
+    assert two.cost == pytest.approx(29 * job.tick_cost(Mode.SPOT))
+    assert run(row, 4).to_json() == gang.to_json()  # --min-nodes = --nodes: the gang
+    short_first = np.array([True] * 5 + [False] * 2 + [True] * 5 + [False] * 30 + [True] * 200)
+    assert run(short_first, 2).idle_hours == job.hours(30)  # the 30-tick gap: waited out
+
+
 @pytest.mark.catalog
 def test_plan_deadline_with_min_nodes_says_what_riding_a_gap_is_worth() -> None:
     code, out, err = _run(*ARGS, "--nodes", "4", "--min-nodes", "2", "--top", "1")
@@ -233,7 +255,11 @@ def test_plan_deadline_with_min_nodes_says_what_riding_a_gap_is_worth() -> None:
     assert code == 0, err
     elastic = json.loads(out)["deadline"]["elastic"]
     assert (elastic["min_nodes"], elastic["nodes"], elastic["pays"]) == (2, 4, True)
-    assert json.loads(_run(*ARGS, "--top", "1", "--json")[1])["deadline"]["elastic"] is None
+    gang = json.loads(_run(*ARGS, "--nodes", "4", "--top", "1", "--json")[1])["deadline"]
+    assert gang["elastic"] is None
+    ridden = json.loads(out)["deadline"]["choice"]  # gaps ridden on 2 nodes: less on-demand
+    assert ridden["on_demand_hours"] < gang["choice"]["on_demand_hours"]
+    assert ridden["expected_cost"] < gang["choice"]["expected_cost"]
 
 
 @pytest.mark.catalog

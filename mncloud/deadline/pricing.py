@@ -120,11 +120,14 @@ class MarketHours(BaseModel):
     """Fraction of windows in which spot alone finished by the deadline."""
 
 
-def market_hours(job: Job, job_hazard: float, policy: str, windows: int = WINDOWS) -> MarketHours:
-    """Replay `policy` over `windows` sampled windows; spot-only over the same windows."""
+def market_hours(
+    job: Job, job_hazard: float, policy: str, windows: int = WINDOWS, min_nodes: int | None = None
+) -> MarketHours:
+    """Replay `policy` (riding gaps on `min_nodes`: `replay._Ride`) over `windows` sampled
+    windows; spot-only over the same windows."""
     long = 4 * job.deadline_ticks  # spot alone may take far longer than the deadline
     available = Availability(job_hazard).sample(windows, long, job.gap_seconds)
-    results = [replay(make_policy(policy, job), row, 0) for row in available]
+    results = [replay(make_policy(policy, job), row, 0, min_nodes=min_nodes) for row in available]
     alone = [_spot_only(job, row) for row in available]
     return MarketHours(
         spot_hours=float(np.mean([r.spot_hours for r in results])),
@@ -196,8 +199,8 @@ class PlaceEstimate(BaseModel):
 
 class ElasticRide(BaseModel):
     """`--min-nodes K`: what riding a spot shortfall on K < N nodes is worth, by the rule the
-    controller follows (`policy.smaller_world_pays`) over this model's mean gap. Not yet in the
-    figures per place: the replay's availability is all N nodes or none."""
+    controller follows (`policy.smaller_world_pays`) over this model's mean gap. The figures
+    per place include it (`replay._Ride`: each gap taken as a dip to K nodes, an upper bound)."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -224,7 +227,8 @@ class ElasticRide(BaseModel):
         return (
             f"{head}; over the mean gap of {self.mean_gap_hours:g} h it trains "
             f"{self.work_hours_per_gap:.2f} h of the {self.nodes}-node work the gang would wait "
-            "out. Not yet in the figures above (their spot is all nodes or none)."
+            f"out. The figures above include it, each gap taken as a dip to {self.min_nodes} "
+            "nodes (an upper bound: a gap may leave fewer)."
         )
 
 
@@ -309,7 +313,10 @@ def estimate_deadline(
     elastic = None if min_nodes is None else elastic_ride(job, min_nodes)
     cache: dict[float, MarketHours] = {}
     places = sorted(
-        (_place(job, spot, od, policy, windows, cache) for spot, od in pairs(plan.candidates)),
+        (
+            _place(job, spot, od, policy, windows, cache, min_nodes)
+            for spot, od in pairs(plan.candidates)
+        ),
         key=lambda p: (round(p.expected_cost, 9), p.on_demand_cost),
     )
     choice = next(p for p in places if p.is_at(plan.choice))
@@ -381,6 +388,7 @@ def _place(
     policy: str,
     windows: int,
     cache: dict[float, MarketHours],
+    min_nodes: int | None = None,
 ) -> PlaceEstimate:
     """One place's figures: the cached hours per market, priced at the place's offers."""
     here = spot or od
@@ -406,7 +414,7 @@ def _place(
         )
     gang = round(job.nodes * spot.preemption_rate, 6)
     if gang not in cache:
-        cache[gang] = market_hours(job, gang, policy, windows)
+        cache[gang] = market_hours(job, gang, policy, windows, min_nodes)
     h = cache[gang]
     return PlaceEstimate(
         cloud=here.cloud,
