@@ -40,6 +40,14 @@ PREEMPTED_EXIT_CODE = 115  # distinct from torchrun (1), signals (128+N) and the
 # File a rank creates when it stopped for a preemption notice; run.sh.j2 sets its path per node.
 PREEMPT_MARKER_ENV = "MNCLOUD_PREEMPT_MARKER"
 
+# Exit code of a node whose script refused its input (`mncloud.train.ModelMismatch`: a
+# checkpoint another model wrote): the same input would be refused again, so the local
+# supervisor and the deadline controller end the run instead of retrying it.
+REFUSED_EXIT_CODE = 116
+# File a rank writes its one-line refusal into; run.sh.j2 sets its path per node (the local
+# backend names it, to read the line back) and exits REFUSED_EXIT_CODE when it exists.
+REFUSED_MARKER_ENV = "MNCLOUD_REFUSED_MARKER"
+
 # Preemption notices (mncloud/train/preempt.py). Base URL of a metadata service to ask instead
 # of the cloud's own (tests, the local backend); it may carry a path prefix.
 METADATA_URL_ENV = "MNCLOUD_METADATA_URL"

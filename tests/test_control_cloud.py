@@ -420,7 +420,10 @@ def test_a_job_gone_from_the_queue_is_lost_only_after_several_looks(
     [
         ("CANCELLED", "stopped", "cancelled outside the controller"),
         ("CANCELLING", "stopped", "cancelled outside the controller"),
-        ("FAILED_PRECHECKS", "failed", "SkyPilot refused the launch"),
+        ("FAILED_PRECHECKS", "failed", "the launch was refused"),
+        # The script refused its input (a checkpoint another model wrote): SkyPilot names the
+        # nodes' exit codes; relaunching would refuse again.
+        ("FAILED", "failed", "the launch was refused"),
     ],
 )
 def test_ends_that_stop_the_run(
@@ -433,7 +436,12 @@ def test_ends_that_stop_the_run(
 ) -> None:
     run = Driver(_state(script, tmp_path))
     run.tick()
-    fake_sky.set_status(_named(fake_sky, "llm")[-1], S(status))
+    refusal = (
+        "Job exited with exit codes [116, 116] (user program failure)."
+        if status == "FAILED"
+        else None
+    )
+    fake_sky.set_status(_named(fake_sky, "llm")[-1], S(status), reason=refusal)
     run.tick(3)
     assert run.state.phase == phase and words in run.state.detail
     assert len(_launches(fake_sky)) == 1

@@ -13,8 +13,8 @@ from typer.testing import CliRunner
 
 from mncloud.cli import plan as plan_cli
 from mncloud.deadline import pricing as deadline
-from mncloud.deadline.policy import POLICIES, Job, make_policy
-from mncloud.deadline.replay import replay
+from mncloud.deadline.policy import POLICIES, Job, Mode, make_policy
+from mncloud.deadline.replay import Result, replay
 from mncloud.errors import SpecError
 from mncloud.plan import hazards
 from tests.test_plan_cli import _app  # `plan` alone, called the way users call it
@@ -188,6 +188,9 @@ def test_json_carries_the_deadline_figures_per_candidate() -> None:
         (("--budget", "900"), "--budget needs --deadline"),
         (("--deadline", "30h", "--spot"), "drop --spot / --on-demand"),
         (("--hazards-from", "/nonexistent.json"), "trace /nonexistent.json: no such file"),
+        (("--nodes", "4", "--min-nodes", "2"), "--min-nodes prices an elastic spot run by a"),
+        (("--deadline", "30h", "--nodes", "4", "--min-nodes", "5"), "--min-nodes 5: give a whole"),
+        (("--deadline", "30h", "--nodes", "4", "--min-nodes", "0"), "--min-nodes 0: give a whole"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(args: tuple[str, ...], message: str) -> None:
@@ -196,6 +199,67 @@ def test_bad_input_is_one_line_exit_2(args: tuple[str, ...], message: str) -> No
     assert out == ""
     assert err.startswith("error: ") and message in err, err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_min_nodes_rides_a_gap_longer_than_the_controller_s_break_even() -> None:
+    """The controller's rule (`smaller_world_breakeven`: o·(1 + N/k) ticks) over the model's
+    mean gap: 4 nodes, 10 min launches (2 ticks of 5 min). On 2 nodes a gap must outlast
+    6 ticks = 0.5 h; the mean gap (2.06 h) does, and on 2 of 4 nodes it trains (2.06 − 1/6)/2
+    h of the 4-node work; on 1 node the break-even is 10 ticks; a 0.4 h mean gap pays for
+    neither; --min-nodes equal to --nodes never rides."""
+    job = deadline.deadline_job(nodes=4, hours=20, deadline_s=30 * 3600, recovery_minutes=10)
+    two = deadline.elastic_ride(job, 2)
+    assert two.breakeven_hours == pytest.approx(0.5) and two.pays
+    assert two.work_hours_per_gap == pytest.approx((2.06 - 1 / 6) / 2)
+    one = deadline.elastic_ride(job, 1)
+    assert one.breakeven_hours == pytest.approx(10 / 12) and one.pays
+    assert one.work_hours_per_gap == pytest.approx((2.06 - 1 / 6) / 4)
+    short = deadline.elastic_ride(job, 2, mean_gap_hours=0.4)
+    assert not short.pays and short.work_hours_per_gap == 0
+    assert "the gang waits" in short.line()
+    assert not deadline.elastic_ride(job, 4).pays
+    with pytest.raises(SpecError, match="--min-nodes 5"):
+        deadline.elastic_ride(job, 5)
+
+
+def test_the_replay_rides_a_gap_on_min_nodes_as_the_controller_would() -> None:
+    """4 nodes, 2 h of work (24 ticks), 2-tick launches; the gang's spot for 10 ticks, gone
+    for 30, back. The gang waits the gap out: done at tick 10 + 30 + 2 + 16 = 58. On 2 nodes
+    the gap (the first: without end, as far as anyone knows) is ridden: a launch (2 ticks),
+    then half a tick's work a tick, 14 in all; back on 4 at tick 40, done at 44, billed 15
+    gang-ticks more for the ride. A first gap of 2 ticks makes the next one not worth riding."""
+    job = deadline.deadline_job(nodes=4, hours=2, deadline_s=10 * 3600, recovery_minutes=10)
+    row = np.array([True] * 10 + [False] * 30 + [True] * 200)
+
+    def run(available: np.ndarray, k: int | None) -> Result:
+        return replay(make_policy(deadline.DEFAULT_POLICY, job), available, 0, min_nodes=k)
+
+    gang, two = run(row, None), run(row, 2)
+    assert gang.finished_hours == pytest.approx(job.hours(58)) and gang.idle_hours == job.hours(30)
+    assert two.finished_hours == pytest.approx(job.hours(44)) and two.idle_hours == 0
+    assert two.spot_hours == pytest.approx(job.hours(10 + 4) + job.hours(30) / 2)
+    assert two.cost == pytest.approx(29 * job.tick_cost(Mode.SPOT))
+    assert run(row, 4).to_json() == gang.to_json()  # --min-nodes = --nodes: the gang
+    short_first = np.array([True] * 5 + [False] * 2 + [True] * 5 + [False] * 30 + [True] * 200)
+    assert run(short_first, 2).idle_hours == job.hours(30)  # the 30-tick gap: waited out
+
+
+@pytest.mark.catalog
+def test_plan_deadline_with_min_nodes_says_what_riding_a_gap_is_worth() -> None:
+    code, out, err = _run(*ARGS, "--nodes", "4", "--min-nodes", "2", "--top", "1")
+    assert code == 0, err
+    said = " ".join(out.split())
+    assert "--min-nodes 2: a shortfall of spot rides on 2 of 4 nodes" in said
+    assert "it trains 0.95 h of the 4-node work the gang would wait out" in said
+    code, out, err = _run(*ARGS, "--nodes", "4", "--min-nodes", "2", "--top", "1", "--json")
+    assert code == 0, err
+    elastic = json.loads(out)["deadline"]["elastic"]
+    assert (elastic["min_nodes"], elastic["nodes"], elastic["pays"]) == (2, 4, True)
+    gang = json.loads(_run(*ARGS, "--nodes", "4", "--top", "1", "--json")[1])["deadline"]
+    assert gang["elastic"] is None
+    ridden = json.loads(out)["deadline"]["choice"]  # gaps ridden on 2 nodes: less on-demand
+    assert ridden["on_demand_hours"] < gang["choice"]["on_demand_hours"]
+    assert ridden["expected_cost"] < gang["choice"]["expected_cost"]
 
 
 @pytest.mark.catalog

@@ -272,11 +272,39 @@ def test_the_first_load_refuses_another_model_and_writes_nothing(tmp_path: Path)
     assert _files(tmp_path / "ckpt") == before
 
 
+@pytest.mark.slow
+@pytest.mark.catalog
+def test_a_refusal_at_the_first_load_ends_the_run_without_a_retry() -> None:
+    """No profile, so `up --resume` launches; the script's first load refuses the checkpoint
+    (another model). The node exits REFUSED_EXIT_CODE and the supervisor ends the run failed
+    with the line at once, though `--max-restarts 2` would retry an error; nothing written."""
+    from mncloud import layout
+    from mncloud.backends.base import Failure, RunState
+    from mncloud.backends.local import LocalBackend
+    from tests.test_local import run_log, up, wait_final
+
+    folder = layout.local_ckpt_dir("refused")
+    _save_checkpoint(folder.as_uri(), ["--layers", "1", "--dim", "16"])
+    before = _files(folder)
+    up("refused", EXAMPLE, "--gpus", "cpu:1", "--max-restarts", "2", "--resume",
+       script_args=["--layers", "1", "--dim", "32", "--steps", "2"])  # fmt: skip
+    state = wait_final("refused")
+    assert state.state is RunState.FAILED and state.refused, run_log("refused")
+    assert (state.attempt, state.restarts, state.errors_retried) == (1, 0, 0)
+    line = "checkpoint step 4 was written by a different model: model.blocks.0.mlp.0.bias"
+    assert state.detail.startswith(f"failed: node 0: {line}"), state.detail
+    assert state.detail.endswith("(refused: not retried)"), state.detail
+    assert f"mncloud: refused (not retried): {line}" in run_log("refused")
+    status = LocalBackend().status("refused")
+    assert status.failure is Failure.REFUSED and line in status.detail
+    assert _files(folder) == before
+
+
 def test_the_profile_of_a_sharded_script_reports_memory_per_gpu_sharded() -> None:
     """`mncloud profile` of the FSDP example learns from `parallelize` that it shards: on 2
     nodes × 4 GPUs each GPU holds an eighth of the weights, gradients and optimizer state
     (a node's quarter under hsdp), plus the activations; the same script run as ddp holds a
-    whole replica."""
+    whole replica; `--meta` counts the same."""
     from mncloud.cli import app
     from mncloud.plan.profile import StepProfile, find
     from tests.test_local import runner
@@ -300,6 +328,17 @@ def test_the_profile_of_a_sharded_script_reports_memory_per_gpu_sharded() -> Non
     whole = ddp.weight_bytes + ddp.grad_bytes + ddp.optimizer_bytes + ddp.activation_bytes
     shown = f"memory per GPU on 2 node(s) × 4 GPUs: {whole / 2**30:,.3g} GiB (ddp: a whole"
     assert shown in text, text
+
+    # --meta (fake parameters: `model.to(device)` swaps them, the checkpoint's staging is not
+    # warmed) counts the same model: the same work and state, sharded the same way.
+    meta_run = runner.invoke(app, ["profile", "--meta", str(EXAMPLE), *sized, "--json", "--",
+                                   *SMALL])  # fmt: skip
+    assert meta_run.exit_code == 0, meta_run.output
+    meta = json.loads(meta_run.stdout)
+    assert meta["meta"] and meta["parallel"] == "fsdp"
+    for key in ("flops_per_step", "weight_bytes", "grad_bytes", "optimizer_bytes"):
+        assert meta[key] == fsdp[key], key
+    assert meta["memory_per_gpu_bytes"] == pytest.approx(state / 8 + meta["activation_bytes"])
 
 
 # --------------------------------------------------------------------------- slow

@@ -40,6 +40,7 @@ def plan_command(
     recovery: opts.Recovery = None,
     deadline: opts.Deadline = None,
     budget: opts.PlanBudget = None,
+    min_nodes: opts.MinNodes = None,
     top: Annotated[
         int | None,
         typer.Option(
@@ -80,20 +81,24 @@ def plan_command(
         _profile_first(script, values["script_args"])
     request = _with_plan_flags(_request(values, script, recovery), parallel, network)
     if deadline_s is not None:
-        from mncloud.deadline.pricing import deadline_job
+        from mncloud.deadline.pricing import deadline_job, elastic_ride
 
-        deadline_job(  # a deadline too short fails here, before the catalog is read
+        job = deadline_job(  # a deadline too short fails here, before the catalog is read
             nodes=request.nodes,
             hours=request.hours,
             deadline_s=deadline_s,
             recovery_minutes=request.recovery_minutes,
         )
+        if min_nodes is not None:
+            elastic_ride(job, min_nodes)  # so does a bad --min-nodes
+    elif min_nodes is not None:
+        raise opts.SpecError("--min-nodes prices an elastic spot run by a deadline: add --deadline")
     plan = make_plan(request)
     report = None
     if deadline_s is not None:
         from mncloud.deadline.pricing import estimate_deadline
 
-        report = estimate_deadline(plan, deadline_s, budget=budget)
+        report = estimate_deadline(plan, deadline_s, budget=budget, min_nodes=min_nodes)
     if as_json:
         print_json(plan_rows.json(plan, report, top))
         return
@@ -404,6 +409,8 @@ def show_deadline(report: DeadlineReport, *, top: int | None = None) -> None:
         highlight=False,
         style="dim",
     )
+    if report.elastic is not None:
+        console.print(report.elastic.line(), highlight=False, style="dim")
     warning = report.over_budget()
     if warning:
         console.print(f"warning: {warning}", style="yellow", highlight=False)

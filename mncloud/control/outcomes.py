@@ -18,7 +18,8 @@ The backend's status says how the live launch ended (`RunStatus.state` and, for 
                            counted against `--max-restarts`; `MAX_RELAUNCHES` in a row at most
     FAILED  vanished       the queue no longer lists the job: unsure for `VANISHED_LOOKS` looks
                            (a queue answering from elsewhere), then as SkyPilot's own failure
-    FAILED  refused        (FAILED_PRECHECKS) the run fails: a retry sends the same request
+    FAILED  refused        (FAILED_PRECHECKS, or the script refused its input: a checkpoint
+                           another model wrote) the run fails: a retry sends the same request
     (any FAILED)           first, whatever of the launch is still live is cancelled: a job
                            group with one FAILED node keeps its other nodes training and
                            billing; a relaunch beside them would be a second gang
@@ -114,7 +115,7 @@ def settle(ctl: Steering, status: RunStatus | None) -> Settled:
         return _user_failed(ctl, status)
     if failure is Failure.INFRA:
         return _relaunch(ctl, status, "SkyPilot lost the launch")
-    _end(ctl, "failed", f"SkyPilot refused the launch: {status.detail}")
+    _end(ctl, "failed", f"the launch was refused (no retry mends it): {status.detail}")
     return Settled.ENDED
 
 

@@ -30,12 +30,12 @@ from dataclasses import dataclass
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from mncloud.deadline.policy import DEFAULT_POLICY, Job, make_policy
+from mncloud.deadline.policy import DEFAULT_POLICY, Job, make_policy, smaller_world_breakeven
 from mncloud.deadline.replay import replay
 from mncloud.errors import CatalogError, SpecError
 from mncloud.plan import Candidate, Plan
 from mncloud.plan.hazards import MEAN_SPOT_GAP_HOURS
-from mncloud.spec import SpotPolicy
+from mncloud.spec import MIN_NODES, SpotPolicy, min_nodes_error
 
 #: Availability windows per hazard: the Monte Carlo sample (standard error ≈ 1–2% of the cost).
 WINDOWS = 200
@@ -120,11 +120,14 @@ class MarketHours(BaseModel):
     """Fraction of windows in which spot alone finished by the deadline."""
 
 
-def market_hours(job: Job, job_hazard: float, policy: str, windows: int = WINDOWS) -> MarketHours:
-    """Replay `policy` over `windows` sampled windows; spot-only over the same windows."""
+def market_hours(
+    job: Job, job_hazard: float, policy: str, windows: int = WINDOWS, min_nodes: int | None = None
+) -> MarketHours:
+    """Replay `policy` (riding gaps on `min_nodes`: `replay._Ride`) over `windows` sampled
+    windows; spot-only over the same windows."""
     long = 4 * job.deadline_ticks  # spot alone may take far longer than the deadline
     available = Availability(job_hazard).sample(windows, long, job.gap_seconds)
-    results = [replay(make_policy(policy, job), row, 0) for row in available]
+    results = [replay(make_policy(policy, job), row, 0, min_nodes=min_nodes) for row in available]
     alone = [_spot_only(job, row) for row in available]
     return MarketHours(
         spot_hours=float(np.mean([r.spot_hours for r in results])),
@@ -194,6 +197,57 @@ class PlaceEstimate(BaseModel):
         )
 
 
+class ElasticRide(BaseModel):
+    """`--min-nodes K`: what riding a spot shortfall on K < N nodes is worth, by the rule the
+    controller follows (`policy.smaller_world_pays`) over this model's mean gap. The figures
+    per place include it (`replay._Ride`: each gap taken as a dip to K nodes, an upper bound)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    min_nodes: int
+    nodes: int
+    breakeven_hours: float
+    """A shortfall must be expected to last longer than this for K nodes to pay."""
+    mean_gap_hours: float
+    pays: bool
+    """Whether the model's mean gap outlasts the break-even (the controller trains on K)."""
+    work_hours_per_gap: float
+    """N-node hours of work done over a mean gap on K nodes (after its relaunch), which the
+    gang waits out without progress."""
+
+    def line(self) -> str:
+        """One sentence for the plan's output."""
+        head = (
+            f"--min-nodes {self.min_nodes}: a shortfall of spot rides on {self.min_nodes} of "
+            f"{self.nodes} nodes (slower steps, the same cost per unit of work) once it is "
+            f"expected to outlast {self.breakeven_hours:.2f} h"
+        )
+        if not self.pays:
+            return f"{head}; the mean gap, {self.mean_gap_hours:g} h, is shorter: the gang waits."
+        return (
+            f"{head}; over the mean gap of {self.mean_gap_hours:g} h it trains "
+            f"{self.work_hours_per_gap:.2f} h of the {self.nodes}-node work the gang would wait "
+            f"out. The figures above include it, each gap taken as a dip to {self.min_nodes} "
+            "nodes (an upper bound: a gap may leave fewer)."
+        )
+
+
+def elastic_ride(
+    job: Job, min_nodes: int, mean_gap_hours: float = MEAN_SPOT_GAP_HOURS
+) -> ElasticRide:
+    """What `--min-nodes` is worth over the model's mean gap (SpecError when out of range)."""
+    if not MIN_NODES <= min_nodes <= job.nodes:
+        raise SpecError(min_nodes_error(min_nodes, job.nodes))
+    breakeven = job.hours(1) * smaller_world_breakeven(job, min_nodes)
+    overhead = job.hours(job.overhead_ticks)
+    pays = min_nodes < job.nodes and mean_gap_hours > breakeven
+    work = max(0.0, mean_gap_hours - overhead) * min_nodes / job.nodes if pays else 0.0
+    return ElasticRide(
+        min_nodes=min_nodes, nodes=job.nodes, breakeven_hours=breakeven,
+        mean_gap_hours=mean_gap_hours, pays=pays, work_hours_per_gap=work,
+    )  # fmt: skip
+
+
 class DeadlineReport(BaseModel):
     """Every place of a plan under a deadline, cheapest expected cost first."""
 
@@ -211,6 +265,8 @@ class DeadlineReport(BaseModel):
     places: list[PlaceEstimate]
     choice: PlaceEstimate
     """The place of the plan's choice."""
+    elastic: ElasticRide | None = None
+    """`--min-nodes`: what riding a shortfall on fewer nodes is worth (None: the gang waits)."""
 
     @property
     def cheapest(self) -> PlaceEstimate:
@@ -238,9 +294,10 @@ def estimate_deadline(
     budget: float | None = None,
     policy: str = DEFAULT_POLICY,
     windows: int = WINDOWS,
+    min_nodes: int | None = None,
 ) -> DeadlineReport:
-    """The deadline figures of every place in the plan; SpecError on a deadline too short or a
-    budget below the least expected cost (naming it)."""
+    """The deadline figures of every place in the plan (and what `min_nodes` is worth);
+    SpecError on a deadline too short or a budget below the least expected cost (naming it)."""
     request = plan.request
     if request.spot is not SpotPolicy.EITHER:
         raise SpecError("--deadline mixes spot and on-demand: drop --spot / --on-demand")
@@ -253,9 +310,13 @@ def estimate_deadline(
         recovery_minutes=request.recovery_minutes,
     )
     make_policy(policy, job)  # SpecError naming the choices
+    elastic = None if min_nodes is None else elastic_ride(job, min_nodes)
     cache: dict[float, MarketHours] = {}
     places = sorted(
-        (_place(job, spot, od, policy, windows, cache) for spot, od in pairs(plan.candidates)),
+        (
+            _place(job, spot, od, policy, windows, cache, min_nodes)
+            for spot, od in pairs(plan.candidates)
+        ),
         key=lambda p: (round(p.expected_cost, 9), p.on_demand_cost),
     )
     choice = next(p for p in places if p.is_at(plan.choice))
@@ -272,6 +333,7 @@ def estimate_deadline(
         budget=budget,
         places=places,
         choice=choice,
+        elastic=elastic,
     )
     if budget is not None and budget < report.cheapest.expected_cost:
         raise SpecError(
@@ -326,6 +388,7 @@ def _place(
     policy: str,
     windows: int,
     cache: dict[float, MarketHours],
+    min_nodes: int | None = None,
 ) -> PlaceEstimate:
     """One place's figures: the cached hours per market, priced at the place's offers."""
     here = spot or od
@@ -351,7 +414,7 @@ def _place(
         )
     gang = round(job.nodes * spot.preemption_rate, 6)
     if gang not in cache:
-        cache[gang] = market_hours(job, gang, policy, windows)
+        cache[gang] = market_hours(job, gang, policy, windows, min_nodes)
     h = cache[gang]
     return PlaceEstimate(
         cloud=here.cloud,

@@ -22,7 +22,15 @@ from typing import Any
 
 import numpy as np
 
-from mncloud.deadline.policy import Job, Mode, Observation, Policy, past_deadline, ticks_floor
+from mncloud.deadline.policy import (
+    Job,
+    Mode,
+    Observation,
+    Policy,
+    past_deadline,
+    smaller_world_breakeven,
+    ticks_floor,
+)
 from mncloud.errors import SpecError
 from mncloud.plan.traces import Trace
 
@@ -92,11 +100,14 @@ class Result:
         }
 
 
-def replay(policy: Policy, available: np.ndarray, start: int = 0) -> Result:
+def replay(
+    policy: Policy, available: np.ndarray, start: int = 0, *, min_nodes: int | None = None
+) -> Result:
     """Run `policy` over the trace's availability from tick `start`, in the exact tick model.
 
     `switches` counts launches in another market than the launch before (spot ↔ on-demand,
     directly or after a wait); `preemptions` counts spot clusters the trace took away.
+    `min_nodes` (`plan --deadline --min-nodes`): see `_Ride`.
     """
     job = policy.job
     window = available[start : start + job.deadline_ticks]
@@ -104,17 +115,19 @@ def replay(policy: Policy, available: np.ndarray, start: int = 0) -> Result:
         raise SpecError("the trace ends before the deadline")
     history = [bool(v) for v in window]
     ticks = {Mode.SPOT: 0, Mode.ON_DEMAND: 0, Mode.NONE: 0}
-    mode, overhead, work, t = Mode.NONE, 0, 0, 0
+    mode, overhead, work, t = Mode.NONE, 0, 0.0, 0
     last_market: Mode | None = None
     switches = preemptions = 0
+    ride = _Ride(job, min_nodes)
     while work < job.work_ticks:
         spot = t < job.deadline_ticks and history[t]
+        ride.look(spot)
         if mode is Mode.SPOT and not spot:
             mode, overhead, preemptions = Mode.NONE, 0, preemptions + 1
         if past_deadline(job, t):
             action = Mode.ON_DEMAND
         else:
-            obs = Observation(t, work, mode, overhead, spot, _Prefix(history, t + 1))
+            obs = Observation(t, int(work), mode, overhead, spot, _Prefix(history, t + 1))
             action = policy.decide(obs)
         if action is Mode.SPOT and not spot:
             raise ValueError(f"policy {policy.name!r} chose spot at tick {t} without capacity")
@@ -122,7 +135,11 @@ def replay(policy: Policy, available: np.ndarray, start: int = 0) -> Result:
             overhead = job.overhead_ticks
             switches += last_market is not None and action is not last_market
             last_market = action
-        ticks[action] += 1
+        if action is Mode.NONE and not spot and ride.rides():
+            work += ride.tick()
+        else:
+            ride.stop()
+            ticks[action] += 1
         if action is not Mode.NONE:
             if overhead:
                 overhead -= 1
@@ -133,16 +150,72 @@ def replay(policy: Policy, available: np.ndarray, start: int = 0) -> Result:
     return Result(
         policy=policy.name,
         start_hours=start * job.gap_seconds / 3600,
-        cost=sum(n * job.tick_cost(m) for m, n in ticks.items()),
+        cost=sum(n * job.tick_cost(m) for m, n in ticks.items()) + ride.cost(),
         on_demand_cost=job.on_demand_cost(),
         met_deadline=met,
         finished_hours=job.hours(t) if met else None,
-        spot_hours=job.hours(ticks[Mode.SPOT]),
+        spot_hours=job.hours(ticks[Mode.SPOT]) + ride.hours(),
         on_demand_hours=job.hours(ticks[Mode.ON_DEMAND]),
         idle_hours=job.hours(ticks[Mode.NONE]),
         switches=switches,
         preemptions=preemptions,
     )
+
+
+class _Ride:
+    """`--min-nodes k`: every tick without spot for the gang is taken to leave k spot nodes (a
+    dip, not a gap: an upper bound on what riding it is worth), and a tick the policy waits
+    trains on them instead when the controller's rule says it pays (`smaller_world_pays`: the
+    shortfall expected to last longer than `smaller_world_breakeven`, from the mean of the
+    shortfalls that ended before it, without end before the first ended). A ride starts with a
+    launch (overhead ticks, no progress), then does k/N of a tick's work a tick, billed as k/N
+    of a spot tick; the launch that grows back is the policy's own spot launch."""
+
+    def __init__(self, job: Job, min_nodes: int | None) -> None:
+        self.job, self.k = job, min_nodes if min_nodes is not None else job.nodes
+        self.breakeven = smaller_world_breakeven(job, self.k)
+        self.ended_sum = self.ended = self.length = 0
+        self.riding, self.overhead, self.gang_ticks = False, 0, 0.0
+
+    def look(self, spot: bool) -> None:
+        """Count the shortfalls of the gang's spot as the controller counts them."""
+        if not spot:
+            self.length += 1
+        elif self.length:
+            self.ended_sum, self.ended, self.length = (
+                self.ended_sum + self.length,
+                self.ended + 1,
+                0,
+            )
+
+    def rides(self) -> bool:
+        """Whether a tick the policy waits through a shortfall trains on k nodes (a ride goes
+        on until the shortfall ends or the policy launches)."""
+        if self.riding or self.k >= self.job.nodes:
+            return self.riding
+        wait = max(0.0, self.ended_sum / self.ended - self.length) if self.ended else float("inf")
+        if wait > self.breakeven:
+            self.riding, self.overhead = True, self.job.overhead_ticks
+        return self.riding
+
+    def tick(self) -> float:
+        """One tick of the ride: the work it does (none during its launch)."""
+        share = self.k / self.job.nodes
+        self.gang_ticks += share
+        if self.overhead:
+            self.overhead -= 1
+            return 0.0
+        return share
+
+    def stop(self) -> None:
+        self.riding = False
+
+    def hours(self) -> float:
+        """The ride's spot hours, as the gang's (k/N of each tick on k nodes)."""
+        return self.gang_ticks * self.job.gap_seconds / 3600
+
+    def cost(self) -> float:
+        return self.gang_ticks * self.job.tick_cost(Mode.SPOT)
 
 
 class _Prefix(Sequence[bool]):

@@ -417,6 +417,7 @@ class CheckpointManager:
                 except ModelMismatch as err:  # every rank: the same manifest, the same model
                     if self.rank == 0:
                         log.error("%s", err)
+                    err.leave_marker()
                     raise
             finally:
                 shutil.rmtree(local, ignore_errors=True)

@@ -276,22 +276,34 @@ def fake_parameters() -> Iterator[None]:
     Each parameter's real tensor lives only until it is converted (`torch.empty`, untouched),
     so a 7B model is built on a laptop one tensor at a time; operations that mix the fake
     parameters with real data run under the parameters' FakeTensorMode.
+
+    `model.to(device)` (and `fully_shard`'s moves) swap a fake parameter for its converted copy
+    (`torch.utils.swap_tensors`), which refuses a tensor with a weak reference: the mode's
+    real→fake memo holds one to each fake it made. The memo is emptied before each swap (it only
+    spares converting the same real tensor twice).
     """
     from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
     mode = FakeTensorMode(allow_non_fake_inputs=True)
-    original = torch.nn.Parameter.__new__
+    original, original_swap = torch.nn.Parameter.__new__, torch.utils.swap_tensors
 
     def fake_new(cls: type, data: torch.Tensor | None = None, requires_grad: bool = True) -> Any:
         if data is not None and not isinstance(data, FakeTensor):
             data = mode.from_tensor(data)
         return original(cls, data, requires_grad)
 
+    def swap(t1: torch.Tensor, t2: torch.Tensor) -> None:
+        if isinstance(t1, FakeTensor) or isinstance(t2, FakeTensor):
+            mode.fake_tensor_converter.meta_converter.tensor_memo.clear()
+        original_swap(t1, t2)
+
     torch.nn.Parameter.__new__ = fake_new  # type: ignore[method-assign]
+    torch.utils.swap_tensors = swap
     try:
         yield
     finally:
         torch.nn.Parameter.__new__ = original  # type: ignore[method-assign]
+        torch.utils.swap_tensors = original_swap
 
 
 def main(argv: list[str]) -> None:

@@ -38,6 +38,7 @@ from mncloud.errors import MncloudError, StorageError
 from mncloud.storage.checkpoints import CheckpointStore, FileEntry, Manifest
 from mncloud.storage.s3 import S3Bucket
 from mncloud.storage.shapes import SHAPES_KEY
+from mncloud.train import profiler
 from mncloud.train.collectives import Collectives
 from mncloud.train.staging import (
     SaveStats,
@@ -221,7 +222,11 @@ class SavePipeline:
                     step, waited, oldest)  # fmt: skip
 
     def warm(self, state: MutableMapping[str, Any], *, background: bool) -> None:
-        """Allocate the staging slots' buffers for `state` now, unless they already are."""
+        """Allocate the staging slots' buffers for `state` now, unless they already are. Not
+        under `mncloud profile --meta`: its parameters are fake tensors (no bytes to stage, and
+        their FakeTensorMode is not to be used from a second thread), and nothing is saved."""
+        if (session := profiler.session()) is not None and session.meta:
+            return
         try:
             tensors = tensor_state(state)
         except (MncloudError, RuntimeError) as err:  # the save itself will report it

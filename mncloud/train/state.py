@@ -9,8 +9,10 @@ states last.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
+import os
 import random
 import warnings
 from collections.abc import MutableMapping
@@ -26,6 +28,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from mncloud.constants import REFUSED_MARKER_ENV
 from mncloud.errors import CheckpointError
 from mncloud.storage.shapes import shape_mismatch
 
@@ -41,7 +44,8 @@ _VALUE, _STATEFUL = "value", "stateful"
 class ModelMismatch(SystemExit):
     """The checkpoint was written by a different model (`mncloud.storage.shapes`): nothing is
     loaded. Uncaught, it ends the process with exit code 2 (bad input, not a fault to recover
-    from); `CheckpointManager.load` logs its one line on rank 0 first."""
+    from); `CheckpointManager.load` logs its one line on rank 0 first and leaves it in the
+    node's refusal marker (`leave_marker`), so the run ends failed instead of retrying."""
 
     def __init__(self, line: str) -> None:
         super().__init__(2)
@@ -49,6 +53,14 @@ class ModelMismatch(SystemExit):
 
     def __str__(self) -> str:
         return self.line
+
+    def leave_marker(self) -> None:
+        """Write the line to `$MNCLOUD_REFUSED_MARKER` (if set): the launcher's sign that the
+        node refused, so that nothing retries it (`REFUSED_EXIT_CODE`)."""
+        marker = os.environ.get(REFUSED_MARKER_ENV)
+        if marker:
+            with contextlib.suppress(OSError):
+                Path(marker).write_text(self.line + "\n", encoding="utf-8")
 
 
 def rng_state() -> dict[str, Any]:

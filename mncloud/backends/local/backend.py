@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mncloud import constants, layout
-from mncloud.backends.base import LaunchRequest, RunState, RunStatus, first_unreadable
+from mncloud.backends.base import Failure, LaunchRequest, RunState, RunStatus, first_unreadable
 from mncloud.backends.local import execute, figures, lifecycle, warm
 from mncloud.backends.local.processes import free_port, port_is_free
 from mncloud.backends.local.state import (
@@ -197,6 +197,7 @@ class LocalBackend:
             restarts=state.restarts, preemptions=state.preemptions,
             started_at=state.started_at, ended_at=state.ended_at, hourly_total=0.0,
             ckpt_uri=state.ckpt_uri, detail=detail, **_node_view(folder, state),
+            failure=Failure.REFUSED if state.refused else None,
         )  # fmt: skip
 
     def logs(

@@ -73,6 +73,7 @@ def node_env(
         "OMP_NUM_THREADS": threads,
         "MKL_NUM_THREADS": threads,
         "TMPDIR": str(own / "tmp"),
+        constants.REFUSED_MARKER_ENV: str(refusal_marker(folder, node)),
         "GLOO_SOCKET_IFNAME": "lo",
         "PYTHONUNBUFFERED": "1",
         "PATH": os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]),
@@ -89,6 +90,22 @@ def node_env(
         env["SKYPILOT_SETUP_NODE_IPS"] = ips
         env["SKYPILOT_SETUP_NODE_RANK"] = str(node)
     return env
+
+
+def refusal_marker(folder: Path, node: int) -> Path:
+    """Where `node`'s script leaves its one-line refusal (run.sh.j2 exits REFUSED_EXIT_CODE)."""
+    return node_dir(folder, node) / "refused"
+
+
+def refusal(folder: Path, codes: dict[int, int]) -> str | None:
+    """The refusal of the first node that exited REFUSED_EXIT_CODE, naming it (None: none did)."""
+    for node in sorted(n for n, c in codes.items() if c == constants.REFUSED_EXIT_CODE):
+        try:
+            line = refusal_marker(folder, node).read_text(encoding="utf-8").strip()
+        except OSError:
+            line = "it refused its input (see its log)"
+        return f"node {node}: {line.splitlines()[0] if line else 'refused'}"
+    return None
 
 
 class RunLogs:

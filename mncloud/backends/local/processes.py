@@ -164,4 +164,6 @@ def describe_exit(code: int) -> str:
         return f"was killed by {name}"
     if code == constants.PREEMPTED_EXIT_CODE:
         return f"stopped for a preemption notice (exit {code})"
+    if code == constants.REFUSED_EXIT_CODE:
+        return f"refused its input (exit {code})"
     return f"exited with code {code}"

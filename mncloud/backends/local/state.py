@@ -132,6 +132,8 @@ class LocalState(RunShape):
     restarts: int = 0
     preemptions: int = 0
     errors_retried: int = 0
+    refused: bool = False
+    """The script refused its input (`REFUSED_EXIT_CODE`): failed, not retried."""
     supervisor_pid: int | None = None
     started_at: float | None = None
     ended_at: float | None = None

@@ -50,7 +50,7 @@ from mncloud.backends.local import processes, warm
 from mncloud.backends.local.chaos import preempt_node
 from mncloud.backends.local.ckptdir import CkptDirSync
 from mncloud.backends.local.metadata import MetadataServer
-from mncloud.backends.local.nodes import RunLogs, node_env, start_node
+from mncloud.backends.local.nodes import RunLogs, node_env, refusal, start_node
 from mncloud.backends.local.recordwriter import RecordWriter
 from mncloud.backends.local.replacing import NodeReplacer
 from mncloud.backends.local.state import (
@@ -265,6 +265,9 @@ class Supervisor:
                 return RunState.SUCCEEDED
             if outcome == "stopped":
                 return RunState.CANCELLED
+            if outcome == "refused":  # the same input is refused again: no retry mends it
+                st.detail, st.refused = f"failed: {message} (refused: not retried)", True
+                return RunState.FAILED
             if outcome == "preempted":  # always recovered; never spends the error budget
                 st.preemptions += 1
                 why = f"preemption {st.preemptions}"
@@ -322,7 +325,7 @@ class Supervisor:
         return started
 
     def _attempt(self) -> tuple[str, str]:
-        """One launch of all nodes; returns (succeeded|preempted|error|stopped, message)."""
+        """One launch of all nodes; returns (succeeded|preempted|refused|error|stopped, message)."""
         started = self._launch_nodes()
         codes = self._watch(started)
         if codes is None:
@@ -352,7 +355,8 @@ class Supervisor:
                    f"{message}; newest complete checkpoint: {where}", node=first,
                    exit_codes={str(k): v for k, v in codes.items()},
                    latest_checkpoint=latest)  # fmt: skip
-        return ("preempted" if preempted else "error"), message
+        refused = None if preempted else refusal(self.folder, failed)
+        return ("preempted" if preempted else "refused" if refused else "error"), refused or message
 
     def _end_ckpt_dir(self, codes: dict[int, int | None]) -> None:
         """--ckpt-dir: flush the folders of nodes that exited on their own; a node killed (or

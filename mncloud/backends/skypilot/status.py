@@ -3,9 +3,11 @@ mncloud launched on demand with `sky.launch`, its cluster and the job on it."""
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any
 
+from mncloud import constants
 from mncloud.backends.base import Failure, RunState, RunStatus
 from mncloud.backends.skypilot.errors import one_line, sky_errors
 from mncloud.backends.skypilot.meta import RunMeta, status_from_meta
@@ -90,6 +92,17 @@ def failure_of(value: Any) -> Failure | None:
     """Why a job in SkyPilot's state `value` failed (None: it did not)."""
     name = raw_state(value)
     return FAILURES.get(name, Failure.USER if name.startswith("FAILED") else None)
+
+
+_EXIT_CODES = re.compile(r"exited with exit codes? \[?([\d, ]+)")
+
+
+def refused_by_exit(reason: str) -> bool:
+    """The job's program refused its input (`REFUSED_EXIT_CODE` among the exit codes SkyPilot's
+    failure reason names: "Job exited with exit code(s) ..."), so no relaunch would mend it."""
+    found = _EXIT_CODES.search(reason)
+    codes = found.group(1).replace(",", " ").split() if found else []
+    return str(constants.REFUSED_EXIT_CODE) in codes
 
 
 def cluster_status(meta: RunMeta, idle_minutes: int) -> RunStatus:
@@ -194,6 +207,8 @@ def managed_job_status(meta: RunMeta) -> RunStatus:
         detail += f"; {one_line(reason, 160)}"
     status = status_from_meta(meta, state, detail)
     status.failure = failure_of(raw)
+    if status.failure is Failure.USER and refused_by_exit(reason):
+        status.failure = Failure.REFUSED
     status.restarts = recoveries
     status.started_at = record.get("start_at") or record.get("submitted_at") or meta.launched_at
     status.ended_at = record.get("end_at") or None
