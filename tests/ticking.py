@@ -2,12 +2,16 @@
 
 `ticker(ctl, state, clock)` gives `tick(n)`: `n` looks `gap` seconds apart, as `Controller.run`
 makes them (one `step`, the state saved, then the clock moved on), never a real sleep.
+`notice_on_test_time` (a fixture): the stop notice a take-down gives faked nodes passes without
+a wall-clock wait.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
+
+import pytest
 
 from mncloud import control
 from tests.test_control import GAP, FakeClock
@@ -25,3 +29,29 @@ def ticker(
             clock.now += gap
 
     return tick
+
+
+class NoticeTime:
+    """A clock for the stop notice's wait (`backends/skypilot/notice.py`) where the nodes are
+    faked: nothing can answer the notice, so its wait passes at once, look by look (the same
+    looks at the bucket and the job's state as on wall time), and the test's own clock stays
+    where the test put it."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.fixture
+def notice_on_test_time(monkeypatch: pytest.MonkeyPatch) -> NoticeTime:
+    """The stop notice of `down` waits on a `NoticeTime`, not on wall time."""
+    from mncloud.backends.skypilot import notice
+
+    clock = NoticeTime()
+    monkeypatch.setattr(notice, "time", clock)
+    return clock
