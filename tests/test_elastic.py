@@ -13,7 +13,6 @@ import pytest
 from mncloud.errors import SpecError
 from tests.test_control import Cloud
 from tests.test_skypilot import script  # noqa: F401 - a fixture
-from tests.ticking import notice_on_test_time  # noqa: F401 - a fixture
 
 
 @pytest.mark.catalog
@@ -143,7 +142,6 @@ class ElasticCloud(Cloud):
 
 
 @pytest.mark.catalog
-@pytest.mark.usefixtures("notice_on_test_time")  # the fake nodes never answer a stop notice
 def test_on_a_cloud_each_size_change_relaunches_the_job_never_two_live(
     script: Path,  # noqa: F811 - the imported fixture
     fake_sky: Any,

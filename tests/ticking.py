@@ -2,16 +2,14 @@
 
 `ticker(ctl, state, clock)` gives `tick(n)`: `n` looks `gap` seconds apart, as `Controller.run`
 makes them (one `step`, the state saved, then the clock moved on), never a real sleep.
-`notice_on_test_time` (a fixture): the stop notice a take-down gives faked nodes passes without
-a wall-clock wait.
+`NoticeTime`: the clock the `fake_sky` fixture gives the stop notice a take-down sends to its
+faked nodes, so that notice passes without a wall-clock wait.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
-
-import pytest
 
 from mncloud import control
 from tests.test_control import GAP, FakeClock
@@ -45,13 +43,3 @@ class NoticeTime:
 
     def sleep(self, seconds: float) -> None:
         self.now += seconds
-
-
-@pytest.fixture
-def notice_on_test_time(monkeypatch: pytest.MonkeyPatch) -> NoticeTime:
-    """The stop notice of `down` waits on a `NoticeTime`, not on wall time."""
-    from mncloud.backends.skypilot import notice
-
-    clock = NoticeTime()
-    monkeypatch.setattr(notice, "time", clock)
-    return clock
