@@ -30,8 +30,9 @@ from mncloud.records.store import find_record, list_records
 from mncloud.request import build_spec
 from mncloud.spec import LaunchOptions
 from tests.fakesky import FakeSky
+from tests.reference import reference_final
 from tests.test_control import Cloud, FakeClock, train  # noqa: F401 - a fixture
-from tests.test_local import EXAMPLE, run_log, up, wait_final, wait_until
+from tests.test_local import EXAMPLE, run_log, wait_until
 from tests.test_skypilot import script  # noqa: F401 - a fixture
 from tests.ticking import ticker
 
@@ -95,9 +96,7 @@ def test_a_run_moves_to_the_place_with_spot_and_meets_the_deadline(tmp_path: Pat
     shown = runner.invoke(app, ["status", "dl"]).stdout
     assert "by place: east $" in shown
 
-    up("ref", EXAMPLE, *NODES, script_args=TRAIN)  # uninterrupted, after: no load on timing
-    assert wait_final("ref").state.value == "SUCCEEDED", run_log("ref")
-    reference = read_final(f"file://{local_ckpt_dir('ref')}")
+    reference = reference_final(EXAMPLE, NODES, TRAIN)  # uninterrupted, after: no load on timing
     final = read_final(f"file://{local_ckpt_dir('dl')}")
     assert reference and final and final["weights_sha256"] == reference["weights_sha256"]
 
