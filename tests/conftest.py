@@ -77,9 +77,16 @@ def project(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def fake_sky(monkeypatch: pytest.MonkeyPatch) -> FakeSky:
+def fake_sky(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> FakeSky:
     """SkyPilot's SDK answered by `tests/fakesky.py` (real signatures, real client-side work);
-    any SDK call it does not fake fails the test."""
+    any SDK call it does not fake fails the test. Its VMs run no node that could answer a stop
+    notice, so `down`'s notice waits on a test clock (`tests/ticking.NoticeTime`), not 50 s of
+    wall time; a test whose real processes answer it is marked `nodes_answer`."""
     from tests import fakesky
 
+    if request.node.get_closest_marker("nodes_answer") is None:
+        from mncloud.backends.skypilot import notice
+        from tests.ticking import NoticeTime
+
+        monkeypatch.setattr(notice, "time", NoticeTime())
     return fakesky.install(monkeypatch)

@@ -19,7 +19,8 @@ from mncloud.cli import app
 from mncloud.layout import local_ckpt_dir
 from mncloud.records.ledger import cost_summary
 from mncloud.records.store import find_record
-from tests.test_local import EXAMPLE, run_log, up, wait_final, wait_until
+from tests.reference import reference_final
+from tests.test_local import EXAMPLE, run_log, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.catalog]
 runner = CliRunner()
@@ -88,9 +89,7 @@ def test_spot_lost_then_on_demand_meets_the_deadline_with_the_same_weights(
     assert status["state"] == "SUCCEEDED" and status["deadline"]["mode"] == "finished"
     assert status["deadline"]["on_demand_cost"] > 0 and status["deadline"]["preemptions"] >= 1
 
-    up("ref", EXAMPLE, *NODES, script_args=TRAIN)  # uninterrupted, after: no load on timing
-    assert wait_final("ref").state.value == "SUCCEEDED", run_log("ref")
-    reference = read_final(f"file://{local_ckpt_dir('ref')}")
+    reference = reference_final(EXAMPLE, NODES, TRAIN)  # uninterrupted, after: no load on timing
     final = read_final(f"file://{local_ckpt_dir('dl')}")
     assert reference and final and final["weights_sha256"] == reference["weights_sha256"]
 

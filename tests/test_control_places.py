@@ -30,9 +30,11 @@ from mncloud.records.ledger import cost_summary
 from mncloud.records.store import find_record, list_records
 from mncloud.request import build_spec
 from tests.fakesky import FakeSky
-from tests.test_control import GAP, Cloud, FakeClock, train  # noqa: F401 - a fixture
-from tests.test_local import EXAMPLE, run_log, up, wait_final, wait_until
+from tests.reference import reference_final
+from tests.test_control import Cloud, FakeClock, train  # noqa: F401 - a fixture
+from tests.test_local import EXAMPLE, run_log, wait_until
 from tests.test_skypilot import script  # noqa: F401 - a fixture
+from tests.ticking import ticker
 
 runner = CliRunner()
 NODES = ["--nodes", "2", "--gpus", "cpu:2", "--recovery", "gang"]
@@ -94,9 +96,7 @@ def test_a_run_moves_to_the_place_with_spot_and_meets_the_deadline(tmp_path: Pat
     shown = runner.invoke(app, ["status", "dl"]).stdout
     assert "by place: east $" in shown
 
-    up("ref", EXAMPLE, *NODES, script_args=TRAIN)  # uninterrupted, after: no load on timing
-    assert wait_final("ref").state.value == "SUCCEEDED", run_log("ref")
-    reference = read_final(f"file://{local_ckpt_dir('ref')}")
+    reference = reference_final(EXAMPLE, NODES, TRAIN)  # uninterrupted, after: no load on timing
     final = read_final(f"file://{local_ckpt_dir('dl')}")
     assert reference and final and final["weights_sha256"] == reference["weights_sha256"]
 
@@ -159,11 +159,7 @@ def test_capacity_gone_in_one_region_relaunches_the_run_pinned_to_the_other(
     ctl = places_controller(state, ManagedJobPlaces(), clock=clock)
     state.started_at = clock.now
 
-    def tick(n: int = 1) -> None:
-        for _ in range(n):
-            ctl.step()
-            control.save_state(state)
-            clock.now += GAP
+    tick = ticker(ctl, state, clock)
 
     tick(3)  # spot in the home region (the cheaper): a managed job pinned there, running
     first = fake_sky.called("jobs.launch")[0][0][0]

@@ -159,7 +159,8 @@ def test_on_a_cloud_each_size_change_relaunches_the_job_never_two_live(
     from mncloud.request import build_spec
     from mncloud.storage import CheckpointStore
     from mncloud.storage.checkpoints import Manifest
-    from tests.test_control import GAP, FakeClock
+    from tests.test_control import FakeClock
+    from tests.ticking import ticker
 
     cloud = ElasticCloud(spot_nodes=2)
 
@@ -180,11 +181,7 @@ def test_on_a_cloud_each_size_change_relaunches_the_job_never_two_live(
     ctl = Controller(state, ManagedJobMarket(), clock=clock)
     state.started_at = clock.now
 
-    def tick(n: int = 1) -> None:
-        for _ in range(n):
-            ctl.step()
-            control.save_state(state)
-            clock.now += GAP
+    tick = ticker(ctl, state, clock)
 
     def launched() -> list[int]:
         return [args[0].num_nodes for args, _kw in fake_sky.called("jobs.launch")]

@@ -242,13 +242,11 @@ def test_dryrun_checks_without_starting(tmp_path: Path) -> None:
 def test_preempted_twice_ends_with_the_uninterrupted_weights(s3_env: Any) -> None:
     """2 nodes × 2 processes: uninterrupted vs preempted twice (once during a save)."""
     from mncloud.storage import CheckpointStore
+    from tests.reference import reference_final
 
     flags = ["--nodes", "2", "--gpus", "cpu:2", "--recovery-delay", "0.5s"]
-    up("ref", EXAMPLE, *flags, script_args=TRAIN_ARGS)
-    ref = wait_final("ref")
-    assert ref.state is RunState.SUCCEEDED, run_log("ref")
-    reference = read_final(ref.ckpt_uri)
-    assert reference and reference["steps"] == 150
+    reference = reference_final(EXAMPLE, flags[:4], TRAIN_ARGS)  # shared with test_preempt
+    assert reference["steps"] == 150
 
     bucket = s3_env.make_bucket()
     up("chaos", EXAMPLE, *flags, "--bucket", f"s3://{bucket}/exp", script_args=TRAIN_ARGS)

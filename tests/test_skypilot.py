@@ -463,6 +463,7 @@ def test_unknown_run_has_no_record() -> None:
         SkyPilotBackend().status("never-launched")
 
 
+@pytest.mark.nodes_answer  # a real node process answers the notice: wall time
 def test_down_gives_a_running_job_a_stop_notice_and_keeps_the_step_it_saved(
     script: Path, fake_sky: FakeSky, tmp_path: Path
 ) -> None:

@@ -35,10 +35,12 @@ def give_notice(
     state_of: Callable[[], RunState],
     by: str = "mncloud down",
     *,
-    sleep: Callable[[float], None] = time.sleep,
+    sleep: Callable[[float], None] | None = None,
 ) -> int | None:
     """Ask a running job's nodes to save and stop within `notice_s`; the step they saved (None
-    when no new step was committed in time). A bucket that cannot be reached: no notice."""
+    when no new step was committed in time). A bucket that cannot be reached: no notice.
+    The wait reads this module's `time` (`sleep` defaults to its `time.sleep`), so a test
+    whose nodes are faked can run it on a clock of its own."""
     store = CheckpointStore(ckpt_uri, retry_seconds=5)
     try:
         before = _newest(store)
@@ -58,7 +60,7 @@ def give_notice(
             break
         if state_of() is not RunState.RUNNING:
             break
-        sleep(LOOK_EVERY_S)
+        (sleep or time.sleep)(LOOK_EVERY_S)
     return saved
 
 
