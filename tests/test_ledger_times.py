@@ -19,6 +19,7 @@ from mncloud.backends.skypilot import SkyPilotBackend
 from mncloud.deadline.policy import Mode
 from mncloud.errors import BackendError
 from mncloud.records.ledger import cost_summary, observed_spot_hazard
+from mncloud.records.model import RunRecord
 from mncloud.records.store import list_records
 from tests.fakesky import PREEMPT, FakeSky
 from tests.test_control import GAP
@@ -111,9 +112,37 @@ def test_a_launch_cancelled_outside_bills_until_skypilot_says_cancelled(
     assert not run.state.final and fake_sky.job(job).tasks[0].status is S.CANCELLING
     _looks(run, 2)
     assert run.state.phase == "stopped"
+    (record,) = list_records("llm")
+    assert _ends(record) == [("finish", fake_sky.job(job).tasks[0].end_at)]  # one, SkyPilot's
     ran = fake_sky.running_seconds(job)[0]
     assert ran == 4 * GAP
     assert _billed_s("llm", run.clock.now + 7200) == pytest.approx(ran)
+
+
+def _ends(record: RunRecord) -> list[tuple[str, float]]:
+    return [(e.kind, e.time) for e in record.events if e.kind in ("finish", "failure")]
+
+
+@pytest.mark.parametrize("end", [S.SUCCEEDED, S.FAILED])
+def test_a_deadline_launch_that_ended_has_one_end_event_at_skypilot_s_end(
+    script: Path,  # noqa: F811
+    fake_sky: FakeSky,
+    tmp_path: Path,
+    end: S,
+) -> None:
+    """The queue's `end_at` closes the record; the controller adds no end of its own (before:
+    a second `finish`/`failure` at the look that saw it)."""
+    run = Driver(_state(script, tmp_path))
+    _looks(run, 1)
+    (job,) = _named(fake_sky, "llm")
+    fake_sky.set_status(job, S.RUNNING)
+    _looks(run, 2)
+    fake_sky.set_status(job, end)
+    _looks(run, 2)
+    kind = "finish" if end is S.SUCCEEDED else "failure"  # FAILED: launched again
+    first, *later = list_records("llm")
+    assert _ends(first) == [(kind, fake_sky.job(job).tasks[0].end_at)]
+    assert all(not _ends(record) for record in later)
 
 
 def test_plan_learn_counts_no_preemption_of_a_job_that_never_ran(

@@ -13,12 +13,16 @@ controller happened to look:
     t=2.1h   looked at                                                  $40 + $24 so far
     (CANCELLING bills on while SkyPilot tears the VMs down; CANCELLED closes at its `end_at`)
 
+One end event per launch: the queue's (`finish`/`failure` at SkyPilot's `end_at`), or where the
+queue gave none (a launch the controller took down itself), the controller's (`close`).
+
 A status without the queue's times (a job group, the local backend) keeps the older way:
 `preemption` when the controller counts the spot gone, `recovery` (`reopen`) when it runs again.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import TYPE_CHECKING
 
@@ -69,6 +73,25 @@ def follow(ctl: Steering, status: RunStatus | None) -> bool:
     return True
 
 
+def close(ctl: Steering, kind: str, detail: str) -> None:
+    """The live launch's `finish`/`failure` in its record, once: none when the queue's end
+    (`follow`, at SkyPilot's `end_at`) closed it already, nor when the backend records its own
+    end (local)."""
+    from mncloud.records.store import find_record
+
+    st = ctl.state
+    if ctl.backend.records_own_events:
+        return
+    if st.run_ids:
+        with contextlib.suppress(MncloudError):  # unreadable now: the end is written anyway
+            if any(e.kind in _ENDS for e in find_record(st.run_ids[-1]).events):
+                return
+    ctl._event(kind, detail)
+
+
+_ENDS = ("finish", "failure")
+
+
 def _placement(events: list[Event]) -> dict[str, object]:
     launch = next((e for e in reversed(events) if e.kind == "launch"), None)
     return {} if launch is None else {k: getattr(launch, k) for k in PLACEMENT}
@@ -102,8 +125,6 @@ def refresh_costs(st: ControlState, course: Course, now: float) -> None:
     """Spot and on-demand cost so far (`st.spot_cost`, `st.on_demand_cost`): the ledgers of
     every launch's run record; the course keeps what it needs beyond (across places: each
     place's)."""
-    import contextlib
-
     from mncloud.records.ledger import CostSummary, cost_summary
     from mncloud.records.store import find_record
 
