@@ -123,15 +123,25 @@ def reopen(ctl: Steering) -> None:
 
 def refresh_costs(st: ControlState, course: Course, now: float) -> None:
     """Spot and on-demand cost so far (`st.spot_cost`, `st.on_demand_cost`): the ledgers of
-    every launch's run record; the course keeps what it needs beyond (across places: each
-    place's)."""
+    every launch's run record, each kept in the state too (`st.launch_costs`), so a record
+    this home lacks (a controller restarted on a fresh VM) counts as last read; the course
+    keeps what it needs beyond (across places: each place's)."""
     from mncloud.records.ledger import CostSummary, cost_summary
     from mncloud.records.store import find_record
 
     costs: dict[str, CostSummary] = {}
     for run_id in st.run_ids:
-        with contextlib.suppress(MncloudError):  # a record unreadable now: next time
-            costs[run_id] = cost_summary(find_record(run_id), now=now)
+        try:
+            summary = cost_summary(find_record(run_id), now=now)
+        except MncloudError:  # not on this home (a fresh VM), or unreadable now: as last read
+            spot, on_demand = st.launch_costs.get(run_id, (0.0, 0.0))
+            summary = CostSummary(
+                run_id=run_id, segments=[], total=spot + on_demand, spot=spot,
+                on_demand=on_demand, unpriced_hours=0.0, preemptions=0, restarts=0,
+                estimate=None, estimate_hourly=None,
+            )  # fmt: skip
+        st.launch_costs[run_id] = (summary.spot, summary.on_demand)
+        costs[run_id] = summary
     st.spot_cost = sum(c.spot for c in costs.values())
     st.on_demand_cost = sum(c.on_demand for c in costs.values())
     course.account(st, costs)
