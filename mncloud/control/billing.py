@@ -16,7 +16,8 @@ controller happened to look:
 One end event per launch: the queue's (`finish`/`failure` at SkyPilot's `end_at`), or where the
 queue gave none (a launch the controller took down itself), the controller's (`close`).
 
-A status without the queue's times (a job group, the local backend) keeps the older way:
+A job group's status gives its node tasks' times as one job's (`skypilot/group.group_times`).
+A status without the queue's times (the local backend) keeps the older way:
 `preemption` when the controller counts the spot gone, `recovery` (`reopen`) when it runs again.
 """
 
