@@ -181,7 +181,7 @@ def launch(
     if options.cluster and not spec.is_local:
         spec = cluster_spec(spec)
     if not dryrun:
-        settle_existing(spec, existing)
+        settle_existing(spec, existing, onto_cluster=bool(options.cluster) and not spec.is_local)
     if existing is not Existing.REPLACE:
         check_resume_fits(spec)
     run_id = None if dryrun else run_id or _new_run_id(spec.name)
@@ -321,8 +321,9 @@ def backend_name(spec: JobSpec) -> str:
     return "local" if spec.is_local else "skypilot"
 
 
-def settle_existing(spec: JobSpec, existing: Existing) -> None:
-    """Refuse to launch over an earlier run of the same name unless told what to do with it."""
+def settle_existing(spec: JobSpec, existing: Existing, *, onto_cluster: bool = False) -> None:
+    """Refuse to launch over an earlier run of the same name unless told what to do with it
+    (`onto_cluster`: the launch goes onto the run's own cluster, `up --cluster`)."""
     from mncloud.backends.base import RunState
     from mncloud.backends.registry import backend_for_run, known_runs
 
@@ -340,7 +341,7 @@ def settle_existing(spec: JobSpec, existing: Existing) -> None:
             "from its newest complete checkpoint, --replace to start over (local checkpoints "
             "are set aside, never deleted; a bucket that holds some is refused), or another --name"
         )
-    if status.state is RunState.FAILED:
+    if status.state is RunState.FAILED and not (onto_cluster and _ran_on_cluster(spec.name)):
         _down_what_is_left(spec.name)
     if existing is Existing.REPLACE:
         _set_checkpoints_aside(spec)
@@ -356,6 +357,17 @@ def _down_what_is_left(name: str) -> None:
     backend = backend_for_run(name)
     if not backend.records_own_events:
         backend.down(name, notice_s=0.0, by="mncloud up (the failed launch's live parts)")
+
+
+def _ran_on_cluster(name: str) -> bool:
+    """The run's newest launch was `up --cluster`: a relaunch onto that cluster (still up, its
+    job ended) reuses it and closes the earlier record (`record_superseded`), tears nothing down."""
+    from mncloud.records.store import load_current
+
+    try:
+        return bool(load_current(name).launch_options.get("cluster"))
+    except MncloudError:
+        return False
 
 
 def check_resume_fits(spec: JobSpec) -> None:

@@ -56,7 +56,7 @@ class Report:
     billed_s: float = 0.0
     """Seconds the ledger bills (all nodes together: a record's $/h is the whole job's)."""
     ran_s: float = 0.0
-    """Seconds the fake's VMs ran the training jobs (`FakeSky.running_seconds`)."""
+    """Seconds the fake's VMs ran the training jobs, all nodes together (`_ran_s`)."""
     violations: list[str] = field(default_factory=list)
 
 
@@ -159,11 +159,18 @@ def _money_kept(
             billed = spans.setdefault(record.run_id, [])
             billed.extend((s.start, min(s.end, went)) for s in cost_segments(record, went))
     report.billed_s = sum(_union(billed) for billed in spans.values())
-    report.ran_s = sum(sum(fake.running_seconds(j)) for j in fake.jobs if fake.job(j).name == "llm")
+    report.ran_s = sum(_ran_s(fake, j) for j in fake.jobs if fake.job(j).name == "llm")
     if abs(report.billed_s - report.ran_s) > GAP:
         report.violations.append(
             f"billed {report.billed_s:.0f} s, the VMs ran {report.ran_s:.0f} s"
         )
+
+
+def _ran_s(fake: FakeSky, job: int) -> float:
+    """Seconds the job's VMs ran it, in the ledger's unit (a record's price is all nodes'): a
+    job group's, the mean of its node tasks' (task 0, the lighthouse, is not in the price)."""
+    ran = fake.running_seconds(job)
+    return ran[0] if len(ran) == 1 else sum(ran[1:]) / len(ran[1:])
 
 
 def _union(spans: list[tuple[float, float]]) -> float:

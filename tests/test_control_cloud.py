@@ -9,6 +9,8 @@ clock, and a "fresh VM" is a fresh MNCLOUD_HOME with the state read from the buc
 
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -140,6 +142,48 @@ def test_a_controller_restarted_with_a_fresh_home_refinds_job_n_and_launches_not
     fake_sky.set_status(job, S.SUCCEEDED)
     again.tick()
     assert state.phase == "finished"
+
+
+def test_a_controller_restarted_on_a_fresh_home_counts_earlier_launches_and_stops_at_the_budget(
+    script: Path,  # noqa: F811
+    fake_sky: FakeSky,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The first launch ran, SkyPilot failed it, a second one runs; the controller restarts on
+    a fresh VM where the first launch's record cannot be had (its bucket copy, best effort,
+    was never written): the spent cost goes on from the state's (before: the first launch's
+    dropped, and `--budget` was overrun by as much)."""
+    first = Driver(_state(script, tmp_path, max_restarts=0))
+    first.tick()
+    fake_sky.set_status(_named(fake_sky, "llm")[-1], S.RUNNING)
+    first.tick(3)
+    fake_sky.set_status(_named(fake_sky, "llm")[-1], S.FAILED_CONTROLLER)
+    first.tick(gap=1)
+    fake_sky.set_status(_named(fake_sky, "llm")[-1], S.RUNNING)
+    first.tick(2)
+    spent, run_ids = first.state.cost, first.state.run_ids
+    assert len(run_ids) == 2 and spent > 0
+    hourly = list_records("llm")[-1].events[0].hourly_price
+    assert hourly is not None
+    budget = spent + hourly * 3 * GAP / 3600  # three more looks of the spot launch
+    shutil.rmtree(layout.record_uri(str(first.state.ckpt_uri), run_ids[0]).removeprefix("file://"))
+    first.state.config = first.state.config.model_copy(update={"budget": budget})
+    control.save_state(first.state)
+    home = os.environ["MNCLOUD_HOME"]
+
+    state = _fresh_vm(monkeypatch, tmp_path, "vm2")
+    again = Driver(state, first.clock)
+    again.ctl._recover()
+    again.tick()
+    assert state.cost >= spent  # the first launch's cost is still counted
+    again.tick(20)
+    assert state.phase == "stopped" and "budget" in state.detail, state.detail
+    (live,) = list_records("llm")
+    monkeypatch.setenv("MNCLOUD_HOME", home)
+    (earlier,) = [r for r in list_records("llm") if r.run_id == run_ids[0]]
+    billed = sum(cost_summary(r, first.clock.now).total for r in (earlier, live))
+    assert spent < billed <= budget
 
 
 def test_a_launch_made_but_not_recorded_is_found_by_its_run_id_not_its_name(

@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 from mncloud import control
 from mncloud.backends.skypilot.meta import load_meta
 from mncloud.deadline.policy import Mode
+from mncloud.records.ledger import cost_summary
 from mncloud.records.store import list_records
 from tests.fakesky import FakeSky
 from tests.test_control import GAP
@@ -63,6 +64,12 @@ def test_a_cancel_confirmed_after_wait_s_still_leads_to_the_on_demand_launch(
     assert run.state.market is Mode.ON_DEMAND and run.state.phase == "on-demand"
     assert fake_sky.live_jobs("llm") == [max(_named(fake_sky, "llm"))] != [spot]
     assert len(_launches(fake_sky)) == 2
+    # The spot launch's record ends once, where its teardown was done again (before: never,
+    # so it billed on beside the on-demand one: `bench/cloud_soak.sh` seed 4's 604 s).
+    first = list_records("llm")[0]
+    assert [e.kind for e in first.events if e.kind in ("finish", "failure")] == ["finish"]
+    billed = sum(s.end - s.start for s in cost_summary(first, run.clock.now + 3600).segments)
+    assert billed == pytest.approx(fake_sky.running_seconds(spot)[0], abs=GAP)
 
 
 def test_a_lost_launch_answer_is_resolved_from_the_queue_never_failed(

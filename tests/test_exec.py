@@ -188,33 +188,48 @@ def test_local_exec_reruns_on_the_same_nodes_and_resumes(
 
 
 @pytest.mark.catalog
-@pytest.mark.xfail(
-    reason="#43 open: since the ledger follows the cluster's launch time, a `--resume` onto "
-    "the same cluster ends the first record as `failure`, not `finish` (and adds `waiting`/"
-    "`running` when the times differ)",
-    strict=False,
-)
 def test_a_cluster_bills_in_its_record_until_down_and_a_relaunch_takes_over(
-    project: Path, fake_sky: FakeSky
+    project: Path, fake_sky: FakeSky, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The record's billed time: `up --cluster` writes the launch; a job that ended on a
-    cluster still up ends nothing (it bills on, idle); `up --resume` onto the same cluster
-    closes the first record and opens its own; `down` closes that one."""
+    """The record's billed time: from the cluster's own launch time (`up` sent at t, the
+    cluster UP at t+30: the wait is not billed); a job that ended on a cluster still up ends
+    nothing (it bills on, idle); `up --resume` onto the same cluster reuses it (nothing torn
+    down), closes the first record and opens its own; `down` closes that one."""
+    from mncloud.records.ledger import cost_segments
     from mncloud.records.store import list_records
+    from tests.test_ledger_times import Clock
 
+    clock = Clock(monkeypatch)
+    clock.now = float(int(clock.now)) + 0.5
+    fake_sky.clock = lambda: clock.now + 30  # provisioning: UP (`launched_at`) 30 s later
+
+    def billed_s(record: Any) -> float:
+        return sum(s.end - s.start for s in cost_segments(record, clock.now))
+
+    sent = clock.now
     assert _cli(*UP, "--cluster", "--name", "dev", "--detach").exit_code == 0
+    clock.now += 600
     _job_done(fake_sky, "dev", 1)
     assert _cli("status", "dev", "--json").exit_code == 0
     (first,) = list_records("dev")
-    assert [e.kind for e in first.events] == ["launch"]  # the cluster is up: billing on
+    assert [e.kind for e in first.events] == ["launch", "waiting", "running"]
     assert first.events[0].hourly_price and first.events[0].cloud == "aws"
+    assert first.events[-1].time == int(sent + 30)  # the cluster is up: billing on from there
+    assert billed_s(first) == pytest.approx(600 - 29.5)
 
     again = _cli(*UP, "--cluster", "--name", "dev", "--detach", "--resume")
     assert again.exit_code == 0, again.output
+    assert not fake_sky.called("down")  # the relaunch reuses the cluster
+    assert len(fake_sky.called("launch")) == 2
+    clock.now += 600
+    assert _cli("status", "dev", "--json").exit_code == 0
     first, second = list_records("dev")
-    assert [e.kind for e in first.events] == ["launch", "finish"]
-    assert [e.kind for e in second.events] == ["launch"]
+    assert [e.kind for e in first.events] == ["launch", "waiting", "running", "finish"]
+    assert [e.kind for e in second.events] == ["launch", "waiting", "running"]
+    assert billed_s(first) == pytest.approx(600 - 29.5)  # closed at the takeover
+    assert billed_s(second) == pytest.approx(600 - 29.5)
     assert _cli("down", "dev").exit_code == 0
     first, second = list_records("dev")
-    assert [e.kind for e in second.events] == ["launch", "finish"]
-    assert len(first.events) == 2
+    assert [e.kind for e in second.events] == ["launch", "waiting", "running", "finish"]
+    assert len(first.events) == 4
+    assert billed_s(second) == pytest.approx(600 - 29.5)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sky
@@ -19,6 +20,7 @@ from mncloud.backends.skypilot import SkyPilotBackend
 from mncloud.deadline.policy import Mode
 from mncloud.errors import BackendError
 from mncloud.records.ledger import cost_summary, observed_spot_hazard
+from mncloud.records.model import RunRecord
 from mncloud.records.store import list_records
 from tests.fakesky import PREEMPT, FakeSky
 from tests.test_control import GAP
@@ -41,14 +43,17 @@ def _looks(run: Driver, n: int, gap: float = GAP) -> None:
         run.clock.now += gap
 
 
-def _launched(train: Path, fake: FakeSky, tmp_path: Path, *, spot: bool) -> SkyPilotBackend:
+def _launched(
+    train: Path, fake: FakeSky, tmp_path: Path, *, spot: bool, **flags: Any
+) -> SkyPilotBackend:
     """`mncloud up` of a plain managed job (its run record written, job 7)."""
     from mncloud.launch import launch
     from mncloud.request import build_spec
 
     fake.next_job_id = 7
     bucket = f"file://{tmp_path / 'bucket'}"
-    spec = build_spec(train, gpus="H100:8", nodes=4, spot=spot, name="llm", bucket=bucket)
+    spec = build_spec(train, gpus="H100:8", nodes=4, spot=spot, name="llm", bucket=bucket,
+                      **flags)  # fmt: skip
     launch(spec, approve=lambda _plan: True)
     return SkyPilotBackend()
 
@@ -111,9 +116,37 @@ def test_a_launch_cancelled_outside_bills_until_skypilot_says_cancelled(
     assert not run.state.final and fake_sky.job(job).tasks[0].status is S.CANCELLING
     _looks(run, 2)
     assert run.state.phase == "stopped"
+    (record,) = list_records("llm")
+    assert _ends(record) == [("finish", fake_sky.job(job).tasks[0].end_at)]  # one, SkyPilot's
     ran = fake_sky.running_seconds(job)[0]
     assert ran == 4 * GAP
     assert _billed_s("llm", run.clock.now + 7200) == pytest.approx(ran)
+
+
+def _ends(record: RunRecord) -> list[tuple[str, float]]:
+    return [(e.kind, e.time) for e in record.events if e.kind in ("finish", "failure")]
+
+
+@pytest.mark.parametrize("end", [S.SUCCEEDED, S.FAILED])
+def test_a_deadline_launch_that_ended_has_one_end_event_at_skypilot_s_end(
+    script: Path,  # noqa: F811
+    fake_sky: FakeSky,
+    tmp_path: Path,
+    end: S,
+) -> None:
+    """The queue's `end_at` closes the record; the controller adds no end of its own (before:
+    a second `finish`/`failure` at the look that saw it)."""
+    run = Driver(_state(script, tmp_path))
+    _looks(run, 1)
+    (job,) = _named(fake_sky, "llm")
+    fake_sky.set_status(job, S.RUNNING)
+    _looks(run, 2)
+    fake_sky.set_status(job, end)
+    _looks(run, 2)
+    kind = "finish" if end is S.SUCCEEDED else "failure"  # FAILED: launched again
+    first, *later = list_records("llm")
+    assert _ends(first) == [(kind, fake_sky.job(job).tasks[0].end_at)]
+    assert all(not _ends(record) for record in later)
 
 
 def test_plan_learn_counts_no_preemption_of_a_job_that_never_ran(
@@ -158,6 +191,33 @@ def test_a_plain_spot_job_bills_from_its_start_not_its_submission(
     assert _billed_s("llm", clock.now + 3600) == pytest.approx(5400.0)
     (record,) = list_records("llm")
     assert [s.opened_by for s in cost_summary(record).segments if s.hours] == ["running"] * 2
+
+
+def test_a_job_group_bills_its_nodes_running_seconds(
+    script: Path,  # noqa: F811
+    fake_sky: FakeSky,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`--recovery node`: the ledger follows each node task's queue times: PENDING 20 min,
+    4 nodes RUNNING 1 h, node 1 replaced in 10 min, all 30 min more: billed = the nodes'
+    mean run seconds at the all-nodes price (before: 2 h, from the submission)."""
+    from mncloud.render import jobgroup
+
+    script.write_text("from mncloud.train import Replicas\nreplicas = Replicas({})\n")
+    monkeypatch.setattr(jobgroup, "require_bucket", lambda _spec: None)
+    clock = Clock(monkeypatch)
+    backend = _launched(script, fake_sky, tmp_path, spot=True, recovery="node")
+    _lighthouse, *nodes = [t.name for t in fake_sky.job(7).tasks]
+    for minutes, status, task in [(20, S.RUNNING, None), (60, S.RECOVERING, nodes[1]),
+                                  (10, S.RUNNING, nodes[1]), (30, S.SUCCEEDED, None)]:  # fmt: skip
+        clock.now += minutes * 60
+        fake_sky.set_status(7, status, task=task)
+        backend.status("llm")
+    assert backend.status("llm").state is RunState.SUCCEEDED
+    ran = fake_sky.running_seconds(7)[1:]
+    assert sorted(ran) == [5400.0, 6000.0, 6000.0, 6000.0]
+    assert _billed_s("llm", clock.now + 3600) == pytest.approx(sum(ran) / len(ran))
 
 
 def test_a_plain_job_whose_cancel_is_slow_bills_until_cancelled(

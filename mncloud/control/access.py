@@ -17,7 +17,9 @@ everywhere SkyPilot shows a task). So:
 and `api_server_access: true` on the controller's task (SkyPilot then gives it a token of the
 user who launched it, where the server has service accounts), while training tasks keep none
 (`api_server_access: false`): no training node holds a key to the API server. So the
-controller's queue and cancel calls are the laptop user's, and see its jobs.
+controller's queue and cancel calls are the laptop user's, and see its jobs. The state's
+copies (`state.save_state`) have SkyPilot's messages scrubbed (`scrubbed_json`), and a state
+read on the controller VM gets its `--env` values back from the secret (`with_run_envs`).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mncloud.errors import SpecError
+from mncloud.redact import REDACTED, spec_redactor
 
 ENDPOINT_ENV = "SKYPILOT_API_SERVER_ENDPOINT"
 TOKEN_ENV = "SKYPILOT_SERVICE_ACCOUNT_TOKEN"
@@ -147,3 +150,31 @@ def check_identity(
         "service accounts on the server (ENABLE_SERVICE_ACCOUNTS=true) so SkyPilot gives the "
         "controller your token"
     )
+
+
+def scrubbed_json(data: dict[str, Any]) -> dict[str, Any]:
+    """A controller state's JSON (`ControlState.model_dump`), its free-text fields (where
+    SkyPilot's messages land) scrubbed, in place."""
+    scrub = spec_redactor(data["spec"]).scrub
+    for key in ("detail", "controller", "closing"):
+        if data.get(key):
+            data[key] = scrub(data[key])
+    launching = data.get("launching")
+    reasons = [*data["decisions"], *([launching, launching["decision"]] if launching else [])]
+    for one in reasons:
+        one["reason"] = scrub(one["reason"])
+    meta = (data.get("live") or {}).get("meta") or {}
+    if meta.get("error"):
+        meta["error"] = scrub(meta["error"])
+    return data
+
+
+def with_run_envs(spec: dict[str, Any], environ: Mapping[str, str]) -> dict[str, Any]:
+    """A controller state's spec read from the bucket with its `--env` values back, from the
+    controller task's secret (`RUN_ENVS_SECRET`); as it was where there is none (the laptop)."""
+    carried = environ.get(RUN_ENVS_SECRET)
+    envs = spec.get("envs") or {}
+    if not carried or REDACTED not in envs.values():
+        return spec
+    values = json.loads(carried)
+    return dict(spec, envs={k: values.get(k, v) if v == REDACTED else v for k, v in envs.items()})

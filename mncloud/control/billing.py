@@ -13,12 +13,17 @@ controller happened to look:
     t=2.1h   looked at                                                  $40 + $24 so far
     (CANCELLING bills on while SkyPilot tears the VMs down; CANCELLED closes at its `end_at`)
 
-A status without the queue's times (a job group, the local backend) keeps the older way:
+One end event per launch: the queue's (`finish`/`failure` at SkyPilot's `end_at`), or where the
+queue gave none (a launch the controller took down itself), the controller's (`close`).
+
+A job group's status gives its node tasks' times as one job's (`skypilot/group.group_times`).
+A status without the queue's times (the local backend) keeps the older way:
 `preemption` when the controller counts the spot gone, `recovery` (`reopen`) when it runs again.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import TYPE_CHECKING
 
@@ -69,6 +74,25 @@ def follow(ctl: Steering, status: RunStatus | None) -> bool:
     return True
 
 
+def close(ctl: Steering, kind: str, detail: str) -> None:
+    """The live launch's `finish`/`failure` in its record, once: none when the queue's end
+    (`follow`, at SkyPilot's `end_at`) closed it already, nor when the backend records its own
+    end (local)."""
+    from mncloud.records.store import find_record
+
+    st = ctl.state
+    if ctl.backend.records_own_events:
+        return
+    if st.run_ids:
+        with contextlib.suppress(MncloudError):  # unreadable now: the end is written anyway
+            if any(e.kind in _ENDS for e in find_record(st.run_ids[-1]).events):
+                return
+    ctl.event(kind, detail)
+
+
+_ENDS = ("finish", "failure")
+
+
 def _placement(events: list[Event]) -> dict[str, object]:
     launch = next((e for e in reversed(events) if e.kind == "launch"), None)
     return {} if launch is None else {k: getattr(launch, k) for k in PLACEMENT}
@@ -100,17 +124,25 @@ def reopen(ctl: Steering) -> None:
 
 def refresh_costs(st: ControlState, course: Course, now: float) -> None:
     """Spot and on-demand cost so far (`st.spot_cost`, `st.on_demand_cost`): the ledgers of
-    every launch's run record; the course keeps what it needs beyond (across places: each
-    place's)."""
-    import contextlib
-
+    every launch's run record, each kept in the state too (`st.launch_costs`), so a record
+    this home lacks (a controller restarted on a fresh VM) counts as last read; the course
+    keeps what it needs beyond (across places: each place's)."""
     from mncloud.records.ledger import CostSummary, cost_summary
     from mncloud.records.store import find_record
 
     costs: dict[str, CostSummary] = {}
     for run_id in st.run_ids:
-        with contextlib.suppress(MncloudError):  # a record unreadable now: next time
-            costs[run_id] = cost_summary(find_record(run_id), now=now)
+        try:
+            summary = cost_summary(find_record(run_id), now=now)
+        except MncloudError:  # not on this home (a fresh VM), or unreadable now: as last read
+            spot, on_demand = st.launch_costs.get(run_id, (0.0, 0.0))
+            summary = CostSummary(
+                run_id=run_id, segments=[], total=spot + on_demand, spot=spot,
+                on_demand=on_demand, unpriced_hours=0.0, preemptions=0, restarts=0,
+                estimate=None, estimate_hourly=None,
+            )  # fmt: skip
+        st.launch_costs[run_id] = (summary.spot, summary.on_demand)
+        costs[run_id] = summary
     st.spot_cost = sum(c.spot for c in costs.values())
     st.on_demand_cost = sum(c.on_demand for c in costs.values())
     course.account(st, costs)

@@ -371,6 +371,7 @@ class Controller:
     def take_down(self, why: str, notice_s: float | None = None) -> None:
         """Stop the live launch (checkpoints stay), after a preemption notice; a cloud launch
         gets its closing event."""
+        from mncloud.control.billing import close
         from mncloud.control.pacing import off_the_clock
 
         st = self.state
@@ -378,8 +379,7 @@ class Controller:
         save_state(st)
         with off_the_clock(st, self.clock):  # paced: the notice and teardown take no run time
             self.down(self.stop_notice_s() if notice_s is None else notice_s)
-        if not self.backend.records_own_events:  # else the backend records its own end
-            self.event("finish", f"deadline controller: {why}")
+        close(self, "finish", f"deadline controller: {why}")  # unless SkyPilot's end did
         st.market, st.closing = Mode.NONE, None
         save_state(st)
 

@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING
 from tenacity import RetryCallState, wait_exponential
 
 from mncloud.backends.base import Failure, RunState
+from mncloud.control.billing import close
 from mncloud.deadline.policy import Mode
 
 if TYPE_CHECKING:
@@ -180,8 +181,7 @@ def _relaunch(ctl: Steering, status: RunStatus, why: str) -> Settled:
 def _close(ctl: Steering, status: RunStatus) -> None:
     """The live launch is over and the run goes on: nothing runs until the next decision."""
     st = ctl.state
-    if not ctl.backend.records_own_events:  # else the backend records its own end
-        ctl.event("failure", f"deadline controller: the launch ended: {status.detail}")
+    close(ctl, "failure", f"deadline controller: the launch ended: {status.detail}")
     st.market = st.mode = Mode.NONE
     st.phase = "waiting"
 
@@ -205,5 +205,4 @@ def _finished(ctl: Steering) -> None:
         f"cost ${st.cost:,.2f} (spot ${st.spot_cost:,.2f}, on-demand "
         f"${st.on_demand_cost:,.2f})"
     )
-    if not ctl.backend.records_own_events:
-        ctl.event("finish", f"deadline controller: {st.detail}")
+    close(ctl, "finish", f"deadline controller: {st.detail}")

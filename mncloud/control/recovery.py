@@ -28,6 +28,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+from mncloud.control.billing import close
 from mncloud.control.state import Launching, save_state
 from mncloud.control.steering import LaunchMade
 from mncloud.deadline.policy import Mode
@@ -56,6 +57,7 @@ def recover(ctl: Steering) -> None:
     if st.closing is not None:
         log.info("resuming: the launch was being taken down (%s); again", st.closing)
         ctl.down(0.0 if st.mode is Mode.NONE else ctl.stop_notice_s())
+        close(ctl, "finish", f"deadline controller: {st.closing}")  # unless SkyPilot's end did
         st.market, st.closing = Mode.NONE, None
         save_state(st)
     pending = st.launching

@@ -24,17 +24,16 @@ import json
 import logging
 import os
 import time
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from mncloud import layout
-from mncloud.control.access import RUN_ENVS_SECRET
+from mncloud.control.access import scrubbed_json, with_run_envs
 from mncloud.deadline.policy import DEFAULT_POLICY, Job, Mode
 from mncloud.errors import BackendError, MncloudError, RunNotFoundError
-from mncloud.redact import REDACTED, spec_redactor
+from mncloud.redact import REDACTED
 
 log = logging.getLogger(__name__)
 
@@ -245,6 +244,9 @@ class ControlState(BaseModel):
     """USD the run name had already cost when this controller started (`--resume`)."""
     spot_cost: float = 0.0
     on_demand_cost: float = 0.0
+    launch_costs: dict[str, tuple[float, float]] = Field(default_factory=dict)
+    """(spot, on-demand) USD of each launch's ledger when last read: a controller restarted
+    on a fresh home, without the earlier launches' records, counts them on (`billing.py`)."""
     switches: int = 0
     moves: int = 0
     """Across places: spot launches in another place than the spot launch before."""
@@ -347,7 +349,7 @@ def save_state(state: ControlState, *, journal: bool = False) -> None:
     from mncloud.storage import write_atomic
 
     state.updated_at = time.time()
-    data = _scrubbed(state)
+    data = scrubbed_json(state.model_dump(mode="json"))
     write_atomic(layout.control_state_file(state.name), json.dumps(data, indent=2).encode())
     if state.config.state_uri:
         envs = data["spec"].get("envs") or {}
@@ -358,37 +360,6 @@ def save_state(state: ControlState, *, journal: bool = False) -> None:
                 f"the controller's journal could not be written to {state.config.state_uri} "
                 f"({failed}); nothing was launched"
             )
-
-
-def _scrubbed(state: ControlState) -> dict[str, Any]:
-    """The state as JSON, its free-text fields (where SkyPilot's messages land) scrubbed."""
-    data = state.model_dump(mode="json")
-    scrub = spec_redactor(state.spec).scrub
-    for key in ("detail", "controller", "closing"):
-        if data.get(key):
-            data[key] = scrub(data[key])
-    launching = data.get("launching")
-    reasons = [*data["decisions"], *([launching, launching["decision"]] if launching else [])]
-    for one in reasons:
-        one["reason"] = scrub(one["reason"])
-    meta = (data.get("live") or {}).get("meta") or {}
-    if meta.get("error"):
-        meta["error"] = scrub(meta["error"])
-    return data
-
-
-def with_run_envs(state: ControlState, environ: Mapping[str, str]) -> ControlState:
-    """A state read from the bucket with its `--env` values back, from the controller task's
-    secret (`RUN_ENVS_SECRET`); as it was where there is none (the laptop)."""
-    carried = environ.get(RUN_ENVS_SECRET)
-    envs = state.spec.get("envs") or {}
-    if not carried or REDACTED not in envs.values():
-        return state
-    values = json.loads(carried)
-    state.spec = dict(
-        state.spec, envs={k: values.get(k, v) if v == REDACTED else v for k, v in envs.items()}
-    )
-    return state
 
 
 def _object(uri: str) -> tuple[Any, str]:
@@ -437,7 +408,8 @@ def load_uri(uri: str) -> ControlState | None:
     with contextlib.suppress(Exception):
         bucket, key = _object(uri)
         state = ControlState.model_validate_json(bucket.get_bytes(key))
-        return with_run_envs(state, os.environ)
+        state.spec = with_run_envs(state.spec, os.environ)
+        return state
     return None
 
 

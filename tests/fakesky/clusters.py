@@ -68,6 +68,9 @@ class Clusters:
             "region": first.region,
         }  # fmt: skip
         cluster = self.clusters.setdefault(name, {"record": record, "jobs": {}})
+        # `sky launch -c` onto a cluster that is up resets its launch time too (SkyPilot's
+        # FIXME in `global_user_state.add_or_update_cluster`: `is_launch` defaults to True)
+        cluster["record"]["launched_at"] = record["launched_at"]
         return self._new_job(name, cluster, body.task), None
 
     def _exec(self, body: Any) -> tuple[int, None]:

@@ -8,6 +8,8 @@ then RUNNING, STARTING, PENDING. The lighthouse is shown in the detail. It is an
 task: SkyPilot ends it once the nodes are done and, when it fails for good (past its own
 restarts), leaves the nodes running. So a failed lighthouse does not fail the run, whose nodes
 still train and bill; the detail leads with it, since no lost node can be replaced after it.
+
+The ledger follows the node tasks' queue times as a plain managed job's (`group_times`).
 """
 
 from __future__ import annotations
@@ -26,13 +28,14 @@ from mncloud.backends.skypilot.status import (
     QUEUE_FIELDS,
     failure_of,
     queue_records,
+    queue_times,
     state_of,
     vanished,
 )
 from mncloud.errors import BackendError
 
 if TYPE_CHECKING:
-    pass
+    from mncloud.records.ledger import RunTimes
 
 _SEVERITY = [
     RunState.FAILED,
@@ -94,7 +97,35 @@ def job_group_status(meta: RunMeta) -> RunStatus:
     ends = [_field(r, "end_at") for r in nodes]
     if state.is_final and ends and all(ends):
         status.ended_at = max(ends)
+    status.times = group_times(nodes)
     return status
+
+
+_TIME_FIELDS = ("last_recovered_at", "job_duration", "end_at")
+
+
+def group_times(nodes: list[Any]) -> RunTimes | None:
+    """The node tasks' queue times as one job's, for the ledger, which prices all nodes at
+    once: the run seconds are the nodes' mean (billed node-seconds = the sum of each node's);
+    it runs while any node's VMs do, since the earliest of those stints; it ended when every
+    node did. While one node is replaced the others' stint bills all nodes until the next
+    look that closes or restarts it, which bills the mean again (the end is exact)."""
+    from mncloud.records.ledger import RunTimes
+
+    times = [queue_times({f: _field(r, f) for f in _TIME_FIELDS}, _raw(_field(r, "status")))
+             for r in nodes]  # fmt: skip
+    if not times:
+        return None
+    running = [t.since for t in times if t.running and t.since is not None]
+    started = [t.since for t in times if t.since is not None]
+    ends = [t.ended_at for t in times]
+    return RunTimes(
+        running=bool(running),
+        ran_s=sum(t.ran_s for t in times) / len(times),
+        since=min(running) if running else max(started, default=None),
+        ended_at=max(e for e in ends if e) if all(ends) else None,
+        recovering=not running and any(t.recovering for t in times),
+    )
 
 
 _NODE_STATES = {RunState.RUNNING: "running", RunState.RECOVERING: "replacing",
