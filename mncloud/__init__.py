@@ -12,8 +12,8 @@ the order of the rooms):
     export/        a complete checkpoint → safetensors or a torch file, verified
     train/         what a training script imports (checkpoints, notices, node recovery)
     doctor/        checks before launch and at job start on every node
-    spec.py        JobSpec: the job the user asked for, validated once
-    launchoptions.py  LaunchOptions: how a JobSpec is planned and run (and DeadlineOptions)
+    spec/          JobSpec: the job the user asked for, validated once; `spec/launch.py`:
+                   LaunchOptions, how it is planned and run (and DeadlineOptions)
     request.py     flags over `mncloud.yaml`, built into a JobSpec
     plan/          the ranked plan: offers timed and priced by expected cost to finish
     deadline/      pure deadline policies, replays and their pricing

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from mncloud import layout
 from mncloud.errors import MncloudError, SpecError
-from mncloud.launchoptions import LaunchOptions, PlanOptions
+from mncloud.spec.launch import LaunchOptions, PlanOptions
 
 if TYPE_CHECKING:
     from mncloud.backends.base import Backend, RunStatus
@@ -239,10 +239,10 @@ def exec_run(
     """
     from mncloud.backends.base import LaunchRequest
     from mncloud.backends.registry import backend_name_of, get_backend
-    from mncloud.launchoptions import LaunchOptions
     from mncloud.records.store import load_current
     from mncloud.render import render, rendered_from_yaml
     from mncloud.spec import JobSpec
+    from mncloud.spec.launch import LaunchOptions
 
     backend: Backend = get_backend(backend_name_of(name))  # RunNotFoundError: unknown name
     record = load_current(name)

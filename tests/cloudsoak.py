@@ -326,8 +326,8 @@ def _credentials_kept(fake: FakeSky, tmp_path: Path, report: Report) -> None:
 
 def soak_state(script: Path, tmp_path: Path, **flags: Any) -> control.ControlState:
     """A cloud deadline run with a secret, a long deadline and many restarts allowed."""
-    from mncloud.launchoptions import LaunchOptions
     from mncloud.request import build_spec
+    from mncloud.spec.launch import LaunchOptions
 
     bucket = f"file://{tmp_path / 'bucket'}"
     spec = build_spec(script, gpus="H100:8", nodes=4, name="llm", bucket=bucket,

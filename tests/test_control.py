@@ -22,11 +22,11 @@ from mncloud.cli import app
 from mncloud.control.loop import Controller
 from mncloud.control.markets import ManagedJobMarket
 from mncloud.deadline.policy import Mode
-from mncloud.launchoptions import LaunchOptions
 from mncloud.plan.traces import load_trace
 from mncloud.records.ledger import cost_summary
 from mncloud.records.store import find_record, list_records
 from mncloud.request import build_spec
+from mncloud.spec.launch import LaunchOptions
 from tests.fakesky import FakeSky
 from tests.test_skypilot import DATA, script  # noqa: F401 - a fixture
 

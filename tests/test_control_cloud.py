@@ -25,10 +25,10 @@ from mncloud.control.markets import ManagedJobMarket
 from mncloud.control.outcomes import MAX_RELAUNCHES, VANISHED_LOOKS
 from mncloud.control.recovery import LaunchUnknown
 from mncloud.deadline.policy import Mode
-from mncloud.launchoptions import LaunchOptions
 from mncloud.records.ledger import cost_summary
 from mncloud.records.store import list_records
 from mncloud.request import build_spec
+from mncloud.spec.launch import LaunchOptions
 from tests.fakesky import ERROR, LAPTOP, FakeSky, User
 from tests.test_control import GAP, FakeClock
 from tests.test_skypilot import script  # noqa: F401 - a fixture

@@ -32,8 +32,8 @@ from mncloud.control.state import (
     save_state,
 )
 from mncloud.errors import SpecError
-from mncloud.launchoptions import LaunchOptions
 from mncloud.request import build_spec
+from mncloud.spec.launch import LaunchOptions
 
 runner = CliRunner()
 

@@ -24,11 +24,11 @@ from mncloud.backends.local.figures import read_final
 from mncloud.cli import app
 from mncloud.control.places import ManagedJobPlaces, places_controller
 from mncloud.deadline.policy import Mode
-from mncloud.launchoptions import LaunchOptions
 from mncloud.layout import local_ckpt_dir
 from mncloud.records.ledger import cost_summary
 from mncloud.records.store import find_record, list_records
 from mncloud.request import build_spec
+from mncloud.spec.launch import LaunchOptions
 from tests.fakesky import FakeSky
 from tests.reference import reference_final
 from tests.test_control import Cloud, FakeClock, train  # noqa: F401 - a fixture

@@ -23,11 +23,11 @@ from mncloud.cli import app
 from mncloud.control.loop import Controller
 from mncloud.deadline.policy import Mode
 from mncloud.launch import launch
-from mncloud.launchoptions import LaunchOptions
 from mncloud.layout import control_log
 from mncloud.plan.traces import load_trace
 from mncloud.records.store import list_records
 from mncloud.request import build_spec
+from mncloud.spec.launch import LaunchOptions
 from tests.test_local import EXAMPLE, run_log, wait_until
 
 pytestmark = [pytest.mark.catalog]

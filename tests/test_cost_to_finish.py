@@ -309,9 +309,9 @@ def test_gpu_alternatives_render_ordered_entries_skypilot_accepts(
     from mncloud.backends.base import LaunchRequest
     from mncloud.backends.skypilot import SkyPilotBackend
     from mncloud.launch import plan_request
-    from mncloud.launchoptions import LaunchOptions
     from mncloud.render import render
     from mncloud.request import build_spec
+    from mncloud.spec.launch import LaunchOptions
 
     def forbidden(*_args: Any, **_kwargs: Any) -> None:
         raise AssertionError("a dry run must not provision")

@@ -287,8 +287,8 @@ def test_hazards_from_a_users_trace(tmp_path: Path) -> None:
 def test_up_and_render_plan_use_hazards_from(tmp_path: Path) -> None:
     """`--hazards-from` is a planning option: `up` and `render --plan` plan with it too."""
     from mncloud.launch import prepare
-    from mncloud.launchoptions import LaunchOptions
     from mncloud.request import build_spec
+    from mncloud.spec.launch import LaunchOptions
 
     path = tmp_path / "calm.json"
     meta = {"gap_seconds": 3600, "cloud": "aws", "region": "us-east-1"}
@@ -314,8 +314,8 @@ def test_up_and_render_plan_use_hazards_from(tmp_path: Path) -> None:
 @pytest.mark.catalog
 def test_a_choice_over_the_budget_is_refused(tmp_path: Path) -> None:
     from mncloud.launch import prepare
-    from mncloud.launchoptions import LaunchOptions
     from mncloud.request import build_spec
+    from mncloud.spec.launch import LaunchOptions
 
     (tmp_path / "pyproject.toml").write_text("")
     (tmp_path / "train.py").write_text("print('hi')\n")

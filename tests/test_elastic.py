@@ -154,9 +154,9 @@ def test_on_a_cloud_each_size_change_relaunches_the_job_never_two_live(
     from mncloud.control.loop import Controller
     from mncloud.control.markets import ManagedJobMarket
     from mncloud.deadline.policy import Mode
-    from mncloud.launchoptions import LaunchOptions
     from mncloud.records.store import list_records
     from mncloud.request import build_spec
+    from mncloud.spec.launch import LaunchOptions
     from mncloud.storage import CheckpointStore
     from mncloud.storage.checkpoints import Manifest
     from tests.test_control import FakeClock
@@ -220,9 +220,9 @@ def test_a_smaller_world_is_priced_against_waiting_for_the_gang(tmp_path: Path) 
         smaller_world_breakeven,
         smaller_world_pays,
     )
-    from mncloud.launchoptions import LaunchOptions
     from mncloud.plan.traces import Trace
     from mncloud.request import build_spec
+    from mncloud.spec.launch import LaunchOptions
 
     job = Job.build(nodes=4, hours=10, deadline_s=30 * 3600, overhead_s=600, gap_s=300,
                     spot_price=1.0, on_demand_price=3.0)  # fmt: skip

@@ -208,7 +208,7 @@ def test_control_is_hidden_but_still_runs(capsys: pytest.CaptureFixture[str]) ->
 NOT_FOR_HELP = (
     "pydantic",
     "mncloud.spec",
-    "mncloud.launchoptions",
+    "mncloud.spec.launch",
     "mncloud.request",
     "torch",
     "sky",

@@ -61,8 +61,7 @@ ROOMS: list[tuple[str, str]] = [
     ("mncloud.train", "ckpt collectives dist emergency ft lighthouse preempt profiler progress "
                       "parallel sampler saving staging state steptime streaming"),
     ("mncloud.doctor", "__main__ bandwidth checks gang meeting mesh node"),
-    ("mncloud.spec", ""),
-    ("mncloud.launchoptions", ""),
+    ("mncloud.spec", "launch"),
     ("mncloud.request", ""),
     ("mncloud.plan", "costmodel explain hardware hazards learned model profile sharding "
                      "stepmodel timing traces"),

@@ -261,8 +261,8 @@ def test_a_cluster_run_bills_from_its_cluster_s_launch(
     """`up --cluster`: the cluster came UP 10 min after `up` sent it (SkyPilot's
     `launched_at`); billed from there until `down` (before: from `up`)."""
     from mncloud.launch import launch
-    from mncloud.launchoptions import LaunchOptions
     from mncloud.request import build_spec
+    from mncloud.spec.launch import LaunchOptions
 
     clock = Clock(monkeypatch)
     bucket = f"file://{tmp_path / 'bucket'}"

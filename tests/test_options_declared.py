@@ -169,7 +169,7 @@ def test_nodes_is_followed_by_name_from_the_flag_to_the_template() -> None:
 def test_the_launch_options_are_built_field_by_field_from_the_parameters() -> None:
     """`launch_options_from` names every `LaunchOptions` field once, each from the parameter
     of its name (no `**dict`), and a value said for each arrives in its field."""
-    from mncloud.launchoptions import LaunchOptions
+    from mncloud.spec.launch import LaunchOptions
 
     builder = _function(MNCLOUD / "cli" / "values.py", "launch_options_from")
     call = _call(builder, "LaunchOptions")

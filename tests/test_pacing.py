@@ -18,9 +18,9 @@ from mncloud.control import loop
 from mncloud.control.loop import Controller
 from mncloud.control.pacing import holds, run_seconds
 from mncloud.deadline.policy import Mode
-from mncloud.launchoptions import LaunchOptions
 from mncloud.plan.traces import load_trace
 from mncloud.request import build_spec
+from mncloud.spec.launch import LaunchOptions
 from tests.test_control import FakeClock
 
 runner = CliRunner()

@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 
 from mncloud.errors import CatalogError, SpecError
-from mncloud.launchoptions import PlanOptions
 from mncloud.plan import MAX_FALLBACKS, Plan, PlanRequest, make_plan
 from mncloud.request import build_spec
 from mncloud.spec import Accelerator, SpotPolicy
+from mncloud.spec.launch import PlanOptions
 from tests.skyseed import sky_enabled_clouds  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.catalog

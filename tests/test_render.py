@@ -322,8 +322,8 @@ def test_plan_that_picks_spot_under_the_default_market_sets_the_watch(script: Pa
     """Spot is decided once: when the plan picks it (no --spot given), the task is spot
     everywhere — use_spot, job_recovery, the preemption watch and the backend's market."""
     from mncloud.launch import prepare
-    from mncloud.launchoptions import LaunchOptions
     from mncloud.spec import SpotPolicy
+    from mncloud.spec.launch import LaunchOptions
 
     spec = build_spec(script, gpus="H100:8", nodes=4, bucket="s3://team-ckpt")
     assert spec.spot is SpotPolicy.EITHER

@@ -103,7 +103,7 @@ def test_retry_on_error_is_a_deprecated_alias(project: Path) -> None:
 
 def test_the_alias_becomes_max_restarts() -> None:
     from mncloud.cli.options import launch_options_from, retry_alias
-    from mncloud.launchoptions import LaunchOptions
+    from mncloud.spec.launch import LaunchOptions
 
     values: dict[str, object] = {"retry_on_error": 4, "max_restarts": None}
     assert retry_alias(values) and values["max_restarts"] == 4

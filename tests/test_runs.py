@@ -13,7 +13,6 @@ from typer.testing import CliRunner
 from mncloud import constants, layout
 from mncloud.errors import RunNotFoundError
 from mncloud.export import ExportFormat
-from mncloud.launchoptions import LaunchOptions
 from mncloud.records import store
 from mncloud.records.ledger import cost_summary, observed_spot_hazard
 from mncloud.records.model import Event, RecordError, RunRecord
@@ -30,6 +29,7 @@ from mncloud.records.store import (
 from mncloud.redact import Redactor
 from mncloud.request import build_spec
 from mncloud.spec import Accelerator, JobSpec, Parallel, Recovery
+from mncloud.spec.launch import LaunchOptions
 from mncloud.storage import open_bucket
 from mncloud.telemetry import steps as telemetry
 from mncloud.telemetry.steps import step_times, straggler_note, straggler_ranks

@@ -34,8 +34,8 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, Field, computed_field
 
-from mncloud.launchoptions import LaunchOptions
 from mncloud.records.ledger import RunTimes
+from mncloud.spec.launch import LaunchOptions
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Iterator, Mapping

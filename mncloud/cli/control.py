@@ -45,8 +45,8 @@ log = logging.getLogger("mncloud.control")
 
 if TYPE_CHECKING:
     from mncloud.control import ControlState
-    from mncloud.launchoptions import DeadlineOptions, LaunchOptions
     from mncloud.spec import JobSpec
+    from mncloud.spec.launch import DeadlineOptions, LaunchOptions
 
 
 def register(app: typer.Typer) -> None:

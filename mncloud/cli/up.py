@@ -14,9 +14,9 @@ from mncloud.options import MAX_HOURS
 if TYPE_CHECKING:
     from mncloud.backends.base import RunStatus
     from mncloud.launch import Existing
-    from mncloud.launchoptions import LaunchOptions
     from mncloud.plan import Plan
     from mncloud.spec import JobSpec
+    from mncloud.spec.launch import LaunchOptions
 
 
 def register(app: typer.Typer) -> None:

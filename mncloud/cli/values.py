@@ -18,9 +18,9 @@ from mncloud.options import MAX_HOURS
 if TYPE_CHECKING:
     from pydantic import BaseModel
 
-    from mncloud.launchoptions import DeadlineOptions, LaunchOptions
     from mncloud.options import JobOptions
     from mncloud.spec import JobSpec
+    from mncloud.spec.launch import DeadlineOptions, LaunchOptions
 
 
 _DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", re.ASCII)
@@ -50,7 +50,7 @@ def deadline_seconds(text: str | None) -> float | None:
 
 def deadline_options(values: dict[str, Any]) -> DeadlineOptions:
     """The numbers beside `--deadline` in a command's parameters, checked (`DeadlineOptions`)."""
-    from mncloud.launchoptions import DeadlineOptions
+    from mncloud.spec.launch import DeadlineOptions
 
     return DeadlineOptions.build(
         **{k: values.get(k) for k in DeadlineOptions.model_fields if values.get(k) is not None}
@@ -64,7 +64,7 @@ def launch_options_from(values: dict[str, Any]) -> LaunchOptions:
     from pydantic import ValidationError
 
     from mncloud.errors import first_error
-    from mncloud.launchoptions import LaunchOptions
+    from mncloud.spec.launch import LaunchOptions
 
     said = _said(values, LaunchOptions)
     try:

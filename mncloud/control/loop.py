@@ -294,8 +294,8 @@ class Controller:
         """Launch the spec in `mode` (`again`: after a launch cut short by a crash)."""
         from mncloud.control.pacing import off_the_clock
         from mncloud.launch import Existing
-        from mncloud.launchoptions import LaunchOptions
         from mncloud.spec import JobSpec, Recovery, SpotPolicy
+        from mncloud.spec.launch import LaunchOptions
 
         st, cfg = self.state, self.state.config
         from mncloud.control.elastic import launch_nodes

@@ -58,8 +58,8 @@ from mncloud.spec import DEFAULT_RECOVERY_MINUTES
 
 if TYPE_CHECKING:
     from mncloud.backends.base import ControllerHost
-    from mncloud.launchoptions import LaunchOptions
     from mncloud.spec import JobSpec
+    from mncloud.spec.launch import LaunchOptions
 
 #: Clouds: one decision every 5 minutes of run time.
 DECISION_INTERVAL_S = 300

@@ -16,7 +16,6 @@ from pydantic import (
 
 from mncloud.catalog import Exclusion
 from mncloud.errors import SpecError, first_error
-from mncloud.launchoptions import PlanOptions
 from mncloud.plan.costmodel import (
     DEFAULT_CKPT_SECONDS,
     DEFAULT_HEAL_MINUTES,
@@ -41,6 +40,7 @@ from mncloud.spec import (
     canonical_cloud,
     default_of,
 )
+from mncloud.spec.launch import PlanOptions
 
 #: How many fallbacks a plan hands SkyPilot after its choice, and at most how many entries
 #: (choice included) may come from one cloud before other clouds get a turn.

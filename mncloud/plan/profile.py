@@ -28,9 +28,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from mncloud import layout
 from mncloud.constants import CKPT_URI_ENV, PROFILE_META_ENV, PROFILE_OUT_ENV
 from mncloud.errors import SpecError
-from mncloud.launchoptions import PlanOptions
 from mncloud.plan import hardware
 from mncloud.plan.stepmodel import Workload, attention_flops_per_token, measured_mfu
+from mncloud.spec.launch import PlanOptions
 
 #: The longest a profile run may take: a few steps of a script (the import of torch included).
 PROFILE_TIMEOUT_S = 900.0

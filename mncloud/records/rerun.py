@@ -18,12 +18,12 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from mncloud import layout
-from mncloud.launchoptions import LaunchOptions
 from mncloud.records.lineage import git, repo_root, sha256_file
 from mncloud.records.model import GitInfo, RecordError, RunRecord, UntrackedFile
 from mncloud.records.store import load_diff
 from mncloud.redact import REDACTED
 from mncloud.spec import DEFAULT_HOURS, JobSpec
+from mncloud.spec.launch import LaunchOptions
 
 
 class RerunSetup(BaseModel):

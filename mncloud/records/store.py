@@ -43,9 +43,9 @@ from mncloud.redact import spec_redactor
 from mncloud.storage import write_atomic
 
 if TYPE_CHECKING:
-    from mncloud.launchoptions import LaunchOptions
     from mncloud.render import RenderedTask
     from mncloud.spec import JobSpec
+    from mncloud.spec.launch import LaunchOptions
 
 log = logging.getLogger(__name__)
 

@@ -40,11 +40,11 @@ def measure(
     """(passed, the preflight's lines) of the bandwidth test across run `name`'s cluster."""
     import sky
 
-    from mncloud.launchoptions import LaunchOptions
     from mncloud.records.store import load_current
     from mncloud.render import rendered_from_yaml
     from mncloud.render.bandwidth import bandwidth_task
     from mncloud.spec import JobSpec
+    from mncloud.spec.launch import LaunchOptions
 
     require_live_cluster(name, _needs(name))
     record = load_current(name)

@@ -2,7 +2,7 @@
 
 Every layer (plan, render, backends, run records) takes a `JobSpec`; nothing downstream
 re-parses flags (`mncloud.request` builds one from flags over the project's `mncloud.yaml`).
-How a job is planned and run beside it is `mncloud.launchoptions` (`LaunchOptions`).
+How a job is planned and run beside it is `launch.py` in this package (`LaunchOptions`).
 Validation errors are `SpecError`s whose message names the bad value and how to mend it.
 """
 
