@@ -85,12 +85,9 @@ def close(ctl: Steering, kind: str, detail: str) -> None:
         return
     if st.run_ids:
         with contextlib.suppress(MncloudError):  # unreadable now: the end is written anyway
-            if any(e.kind in _ENDS for e in find_record(st.run_ids[-1]).events):
+            if find_record(st.run_ids[-1]).finished:
                 return
     ctl.event(kind, detail)
-
-
-_ENDS = ("finish", "failure")
 
 
 def _placement(events: list[Event]) -> dict[str, object]:
