@@ -166,19 +166,39 @@ def smaller_world_breakeven(job: Job, offered: int) -> float:
     return job.overhead_ticks * (1 + job.nodes / max(1, offered))
 
 
+class GangWait:
+    """The shortfalls of the gang's nodes, looked at tick by tick: how long the current one is
+    expected to last still (`expected`). One rule for the controller (`expected_gang_wait`) and
+    the deadline replay's `--min-nodes` ride, which looks once a tick."""
+
+    def __init__(self) -> None:
+        self.ended_sum = self.ended = self.length = 0
+
+    def look(self, short: bool) -> None:
+        """One tick: the gang short of nodes (`short`) or whole."""
+        if short:
+            self.length += 1
+        elif self.length:
+            self.ended_sum += self.length
+            self.ended += 1
+            self.length = 0
+
+    def expected(self) -> float:
+        """The mean length of the shortfalls that ended before the current one, less its age;
+        with none ended yet, without end (the replacement is not coming, as far as anyone
+        knows)."""
+        if not self.ended:
+            return float("inf")
+        return max(0.0, self.ended_sum / self.ended - self.length)
+
+
 def expected_gang_wait(counts: Sequence[int], nodes: int) -> float:
     """Ticks the current shortfall (the trailing ticks of `counts` below `nodes`) is expected
-    to last still: the mean length of the shortfalls that ended before it, less its age; with
-    none ended yet, without end (the replacement is not coming, as far as anyone knows)."""
-    runs, length = [], 0
+    to last still (`GangWait.expected`)."""
+    wait = GangWait()
     for count in counts:
-        if count < nodes:
-            length += 1
-        elif length:
-            runs, length = [*runs, length], 0
-    if not runs:
-        return float("inf")
-    return max(0.0, sum(runs) / len(runs) - length)
+        wait.look(count < nodes)
+    return wait.expected()
 
 
 def smaller_world_pays(job: Job, offered: int, counts: Sequence[int]) -> bool:

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from mncloud.deadline.policy import (
+    GangWait,
     Job,
     Mode,
     Observation,
@@ -174,27 +175,19 @@ class _Ride:
     def __init__(self, job: Job, min_nodes: int | None) -> None:
         self.job, self.k = job, min_nodes if min_nodes is not None else job.nodes
         self.breakeven = smaller_world_breakeven(job, self.k)
-        self.ended_sum = self.ended = self.length = 0
+        self.gang = GangWait()
         self.riding, self.overhead, self.gang_ticks = False, 0, 0.0
 
     def look(self, spot: bool) -> None:
         """Count the shortfalls of the gang's spot as the controller counts them."""
-        if not spot:
-            self.length += 1
-        elif self.length:
-            self.ended_sum, self.ended, self.length = (
-                self.ended_sum + self.length,
-                self.ended + 1,
-                0,
-            )
+        self.gang.look(not spot)
 
     def rides(self) -> bool:
         """Whether a tick the policy waits through a shortfall trains on k nodes (a ride goes
         on until the shortfall ends or the policy launches)."""
         if self.riding or self.k >= self.job.nodes:
             return self.riding
-        wait = max(0.0, self.ended_sum / self.ended - self.length) if self.ended else float("inf")
-        if wait > self.breakeven:
+        if self.gang.expected() > self.breakeven:
             self.riding, self.overhead = True, self.job.overhead_ticks
         return self.riding
 
