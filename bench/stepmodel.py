@@ -12,7 +12,9 @@ For two sizes of `examples/train_ddp.py` (`--hidden 256` and `--hidden 1024`) it
 3. predicts the step on 1, 2 and 3 local nodes × 2 processes with the planner's step-time
    model (`plan.stepmodel.step_time`), the "GPU" being this CPU shared by every process
    (peak = the profile's one-thread matmul rate × cores ÷ processes, at most 1×;
-   efficiency = what the profile measured);
+   efficiency = what the profile measured; overlap 0 once the ranks fill the cores: gloo
+   reduces on the same cores, so nothing hides the all-reduce — the ratio with a GPU's
+   overlap is printed beside it);
 4. measures it: `mncloud up --cloud local`, the median interval between rank 0's steps in
    its telemetry after 20 steps of warm-up;
 
@@ -92,8 +94,16 @@ dist.destroy_process_group()
     return 2 * (ranks - 1) / ranks * nbytes / took / 1e9
 
 
-def predict(profile: Any, nodes: int, busbw: float) -> dict[str, float]:
-    """The planner's step model on this CPU, shared by nodes × PROCS processes."""
+def predict(
+    profile: Any, nodes: int, busbw: float, *, overlap: float | None = None
+) -> dict[str, float]:
+    """The planner's step model on this CPU, shared by nodes × PROCS processes.
+
+    `overlap`: the share of backward that hides the all-reduce (None: the model's, made for
+    GPUs, where NCCL runs beside the compute). On this CPU gloo's all-reduce runs on the cores
+    the ranks compute on: with as many ranks as cores, none is idle to hide it behind backward
+    (`cpu_overlap`).
+    """
     from mncloud.plan.hardware import GpuFacts, model
     from mncloud.plan.stepmodel import Workload, step_time
 
@@ -103,6 +113,8 @@ def predict(profile: Any, nodes: int, busbw: float) -> dict[str, float]:
     peak = profile.device_matmul_flops * share
     mfu = profile.flops_per_step / (profile.step_seconds * profile.device_matmul_flops)
     defaults = model()
+    if overlap is not None:
+        defaults = defaults.model_copy(update={"overlap": overlap})
     cpu = GpuFacts(
         name="cpu",
         variant="this machine's CPU",
@@ -114,13 +126,20 @@ def predict(profile: Any, nodes: int, busbw: float) -> dict[str, float]:
         source="measured here",
     )
     work = Workload(flops_per_step=profile.flops_per_step, grad_bytes=profile.grad_bytes, mfu=mfu)
-    step = step_time(work, cpu, gpus_per_node=PROCS, nodes=nodes, inter_busbw_gbs=busbw)
+    step = step_time(
+        work, cpu, gpus_per_node=PROCS, nodes=nodes, inter_busbw_gbs=busbw, defaults=defaults
+    )
     return {
         "predicted_s": step.step_seconds,
         "compute_s": step.compute_seconds,
         "comm_s": step.comm_seconds,
         "exposed_s": step.exposed_comm_seconds,
     }
+
+
+def cpu_overlap(nodes: int) -> float | None:
+    """This CPU's overlap: 0 when the ranks fill every core (see `predict`), else the model's."""
+    return 0.0 if nodes * PROCS >= (os.cpu_count() or 1) else None
 
 
 def measure(hidden: int, nodes: int) -> float:
@@ -157,10 +176,12 @@ def main() -> None:
         for nodes in NODES:
             busbw = gloo_busbw_gbs(nodes * PROCS, example_tensors(hidden))
             row = {"hidden": hidden, "nodes": nodes, "procs": nodes * PROCS}
-            row |= predict(profile, nodes, busbw)
+            row |= predict(profile, nodes, busbw, overlap=cpu_overlap(nodes))
+            gpu_overlap = predict(profile, nodes, busbw)["predicted_s"]
             row["busbw_gbs"] = busbw
             row["measured_s"] = measure(hidden, nodes)
             row["ratio"] = row["predicted_s"] / row["measured_s"]
+            row["ratio_gpu_overlap"] = gpu_overlap / row["measured_s"]
             rows.append(row)
             if not args.json:
                 print(
@@ -168,7 +189,8 @@ def main() -> None:
                     f"{row['predicted_s'] * 1e3:7.2f} ms (compute {row['compute_s'] * 1e3:.2f}, "
                     f"all-reduce {row['comm_s'] * 1e3:.2f} at {busbw:.2f} GB/s, exposed "
                     f"{row['exposed_s'] * 1e3:.2f})  measured {row['measured_s'] * 1e3:7.2f} ms"
-                    f"  predicted/measured {row['ratio']:.2f}",
+                    f"  predicted/measured {row['ratio']:.2f} (with a GPU's overlap "
+                    f"{row['ratio_gpu_overlap']:.2f})",
                     flush=True,
                 )
     if args.json:
