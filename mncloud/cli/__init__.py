@@ -216,6 +216,9 @@ class _Group(PlainFlagsGroup):
         super().__init__(*args, **kwargs)
         self.commands = _Commands(COMMANDS, self.commands)
 
+    def list_commands(self, ctx: Any) -> list[str]:
+        return list(self.commands)  # the names only (Typer's own walks the commands, built)
+
     def format_commands(self, ctx: Any, formatter: Any) -> None:
         with self.commands.stand_ins():
             super().format_commands(ctx, formatter)
