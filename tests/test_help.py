@@ -7,6 +7,8 @@ the console script's entry point, and a few through the installed `mncloud` scri
 
 from __future__ import annotations
 
+import importlib
+import json
 import os
 import shutil
 import subprocess
@@ -18,6 +20,7 @@ from typing import Any
 import pytest
 import typer.main
 
+from mncloud.cli import COMMANDS as TABLE
 from mncloud.cli import app, main
 
 WIDTH = 80
@@ -231,3 +234,57 @@ def test_help_loads_neither_pydantic_nor_the_spec() -> None:
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("Usage: mncloud") == len(COMMANDS)
     assert proc.stdout.strip().endswith("LOADED []"), proc.stdout[-300:]
+
+
+def _loaded_after(args: list[str]) -> dict[str, Any]:
+    """Run `mncloud ARGS` in a fresh interpreter: its output and the modules it loaded."""
+    code = (
+        "import json, sys\nfrom mncloud.cli import main\n"
+        f"try:\n    main({args!r})\nexcept SystemExit:\n    pass\n"
+        "print('\\nLOADED', json.dumps(sorted(sys.modules)))\n"
+    )
+    env = {**os.environ, "COLUMNS": str(WIDTH)}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr
+    out, loaded = proc.stdout.rsplit("\nLOADED ", 1)
+    return {"out": out, "loaded": set(json.loads(loaded))}
+
+
+def test_the_root_help_imports_no_command_module() -> None:
+    """`mncloud --help` lists every command from the table (`mncloud.cli.COMMANDS`), loading
+    no command's module, nor rich, pydantic or the options' data; `mncloud plan --help` loads
+    plan's only."""
+    modules = {entry.module for entry in TABLE.values()}
+    root = _loaded_after(["--help"])
+    listed = [line.split()[0] for line in root["out"].split("Commands:\n")[1].splitlines()]
+    assert listed == [name for name, entry in TABLE.items() if not entry.hidden]
+    assert root["loaded"] & {*modules, "rich", "pydantic", "mncloud.options"} == set()
+    assert _loaded_after(["plan", "--help"])["loaded"] & modules == {"mncloud.cli.plan"}
+
+
+def test_the_table_says_what_the_commands_say() -> None:
+    """Each table entry's help line and hidden flag are its command's, at every width a listing
+    uses; every command a module registers is in the table; the root's help is the same byte
+    for byte before and after every command is built."""
+    group: Any = typer.main.get_command(app)
+    ctx = group.make_context("mncloud", [], resilient_parsing=True)
+    from_the_table = group.get_help(ctx)
+    for name, entry in TABLE.items():
+        with group.commands.stand_ins():
+            stand_in = group.commands[name]
+        built = group.commands[name]
+        assert (built.name, built.hidden) == (name, entry.hidden)
+        for limit in range(20, 81):
+            assert stand_in.get_short_help_str(limit) == built.get_short_help_str(limit), name
+    assert group.get_help(ctx) == from_the_table
+    registering = {
+        f"mncloud.cli.{path.stem}"
+        for path in (Path(__file__).parents[1] / "mncloud" / "cli").glob("*.py")
+        if "\ndef register(" in path.read_text()
+    }
+    assert registering <= {entry.module for entry in TABLE.values()}
+    for module in registering:
+        everything = typer.Typer()
+        importlib.import_module(module).register(everything)
+        names = [c.name for c in everything.registered_commands]
+        assert set(names + [g.name for g in everything.registered_groups]) <= set(TABLE)

@@ -102,6 +102,7 @@ DYNAMIC_IMPORTS: dict[str, str] = {
     "mncloud.backends.registry": "an engine from its table of dotted paths, when asked for",
     "mncloud.backends.local.warmhost": "its WARM_MODULES, ahead of a training script",
     "mncloud.storage.retry": "the storage SDKs' own modules (not ours)",
+    "mncloud.cli": "a command's module from its table (`COMMANDS`), when the command is run",
 }
 
 #: A dotted module name, maybe with `:attribute` (a bare `"mncloud"` is the program's name).
