@@ -223,7 +223,7 @@ NOT_FOR_HELP = (
 def test_help_loads_neither_pydantic_nor_the_spec() -> None:
     """`mncloud --help` and every command's `--help` in one fresh interpreter: the help text
     is plain data (`mncloud.options`), so none of NOT_FOR_HELP is imported (`mncloud --help`
-    stays near a bare `python -c pass`: bench/help_time.py measures it)."""
+    stays near a bare `python -c pass`: bench/cli_startup.py measures it)."""
     code = (
         "import sys\nfrom mncloud.cli import main\n"
         f"for path in {[list(path) for path, _ in COMMANDS]!r}:\n"
