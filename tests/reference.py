@@ -8,6 +8,8 @@ reference puts no load on that run's timing); later tests with the same configur
 its result, which the same seeds make bit for bit the same. The examples' `--compute-ms`
 (a sleep standing for GPU time after each backward pass; no weight depends on it) is left
 out of the reference run: the same weights, without the sleep (30 s of 600 steps × 50 ms).
+So is the nodes' preflight (`--no-preflight`: it runs before torchrun, a few seconds a
+launch on 2 cores): the interrupted runs the reference is compared with keep theirs.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ def reference_final(script: Path, flags: list[str], train: list[str]) -> dict[st
     key = (str(script), *flags, "--", *train)
     if key not in _finals:
         name = f"ref-{len(_finals)}"
-        up(name, script, *flags, script_args=train)
+        up(name, script, *flags, "--no-preflight", script_args=train)
         state = wait_final(name)
         assert state.state is RunState.SUCCEEDED, run_log(name)
         final = read_final(state.ckpt_uri)
