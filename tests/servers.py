@@ -277,11 +277,17 @@ def gcs_server() -> Iterator[GCSServer]:
 @pytest.fixture
 def s3_env(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> S3Server:
     """The S3 server with its variables set in os.environ for this test."""
-    for k, v in s3_server.env().items():
+    return use_s3(s3_server, monkeypatch)
+
+
+def use_s3(server: S3Server, monkeypatch: pytest.MonkeyPatch) -> S3Server:
+    """`server` running, its variables set in os.environ through `monkeypatch` (a test's, or a
+    module fixture's own `pytest.MonkeyPatch.context()`)."""
+    for k, v in server.env().items():
         monkeypatch.setenv(k, v)
-    if not s3_server.running:  # a previous test left it stopped
-        s3_server.start()
-    return s3_server
+    if not server.running:  # a previous test left it stopped
+        server.start()
+    return server
 
 
 @pytest.fixture

@@ -118,7 +118,10 @@ def test_a_node_lost_while_spot_is_offered_is_launched_again(tmp_path: Path) -> 
     """A spot node killed outside the trace (spot still offered): the held gang is taken as
     preempted and launched again on spot from its checkpoint, and the run finishes."""
     trace = _trace(tmp_path, [2] * 200)
-    _deadline_up("held", trace, "--deadline", "2h", "--hours", "0.2", steps=TRAIN)
+    # TRAIN without its 50 ms steps: no tick here waits on the training (spot throughout, the
+    # deadline far), so idle steps would only make the relaunch 30 s longer.
+    quick = ["--steps", "600", "--ckpt-interval", "20", "--log-every", "200"]
+    _deadline_up("held", trace, "--deadline", "2h", "--hours", "0.2", steps=quick)
     first = wait_until(lambda: (s := control.load_state("held")).run_ids and s, 120, "a launch")
     wait_until(lambda: any(local_ckpt_dir("held").rglob("COMPLETE")), 120, "a checkpoint")
     killed = runner.invoke(app, ["chaos", "preempt", "held", "--node", "1"])

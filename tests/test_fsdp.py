@@ -356,6 +356,13 @@ def _hash(tensors: dict[str, Any]) -> str:
 FLAGS = ["--gpus", "cpu:2", "--recovery-delay", "0.5s"]
 
 
+def _train_args(parallel: str, steps: int = 30) -> list[str]:
+    """The script's arguments of a run on 240 samples: with 30 steps, the tests below share
+    one uninterrupted reference per layout (`tests/reference.py`)."""
+    return ["--steps", str(steps), "--samples", "240", "--ckpt-interval", "5",
+            "--parallel", parallel]  # fmt: skip
+
+
 @pytest.mark.slow
 @pytest.mark.catalog
 def test_fsdp_preempted_once_ends_on_the_uninterrupted_weights(s3_env: Any, tmp_path: Path) -> None:
@@ -364,15 +371,10 @@ def test_fsdp_preempted_once_ends_on_the_uninterrupted_weights(s3_env: Any, tmp_
     from mncloud.backends.base import RunState
     from mncloud.backends.local.figures import read_final
     from mncloud.storage import CheckpointStore
+    from tests.reference import reference_final
     from tests.test_local import cli, run_log, steps_since, up, wait_final, wait_until
 
-    args = ["--steps", "30", "--ckpt-interval", "5", "--samples", "240"]
-    up("fref", EXAMPLE, "--nodes", "2", *FLAGS, script_args=args)
-    ref = wait_final("fref")
-    assert ref.state is RunState.SUCCEEDED, run_log("fref")
-    reference = read_final(ref.ckpt_uri)
-    assert reference and reference["steps"] == 30
-
+    args = _train_args("fsdp")
     bucket = s3_env.make_bucket()
     up("fchaos", EXAMPLE, "--nodes", "2", *FLAGS, "--bucket", f"s3://{bucket}/x", script_args=args)
     store = CheckpointStore(f"s3://{bucket}/x/fchaos")
@@ -387,6 +389,8 @@ def test_fsdp_preempted_once_ends_on_the_uninterrupted_weights(s3_env: Any, tmp_
     assert state.state is RunState.SUCCEEDED, run_log("fchaos")
     assert state.preemptions == 1
     final = read_final(state.ckpt_uri)
+    reference = reference_final(EXAMPLE, ["--nodes", "2", *FLAGS], args)  # after: no load
+    assert reference["steps"] == 30
     assert final is not None and final["weights_sha256"] == reference["weights_sha256"]
 
     # Each rank wrote only its own shard: ≤ 0.6 × the model-and-optimizer bytes at world 4.
@@ -432,20 +436,14 @@ def test_resumed_on_3_nodes_then_1_every_sample_once_per_epoch(
     240 samples, a global batch of 24 (10 steps an epoch)."""
     from mncloud.backends.base import RunState
     from mncloud.backends.local.figures import read_final
+    from tests.reference import reference_final
     from tests.test_local import run_log, up, wait_final
-
-    common = ["--samples", "240", "--ckpt-interval", "5", "--parallel", parallel]
-    up("eref", EXAMPLE, "--nodes", "2", *FLAGS, script_args=["--steps", "30", *common])
-    ref = wait_final("eref", timeout=400)
-    assert ref.state is RunState.SUCCEEDED, run_log("eref")
-    reference = read_final(ref.ckpt_uri)
-    assert reference is not None
 
     samples = tmp_path / "samples"
     for nodes, steps in ((2, 7), (3, 19), (1, 30)):
         resume = ["--resume"] if steps > 7 else []
         up("elastic", EXAMPLE, "--nodes", str(nodes), *FLAGS, *resume,
-           script_args=["--steps", str(steps), *common, "--sample-log", str(samples)])  # fmt: skip
+           script_args=[*_train_args(parallel, steps), "--sample-log", str(samples)])  # fmt: skip
         leg = wait_final("elastic", timeout=400)
         assert leg.state is RunState.SUCCEEDED, run_log("elastic")
         final = read_final(leg.ckpt_uri)
@@ -457,6 +455,7 @@ def test_resumed_on_3_nodes_then_1_every_sample_once_per_epoch(
     for epoch in range(3):
         ids = [i for step in range(10 * epoch + 1, 10 * epoch + 11) for i in trained[step]]
         assert sorted(ids) == list(range(240)), f"epoch {epoch}"
+    reference = reference_final(EXAMPLE, ["--nodes", "2", *FLAGS], _train_args(parallel))
     assert abs(final["final_loss"] - reference["final_loss"]) <= 0.01 * reference["final_loss"]
     # The export of the last checkpoint (saved by 2 ranks) is the gathered model, bit for bit.
     from safetensors.torch import load_file

@@ -207,8 +207,10 @@ def test_a_local_run_preempted_once() -> None:
     from mncloud.records.store import load_current
     from mncloud.storage import CheckpointStore
 
-    # Long enough that the kill lands mid-training, after a checkpoint, however fast steps are.
-    args = ["--steps", "1500", "--ckpt-interval", "25", "--log-every", "500"]
+    # Long enough that the kill lands mid-training, after a checkpoint, however fast steps are:
+    # it comes within a telemetry interval (0.5 s) or so of step 28, 770 steps before the end.
+    steps = 800
+    args = ["--steps", str(steps), "--ckpt-interval", "25", "--log-every", "500"]
     up("gp", EXAMPLE, "--nodes", "2", "--gpus", "cpu:1", "--recovery-delay", "0.5s",
        script_args=args)  # fmt: skip
     store = CheckpointStore(state_of("gp").ckpt_uri)
@@ -232,7 +234,7 @@ def test_a_local_run_preempted_once() -> None:
     # The ledger reads the same segments: what the kill's lost last segments held (at most
     # one local segment interval of steps) is neither here nor there.
     assert ledger.parts["redone"].steps == max(0, last_before_kill - newest)
-    assert ledger.parts["useful"].steps == 1500 and ledger.kept_step == 1500
+    assert ledger.parts["useful"].steps == steps and ledger.kept_step == steps
     _adds_up(ledger)
     assert ledger.goodput is not None and 0 < ledger.goodput < 1
     # Priced (a local run costs $0 unless a deadline rehearsal prices it): still to the cent.

@@ -33,8 +33,10 @@ pytestmark = pytest.mark.catalog
 NODES = ["--nodes", "3", "--gpus", "cpu:2", "--recovery", "node", "--provision-delay", "2s"]
 # Provisioning long enough that survivors waiting on the lost node (not going on) would show.
 SLOW_NODES = [*NODES[:-1], "8s"]
-# Long enough that the replacement (8 s + a cold start of ~15 s on 2 cores) joins mid-run.
-TRAIN = ["--steps", "2500", "--ckpt-interval", "50", "--log-every", "500"]
+# Long enough that the replacement (8 s + a cold start of ~15 s on 2 cores) joins mid-run:
+# lost at ~step 130, it joined at step 1100 on 2 busy cores (load 6).
+STEPS = 2000
+TRAIN = ["--steps", str(STEPS), "--ckpt-interval", "50", "--log-every", "500"]
 
 
 _read: dict[str, tuple[SeriesTail, Series]] = {}
@@ -218,9 +220,9 @@ def test_lost_node_is_replaced_alone_and_heals_from_a_live_peer() -> None:
         retries = [r for r in events_of("ft", "retry", n) if r["t"] > killed_at]
         assert len(retries) <= 1, retries  # at most the step in flight is redone
     # Node 1 took a step from a peer that is ahead of anything it had, then trained on.
-    assert healed["step"] > healed["from_step"] and max(s for _, s in steps_of("ft", 1)) == 2500
+    assert healed["step"] > healed["from_step"] and max(s for _, s in steps_of("ft", 1)) == STEPS
     done = {r["node"]: r for r in events_of("ft", "done")}
-    assert sorted(done) == [0, 1, 2] and {d["steps"] for d in done.values()} == {2500}
+    assert sorted(done) == [0, 1, 2] and {d["steps"] for d in done.values()} == {STEPS}
     assert len({d["weights_sha256"] for d in done.values()}) == 1  # bitwise equal replicas
 
     kinds = [e.kind for e in state_of("ft").events]
@@ -276,7 +278,8 @@ def node_events(name: str, kind: str) -> list[float]:
 
 @pytest.mark.slow
 def test_two_of_three_lost_at_once_relaunch_the_gang_from_the_bucket() -> None:
-    up("ft2", EXAMPLE, *NODES, script_args=["--steps", "600", "--ckpt-interval", "50"])
+    # Two lost past step 120; the gang, relaunched from the bucket's newest step, trains to 300.
+    up("ft2", EXAMPLE, *NODES, script_args=["--steps", "300", "--ckpt-interval", "50"])
     wait_until(lambda: max((s for _, s in steps_of("ft2", 0)), default=0) >= 120, 180, "step 120")
     cli("chaos", "preempt", "ft2", "--node", "1")
     cli("chaos", "preempt", "ft2", "--node", "2")

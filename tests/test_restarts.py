@@ -110,3 +110,26 @@ def test_the_alias_becomes_max_restarts() -> None:
     assert launch_options_from(values) == LaunchOptions()  # no longer a launch option
     assert "retry_on_error" not in LaunchOptions.model_fields
     assert retry_alias({"retry_on_error": None, "max_restarts": 2}) is None
+
+
+def test_the_supervisor_s_events_become_record_events_by_what_came_before(tmp_path: Path) -> None:
+    """A relaunch after a preemption is a `recovery` in the run record, after an error a
+    `restart`; a node lost or joined is priced at the nodes billed then; the rest map by kind
+    or are not recorded (`backends/local/recordwriter.py`)."""
+    from mncloud.backends.local.nodes import RunLogs
+    from mncloud.backends.local.recordwriter import RecordWriter
+    from mncloud.backends.local.state import Event
+
+    writer = RecordWriter("r", 2, RunLogs(tmp_path, 3), price=3.0)
+    queued: list[tuple[str, float | None]] = []
+    writer.put = lambda kind, _message, _node, _at, price=None: queued.append((kind, price))  # type: ignore[method-assign]
+    events: list[Event] = []
+    for kind, attempt, billed in [("launch", 1, 3), ("preempted", 1, 3), ("launch", 2, 3),
+                                  ("node-lost", 2, 2), ("setup", 2, 2), ("error", 2, 3),
+                                  ("launch", 3, 3), ("succeeded", 3, 3)]:  # fmt: skip
+        events.append(Event(t=1.0, kind=kind, message=kind, attempt=attempt))
+        writer.supervisor_event(kind, kind, None, 1.0, attempt, events, billed, 3)
+    writer.flush()
+    assert queued == [("launch", None), ("preemption", None), ("recovery", None),
+                      ("node-lost", 2.0), ("failure", None), ("restart", None),
+                      ("finish", None)]  # fmt: skip

@@ -10,6 +10,7 @@ import logging
 import shutil
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -25,9 +26,11 @@ from mncloud.records.store import create_record, load_current
 from mncloud.request import build_spec
 from mncloud.storage import join_key, open_bucket
 from mncloud.telemetry.series import Series, SeriesWriter, finite_metrics, read_series
+from tests.servers import use_s3
 
 if TYPE_CHECKING:
     from tests.fakesky import FakeSky
+    from tests.servers import S3Server
 
 
 def _writer(uri: str, rank: int = 0) -> SeriesWriter:
@@ -130,42 +133,79 @@ def _wait_for_step(uri: str, step: int, timeout: float = 120.0) -> None:
     raise AssertionError(f"step {step} never reached the bucket")
 
 
-@pytest.fixture
-def cloud_run(
-    s3_env: object, tmp_path: Path, fake_sky: FakeSky, monkeypatch: pytest.MonkeyPatch
-) -> tuple[RunRecord, Series]:
+def _sky_faked(monkeypatch: pytest.MonkeyPatch, fake: FakeSky | None = None) -> FakeSky:
+    """As the `fake_sky` fixture: SkyPilot's SDK faked, `down`'s notice on a test clock."""
+    from mncloud.backends.skypilot import notice
+    from tests import fakesky
+    from tests.ticking import NoticeTime
+
+    monkeypatch.setattr(notice, "time", NoticeTime())
+    return fakesky.install(monkeypatch, fake)
+
+
+@dataclass(frozen=True)
+class CloudRun:
+    """What the module's one cloud run left: its home, project folder and faked SkyPilot."""
+
+    home: Path
+    project: Path
+    fake: FakeSky
+
+
+@pytest.fixture(scope="module")
+def cloud_run_once(s3_server: S3Server, tmp_path_factory: pytest.TempPathFactory) -> CloudRun:
     """`mncloud up` of examples/train_ddp.py as a 2-node spot managed job on the faked
     SkyPilot; the task SkyPilot got runs on real local "nodes" (`tests/skynodes.py`: real
     torchrun, 2 ranks each, the cloud's environment) writing through `mncloud.train` to the
     S3 test server. Past step 15 every node is killed (a preemption; SkyPilot's queue shows
     RECOVERING), the same task starts again (the recovery: it resumes from the newest complete
     checkpoint) and finishes; `status` then sees the job SUCCEEDED. Only SkyPilot's API is
-    faked: the record's events are the ones `up` and `status` wrote."""
+    faked: the record's events are the ones `up` and `status` wrote. Run once for the module:
+    each test reads it (`cloud_run`), none changes it."""
     from tests.skynodes import start
 
-    (tmp_path / "pyproject.toml").write_text("[project]\nname='p'\n")
-    shutil.copy(EXAMPLE, tmp_path / "train.py")
-    monkeypatch.chdir(tmp_path)
-    bucket = f"s3://{s3_env.make_bucket()}"  # type: ignore[attr-defined]
-    result = CliRunner().invoke(app, [*UP, "--bucket", bucket, *ARGS])
-    assert result.exit_code == 0, result.output
-    ((job_id, job),) = fake_sky.jobs.items()
-    record = load_current("cl")
-    assert record.ckpt_uri is not None
-    uri = layout.series_uri(record.ckpt_uri, record.run_id)
+    home = tmp_path_factory.mktemp("series-home")
+    project = tmp_path_factory.mktemp("series-project")
+    (project / "pyproject.toml").write_text("[project]\nname='p'\n")
+    shutil.copy(EXAMPLE, project / "train.py")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MNCLOUD_HOME", str(home))
+        mp.chdir(project)
+        s3_env = use_s3(s3_server, mp)
+        fake_sky = _sky_faked(mp)
+        bucket = f"s3://{s3_env.make_bucket()}"
+        result = CliRunner().invoke(app, [*UP, "--bucket", bucket, *ARGS])
+        assert result.exit_code == 0, result.output
+        ((job_id, job),) = fake_sky.jobs.items()
+        record = load_current("cl")
+        assert record.ckpt_uri is not None
+        uri = layout.series_uri(record.ckpt_uri, record.run_id)
 
-    fake_sky.set_status(job_id, ManagedJobStatus.RUNNING)
-    node = {"task_id": f"sky-managed-{job_id}", "gpus_per_node": 2, "env": FAST_TELEMETRY}
-    first = start(job.yaml, **node)
-    _wait_for_step(uri, 15)
-    first.kill()
-    fake_sky.set_status(job_id, ManagedJobStatus.RECOVERING)
-    fake_sky.set_status(job_id, ManagedJobStatus.RUNNING)
-    second = start(job.yaml, **node)
-    assert second.wait(180) == [0, 0], second.log[-3000:]
-    fake_sky.set_status(job_id, ManagedJobStatus.SUCCEEDED)
-    shown = CliRunner().invoke(app, ["status", "cl", "--json"])
-    assert shown.exit_code == 0, shown.output
+        fake_sky.set_status(job_id, ManagedJobStatus.RUNNING)
+        node = {"task_id": f"sky-managed-{job_id}", "gpus_per_node": 2, "env": FAST_TELEMETRY}
+        first = start(job.yaml, **node)
+        _wait_for_step(uri, 15)
+        first.kill()
+        fake_sky.set_status(job_id, ManagedJobStatus.RECOVERING)
+        fake_sky.set_status(job_id, ManagedJobStatus.RUNNING)
+        second = start(job.yaml, **node)
+        assert second.wait(180) == [0, 0], second.log[-3000:]
+        fake_sky.set_status(job_id, ManagedJobStatus.SUCCEEDED)
+        shown = CliRunner().invoke(app, ["status", "cl", "--json"])
+        assert shown.exit_code == 0, shown.output
+    return CloudRun(home, project, fake_sky)
+
+
+@pytest.fixture
+def cloud_run(
+    cloud_run_once: CloudRun, s3_server: S3Server, monkeypatch: pytest.MonkeyPatch
+) -> tuple[RunRecord, Series]:
+    """The module's cloud run (`cloud_run_once`) in this test: its home, folder, S3 and faked
+    SkyPilot in place; its record and telemetry."""
+    monkeypatch.setenv("MNCLOUD_HOME", str(cloud_run_once.home))
+    monkeypatch.chdir(cloud_run_once.project)
+    use_s3(s3_server, monkeypatch)
+    _sky_faked(monkeypatch, cloud_run_once.fake)
     series = run_series(load_current("cl"))
     assert series is not None
     return load_current("cl"), series
@@ -226,7 +266,7 @@ def _metrics_cli_shows_both_launches(kept: int) -> None:
 @pytest.mark.slow
 @pytest.mark.catalog
 def test_the_run_page_draws_the_loss_across_both_launches_in_a_browser(
-    cloud_run: tuple[RunRecord, Series], fake_sky: FakeSky
+    cloud_run: tuple[RunRecord, Series],
 ) -> None:
     """The web view (real uvicorn, real chromium): the loss curve, a line per launch, the
     relaunch marked, step time per node; offline (nothing fetched)."""

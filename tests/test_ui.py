@@ -47,7 +47,7 @@ def demo_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     home = tmp_path_factory.mktemp("ui-home")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("MNCLOUD_HOME", str(home))
-        args = ["--steps", "400", "--ckpt-interval", "25", "--log-every", "100"]
+        args = ["--steps", "200", "--ckpt-interval", "25", "--log-every", "100"]
         up(RUN, EXAMPLE, "--nodes", "2", "--gpus", "cpu:2", "--recovery-delay", "0.5s",
            script_args=args)  # fmt: skip
         store = CheckpointStore(state_of(RUN).ckpt_uri)

@@ -279,10 +279,11 @@ class FakeSky(ManagedJobs, Clusters):
         ]
 
 
-def install(monkeypatch: pytest.MonkeyPatch) -> FakeSky:
-    """Patch SkyPilot's SDK with a new FakeSky (every public SDK function of `sky` and
-    `sky.jobs`, in the package and in the SDK module it comes from)."""
-    fake = FakeSky()
+def install(monkeypatch: pytest.MonkeyPatch, fake: FakeSky | None = None) -> FakeSky:
+    """Patch SkyPilot's SDK with `fake`, else a new FakeSky (every public SDK function of
+    `sky` and `sky.jobs`, in the package and in the SDK module it comes from); a fake installed
+    again keeps its jobs and clusters (a run shared by a module's tests)."""
+    fake = FakeSky() if fake is None else fake
     faked: dict[str, Callable[..., Any]] = {
         "launch": fake._request("launch", fake._launch_cluster, fake._launch_client),
         "exec": fake._request("exec", fake._exec, fake._exec_client),

@@ -15,7 +15,8 @@ node with the variables SkyPilot sets, plus `MNCLOUD_CKPT_URI` (`--bucket`, else
     figures.py     live progress, recovery figures, the uninterrupted reference run
     state.py       the run folder's files and their models (launch.json, state.json)
     replacing.py   node recovery: a lost node replaced alone while the others train on
-    recordwriter.py  the supervisor's run-record writer (events from one thread of its own)
+    recordwriter.py  the supervisor's run-record writer: which of its events become record
+                     events, at what price, written from one thread of their own
     ckptdir.py     `--ckpt-dir` on local nodes: a folder per node, kept in the bucket
     execute.py     `mncloud exec` on a local run's own simulated nodes
     netcheck.py    `mncloud doctor --bandwidth RUN` on a live local run

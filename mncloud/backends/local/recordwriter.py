@@ -1,4 +1,5 @@
-"""The supervisor's run-record writer: events go to `records/` from one thread of their own."""
+"""The supervisor's run-record writer: which of its events become run-record events (and at
+what price), written to `records/` from one thread of their own."""
 
 from __future__ import annotations
 
@@ -7,6 +8,12 @@ import threading
 from typing import Any
 
 from mncloud.backends.local.nodes import RunLogs
+from mncloud.backends.local.state import Event
+
+# Supervisor event kinds → run-record event kinds (records/); "launch" is mapped by attempt.
+_RECORD_KINDS = {"preempted": "preemption", "error": "failure", "succeeded": "finish",
+                 "failed": "failure", "cancelled": "finish", "node-lost": "node-lost",
+                 "node-joined": "node-joined", "node-healed": "node-healed"}  # fmt: skip
 
 
 class RecordWriter:
@@ -21,6 +28,25 @@ class RecordWriter:
         self._queue: queue.Queue[dict[str, Any] | None] = queue.Queue()
         self._thread = threading.Thread(target=self._write, name="mncloud-records", daemon=True)
         self._thread.start()
+
+    def supervisor_event(
+        self, kind: str, message: str, node: int | None, at: float, attempt: int,
+        events: list[Event], billed_nodes: int, nodes: int,
+    ) -> None:  # fmt: skip
+        """Queue the run-record event for a supervisor event of `kind`, if it maps to one.
+        `events`: the supervisor's, this one last (a launch after a preemption is a recovery,
+        after an error a restart); `billed_nodes` of the run's `nodes`
+        are billed now (every node not being provisioned): a node's loss or join is priced so."""
+        mapped = _RECORD_KINDS.get(kind)
+        if kind == "launch":
+            prev = [e.kind for e in events[:-1] if e.kind in ("preempted", "error")]
+            mapped = "launch" if attempt == 1 else (
+                "recovery" if prev and prev[-1] == "preempted" else "restart")  # fmt: skip
+        price = None
+        if mapped in ("node-lost", "node-joined"):
+            price = self.price * billed_nodes / max(1, nodes)
+        if mapped:
+            self.put(mapped, message, node, at, price)
 
     def put(
         self, kind: str, message: str, node: int | None, at: float, price: float | None = None

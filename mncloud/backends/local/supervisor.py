@@ -69,10 +69,6 @@ POLL_S = 0.1
 NOTICE_EXIT_GRACE_S = 10.0
 """After a node exits for a preemption notice, how long the others get to do the same."""
 CHAOS_NO_PROGRESS_S = 60.0
-# Supervisor event kinds → run-record event kinds (records/); "launch" is mapped by attempt.
-_RECORD_KINDS = {"preempted": "preemption", "error": "failure", "succeeded": "finish",
-                 "failed": "failure", "cancelled": "finish", "node-lost": "node-lost",
-                 "node-joined": "node-joined", "node-healed": "node-healed"}  # fmt: skip
 
 
 def plural(n: int, word: str) -> str:
@@ -132,21 +128,10 @@ class Supervisor:
         self.state.detail = message
         self._save()
         self.logs.write(f"[mncloud {datetime.fromtimestamp(now):%H:%M:%S}] {message}")
-        self._record(kind, message, node, now, attempt)
-
-    def _record(self, kind: str, message: str, node: int | None, at: float, attempt: int) -> None:
-        """Queue the run-record (`records/`) event for a supervisor event, if it maps to one."""
-        mapped = _RECORD_KINDS.get(kind)
-        if kind == "launch":
-            prev = [e.kind for e in self.state.events[:-1] if e.kind in ("preempted", "error")]
-            mapped = "launch" if attempt == 1 else (
-                "recovery" if prev and prev[-1] == "preempted" else "restart")  # fmt: skip
-        price = None
-        if mapped in ("node-lost", "node-joined"):  # billed: every node not being provisioned
-            billed = sum(n.status != "replacing" for n in self.state.nodes)
-            price = self.launch.hourly_price * billed / max(1, self.launch.num_nodes)
-        if mapped:
-            self._records.put(mapped, message, node, at, price)
+        billed = sum(n.status != "replacing" for n in self.state.nodes)
+        self._records.supervisor_event(
+            kind, message, node, now, attempt, self.state.events, billed, self.launch.num_nodes
+        )
 
     def _start(
         self, node: int, script: str, label: str, extra: dict[str, str] | None = None
