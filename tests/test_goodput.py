@@ -89,6 +89,20 @@ def test_the_docstring_example_preempted_once_then_idle_at_the_end() -> None:
     assert ledger.unmeasured == []
 
 
+def test_steps_saved_but_not_reported_before_a_kill_are_useful() -> None:
+    """Launch 1 reported steps 1..12 but saved step 15 before the kill (its last telemetry
+    segment lost with the nodes); launch 2 resumed after 15: steps 13..15 are useful, trained
+    once, and take their seconds out of the preempted launch's tail, not the step in flight."""
+    record = _record(1, ("launch", 0.0), ("preemption", 20.0), ("recovery", 30.0),
+                     ("finish", 50.0))  # fmt: skip
+    steps = _marks(1, 12, 2.0) + _marks(16, 30, 32.0)  # 13..15 ran from 13 to 16, unreported
+    ledger = goodput_ledger(record, Telemetry(steps=steps, checkpoints=[30], final_step=30))
+    _adds_up(ledger)
+    assert ledger.parts["useful"].steps == 30 and ledger.parts["redone"].steps == 0
+    # 13..16 the three unreported steps, 16..20 the step in flight when the nodes went.
+    assert _ns(ledger, "useful") == 12 + 3 + 15 and _ns(ledger, "redone") == 4.0
+
+
 def test_a_deadline_run_waiting_for_its_market_waits_unbilled_until_now() -> None:
     """Between launches, and after a preemption of a run not over, nothing is billed."""
     record = _record(2, ("launch", 0.0), ("preemption", 20.0), ("launch", 100.0),

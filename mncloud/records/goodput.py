@@ -136,12 +136,13 @@ def goodput_ledger(
     if telemetry.steps is not None:
         marks = _by_launch(telemetry.steps, [opens[i].time for i in launch_idx])
         retrained = _retrained(marks)
+        unreported = _unreported(marks)
         for k, i in enumerate(launch_idx):
             last = launch_idx[k + 1] - 1 if k + 1 < len(launch_idx) else len(segments) - 1
             seg_end = segments[last]
             stretches += _launch_stretches(
                 opens[i].time, seg_end.end, seg_end.ended_by, seg_end.open, marks[k],
-                retrained[k], kept, telemetry.final_step, parts,
+                retrained[k], kept, telemetry.final_step, parts, unreported[k],
             )  # fmt: skip
     heals = _heal_windows(record, opens, segments)
     timeline = _Timeline(stretches)
@@ -228,6 +229,24 @@ def _retrained(marks: list[list[StepMark]]) -> list[set[int]]:
     return out[::-1]
 
 
+def _unreported(marks: list[list[StepMark]]) -> list[range]:
+    """Per launch, the steps it trained past its last reported one that no launch reported:
+    those up to the step the next launch resumed after (it loaded them from a checkpoint this
+    launch saved), their marks lost with the nodes (a kill before the telemetry's last
+    segment was written)."""
+    reported = {m.step for launch in marks for m in launch}
+    out = []
+    for k, launch in enumerate(marks):
+        later = next((nxt[0].step for nxt in marks[k + 1 :] if nxt), None)
+        top = launch[-1].step if launch else None
+        if top is None or later is None or later - 1 <= top:
+            out.append(range(0))
+            continue
+        steps = range(top + 1, later)
+        out.append(steps if not reported.intersection(steps) else range(0))
+    return out
+
+
 def _step_part(step: int, retrained: set[int], kept: int | None) -> PartName:
     if step in retrained:
         return "redone"
@@ -244,14 +263,18 @@ def _launch_stretches(
     kept: int | None,
     final: int | None,
     parts: dict[str, Part],
+    unreported: range = range(0),
 ) -> list[Stretch]:
     """One launch's wall time [start, end) cut into parts; counts the steps into `parts`.
     A preempted launch's time after its last step is the step in flight (redone), unless that
-    step was the final one (`final`): then it is the final save and teardown (idle)."""
+    step was the final one (`final`): then it is the final save and teardown (idle). Steps it
+    trained whose marks were lost (`unreported`) take their share of that time first, at the
+    median step."""
     if not marks:
         return [(start, end, "recovery")]
     gaps = [b.t - a.t for a, b in itertools.pairwise(marks)]
-    first = max(start, marks[0].t - (statistics.median(gaps) if gaps else 0.0))
+    step_s = statistics.median(gaps) if gaps else 0.0
+    first = max(start, marks[0].t - step_s)
     out: list[Stretch] = [(start, first, "recovery")]
     prev = first
     for mark in marks:
@@ -260,6 +283,11 @@ def _launch_stretches(
         stall = min(max(0.0, mark.ckpt_s), max(0.0, mark.t - prev))
         out += [(prev, mark.t - stall, part), (mark.t - stall, mark.t, "checkpoint_stall")]
         prev = mark.t
+    for step in unreported:
+        part = _step_part(step, retrained, kept)
+        parts[part].steps += 1
+        out.append((prev, min(end, prev + step_s), part))
+        prev = max(prev, min(end, prev + step_s))
     if is_open:
         tail: PartName = "unsaved"  # the step being trained now
     elif ended_by == "preemption" and (final is None or marks[-1].step < final):
