@@ -149,6 +149,38 @@ def test_a_deadline_launch_that_ended_has_one_end_event_at_skypilot_s_end(
     assert all(not _ends(record) for record in later)
 
 
+@pytest.mark.parametrize("ran", [True, False])
+def test_down_ends_the_live_launch_s_record_at_skypilot_s_end(
+    script: Path,  # noqa: F811
+    fake_sky: FakeSky,
+    tmp_path: Path,
+    ran: bool,
+) -> None:
+    """`mncloud down` on the controller's home a tick after its last look (none comes again):
+    the live launch's record ends at SkyPilot's `end_at`, the state's cost is what ran (before:
+    the record open until the `down`, a job that never ran billed a tick; cloud soak seed 7)."""
+    from mncloud.control.down import stop_cloud
+
+    run = Driver(_state(script, tmp_path))
+    _looks(run, 1)  # the launch: no look sees it wait
+    (job,) = _named(fake_sky, "llm")
+    if ran:
+        fake_sky.set_status(job, S.RUNNING)
+        _looks(run, 1)
+    run.clock.now += GAP
+    stop_cloud(run.state, 0.0, wait_s=30.0, sleep=lambda _s: None)
+    (record,) = list_records("llm")
+    ended = fake_sky.job(job).tasks[0].end_at if ran else record.events[0].time  # its launch
+    assert _ends(record) == [("finish", ended)]
+    ran_s = fake_sky.running_seconds(job)[0]
+    assert ran_s == (2 * GAP if ran else 0.0)
+    assert _billed_s("llm", run.clock.now + 7200) == pytest.approx(ran_s)
+    price = next(e for e in record.events if e.kind == "launch").hourly_price
+    stopped = control.load_uri(run.state.config.state_uri)
+    assert stopped is not None and stopped.phase == "stopped"
+    assert stopped.cost == pytest.approx(price * ran_s / 3600)
+
+
 def test_plan_learn_counts_no_preemption_of_a_job_that_never_ran(
     script: Path,  # noqa: F811
     fake_sky: FakeSky,
