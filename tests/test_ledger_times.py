@@ -123,6 +123,28 @@ def test_a_launch_cancelled_outside_bills_until_skypilot_says_cancelled(
     assert _billed_s("llm", run.clock.now + 7200) == pytest.approx(ran)
 
 
+def test_a_stint_seen_recovering_is_not_billed_again_when_cancelled() -> None:
+    """Preempted the instant it started (ran 0 s), seen RECOVERING, then cancelled: SkyPilot's
+    `job_duration` of a job ended from RECOVERING counts the wait since the stint began
+    (`sky/jobs/utils.py`), and CANCELLING reads as VMs held; nothing is billed (before: the
+    whole wait, job-group soak seed 1008's 1803 s of 1 s run)."""
+    from mncloud.records.ledger import RunTimes, catch_up, cost_segments
+    from mncloud.records.model import Event
+
+    launch = Event(kind="launch", time=0.0, spot=True, hourly_price=40.0)
+    record = RunRecord.model_construct(events=[launch, Event(kind="waiting", time=0.0)])
+
+    def follow(times: RunTimes, now: float) -> None:
+        for kind, at in catch_up(record, times, now, spot=True):
+            price = 40.0 if kind == "running" else None
+            record.events.append(Event(kind=kind, time=at, spot=True, hourly_price=price))
+
+    follow(RunTimes(running=False, ran_s=0.0, since=100.0, recovering=True), 300.0)
+    follow(RunTimes(running=True, ran_s=200.0, since=100.0), 300.0)  # CANCELLING
+    follow(RunTimes(running=False, ran_s=500.0, since=100.0, ended_at=600.0), 600.0)
+    assert sum(s.end - s.start for s in cost_segments(record, 7200.0)) == 0.0
+
+
 def _ends(record: RunRecord) -> list[tuple[str, float]]:
     return [(e.kind, e.time) for e in record.events if e.kind in ("finish", "failure")]
 
