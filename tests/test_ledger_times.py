@@ -171,19 +171,26 @@ def test_a_deadline_launch_that_ended_has_one_end_event_at_skypilot_s_end(
     assert all(not _ends(record) for record in later)
 
 
-@pytest.mark.parametrize("ran", [True, False])
+@pytest.mark.parametrize(("ran", "recovery"), [(True, "gang"), (False, "gang"), (True, "node")])
 def test_down_ends_the_live_launch_s_record_at_skypilot_s_end(
     script: Path,  # noqa: F811
     fake_sky: FakeSky,
     tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
     ran: bool,
+    recovery: str,
 ) -> None:
     """`mncloud down` on the controller's home a tick after its last look (none comes again):
     the live launch's record ends at SkyPilot's `end_at`, the state's cost is what ran (before:
-    the record open until the `down`, a job that never ran billed a tick; cloud soak seed 7)."""
+    the record open until the `down`, a job that never ran billed a tick, cloud soak seed 7;
+    a job group's launch kept no run id, so its record stayed open, job-group seed 1020)."""
     from mncloud.control.down import stop_cloud
+    from mncloud.render import jobgroup
 
-    run = Driver(_state(script, tmp_path))
+    if recovery == "node":  # a job group
+        script.write_text("from mncloud.train import Replicas\nreplicas = Replicas({})\n")
+        monkeypatch.setattr(jobgroup, "require_bucket", lambda _spec: None)
+    run = Driver(_state(script, tmp_path, recovery=recovery))
     _looks(run, 1)  # the launch: no look sees it wait
     (job,) = _named(fake_sky, "llm")
     if ran:
@@ -192,9 +199,9 @@ def test_down_ends_the_live_launch_s_record_at_skypilot_s_end(
     run.clock.now += GAP
     stop_cloud(run.state, 0.0, wait_s=30.0, sleep=lambda _s: None)
     (record,) = list_records("llm")
-    ended = fake_sky.job(job).tasks[0].end_at if ran else record.events[0].time  # its launch
+    ended = fake_sky.job(job).tasks[-1].end_at if ran else record.events[0].time  # its launch
     assert _ends(record) == [("finish", ended)]
-    ran_s = fake_sky.running_seconds(job)[0]
+    ran_s = fake_sky.running_seconds(job)[-1]
     assert ran_s == (2 * GAP if ran else 0.0)
     assert _billed_s("llm", run.clock.now + 7200) == pytest.approx(ran_s)
     price = next(e for e in record.events if e.kind == "launch").hourly_price
