@@ -14,7 +14,8 @@ controller happened to look:
     (CANCELLING bills on while SkyPilot tears the VMs down; CANCELLED closes at its `end_at`)
 
 One end event per launch: the queue's (`finish`/`failure` at SkyPilot's `end_at`), or where the
-queue gave none (a launch the controller took down itself), the controller's (`close`).
+queue gave none, the controller's (`close`, which asks the queue first). A launch `mncloud down`
+cancelled, which no controller looks at again, is ended by `close_downed` at SkyPilot's end.
 
 A job group's status gives its node tasks' times as one job's (`skypilot/group.group_times`).
 A status without the queue's times (the local backend) keeps the older way:
@@ -89,9 +90,11 @@ def close(ctl: Steering, kind: str, detail: str) -> None:
     if ctl.backend.records_own_events:
         return
     if st.run_ids:
+        with contextlib.suppress(MncloudError):  # SkyPilot unsure now: the end is this look's
+            # the queue's end first: a take-down's cancel ended at SkyPilot's `end_at`, which
+            # may be before this look (a cancel that outlasted `WAIT_S`, finished later)
+            follow_queue(st, live_status(ctl.backend, st), ctl.clock.time())
         with contextlib.suppress(MncloudError):  # unreadable now: the end is written anyway
-            if follow_queue(st, live_status(ctl.backend, st), ctl.clock.time()):
-                pass  # the queue's `end_at` (a take-down whose cancel ended before this look)
             if find_record(st.run_ids[-1]).finished:
                 return
     ctl.event(kind, detail)
