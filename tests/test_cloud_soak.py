@@ -52,7 +52,9 @@ def test_cloud_faults_on_a_job_group(
     monkeypatch.setenv("SOAK_TOKEN", SECRET)
     state = soak_state(script, tmp_path, recovery="node")
     report = soak(fake_sky, monkeypatch, tmp_path, state, 1000 + seed, FAULTS)
-    print(f"cloud soak (job group) seed {1000 + seed}: {report.faults}, {report.looks} looks, "
-          f"billed {report.billed_s:.0f} s of {report.ran_s:.0f} s run")  # fmt: skip
+    print(f"cloud soak (job group) seed {1000 + seed}: {sum(report.faults.values())} faults "
+          f"{report.faults}, {report.looks} looks, {report.launches} launches, "
+          f"{report.downs_refused} downs refused, billed {report.billed_s:.0f} s "
+          f"of {report.ran_s:.0f} s run")  # fmt: skip
     assert report.violations == []
     assert sum(report.faults.values()) >= 1 and report.looks >= 1

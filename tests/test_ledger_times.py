@@ -123,6 +123,28 @@ def test_a_launch_cancelled_outside_bills_until_skypilot_says_cancelled(
     assert _billed_s("llm", run.clock.now + 7200) == pytest.approx(ran)
 
 
+def test_a_stint_seen_recovering_is_not_billed_again_when_cancelled() -> None:
+    """Preempted the instant it started (ran 0 s), seen RECOVERING, then cancelled: SkyPilot's
+    `job_duration` of a job ended from RECOVERING counts the wait since the stint began
+    (`sky/jobs/utils.py`), and CANCELLING reads as VMs held; nothing is billed (before: the
+    whole wait, job-group soak seed 1008's 1803 s of 1 s run)."""
+    from mncloud.records.ledger import RunTimes, catch_up, cost_segments
+    from mncloud.records.model import Event
+
+    launch = Event(kind="launch", time=0.0, spot=True, hourly_price=40.0)
+    record = RunRecord.model_construct(events=[launch, Event(kind="waiting", time=0.0)])
+
+    def follow(times: RunTimes, now: float) -> None:
+        for kind, at in catch_up(record, times, now, spot=True):
+            price = 40.0 if kind == "running" else None
+            record.events.append(Event(kind=kind, time=at, spot=True, hourly_price=price))
+
+    follow(RunTimes(running=False, ran_s=0.0, since=100.0, recovering=True), 300.0)
+    follow(RunTimes(running=True, ran_s=200.0, since=100.0), 300.0)  # CANCELLING
+    follow(RunTimes(running=False, ran_s=500.0, since=100.0, ended_at=600.0), 600.0)
+    assert sum(s.end - s.start for s in cost_segments(record, 7200.0)) == 0.0
+
+
 def _ends(record: RunRecord) -> list[tuple[str, float]]:
     return [(e.kind, e.time) for e in record.events if e.kind in ("finish", "failure")]
 
@@ -147,6 +169,45 @@ def test_a_deadline_launch_that_ended_has_one_end_event_at_skypilot_s_end(
     first, *later = list_records("llm")
     assert _ends(first) == [(kind, fake_sky.job(job).tasks[0].end_at)]
     assert all(not _ends(record) for record in later)
+
+
+@pytest.mark.parametrize(("ran", "recovery"), [(True, "gang"), (False, "gang"), (True, "node")])
+def test_down_ends_the_live_launch_s_record_at_skypilot_s_end(
+    script: Path,  # noqa: F811
+    fake_sky: FakeSky,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    ran: bool,
+    recovery: str,
+) -> None:
+    """`mncloud down` on the controller's home a tick after its last look (none comes again):
+    the live launch's record ends at SkyPilot's `end_at`, the state's cost is what ran (before:
+    the record open until the `down`, a job that never ran billed a tick, cloud soak seed 7;
+    a job group's launch kept no run id, so its record stayed open, job-group seed 1020)."""
+    from mncloud.control.down import stop_cloud
+    from mncloud.render import jobgroup
+
+    if recovery == "node":  # a job group
+        script.write_text("from mncloud.train import Replicas\nreplicas = Replicas({})\n")
+        monkeypatch.setattr(jobgroup, "require_bucket", lambda _spec: None)
+    run = Driver(_state(script, tmp_path, recovery=recovery))
+    _looks(run, 1)  # the launch: no look sees it wait
+    (job,) = _named(fake_sky, "llm")
+    if ran:
+        fake_sky.set_status(job, S.RUNNING)
+        _looks(run, 1)
+    run.clock.now += GAP
+    stop_cloud(run.state, 0.0, wait_s=30.0, sleep=lambda _s: None)
+    (record,) = list_records("llm")
+    ended = fake_sky.job(job).tasks[-1].end_at if ran else record.events[0].time  # its launch
+    assert _ends(record) == [("finish", ended)]
+    ran_s = fake_sky.running_seconds(job)[-1]
+    assert ran_s == (2 * GAP if ran else 0.0)
+    assert _billed_s("llm", run.clock.now + 7200) == pytest.approx(ran_s)
+    price = next(e for e in record.events if e.kind == "launch").hourly_price
+    stopped = control.load_uri(run.state.config.state_uri)
+    assert stopped is not None and stopped.phase == "stopped"
+    assert stopped.cost == pytest.approx(price * ran_s / 3600)
 
 
 def test_plan_learn_counts_no_preemption_of_a_job_that_never_ran(

@@ -14,7 +14,8 @@ controller happened to look:
     (CANCELLING bills on while SkyPilot tears the VMs down; CANCELLED closes at its `end_at`)
 
 One end event per launch: the queue's (`finish`/`failure` at SkyPilot's `end_at`), or where the
-queue gave none (a launch the controller took down itself), the controller's (`close`).
+queue gave none, the controller's (`close`, which asks the queue first). A launch `mncloud down`
+cancelled, which no controller looks at again, is ended by `close_downed` at SkyPilot's end.
 
 A job group's status gives its node tasks' times as one job's (`skypilot/group.group_times`).
 A status without the queue's times (the local backend) keeps the older way:
@@ -32,7 +33,7 @@ from mncloud.deadline.policy import Mode
 from mncloud.errors import MncloudError
 
 if TYPE_CHECKING:
-    from mncloud.backends.base import RunStatus
+    from mncloud.backends.base import Backend, RunStatus
     from mncloud.control.state import ControlState
     from mncloud.control.steering import Course, Steering
     from mncloud.records.model import Event
@@ -50,11 +51,17 @@ _DETAILS = {
 def follow(ctl: Steering, status: RunStatus | None) -> bool:
     """Bring the live launch's record up to what the queue says ran; whether it could (the
     status has the queue's times and the launch has a record)."""
+    if ctl.backend.records_own_events:
+        return False
+    return follow_queue(ctl.state, status, ctl.clock.time())
+
+
+def follow_queue(st: ControlState, status: RunStatus | None, now: float) -> bool:
+    """`follow` of run `st`'s live launch without a controller (`close_downed`)."""
     from mncloud.records.ledger import catch_up
     from mncloud.records.store import append_event, find_record
 
-    st = ctl.state
-    if status is None or status.times is None or ctl.backend.records_own_events:
+    if status is None or status.times is None:
         return False
     if not st.run_ids:
         return False
@@ -66,8 +73,7 @@ def follow(ctl: Steering, status: RunStatus | None) -> bool:
     end_kind = "failure" if status.state is RunState.FAILED else "finish"
     spot = status.spot if status.spot is not None else st.market is Mode.SPOT
     placement = _placement(record.events)
-    for kind, at in catch_up(record, status.times, ctl.clock.time(), spot=spot,
-                             end_kind=end_kind):  # fmt: skip
+    for kind, at in catch_up(record, status.times, now, spot=spot, end_kind=end_kind):
         extra = placement if kind == "running" else {}
         detail = _DETAILS.get(kind, f"SkyPilot: {status.detail}")
         append_event(st.name, kind, detail=detail, at=at, run_id=run_id, **extra)  # type: ignore[arg-type]
@@ -84,10 +90,53 @@ def close(ctl: Steering, kind: str, detail: str) -> None:
     if ctl.backend.records_own_events:
         return
     if st.run_ids:
+        with contextlib.suppress(MncloudError):  # SkyPilot unsure now: the end is this look's
+            # the queue's end first: a take-down's cancel ended at SkyPilot's `end_at`, which
+            # may be before this look (a cancel that outlasted `WAIT_S`, finished later)
+            follow_queue(st, live_status(ctl.backend, st), ctl.clock.time())
         with contextlib.suppress(MncloudError):  # unreadable now: the end is written anyway
             if find_record(st.run_ids[-1]).finished:
                 return
     ctl.event(kind, detail)
+
+
+def live_status(backend: Backend, st: ControlState) -> RunStatus | None:
+    """The backend's status of run `st`'s newest launch, where this machine holds that
+    launch's record of the engine (None: another launch's, or none)."""
+    meta = backend.controller_host().launch_meta(st.name)
+    if not st.run_ids or meta is None or meta.get("run_id") != st.run_ids[-1]:
+        return None
+    return backend.status(st.name)
+
+
+def close_downed(st: ControlState) -> None:
+    """After `mncloud down` cancelled run `st`'s jobs: the live launch's record closed at
+    SkyPilot's `end_at`, as the controller's next look would have (`follow`; none comes now),
+    and its cost kept in the state (`launch_costs`, what the laptop's `status` shows). Only
+    where this machine holds that launch's record and SkyPilot's record of it (the controller's
+    home); elsewhere (a laptop) the cost stays as the controller last counted it."""
+    from mncloud.backends.registry import get_backend
+    from mncloud.records.ledger import cost_summary
+    from mncloud.records.store import find_record
+
+    backend = get_backend(st.config.backend)
+    if backend.records_own_events or backend.runs_here or not st.run_ids:
+        return
+    run_id = st.run_ids[-1]
+    try:
+        if find_record(run_id).finished:
+            return
+        status = live_status(backend, st)
+        ended = status.times.ended_at if status and status.times else None
+        if ended is None or not follow_queue(st, status, ended):
+            return  # not ended as SkyPilot says: the record stays open
+        summary = cost_summary(find_record(run_id), now=ended)
+    except MncloudError:  # SkyPilot or the record unreadable now: as the controller left it
+        return
+    spot, on_demand = st.launch_costs.get(run_id, (0.0, 0.0))
+    st.spot_cost += summary.spot - spot
+    st.on_demand_cost += summary.on_demand - on_demand
+    st.launch_costs[run_id] = (summary.spot, summary.on_demand)
 
 
 def _placement(events: list[Event]) -> dict[str, object]:

@@ -13,7 +13,9 @@ run id (the backend's `ControllerHost`). Nothing is cancelled by name. In this o
     3. a running training job gets the preemption notice through the bucket (its ranks save
        the step they reached); every live one is cancelled by id, and waited for until
        SkyPilot reports it terminal
-    4. the state marked stopped, here and in the bucket; what was cancelled said in one line
+    4. the live launch's record, where this machine holds it (the controller's home), closed
+       at SkyPilot's end time (`billing.close_downed`), its cost kept in the state
+    5. the state marked stopped, here and in the bucket; what was cancelled said in one line
 
 A second `down` finds nothing live and says so. A job still live after the wait, or a SkyPilot
 API server that stops answering half way, is an error that names what is still live.
@@ -47,6 +49,8 @@ def stop_cloud(
     sleep: Callable[[float], None] = time.sleep,
 ) -> str:
     """Stop a cloud deadline run (see the module docstring); what was done, in one line."""
+    from mncloud.control.billing import close_downed
+
     host = host_of(state)
     wait = {"wait_s": wait_s, "sleep": sleep}
     name, done = state.name, []
@@ -73,6 +77,7 @@ def stop_cloud(
             host.withdraw_notice(fresh.ckpt_uri)
     if cancelled:
         done.append(f"training job {_ids(cancelled)}{noticed}")
+    close_downed(fresh)  # no controller looks again: the record ends at SkyPilot's end
     _mark_stopped(fresh)
     if not done:
         return "nothing of the run was live"

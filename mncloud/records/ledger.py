@@ -101,8 +101,11 @@ def catch_up(
         return added
     ran_s = times.ran_s if times.since is not None else 0.0
     if opened is None:
-        if times.since is not None and not seen and ran_s - closed_s > SAME_S:
-            extra = ran_s - closed_s
+        extra = max(0.0, ran_s - closed_s)
+        if times.since is not None and not seen and (extra > SAME_S or times.recovering):
+            # A stint seen recovering is marked even when it ran 0 s: SkyPilot's `job_duration`
+            # of a job cancelled (or failed) from RECOVERING counts the wait since it began
+            # (`sky/jobs/utils.py`), and CANCELLING reads as VMs held; it is not billed again.
             added += _unseen(extra, min(times.since, (times.ended_at or now) - extra))
         return added
     end = min(max(opened.start + ran_s - closed_s, opened.start), times.ended_at or now)

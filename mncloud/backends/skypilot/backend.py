@@ -121,6 +121,7 @@ class SkyPilotBackend:
         names = [str(task.name) for task in dag.tasks]
         record_superseded(spec.name)
         meta = meta_from_plan(spec, request.plan, spot, request.task.config, names)
+        meta.run_id = request.run_id or meta.run_id  # as a managed job's: its run, found again
         try:
             with sky_errors(f"launch job group {spec.name}"):
                 request_id = sky.jobs.launch(dag, name=spec.name)
