@@ -51,7 +51,7 @@ _DETAILS = {
 def follow(ctl: Steering, status: RunStatus | None) -> bool:
     """Bring the live launch's record up to what the queue says ran; whether it could (the
     status has the queue's times and the launch has a record)."""
-    if ctl.backend.records_own_events:
+    if status is None or status.times is None or ctl.backend.records_own_events:
         return False
     return follow_queue(ctl.state, status, ctl.clock.time())
 
