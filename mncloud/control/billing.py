@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from mncloud.backends.base import Backend, RunStatus
     from mncloud.control.state import ControlState
     from mncloud.control.steering import Course, Steering
+    from mncloud.records.ledger import CostSummary
     from mncloud.records.model import Event
 
 log = logging.getLogger(__name__)
@@ -116,7 +117,6 @@ def close_downed(st: ControlState) -> None:
     where this machine holds that launch's record and SkyPilot's record of it (the controller's
     home); elsewhere (a laptop) the cost stays as the controller last counted it."""
     from mncloud.backends.registry import get_backend
-    from mncloud.records.ledger import cost_summary
     from mncloud.records.store import find_record
 
     backend = get_backend(st.config.backend)
@@ -130,13 +130,9 @@ def close_downed(st: ControlState) -> None:
         ended = status.times.ended_at if status and status.times else None
         if ended is None or not follow_queue(st, status, ended):
             return  # not ended as SkyPilot says: the record stays open
-        summary = cost_summary(find_record(run_id), now=ended)
     except MncloudError:  # SkyPilot or the record unreadable now: as the controller left it
         return
-    spot, on_demand = st.launch_costs.get(run_id, (0.0, 0.0))
-    st.spot_cost += summary.spot - spot
-    st.on_demand_cost += summary.on_demand - on_demand
-    st.launch_costs[run_id] = (summary.spot, summary.on_demand)
+    count_costs(st, ended)
 
 
 def _placement(events: list[Event]) -> dict[str, object]:
@@ -169,10 +165,16 @@ def reopen(ctl: Steering) -> None:
 
 
 def refresh_costs(st: ControlState, course: Course, now: float) -> None:
+    """Spot and on-demand cost so far (`count_costs`); the course keeps what it needs beyond
+    (across places: each place's)."""
+    course.account(st, count_costs(st, now))
+
+
+def count_costs(st: ControlState, now: float) -> dict[str, CostSummary]:
     """Spot and on-demand cost so far (`st.spot_cost`, `st.on_demand_cost`): the ledgers of
     every launch's run record, each kept in the state too (`st.launch_costs`), so a record
-    this home lacks (a controller restarted on a fresh VM) counts as last read; the course
-    keeps what it needs beyond (across places: each place's)."""
+    this home lacks (a controller restarted on a fresh VM) counts as last read; each
+    launch's summary, by run id."""
     from mncloud.records.ledger import CostSummary, cost_summary
     from mncloud.records.store import find_record
 
@@ -191,4 +193,4 @@ def refresh_costs(st: ControlState, course: Course, now: float) -> None:
         costs[run_id] = summary
     st.spot_cost = sum(c.spot for c in costs.values())
     st.on_demand_cost = sum(c.on_demand for c in costs.values())
-    course.account(st, costs)
+    return costs
