@@ -61,7 +61,12 @@ def preempt_command(
         ),
     ] = None,
     during_save: Annotated[
-        bool, typer.Option("--during-save", help="Wait for a checkpoint write, kill during it.")
+        bool,
+        typer.Option(
+            "--during-save",
+            help="Wait for a checkpoint write (mncloud's, or a --ckpt-dir folder not yet "
+            "committed), kill during it.",
+        ),
     ] = False,
     notice: Annotated[
         str | None,

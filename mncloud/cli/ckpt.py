@@ -14,6 +14,7 @@ from mncloud.errors import CheckpointError, RunNotFoundError
 if TYPE_CHECKING:  # the storage modules load pydantic: not for `mncloud --help`
     from mncloud.storage.buckets import ObjectInfo
     from mncloud.storage.checkpoints import CheckpointStore
+    from mncloud.storage.folders import Verdict
 
 app = typer.Typer(no_args_is_help=True, help="List, verify, pull and remove checkpoints.")
 
@@ -84,13 +85,27 @@ def ckpt_dir_files(ckpt_uri: str, retry_seconds: float = 5.0) -> list[ObjectInfo
     from mncloud import layout
     from mncloud.storage import open_bucket
     from mncloud.storage.buckets import ObjectInfo
+    from mncloud.storage.folders import COMMITS
 
     bucket, prefix = open_bucket(layout.ckpt_dir_uri(ckpt_uri), retry_seconds=retry_seconds)
     base = f"{prefix}/" if prefix else ""
     return [
         ObjectInfo(key=obj.key[len(base) :], size=obj.size, mtime=obj.mtime)
         for obj in bucket.list(base)
+        if not obj.key[len(base) :].startswith(f"{COMMITS}/")  # mncloud's markers
     ]
+
+
+def ckpt_dir_units(ckpt_uri: str, retry_seconds: float = 5.0) -> list[Verdict]:
+    """A run's `--ckpt-dir` units in the bucket: committed, or why not (`storage/folders.py`)."""
+    from mncloud.storage.folders import survey
+
+    return survey(ckpt_uri, retry_seconds)
+
+
+def describe_incomplete(units: list[Verdict]) -> str:
+    """`checkpoint-600 (no marker from node 1 (of 2))` for one line of `status`; "" if none."""
+    return "; ".join(f"{u.name} ({u.reason})" for u in units if not u.committed)
 
 
 def describe_files(files: list[ObjectInfo], most: int = 4) -> str:
@@ -139,13 +154,20 @@ def ls(uri: UriArg, json_out: JsonOpt = False) -> None:
             ]
         )
         return
+    from rich.markup import escape
     from rich.table import Table
 
-    files = ckpt_dir_files(store.uri)
-    if files:
-        folder = Table("file", "size", "age", title="--ckpt-dir folder", title_justify="left")
-        for f in files:
-            folder.add_row(f.key, _human(f.size), _age(f.mtime))
+    units = ckpt_dir_units(store.uri)
+    if units:
+        folder = Table(
+            "name", "committed", "files", "size", "age", title="--ckpt-dir folder",
+            title_justify="left",
+        )  # fmt: skip
+        for u in units:
+            done = "yes" if u.committed else f"[yellow]incomplete[/]: {escape(u.reason)}"
+            count = str(len(u.files)) if u.committed or not u.folder else "?"
+            kind = "/" if u.folder else ""
+            folder.add_row(f"{u.name}{kind}", done, count, _human(u.size), _age(u.mtime))
         console.print(folder)
     if not steps:
         console.print(f"no checkpoints at {store.uri}", markup=False, highlight=False)

@@ -16,6 +16,7 @@ from mncloud.cli._common import console, handle_errors, print_json
 if TYPE_CHECKING:
     from mncloud.operate import RunView, UnreadableRun
     from mncloud.storage import ObjectInfo
+    from mncloud.storage.folders import Verdict
 
 
 def register(app: typer.Typer) -> None:
@@ -81,12 +82,18 @@ def _show_status(name: str | None, as_json: bool, *, one_line_json: bool = False
     shown = [run_status(name)] if name else all_statuses()
     statuses = [s for s in shown if not isinstance(s, UnreadableRun)]
     folders = {s.name: _ckpt_dir_files(s) for s in statuses}
+    units = {s.name: _ckpt_dir_units(s, bool(folders[s.name])) for s in statuses}
     goodput = {s.name: status_goodput(s) for s in statuses}
     if as_json:
         data = [
             {
                 **s.model_dump(mode="json"),
                 "ckpt_dir_files": [vars(f) for f in folders.get(s.name, [])],
+                "ckpt_dir_incomplete": [
+                    {"name": u.name, "reason": u.reason}
+                    for u in units.get(s.name, [])
+                    if not u.committed
+                ],
                 **({} if isinstance(s, UnreadableRun) else {"goodput": goodput[s.name]}),
             }
             for s in shown
@@ -102,7 +109,7 @@ def _show_status(name: str | None, as_json: bool, *, one_line_json: bool = False
         return
     console.print(_status_table(shown, goodput))
     _deadline_table(statuses)
-    _detail_lines(shown, folders)
+    _detail_lines(shown, folders, units)
 
 
 def _status_table(shown: list[RunView | UnreadableRun], goodput: dict[str, float | None]) -> Table:
@@ -147,7 +154,9 @@ def _status_table(shown: list[RunView | UnreadableRun], goodput: dict[str, float
 
 
 def _detail_lines(
-    shown: list[RunView | UnreadableRun], folders: dict[str, list[ObjectInfo]]
+    shown: list[RunView | UnreadableRun],
+    folders: dict[str, list[ObjectInfo]],
+    units: dict[str, list[Verdict]],
 ) -> None:
     """The free-text detail below the table, one line a run, where it has the full width."""
     from mncloud.operate import UnreadableRun
@@ -176,11 +185,14 @@ def _detail_lines(
                 Text(f"{s.name}: ", style="bold") + Text(line, style="yellow" if low else "dim")
             )
     for s in statuses:
-        if folders[s.name]:
-            from mncloud.cli.ckpt import describe_files
+        from mncloud.cli.ckpt import describe_files, describe_incomplete
 
+        if folders[s.name]:
             line = f"--ckpt-dir holds {describe_files(folders[s.name])}"
             console.print(Text(f"{s.name}: ", style="bold") + Text(line, style="dim"))
+        if torn := describe_incomplete(units[s.name]):
+            line = f"--ckpt-dir keeps aside (incomplete, never restored): {torn}"
+            console.print(Text(f"{s.name}: ", style="bold") + Text(line, style="yellow"))
 
 
 def _deadline_table(statuses: list[RunView]) -> None:
@@ -214,6 +226,19 @@ def _deadline_table(statuses: list[RunView]) -> None:
             by_place = ", ".join(f"{name} ${cost:,.2f}" for name, cost in d.place_costs.items())
             line += f"; by place: {by_place}" + (f"; now in {d.place}" if d.place else "")
         console.print(Text(f"{s.name}: ", style="bold") + Text(line, style="dim"))
+
+
+def _ckpt_dir_units(status: RunView, has_files: bool) -> list[Verdict]:
+    """The run's `--ckpt-dir` units in its bucket, judged ([] without files, or unreadable)."""
+    from mncloud.cli.ckpt import ckpt_dir_units
+    from mncloud.errors import MncloudError
+
+    if not has_files or not status.ckpt_uri:
+        return []
+    try:
+        return ckpt_dir_units(status.ckpt_uri)
+    except MncloudError:
+        return []
 
 
 def _ckpt_dir_files(status: RunView) -> list[ObjectInfo]:

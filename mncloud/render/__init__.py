@@ -17,7 +17,8 @@ Template variables (also what a `--template PATH` of your own receives):
 | `script`, `script_args` | the script relative to workdir, and its arguments (quote with `q`) |
 | `launcher`, `command` | torchrun, accelerate, deepspeed or none; `none`: the words to run |
 | `recovery` | `gang` (one torchrun job over all nodes) or `node` (one replica group per node) |
-| `ckpt_dir`, `ckpt_dir_target` | `--ckpt-dir` and the folder in the mounted bucket it links to |
+| `ckpt_dir`, `ckpt_dir_uri` | `--ckpt-dir`; where each node's sync keeps it (`foldersync.py`) |
+| `ckpt_dir_target` | the folder in the mounted bucket it links to where mncloud is not installed |
 | `nproc_per_node` | shell word: `$SKYPILOT_NUM_GPUS_PER_NODE`, or the count for `cpu:N` |
 | `master_port`, `nccl_debug`, `nccl_socket_ifname` | rendezvous port and NCCL settings |
 | `requirements`, `user_setup` | pip requirements file (relative) and the `--setup` command |
@@ -223,6 +224,9 @@ def template_variables(
         "command": _command(spec),
         "ckpt_dir": spec.ckpt_dir,
         "ckpt_dir_target": _ckpt_dir_target(spec),
+        "ckpt_dir_uri": (
+            layout.ckpt_dir_uri(layout.ckpt_uri(spec.bucket, spec.name)) if spec.bucket else None
+        ),
         "nproc_per_node": str(spec.accelerator.count) if spec.accelerator.is_cpu else gpus_per_node,
         "master_port": spec.rendezvous_port,
         "nccl_debug": spec.nccl_debug,

@@ -19,6 +19,7 @@ GCP `instance/preempted` to TRUE, and:
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 import time
 from collections.abc import Iterator
@@ -27,6 +28,7 @@ from typing import Any
 
 import psutil
 
+from mncloud.backends.local.ckptdir import saving_path
 from mncloud.backends.local.processes import kill_tagged, listener_pid
 from mncloud.backends.local.state import (
     CHAOS_FILE,
@@ -49,10 +51,21 @@ def _staging_steps(folder: Path, node: int) -> list[int]:
     return found
 
 
-def _wait_for_save(folder: Path, node: int, timeout: float) -> int:
-    """Wait until a rank of `node` writes a checkpoint; return its step."""
+def _saving_folders(folder: Path, node: int) -> list[str]:
+    """`--ckpt-dir` folders `node` is writing or uploading right now (`ckptdir.py` says)."""
+    try:
+        return [str(name) for name in json.loads(saving_path(folder, node).read_text())]
+    except (OSError, ValueError):
+        return []
+
+
+def _wait_for_save(folder: Path, node: int, timeout: float) -> int | str:
+    """Wait until a rank of `node` writes a checkpoint (mncloud's, or a `--ckpt-dir` folder);
+    return its step (or the folder's name)."""
     deadline = time.monotonic() + timeout
     while not (steps := _staging_steps(folder, node)):
+        if names := _saving_folders(folder, node):
+            return names[-1]
         if time.monotonic() > deadline:
             raise BackendError(
                 f"no checkpoint save started on node {node} within {timeout:g}s; "
@@ -63,6 +76,12 @@ def _wait_for_save(folder: Path, node: int, timeout: float) -> int:
             raise BackendError(f"run {state.name} ended ({state.state.value}) before a save")
         time.sleep(0.002)
     return max(steps)
+
+
+def _while(step: int | str | None) -> str:
+    if step is None:
+        return ""
+    return f" while it saved step {step}" if isinstance(step, int) else f" while it saved {step}/"
 
 
 def preempt_node(
@@ -76,12 +95,13 @@ def preempt_node(
     """SIGKILL every process of `node`, like a spot VM vanishing; return the chaos record.
 
     With `during_save`, wait until a rank of that node is writing a checkpoint (its staging
-    folder holds a step) and kill it then, leaving that step torn.
+    folder holds a step, or a `--ckpt-dir` folder of it is not committed yet) and kill it
+    then, leaving that step (or folder) torn.
     """
     launch = load_launch(folder)
     step = _wait_for_save(folder, node, save_timeout) if during_save else None
     record: dict[str, Any] = {"t": time.time(), "action": "preempt", "node": node, "by": by}
-    where = f" while it saved step {step}" if step is not None else ""
+    where = _while(step)
     record["message"] = f"{by}: preempting node {node}{where} (SIGKILL)"
     record["during_save_step"] = step
     append_jsonl(folder / CHAOS_FILE, record)
@@ -106,7 +126,7 @@ def notify_node(
         raise BackendError(f"--cloud-protocol {protocol}: use one of {', '.join(PROTOCOLS)}")
     step = _wait_for_save(folder, node, save_timeout) if during_save else None
     now = time.time()
-    where = f" while it saved step {step}" if step is not None else ""
+    where = _while(step)
     record: dict[str, Any] = {
         "t": now, "action": "notice", "node": node, "protocol": protocol,
         "notice_s": notice_s, "deadline": now + notice_s, "during_save_step": step,

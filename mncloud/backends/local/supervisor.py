@@ -347,7 +347,7 @@ class Supervisor:
         """--ckpt-dir: flush the folders of nodes that exited on their own; a node killed (or
         still running when the cluster went down) loses its folder."""
         if self._ckpt_dir is not None:
-            self._ckpt_dir.end_attempt({n for n, c in codes.items() if c is not None and c >= 0})
+            self._ckpt_dir.end_attempt({n: c for n, c in codes.items() if c is not None and c >= 0})
 
     def _watch(self, started: float) -> dict[int, int | None] | None:
         """Poll the nodes until all exit 0 or one fails; their exit codes (None: `down`)."""

@@ -1,0 +1,359 @@
+"""One node's `--ckpt-dir` folder kept in `<ckpt uri>/ckpt-dir`, folders committed whole.
+
+Used by the local supervisor (`backends/local/ckptdir.py`, one per simulated node) and, on a
+cloud VM, as a process of its own started by the run script beside the launcher:
+
+    python -m mncloud.storage.foldersync run --dir /ckpt --uri s3://b/exp/run/ckpt-dir
+        --node 1 --nodes 2 --watch $$ --rc-file F --ready R &
+
+It first restores (`restore` alone does only that), touches R (the run script starts the
+launcher then), and syncs until SIGTERM. Restoring fills an empty folder with the bucket's
+committed units (`folders.judge`), each file's size and xxh3_128 checked against its markers;
+a folder that fails is left out, reported (`refused.json` beside its markers, shown by
+`ckpt ls`) and never deleted. `run` scans every
+0.25 s: a file changed since the last upload, still for one scan and open for writing by no
+process under `--watch`, is copied aside, checked unchanged and uploaded; a folder whose files
+are all uploaded is committed by this node's marker (`folders.write_marker`), deleted first
+whenever one of its files changes or goes. SIGTERM ends it: everything is uploaded, and marked
+if the run script's exit code (read from `--rc-file`) says the node ended cleanly (0, or the
+preemption notice's 115): a node that crashed mid-save leaves its last folder uncommitted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from mncloud.constants import PREEMPTED_EXIT_CODE
+from mncloud.errors import MncloudError, StorageError
+from mncloud.storage import folders
+from mncloud.storage.buckets import Bucket
+from mncloud.storage.factory import open_bucket
+from mncloud.storage.url import join_key
+
+SCAN_S = 0.25
+"""Seconds between two scans of a node's folder."""
+CLEAN_EXITS = (0, PREEMPTED_EXIT_CODE)
+"""Exit codes after which a node's pending folders are committed at its final flush."""
+
+STAMP = ".mncloud-node"
+"""In a node's folder: mncloud restored it (so a later restore may empty it)."""
+
+Signature = tuple[int, int]
+"""(size, mtime_ns) of a local file."""
+
+
+@dataclass(frozen=True)
+class Synced:
+    """A file as the bucket holds it: its local signature then, its size and hash."""
+
+    sig: Signature
+    size: int
+    digest: str
+
+
+def _signature(path: Path) -> Signature | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return (st.st_size, st.st_mtime_ns)
+
+
+def local_files(root: Path) -> dict[str, Signature]:
+    """Every regular file under `root` outside temporary top-level names, by relative path."""
+    found: dict[str, Signature] = {}
+    for dirpath, dirs, names in os.walk(root):
+        if Path(dirpath) == root:
+            dirs[:] = [d for d in dirs if not folders.is_temporary(d)]
+            names = [n for n in names if not folders.is_temporary(n)]
+        for name in names:
+            path = Path(dirpath) / name
+            sig = _signature(path) if path.is_file() and not path.is_symlink() else None
+            if sig is not None:
+                found[path.relative_to(root).as_posix()] = sig
+    return found
+
+
+def open_for_writing(pids: list[int]) -> set[str]:
+    """Real paths that these processes, or any process under them, hold open for writing."""
+    held: set[str] = set()
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            root = psutil.Process(pid)
+            for proc in [root, *root.children(recursive=True)]:
+                with contextlib.suppress(psutil.Error):
+                    for opened in proc.open_files():
+                        if getattr(opened, "mode", "r") != "r":
+                            held.add(os.path.realpath(opened.path))
+    return held
+
+
+class NodeSync:
+    """One node's folder and its share of the bucket's `--ckpt-dir`."""
+
+    def __init__(
+        self,
+        path: Path,
+        staging: Path,
+        bucket: Bucket,
+        prefix: str,
+        node: int,
+        nodes: int,
+        writers: Callable[[], set[str]],
+    ):
+        self.path, self._staging = path, staging
+        self._bucket, self._prefix = bucket, prefix
+        self.node, self.nodes = node, nodes
+        self._writers = writers
+        self._synced: dict[str, Synced] = {}
+        self._seen: dict[str, Signature] = {}
+        self._marked: set[str] = set()  # folders whose marker from this node is current
+        self.aside: dict[str, str] = {}  # folders restore left out -> why
+
+    def _key(self, rel: str) -> str:
+        return join_key(self._prefix, rel)
+
+    # ------------------------------------------------------------------ restore
+
+    def restore(self, verdicts: list[folders.Verdict] | None = None) -> tuple[int, int]:
+        """A fresh folder holding the bucket's committed units; return (folders, files)."""
+        self.drop()
+        self.path.mkdir(parents=True, exist_ok=True)
+        (self.path / STAMP).touch()
+        verdicts = folders.judge(self._bucket, self._prefix) if verdicts is None else verdicts
+        placed = [0, 0]
+        for v in verdicts:
+            if not v.committed:
+                self.aside[v.name] = v.reason
+            elif not v.folder:
+                self._fetch(v.name, None)
+                placed[1] += 1
+            elif (why := self._restore_folder(v)) is not None:
+                self.aside[v.name] = why
+                self._refuse(v.name, why)
+            else:
+                placed[0] += 1
+        return placed[0], placed[1]
+
+    def _fetch(self, rel: str, want: tuple[int, set[str]] | None) -> str | None:
+        """Download one file; with `want` (size, hashes), check it; return why it fails."""
+        target = self.path / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        self._bucket.get_file(self._key(rel), target)
+        sig = _signature(target)
+        assert sig is not None
+        digest = folders.hash_file(target) if want is not None else ""
+        if want is not None and sig[0] != want[0]:
+            return f"{rel} is {sig[0]} B, its marker says {want[0]} B"
+        if want is not None and digest not in want[1]:
+            return f"{rel} fails its content hash (xxh3_128 {digest})"
+        self._synced[rel] = Synced(sig, sig[0], digest)
+        return None
+
+    def _restore_folder(self, v: folders.Verdict) -> str | None:
+        for rel, want in sorted(v.files.items()):
+            why = self._fetch(f"{v.name}/{rel}", want)
+            if why is not None:
+                shutil.rmtree(self.path / v.name, ignore_errors=True)
+                inside = v.name + "/"
+                self._synced = {r: s for r, s in self._synced.items() if not r.startswith(inside)}
+                return f"refused: {v.name}/{why.removeprefix(v.name + '/')}"
+        if self._bucket.exists(folders.marker_key(self._prefix, v.name, self.node)):
+            self._marked.add(v.name)
+        return None
+
+    def _refuse(self, unit: str, why: str) -> None:
+        """Record a refusal beside the folder's markers (`ckpt ls` shows it); delete nothing."""
+        body = json.dumps({"reason": why, "t": time.time(), "node": self.node}).encode()
+        with contextlib.suppress(MncloudError):
+            self._bucket.put_bytes(folders.refused_key(self._prefix, unit), body)
+
+    def check_own(self) -> None:
+        """Refuse a folder that holds files mncloud did not put there (a restore empties it)."""
+        if self.path.is_dir() and any(self.path.iterdir()) and not (self.path / STAMP).exists():
+            raise StorageError(
+                f"{self.path} holds files mncloud did not put there; give --ckpt-dir an empty "
+                "or new folder"
+            )
+
+    def drop(self) -> None:
+        """Lose the folder and whatever it did not upload (a preempted VM's disk)."""
+        shutil.rmtree(self.path, ignore_errors=True)
+        self._staging.unlink(missing_ok=True)
+        self._synced.clear()
+        self._seen.clear()
+        self._marked.clear()
+        self.aside.clear()
+
+    # ------------------------------------------------------------------ sync
+
+    def sync(self, *, final: bool = False, commit: bool = True) -> list[str]:
+        """Upload settled changes, delete removed files, commit whole folders; return the
+        uploaded paths. `final`: the node's processes are gone (upload without waiting);
+        `commit`: write markers (False after a crash: pending folders stay uncommitted)."""
+        if not self.path.is_dir():
+            return []
+        current = local_files(self.path)
+        changed = [rel for rel, sig in current.items() if self._sig(rel) != sig]
+        removed = [rel for rel in self._synced if rel not in current]
+        for unit in {folders.unit_of(r)[0] for r in changed + removed} & self._marked:
+            self._bucket.delete(folders.marker_key(self._prefix, unit, self.node))
+            self._marked.discard(unit)
+        ready = [rel for rel in changed if final or self._seen.get(rel) == current[rel]]
+        self._seen = {rel: current[rel] for rel in changed}
+        writers = self._writers() if ready and not final else set()
+        uploaded = [
+            rel for rel in ready
+            if os.path.realpath(self.path / rel) not in writers and self._upload(rel)
+        ]  # fmt: skip
+        for rel in removed:
+            self._bucket.delete(self._key(rel))
+            del self._synced[rel]
+        if commit:
+            self._commit(current)
+        return uploaded
+
+    def _sig(self, rel: str) -> Signature | None:
+        entry = self._synced.get(rel)
+        return entry.sig if entry else None
+
+    def _commit(self, current: dict[str, Signature]) -> None:
+        """Mark every folder all of whose files are uploaded as they are now."""
+        units: dict[str, list[str]] = {}
+        for rel in current:
+            unit, folder = folders.unit_of(rel)
+            if folder:
+                units.setdefault(unit, []).append(rel)
+        for unit, rels in units.items():
+            if unit in self._marked or any(self._sig(r) != current[r] for r in rels):
+                continue
+            if not folders.hinted(self.path, unit, max(current[r][1] for r in rels)):
+                continue
+            share = {
+                r.partition("/")[2]: (self._synced[r].size, self._synced[r].digest) for r in rels
+            }
+            self._bucket.delete(folders.refused_key(self._prefix, unit))
+            folders.write_marker(self._bucket, self._prefix, unit, self.node, self.nodes, share)
+            self._marked.add(unit)
+
+    def pending(self) -> list[str]:
+        """Folders this node is writing or has not committed yet (chaos's `--during-save`)."""
+        if not self.path.is_dir():
+            return []
+        names = {p.name for p in self.path.iterdir() if p.is_dir() and p.name != folders.HINTS}
+        temporary = {n for n in names if folders.is_temporary(n)}
+        return sorted(temporary | (names - temporary - self._marked))
+
+    def _upload(self, rel: str) -> bool:
+        """Copy the file aside, check it did not change meanwhile, hash and upload the copy."""
+        source = self.path / rel
+        before = _signature(source)
+        try:
+            self._staging.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source, self._staging)
+        except OSError:
+            return False  # removed or renamed meanwhile: the next scan sees it
+        if before is None or _signature(source) != before:
+            return False
+        digest = folders.hash_file(self._staging)
+        self._bucket.put_file(self._key(rel), self._staging)
+        self._staging.unlink(missing_ok=True)
+        self._synced[rel] = Synced(before, before[0], digest)
+        self._seen.pop(rel, None)
+        return True
+
+    def close(self, *, commit: bool) -> None:
+        """The node ended on its own: upload everything; with `commit`, mark what is whole and
+        give an empty marker to each folder the other nodes marked and this node never held."""
+        self.sync(final=True, commit=commit)
+        if not commit:
+            return
+        for v in folders.judge(self._bucket, self._prefix):
+            held = (self.path / v.name).exists()
+            if v.folder and not v.committed and v.name not in self.aside and not held:
+                key = folders.marker_key(self._prefix, v.name, self.node)
+                if v.reason.startswith("no marker from") and not self._bucket.exists(key):
+                    folders.write_marker(
+                        self._bucket, self._prefix, v.name, self.node, self.nodes, {}
+                    )
+
+
+# ---------------------------------------------------------------------- the VM's process
+
+
+def _node_sync(args: argparse.Namespace) -> NodeSync:
+    bucket, prefix = open_bucket(args.uri)
+    path = Path(args.dir)
+    staging = Path(os.environ.get("TMPDIR", "/tmp")) / f"mncloud-ckpt-upload-{args.node}"
+    watch = [int(p) for p in args.watch]
+    return NodeSync(
+        path, staging, bucket, prefix, args.node, args.nodes, lambda: open_for_writing(watch)
+    )
+
+
+def _say_restored(node: NodeSync, placed: tuple[int, int]) -> None:
+    aside = "".join(f"; kept aside: {n} ({why})" for n, why in sorted(node.aside.items()))
+    print(f"mncloud: --ckpt-dir restored {placed[0]} folder(s), {placed[1]} file(s){aside}",
+          file=sys.stderr, flush=True)  # fmt: skip
+
+
+def _run(node: NodeSync, rc_file: str | None, ready: str | None) -> None:
+    """Restore, say so in `ready`, sync until SIGTERM, then close."""
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    _say_restored(node, node.restore())
+    if ready:
+        Path(ready).touch()
+    failing = False
+    while not stop.wait(SCAN_S):
+        try:
+            node.sync()
+        except MncloudError as err:  # a bucket outage: said once, retried at the next scan
+            if not failing:
+                print(f"mncloud: --ckpt-dir cannot sync yet ({err}); retrying", file=sys.stderr)
+            failing = True
+        else:
+            failing = False
+    rc = Path(rc_file).read_text().strip() if rc_file and Path(rc_file).exists() else ""
+    node.close(commit=rc.lstrip("-").isdigit() and int(rc) in CLEAN_EXITS)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m mncloud.storage.foldersync")
+    parser.add_argument("action", choices=["restore", "run"])
+    parser.add_argument("--dir", required=True, help="the node's --ckpt-dir folder")
+    parser.add_argument("--uri", required=True, help="<ckpt uri>/ckpt-dir")
+    parser.add_argument("--node", type=int, required=True)
+    parser.add_argument("--nodes", type=int, required=True)
+    parser.add_argument("--watch", action="append", default=[], help="pid whose tree writes")
+    parser.add_argument("--rc-file", help="where the run script leaves the launcher's exit code")
+    parser.add_argument("--ready", help="a file touched once the folder is restored (run)")
+    args = parser.parse_args(argv)
+    try:
+        node = _node_sync(args)
+        node.check_own()
+        if args.action == "restore":
+            _say_restored(node, node.restore())
+        else:
+            _run(node, args.rc_file, args.ready)
+    except MncloudError as err:
+        print(f"mncloud: --ckpt-dir: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,337 @@
+"""`--ckpt-dir` checkpoint folders committed as a whole (storage/folders.py, foldersync.py),
+against the real S3 server: a folder counts only once every node's marker is up and every file
+it names is there at its size; restore never shows a torn or corrupt folder to the script, keeps
+it in the bucket and names it in `ckpt ls`; a plain `os.replace` file works as before; the
+cloud's sync process, as a process; the run script that starts it; chaos's `--during-save`."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from mncloud import constants, layout
+from mncloud.backends.local.chaos import _saving_folders
+from mncloud.backends.local.ckptdir import NodeFolder
+from mncloud.backends.local.state import LocalLaunch
+from mncloud.cli import app
+from mncloud.storage import folders, open_bucket
+from mncloud.storage.foldersync import NodeSync, local_files
+from tests.servers import S3Server
+from tests.test_local import wait_until
+
+runner = CliRunner()
+WIDE = {"COLUMNS": "250"}
+HF_FILES = ("model.safetensors", "optimizer.pt", "scheduler.pt", "trainer_state.json")
+
+
+class Cluster:
+    """`nodes` node folders syncing one run's `ckpt-dir` in the real S3 server."""
+
+    def __init__(self, root: Path, uri: str, nodes: int = 2):
+        self.root, self.uri, self.nodes = root, uri, nodes
+        self.bucket, self.prefix = open_bucket(layout.ckpt_dir_uri(uri), retry_seconds=5)
+        self.attempt = 0
+        self.node: list[NodeSync] = []
+        self.start()
+
+    def start(self) -> list[NodeSync]:
+        """A new attempt: fresh disks, restored from the bucket."""
+        self.attempt += 1
+        self.node = [self._node(self.root / f"a{self.attempt}" / f"node-{n}", n)
+                     for n in range(self.nodes)]  # fmt: skip
+        verdicts = folders.judge(self.bucket, self.prefix)
+        for node in self.node:
+            node.restore(verdicts)
+        return self.node
+
+    def _node(self, path: Path, n: int) -> NodeSync:
+        return NodeSync(path, path.with_suffix(".up"), self.bucket, self.prefix, n, self.nodes, set)
+
+    def fresh(self, n: int) -> NodeSync:
+        """A node of a relaunch, restored, beside the running ones."""
+        node = self._node(self.root / f"fresh-{uuid.uuid4().hex[:6]}", n)
+        node.restore()
+        return node
+
+    def settle(self, *nodes: int) -> None:
+        for n in nodes or range(self.nodes):
+            self.node[n].sync(), self.node[n].sync()
+
+    def verdict(self, name: str) -> folders.Verdict:
+        found = [v for v in folders.judge(self.bucket, self.prefix) if v.name == name]
+        return found[0] if found else folders.Verdict(name, True, False, "not in the bucket")
+
+    def key(self, rel: str) -> str:
+        return f"{self.prefix}/{rel}"
+
+
+def save_hf(node: NodeSync, step: int) -> None:
+    """What a Trainer's rank writes: node 0 the shared files, every node its RNG state, into
+    `tmp-checkpoint-N`, renamed onto `checkpoint-N` when the save ends."""
+    tmp = node.path / f"tmp-checkpoint-{step}"
+    tmp.mkdir(parents=True)
+    if node.node == 0:
+        for name in HF_FILES:
+            (tmp / name).write_bytes(f"{name} {step}".encode() + bytes(64))
+    (tmp / f"rng_state_{node.node}.pth").write_bytes(f"rng {node.node} {step}".encode())
+    os.replace(tmp, node.path / f"checkpoint-{step}")
+
+
+@pytest.fixture
+def s3_uri(s3_env: S3Server) -> str:
+    return f"s3://{s3_env.make_bucket()}/exp/run"
+
+
+def test_a_folder_of_two_nodes_commits_only_when_both_arrived(s3_uri: str, tmp_path: Path) -> None:
+    c = Cluster(tmp_path, s3_uri)
+    save_hf(c.node[0], 200)
+    c.node[0].sync()
+    assert "tmp-checkpoint-200" not in str(local_files(c.node[0].path))  # never synced
+    c.settle(0)
+    assert c.verdict("checkpoint-200").reason == "no marker from node 1 (of 2)"
+    fresh = c.fresh(1)  # a relaunch now: node 1's files never came
+    assert not (fresh.path / "checkpoint-200").exists()
+    assert fresh.aside == {"checkpoint-200": "no marker from node 1 (of 2)"}
+    save_hf(c.node[1], 200)
+    c.node[0].sync(), c.settle(1)
+    v = c.verdict("checkpoint-200")
+    assert v.committed and sorted(v.files) == sorted(
+        [*HF_FILES, "rng_state_0.pth", "rng_state_1.pth"]
+    )
+    for node in c.start():  # the union comes back to every node
+        assert sorted(os.listdir(node.path / "checkpoint-200")) == sorted(v.files)
+        assert (node.path / "checkpoint-200" / "rng_state_1.pth").read_bytes() == b"rng 1 200"
+
+
+def _committed_pair(c: Cluster) -> None:
+    """checkpoint-200 and checkpoint-400, both committed by both nodes."""
+    for step in (200, 400):
+        for node in c.node:
+            save_hf(node, step)
+        c.settle()
+    assert c.verdict("checkpoint-400").committed
+
+
+@pytest.mark.parametrize("tear", ["missing", "short", "no marker"])
+def test_a_planted_partial_folder_is_never_shown_and_ls_names_it(
+    s3_uri: str, tmp_path: Path, tear: str
+) -> None:
+    c = Cluster(tmp_path, s3_uri)
+    _committed_pair(c)
+    key = c.key("checkpoint-400/optimizer.pt")
+    if tear == "missing":
+        c.bucket.delete(key)
+        reason = "optimizer.pt missing"
+    elif tear == "short":
+        c.bucket.put_bytes(key, c.bucket.get_bytes(key)[:10])
+        reason = "optimizer.pt is 10 B, its marker says"
+    else:
+        for n in range(2):
+            c.bucket.delete(folders.marker_key(c.prefix, "checkpoint-400", n))
+        reason = "no commit marker"
+    assert reason in c.verdict("checkpoint-400").reason
+    for node in c.start():
+        assert sorted(os.listdir(node.path)) == [".mncloud-node", "checkpoint-200"]
+        assert reason in node.aside["checkpoint-400"]
+    assert c.bucket.exists(c.key("checkpoint-400/model.safetensors"))  # kept, never deleted
+    listing = runner.invoke(app, ["ckpt", "ls", s3_uri], env=WIDE)
+    assert listing.exit_code == 0, listing.output
+    row = next(line for line in listing.output.splitlines() if "checkpoint-400/" in line)
+    assert "incomplete" in row and reason.split()[0] in row
+    assert "yes" in next(line for line in listing.output.splitlines() if "checkpoint-200/" in line)
+
+
+def test_a_hash_mismatch_is_refused_with_file_and_folder_named_and_the_older_used(
+    s3_uri: str, tmp_path: Path
+) -> None:
+    c = Cluster(tmp_path, s3_uri)
+    _committed_pair(c)
+    key = c.key("checkpoint-400/optimizer.pt")
+    good = c.bucket.get_bytes(key)
+    c.bucket.put_bytes(key, bytes(len(good)))  # same size, other bytes: only the hash sees it
+    assert c.verdict("checkpoint-400").committed  # by sizes; the restore reads the content
+    nodes = c.start()
+    for node in nodes:
+        assert sorted(os.listdir(node.path)) == [".mncloud-node", "checkpoint-200"]
+        why = node.aside["checkpoint-400"]
+        assert why.startswith("refused: checkpoint-400/optimizer.pt fails its content hash"), why
+    assert c.bucket.get_bytes(key) == bytes(len(good))  # kept as it is, for a person to see
+    v = c.verdict("checkpoint-400")  # refused.json: ls and status say so from now on
+    assert not v.committed and "checkpoint-400/optimizer.pt fails its content hash" in v.reason
+    listing = runner.invoke(app, ["ckpt", "ls", s3_uri], env=WIDE).output
+    assert "fails its content hash" in listing
+    for node in nodes:  # the script resumes from 200 and saves 400 afresh: committed again
+        save_hf(node, 400)
+    c.settle()
+    assert c.verdict("checkpoint-400").committed
+    assert c.bucket.get_bytes(key) == good
+
+
+def test_a_plain_file_written_with_os_replace_works_as_before(s3_uri: str, tmp_path: Path) -> None:
+    c = Cluster(tmp_path, s3_uri, nodes=2)
+    snap = c.node[0].path / "snapshot.pt"
+    (c.node[0].path / "snapshot.pt.tmp").write_bytes(b"epoch 3")
+    os.replace(c.node[0].path / "snapshot.pt.tmp", snap)
+    c.settle()
+    assert c.bucket.get_bytes(c.key("snapshot.pt")) == b"epoch 3"
+    assert not c.bucket.list(f"{c.prefix}/{folders.COMMITS}/")  # a file needs no marker
+    v = c.verdict("snapshot.pt")
+    assert v.committed and not v.folder
+    for node in c.start():  # node 1 never wrote it; a file reaches every node, as before
+        assert (node.path / "snapshot.pt").read_bytes() == b"epoch 3"
+
+
+def test_a_changed_folder_stops_counting_before_its_new_files_go_up(
+    s3_uri: str, tmp_path: Path
+) -> None:
+    c = Cluster(tmp_path, s3_uri, nodes=1)
+    save_hf(c.node[0], 200)
+    c.settle()
+    assert c.verdict("checkpoint-200").committed
+    (c.node[0].path / "checkpoint-200" / "optimizer.pt").write_bytes(b"rewritten")
+    assert c.node[0].sync() == []  # first seen: not uploaded yet, but the marker is gone
+    assert c.verdict("checkpoint-200").reason.startswith("no commit marker")
+    c.node[0].sync()
+    assert c.verdict("checkpoint-200").committed
+    assert c.node[0].pending() == []
+
+
+def test_announced_folders_wait_for_saved_and_a_crash_leaves_them_uncommitted(
+    s3_uri: str, tmp_path: Path
+) -> None:
+    c = Cluster(tmp_path, s3_uri, nodes=1)
+    node = c.node[0]
+    folders.announce(node.path)
+    (node.path / "step-10").mkdir()
+    (node.path / "step-10" / "__0_0.distcp").write_bytes(b"shard")
+    c.settle()
+    assert node.pending() == ["step-10"]
+    assert c.verdict("step-10").reason.startswith("no commit marker")
+    (node.path / "step-10" / ".metadata").write_bytes(b"meta")
+    folders.saved(node.path / "step-10", node.path)
+    c.settle()
+    assert c.verdict("step-10").committed
+    (node.path / "step-20").mkdir()
+    (node.path / "step-20" / "__0_0.distcp").write_bytes(b"half")
+    folders.saved("step-20", node.path)
+    node.close(commit=False)  # the node crashed: uploaded, never committed
+    assert c.bucket.exists(c.key("step-20/__0_0.distcp"))
+    assert not c.verdict("step-20").committed
+
+
+def test_a_clean_exit_gives_a_folder_it_never_held_an_empty_marker(
+    s3_uri: str, tmp_path: Path
+) -> None:
+    """A folder only node 0 writes commits when node 1 ends cleanly (see folders.py)."""
+    c = Cluster(tmp_path, s3_uri)
+    (c.node[0].path / "best").mkdir()
+    (c.node[0].path / "best" / "model.pt").write_bytes(b"w")
+    c.settle()
+    assert c.verdict("best").reason == "no marker from node 1 (of 2)"
+    c.node[1].close(commit=True)
+    assert c.verdict("best").committed
+
+
+def test_a_local_node_says_which_folder_it_is_saving(s3_uri: str, tmp_path: Path) -> None:
+    """What chaos's `--during-save` waits for on a `--ckpt-dir` run."""
+    launch = LocalLaunch(
+        name="r", token="t0", task_id="task", workdir=str(tmp_path), run="true",
+        num_nodes=2, procs_per_node=1, master_port=29500, ckpt_uri=s3_uri,
+    )  # fmt: skip
+    bucket, prefix = open_bucket(layout.ckpt_dir_uri(s3_uri), retry_seconds=5)
+    folder = tmp_path / "run"
+    node = NodeFolder(folder, launch, 1, bucket, prefix)
+    node.restore()
+    (node.path / "tmp-checkpoint-5").mkdir()
+    node.sync()
+    assert _saving_folders(folder, 1) == ["tmp-checkpoint-5"]
+    os.replace(node.path / "tmp-checkpoint-5", node.path / "checkpoint-5")
+    (node.path / "checkpoint-5" / "rng_state_1.pth").write_bytes(b"r")
+    node.sync()
+    assert _saving_folders(folder, 1) == ["checkpoint-5"]  # written, not yet committed
+    node.sync()
+    assert _saving_folders(folder, 1) == []
+
+
+# --------------------------------------------------------------------------- the cloud
+
+
+@pytest.mark.catalog
+def test_the_cloud_run_script_starts_the_folder_sync(project: Path) -> None:
+    from mncloud.render import render
+    from mncloud.request import build_spec
+
+    spec = build_spec(
+        project / "train.py", gpus="H100:8", nodes=2, bucket="s3://team-ckpt/exp", ckpt_dir="/ckpt"
+    )
+    run = render(spec).config["run"]
+    assert "python -m mncloud.storage.foldersync run" in run
+    assert "--uri s3://team-ckpt/exp/train/ckpt-dir" in run
+    assert 'ckpt_node="$NODE_RANK"; ckpt_nodes="$NNODES"' in run
+    assert 'echo "$rc" > "$ckpt_sync_rc"' in run and 'kill -TERM "$ckpt_sync_pid"' in run
+    assert "ckpt_target=/mncloud-bucket/exp/train/ckpt-dir" in run  # the fallback, kept
+    checked = subprocess.run(["bash", "-n"], input=run, text=True, capture_output=True)
+    assert checked.returncode == 0, checked.stderr
+    local = build_spec(project / "train.py", gpus="cpu:1", cloud=["local"], ckpt_dir="/ckpt")
+    assert "mncloud.storage.foldersync" not in render(local).config["run"]
+
+
+def test_the_cloud_sync_process_restores_commits_and_flushes(
+    s3_env: S3Server, s3_uri: str, tmp_path: Path
+) -> None:
+    c = Cluster(tmp_path / "planted", s3_uri, nodes=1)
+    save_hf(c.node[0], 100)
+    c.settle()
+    (c.node[0].path / "checkpoint-200").mkdir()
+    (c.node[0].path / "checkpoint-200" / "model.safetensors").write_bytes(b"torn")
+    c.node[0].sync(), c.node[0].sync(commit=False)  # uploaded, its marker never written
+    vm = tmp_path / "vm" / "ckpt"
+    ready, rc = tmp_path / "ready", tmp_path / "rc"
+    env = {**os.environ, **s3_env.env()}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mncloud.storage.foldersync", "run", "--dir", str(vm),
+         "--uri", layout.ckpt_dir_uri(s3_uri), "--node", "0", "--nodes", "1",
+         "--watch", str(os.getpid()), "--rc-file", str(rc), "--ready", str(ready)],
+        env=env, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        wait_until(lambda: ready.exists() or proc.poll() is not None, 60, "the restore")
+        assert sorted(os.listdir(vm)) == [".mncloud-node", "checkpoint-100"]
+        save = vm / "checkpoint-300"
+        save.mkdir()
+        (save / "model.safetensors").write_bytes(b"w300")
+        wait_until(lambda: c.verdict("checkpoint-300").committed, 60, "checkpoint-300 committed")
+        (vm / "last.ckpt").write_bytes(b"lightning")  # flushed at the end without waiting
+        rc.write_text("0\n")
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert "kept aside: checkpoint-200 (no commit marker" in err
+    assert c.bucket.get_bytes(c.key("last.ckpt")) == b"lightning"
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine")
+    refused = subprocess.run(
+        [sys.executable, "-m", "mncloud.storage.foldersync", "restore", "--dir", str(foreign),
+         "--uri", layout.ckpt_dir_uri(s3_uri), "--node", "0", "--nodes", "1"],
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert refused.returncode == 1 and "give --ckpt-dir an empty" in refused.stderr
+    assert (foreign / "notes.txt").read_text() == "mine"
+
+
+def test_saved_without_a_ckpt_dir_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    from mncloud.errors import StorageError
+
+    monkeypatch.delenv(constants.CKPT_DIR_ENV, raising=False)
+    with pytest.raises(StorageError, match="MNCLOUD_CKPT_DIR is not set"):
+        folders.saved(f"checkpoint-{uuid.uuid4().int % 10}")
