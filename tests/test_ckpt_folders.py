@@ -358,13 +358,19 @@ def test_preempted_during_a_folder_save_resumes_from_the_folder_before_it(
     c = Cluster(tmp_path, f"{bucket}/hfsave", nodes=2)
     wait_until(lambda: c.verdict("checkpoint-40").committed, 120, "checkpoint-40 committed")
     chaos = cli("chaos", "preempt", "hfsave", "--node", "1", "--during-save").output
-    assert "while it saved" in chaos and "checkpoint-80" in chaos, chaos
+    assert "while it saved tmp-checkpoint-80/" in chaos, chaos
     state = wait_final("hfsave", timeout=240)
     log = run_log("hfsave")
     assert state.state is RunState.SUCCEEDED and state_of("hfsave").preemptions == 1, log
-    assert "node 0 resumed from checkpoint-40" in log and "node 1 resumed from checkpoint-40" in log
-    assert "torn" not in log
+    assert "node 0 resumed from checkpoint-40" in log, log
+    assert "node 1 resumed from checkpoint-40" in log and "torn" not in log, log
     aside = next(line for line in log.splitlines() if "checkpoint-80 kept aside" in line)
     assert "no marker from node 1 (of 2)" in aside, aside  # node 0's share had arrived
     for step in (40, 80, 120):  # saved again after the resume: committed by both nodes
         assert c.verdict(f"checkpoint-{step}").committed
+    c.bucket.delete(c.key("checkpoint-120/rng_state_1.pth"))  # torn after the end, by hand
+    status = runner.invoke(app, ["status", "hfsave"], env=WIDE).output
+    assert "--ckpt-dir keeps aside (incomplete, never restored): checkpoint-120" in status, status
+    assert "rng_state_1.pth missing" in status
+    listing = runner.invoke(app, ["ckpt", "ls", "hfsave"], env=WIDE).output
+    assert "rng_state_1.pth missing" in listing, listing

@@ -58,7 +58,7 @@ for step in range(start + 1, steps + 1):
         (tmp / name).write_text(body)
         time.sleep(pause)
     (tmp / f"rng_state_{node}.pth").write_text(f"rng {node} {step}")
-    time.sleep(pause)
+    time.sleep(pause * (4 if node else 1))  # the slower nodes write on a while
     shutil.rmtree(root / f"checkpoint-{step}", ignore_errors=True)
     os.replace(tmp, root / f"checkpoint-{step}")
     print(f"node {node} saved checkpoint-{step}", flush=True)
