@@ -93,25 +93,25 @@ def test_a_folder_of_two_nodes_commits_only_when_both_arrived(s3_uri: str, tmp_p
     c = Cluster(tmp_path, s3_uri)
     save_hf(c.node[0], 200)
     c.node[0].sync()
-    assert "tmp-checkpoint-400" not in str(local_files(c.node[0].path))  # never synced
+    assert "tmp-checkpoint-200" not in str(local_files(c.node[0].path))  # never synced
     c.settle(0)
-    assert c.verdict("checkpoint-400").reason == "no marker from node 1 (of 2)"
+    assert c.verdict("checkpoint-200").reason == "no marker from node 1 (of 2)"
     fresh = c.fresh(1)  # a relaunch now: node 1's files never came
-    assert not (fresh.path / "checkpoint-400").exists()
-    assert fresh.aside == {"checkpoint-400": "no marker from node 1 (of 2)"}
+    assert not (fresh.path / "checkpoint-200").exists()
+    assert fresh.aside == {"checkpoint-200": "no marker from node 1 (of 2)"}
     save_hf(c.node[1], 200)
     c.node[0].sync(), c.settle(1)
-    v = c.verdict("checkpoint-400")
+    v = c.verdict("checkpoint-200")
     assert v.committed and sorted(v.files) == sorted(
         [*HF_FILES, "rng_state_0.pth", "rng_state_1.pth"]
     )
     for node in c.start():  # the union comes back to every node
-        assert sorted(os.listdir(node.path / "checkpoint-400")) == sorted(v.files)
-        assert (node.path / "checkpoint-400" / "rng_state_1.pth").read_bytes() == b"rng 1 200"
+        assert sorted(os.listdir(node.path / "checkpoint-200")) == sorted(v.files)
+        assert (node.path / "checkpoint-200" / "rng_state_1.pth").read_bytes() == b"rng 1 200"
 
 
 def _committed_pair(c: Cluster) -> None:
-    """checkpoint-400 and checkpoint-400, both committed by both nodes."""
+    """checkpoint-200 and checkpoint-400, both committed by both nodes."""
     for step in (200, 400):
         for node in c.node:
             save_hf(node, step)
@@ -138,14 +138,14 @@ def test_a_planted_partial_folder_is_never_shown_and_ls_names_it(
         reason = "no commit marker"
     assert reason in c.verdict("checkpoint-400").reason
     for node in c.start():
-        assert sorted(os.listdir(node.path)) == [".mncloud-node", "checkpoint-400"]
+        assert sorted(os.listdir(node.path)) == [".mncloud-node", "checkpoint-200"]
         assert reason in node.aside["checkpoint-400"]
     assert c.bucket.exists(c.key("checkpoint-400/model.safetensors"))  # kept, never deleted
     listing = runner.invoke(app, ["ckpt", "ls", s3_uri], env=WIDE)
     assert listing.exit_code == 0, listing.output
     row = next(line for line in listing.output.splitlines() if "checkpoint-400/" in line)
     assert "incomplete" in row and reason.split()[0] in row
-    assert "yes" in next(line for line in listing.output.splitlines() if "checkpoint-400/" in line)
+    assert "yes" in next(line for line in listing.output.splitlines() if "checkpoint-200/" in line)
 
 
 def test_a_hash_mismatch_is_refused_with_file_and_folder_named_and_the_older_used(
@@ -159,7 +159,7 @@ def test_a_hash_mismatch_is_refused_with_file_and_folder_named_and_the_older_use
     assert c.verdict("checkpoint-400").committed  # by sizes; the restore reads the content
     nodes = c.start()
     for node in nodes:
-        assert sorted(os.listdir(node.path)) == [".mncloud-node", "checkpoint-400"]
+        assert sorted(os.listdir(node.path)) == [".mncloud-node", "checkpoint-200"]
         why = node.aside["checkpoint-400"]
         assert why.startswith("refused: checkpoint-400/optimizer.pt fails its content hash"), why
     assert c.bucket.get_bytes(key) == bytes(len(good))  # kept as it is, for a person to see
@@ -194,12 +194,12 @@ def test_a_changed_folder_stops_counting_before_its_new_files_go_up(
     c = Cluster(tmp_path, s3_uri, nodes=1)
     save_hf(c.node[0], 200)
     c.settle()
-    assert c.verdict("checkpoint-400").committed
-    (c.node[0].path / "checkpoint-400" / "optimizer.pt").write_bytes(b"rewritten")
+    assert c.verdict("checkpoint-200").committed
+    (c.node[0].path / "checkpoint-200" / "optimizer.pt").write_bytes(b"rewritten")
     assert c.node[0].sync() == []  # first seen: not uploaded yet, but the marker is gone
-    assert c.verdict("checkpoint-400").reason.startswith("no commit marker")
+    assert c.verdict("checkpoint-200").reason.startswith("no commit marker")
     c.node[0].sync()
-    assert c.verdict("checkpoint-400").committed
+    assert c.verdict("checkpoint-200").committed
     assert c.node[0].pending() == []
 
 
@@ -289,8 +289,8 @@ def test_the_cloud_sync_process_restores_commits_and_flushes(
     c = Cluster(tmp_path / "planted", s3_uri, nodes=1)
     save_hf(c.node[0], 100)
     c.settle()
-    (c.node[0].path / "checkpoint-400").mkdir()
-    (c.node[0].path / "checkpoint-400" / "model.safetensors").write_bytes(b"torn")
+    (c.node[0].path / "checkpoint-200").mkdir()
+    (c.node[0].path / "checkpoint-200" / "model.safetensors").write_bytes(b"torn")
     c.node[0].sync(), c.node[0].sync(commit=False)  # uploaded, its marker never written
     vm = tmp_path / "vm" / "ckpt"
     ready, rc = tmp_path / "ready", tmp_path / "rc"
@@ -315,7 +315,7 @@ def test_the_cloud_sync_process_restores_commits_and_flushes(
     finally:
         proc.kill()
     assert proc.returncode == 0, err
-    assert "kept aside: checkpoint-400 (no commit marker" in err
+    assert "kept aside: checkpoint-200 (no commit marker" in err
     assert c.bucket.get_bytes(c.key("last.ckpt")) == b"lightning"
     foreign = tmp_path / "foreign"
     foreign.mkdir()
