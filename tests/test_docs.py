@@ -59,7 +59,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The site, built strictly (`--strict`: a warning fails) into a temporary folder."""
     out = tmp_path_factory.mktemp("site")
     done = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet", "-d", str(out)],
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(out)],
         cwd=ROOT,
         env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
         capture_output=True,
