@@ -112,12 +112,13 @@ def _command_markdown(path: str, cmd: Any, ctx: Any) -> list[str]:
     for p in options(cmd):
         panels.setdefault(getattr(p, "rich_help_panel", None) or "Options", []).append(p)
     for panel, params in panels.items():
-        out += [f"**{panel}**", "", "| option | default | |", "|---|---|---|"]
+        out += [f"**{panel}**", "", "| option | |", "|---|---|"]
         for p in params:
             record = p.get_help_record(ctx)  # ("--gpus TEXT", …) as --help shows it
             spelled = record[0] if record else "/".join(p.opts + p.secondary_opts)
             cell = f'<span id="{_anchor(path, p.opts[0])}"></span>`{spelled}`'
-            out.append(f"| {cell} | {_default(p)} | {_text(p.help or '')} |")
+            default = f" Default: {_default(p)}." if _default(p) else ""
+            out.append(f"| {cell} | {_text(p.help or '')}{default} |")
         out.append("")
     return out
 

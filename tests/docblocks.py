@@ -3,8 +3,9 @@
 A fence is a code block when its language is `bash`, `console` or `python`, or it is a
 `yaml title="mncloud.yaml"`; each is run by the suite unless the line before its fence says why
 not, `<!-- not-run: reason -->`. `text` (and other languages) are output or data; a fence marked
-`<!-- output: NAME -->` shows output `scripts/docs_outputs.py` regenerates. Every fence needs a
-language, so nothing slips through unclassified.
+`<!-- output: NAME -->` shows output `scripts/docs_outputs.py` regenerates. A fence without a
+language is read by its first line: `$ …` is console, a command (`mncloud …`, `python …`) bash,
+anything else text.
 """
 
 from __future__ import annotations
@@ -66,13 +67,23 @@ def blocks(page: Path) -> Iterator[Block]:
         yield Block(
             page=page,
             line=i + 1,
-            lang=info.split()[0] if info.strip() else "",
+            lang=info.split()[0] if info.strip() else _guess(body),
             info=info,
             text="\n".join(body) + "\n",
             not_run=nr.group(1) if nr else None,
             output=out.group(1) if out else None,
         )
         i = j + 1
+
+
+def _guess(body: list[str]) -> str:
+    """The language of a fence that names none, from its first line."""
+    first = next((line.strip() for line in body if line.strip()), "")
+    if first.startswith("$ "):
+        return "console"
+    if re.match(r"(mncloud|python|bash|sky|pip|\.venv/bin/\w+) ", first):
+        return "bash"
+    return "text"
 
 
 def all_blocks() -> list[Block]:
