@@ -66,36 +66,70 @@ class JobOptions:
     a mapping or `K=V` items)."""
 
     gpus: str | None = field(default=None, metadata=_m())
+    """Accelerators per node, `NAME:COUNT`, e.g. `H100:8` or `cpu:2`; several types comma-separated
+    are ranked by expected cost to finish."""
     nodes: int | None = field(default=None, metadata=_m(default=1, ge=MIN_NODES, le=MAX_NODES))
+    """Number of nodes."""
     min_nodes: int | None = field(default=None, metadata=_m())
+    """Elastic spot run: the fewest nodes it trains on while capacity is short."""
     spot: bool | str | None = field(default=None, metadata=_m())
+    """`true`: spot only, `false`: on-demand only; or `spot`, `on-demand`, `either` (default:
+    either, the plan decides)."""
     cloud: str | list[str] | None = field(default=None, metadata=_m())
+    """Allowed cloud, one or a list: `aws`, `gcp`, … or `local`."""
     region: str | list[str] | None = field(default=None, metadata=_m())
+    """Allowed region, one or a list."""
     bucket: str | None = field(default=None, metadata=_m())
+    """Checkpoint bucket: `s3://name[/prefix]`, `gs://…`, `file:///dir`."""
     mount_bucket: bool | None = field(default=None, metadata=_m())
+    """Also mount the bucket on every node, `MOUNT_CACHED`."""
     env: list[str] | dict[str, Any] | None = field(default=None, metadata=_m())
+    """Environment variables: a mapping, or a list of `K=V`."""
     secret: str | list[str] | None = field(default=None, metadata=_m())
+    """Secret variable names, one or a list; values read from your environment at launch."""
     setup: str | None = field(default=None, metadata=_m())
+    """Shell command run once per node."""
     requirements: str | None = field(default=None, metadata=_m())
+    """pip requirements file inside the project."""
     disk_size: int | None = field(default=None, metadata=_m(ge=1, le=65536))
+    """Disk per node in GB."""
     image: str | None = field(default=None, metadata=_m())
+    """VM or Docker image, SkyPilot's `image_id`."""
     label: list[str] | dict[str, Any] | None = field(default=None, metadata=_m())
+    """Labels: a mapping, or a list of `K=V`."""
     max_hourly: float | None = field(default=None, metadata=_m(gt=0, le=MAX_USD))
+    """Budget: the most USD per hour for the job."""
     max_restarts: int | None = field(default=None, metadata=_m(default=3, ge=0, le=1000))
+    """Retries after errors in your code."""
     master_port: int | None = field(default=None, metadata=_m(ge=1024, le=65535))
+    """Rendezvous port on the head node."""
     nccl_debug: str | None = field(default=None, metadata=_m())
+    """`NCCL_DEBUG` level, e.g. `INFO`."""
     nccl_socket_ifname: str | None = field(default=None, metadata=_m())
+    """`NCCL_SOCKET_IFNAME`: the network interface NCCL uses."""
     network: str | None = field(default=None, metadata=_m(default="best"))
+    """`best`: the cloud's fast fabric where an instance type has one (EFA, GPUDirect-TCPX,
+    InfiniBand); `standard`: TCP on every entry."""
     min_bandwidth: float | None = field(default=None, metadata=_m(gt=0))
+    """Refuse to train when the preflight's all-reduce bus bandwidth is below this many GB/s."""
     require_path: str | list[str] | None = field(default=None, metadata=_m())
+    """Paths or bucket URLs every node must see, one or a list."""
     preflight: bool | None = field(default=None, metadata=_m(default=True))
+    """Check every node before training."""
     launcher: str | None = field(default=None, metadata=_m(default="torchrun"))
+    """What starts the script on every node: `torchrun`, `accelerate`, `deepspeed` or `none`."""
     ckpt_dir: str | None = field(default=None, metadata=_m())
+    """An absolute folder on every node, kept in the bucket (for a script that saves its own
+    checkpoints)."""
     recovery: str | None = field(default=None, metadata=_m())
+    """`gang` (every node relaunched on a loss) or `node` (only the lost node is replaced)."""
     parallel: str | None = field(default=None, metadata=_m())
+    """The model's layout: `ddp`, `fsdp` or `hsdp` (default: the script's own `default=`)."""
     name: str | None = field(default=None, metadata=_m())
+    """Run name; a name you give: a second `up` needs `--resume` or `--replace`."""
     allow_secret_env: bool | None = field(default=None, metadata=_m(in_yaml=False))
-    """Said on the command line each time, never committed in `mncloud.yaml`."""
+    """Accept an `--env` value that looks like a credential; said on the command line each
+    time, never committed in `mncloud.yaml`."""
 
     def over(self, base: JobOptions) -> JobOptions:
         """These options over `base` (`mncloud.yaml`'s): a field said here (not None, not an
