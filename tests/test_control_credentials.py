@@ -26,7 +26,9 @@ pytestmark = pytest.mark.catalog
 PASSWORD = "s3cr3t-pw-9d1"
 ENDPOINT = f"https://alice:{PASSWORD}@sky.example.com:46580"
 ENV_VALUE = "plain-value-4417"
-SSO_AND_ACCOUNTS = {"external_proxy_auth_enabled": True, "service_account_token_enabled": True}
+SSO = {"external_proxy_auth_enabled": True, "user": {"id": "ab12cd34", "name": "alice@example.com"}}
+"""A server behind an auth proxy that logged the laptop in: the proxy names its user."""
+SSO_AND_ACCOUNTS = {**SSO, "service_account_token_enabled": True}
 
 
 def _bucket_state(tmp_path: Path) -> str:
@@ -110,7 +112,7 @@ def test_an_api_server_that_would_not_know_the_controller_is_refused_at_up(
     missing, exit 2, before any VM (nothing launched, no run state left behind)."""
     from tests.test_control_faults import _up_deadline
 
-    fake_sky.health = {"external_proxy_auth_enabled": True}
+    fake_sky.health = dict(SSO)
     result = _up_deadline(monkeypatch, script, tmp_path)
     assert result.exit_code == 2 and "Traceback" not in result.output
     (line,) = result.stderr.strip().splitlines()
@@ -130,8 +132,9 @@ def test_an_api_server_that_would_not_know_the_controller_is_refused_at_up(
         ({"basic_auth_enabled": True}, "https://sky.example.com", None, True),
         ({"basic_auth_enabled": True}, ENDPOINT, None, False),
         ({"ingress_basic_auth_enabled": True}, ENDPOINT, None, False),
-        ({"external_proxy_auth_enabled": True}, ENDPOINT, None, True),
-        ({"external_proxy_auth_enabled": True}, "https://sky.example.com", "sky_abc", False),
+        ({"external_proxy_auth_enabled": True}, "https://sky.example.com", None, False),
+        (SSO, ENDPOINT, None, True),
+        (SSO, "https://sky.example.com", "sky_abc", False),
         ({**SSO_AND_ACCOUNTS, "api_version": "41"}, "https://sky.example.com", None, True),
         ({**SSO_AND_ACCOUNTS, "api_version": "42"}, "https://sky.example.com", None, False),
     ],

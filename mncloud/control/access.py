@@ -122,20 +122,27 @@ def check_identity(
     laptop's service-account token (`SKYPILOT_SERVICE_ACCOUNT_TOKEN`, carried as a secret),
     the `user:password@` of a basic-auth endpoint (likewise), or the token SkyPilot makes for
     a task with `api_server_access: true`, which it does only where the server has service
-    accounts enabled and is new enough (`min_api_version`)."""
+    accounts enabled and is new enough (`min_api_version`).
+
+    `external_proxy_auth_enabled` alone proves nothing: SkyPilot 0.14.1 reports it on every
+    server whose `server.yaml` does not turn it off (`sky/server/config.py`), a plain server
+    with no auth at all included (`tests/test_sky_contract.py`). A proxy that logged the
+    laptop in names its user in the answer (`info.user`), so the flag counts only then."""
+    proxy = bool(getattr(info, "external_proxy_auth_enabled", False))
+    proxy = proxy and getattr(info, "user", None) is not None
     wants = [
         what
-        for flag, what in (
-            ("basic_auth_enabled", "basic auth"),
-            ("ingress_basic_auth_enabled", "basic auth on its ingress"),
-            ("external_proxy_auth_enabled", "a login through its auth proxy (SSO)"),
+        for wanted, what in (
+            (getattr(info, "basic_auth_enabled", False), "basic auth"),
+            (getattr(info, "ingress_basic_auth_enabled", False), "basic auth on its ingress"),
+            (proxy, "a login through its auth proxy (SSO)"),
         )
-        if getattr(info, flag, False)
+        if wanted
     ]
     if not wants or environ.get(TOKEN_ENV):
         return
     has_password = redact_url(api_server) != api_server
-    if has_password and not getattr(info, "external_proxy_auth_enabled", False):
+    if has_password and not proxy:
         return
     try:
         version = int(getattr(info, "api_version", "") or 0)

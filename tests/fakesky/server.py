@@ -91,8 +91,8 @@ class FakeSky(ManagedJobs, Clusters):
         self._failing: dict[str, deque[BaseException]] = {}
         self._losing: Counter[str] = Counter()
         self.health: dict[str, Any] = {}
-        """Fields of the server's `/api/health` answer (`sky.api_info`) over a healthy one of
-        this SkyPilot's API version with no auth: `external_proxy_auth_enabled=True`..."""
+        """Fields of the server's `/api/health` answer (`sky.api_info`) over a plain one of this
+        SkyPilot's version (`api_info`): `{"basic_auth_enabled": True}`..."""
         self.cloud_access = True
         """False: no cloud is enabled on the server, and every launch fails there as the real
         server's does (`NoCloudAccessError`, `sky/check.py`)."""
@@ -307,7 +307,8 @@ class FakeSky(ManagedJobs, Clusters):
 
     def api_info(self, *args: Any, **kwargs: Any) -> Any:
         """`sky.api_info()`: the server's health answer (`health` over a plain server of this
-        SkyPilot's version: no auth, no service accounts, no user), not a request."""
+        SkyPilot's version: no auth, no service accounts, no user, and, as SkyPilot's default,
+        `external_proxy_auth_enabled`), not a request."""
         import sky
 
         inspect.signature(real("api_info")).bind(*args, **kwargs)
@@ -317,7 +318,8 @@ class FakeSky(ManagedJobs, Clusters):
                   "api_version": str(server_constants.API_VERSION), "version": sky.__version__,
                   "version_on_disk": sky.__version__, "commit": sky.__commit__,
                   "basic_auth_enabled": False, "service_account_token_enabled": False,
-                  "ingress_basic_auth_enabled": False, "user": None, **self.health}  # fmt: skip
+                  "ingress_basic_auth_enabled": False, "user": None,
+                  "external_proxy_auth_enabled": True, **self.health}  # fmt: skip
         return responses.APIHealthResponse(**json.loads(json.dumps(fields)))
 
     def _api_status(self, request_ids: Any, all_status: bool, **_kw: Any) -> list[Any]:
