@@ -157,6 +157,34 @@ def _row(request_id: str) -> Any:
     return row
 
 
+def test_a_launch_without_a_cloud_fails_as_the_server_fails_it(side: Side) -> None:
+    """No cloud enabled: `stream_and_get` and `get` raise `NoCloudAccessError` in the server's
+    words, the request is FAILED, and mncloud says so in one line (a refusal, not a lost
+    answer). First in the file: the server's first launch runs to its end here, before any
+    request is cancelled (a launch cancelled mid-way once left the server's worker with a
+    half-imported module, and the next launch failed with an AttributeError)."""
+    import sky
+    import sky.jobs
+    from sky import exceptions as sx
+
+    from mncloud.backends.skypilot import lost
+    from mncloud.backends.skypilot.errors import one_line, translate_error
+    from mncloud.errors import BackendError
+
+    if side.fake is not None:
+        side.fake.cloud_access = False
+    request_id = sky.jobs.launch(_task("contract-run-2"), name="contract-b")
+    for wait in (sky.stream_and_get, sky.get):
+        with pytest.raises(sx.NoCloudAccessError) as failed:
+            wait(request_id)
+        assert one_line(failed.value) == "Cloud access is not set up. Run: sky check"
+    assert _row(request_id).status == "FAILED"
+    assert "SkyPilot has no cloud enabled" in str(translate_error(failed.value, "launch"))
+    with pytest.raises(BackendError, match="no cloud enabled") as refused:
+        lost.resolve("contract-b", request_id, "contract-run-2")
+    assert not isinstance(refused.value, lost.LaunchAnswerLost)
+
+
 def test_the_server_names_each_request_and_whose_it_is(side: Side) -> None:
     """A launch in flight is `sky.jobs.launch`, the caller's, its body naming the run id (what
     `find.wait_for_launch_requests` looks for), among the server's own daemons; cancelled, it
@@ -186,32 +214,6 @@ def test_the_server_names_each_request_and_whose_it_is(side: Side) -> None:
     find.wait_for_launch_requests("contract-run-1")  # nothing in flight names it: no wait
     with pytest.raises(BackendError, match="cancelled") as refused:
         lost.resolve("contract-a", request_id, "contract-run-1")
-    assert not isinstance(refused.value, lost.LaunchAnswerLost)
-
-
-def test_a_launch_without_a_cloud_fails_as_the_server_fails_it(side: Side) -> None:
-    """No cloud enabled: `stream_and_get` and `get` raise `NoCloudAccessError` in the server's
-    words, the request is FAILED, and mncloud says so in one line (a refusal, not a lost
-    answer)."""
-    import sky
-    import sky.jobs
-    from sky import exceptions as sx
-
-    from mncloud.backends.skypilot import lost
-    from mncloud.backends.skypilot.errors import one_line, translate_error
-    from mncloud.errors import BackendError
-
-    if side.fake is not None:
-        side.fake.cloud_access = False
-    request_id = sky.jobs.launch(_task("contract-run-2"), name="contract-b")
-    for wait in (sky.stream_and_get, sky.get):
-        with pytest.raises(sx.NoCloudAccessError) as failed:
-            wait(request_id)
-        assert one_line(failed.value) == "Cloud access is not set up. Run: sky check"
-    assert _row(request_id).status == "FAILED"
-    assert "SkyPilot has no cloud enabled" in str(translate_error(failed.value, "launch"))
-    with pytest.raises(BackendError, match="no cloud enabled") as refused:
-        lost.resolve("contract-b", request_id, "contract-run-2")
     assert not isinstance(refused.value, lost.LaunchAnswerLost)
 
 
@@ -247,11 +249,15 @@ def test_no_managed_job_yet_the_queue_and_cancel_fail_and_mncloud_reads_none(
 
 def test_the_user_each_process_is(side: Side, monkeypatch: pytest.MonkeyPatch) -> None:
     """`SKYPILOT_USER_ID` is who a process is: each request is that user's (the controller VM
-    another user than the laptop); `api_info` of a plain server names no user and no auth."""
+    another user than the laptop); `api_info` of a plain server names no user and no auth, and
+    says `external_proxy_auth_enabled` all the same: mncloud lets the controller launch."""
     import sky
     import sky.jobs
     from sky.server import constants as server_constants
+    from sky.server.constants import MIN_API_ACCESS_API_VERSION
     from sky.utils import common_utils
+
+    from mncloud.control.access import check_identity
 
     info = sky.api_info()
     assert info.status.value == "healthy" and info.user is None
@@ -259,6 +265,9 @@ def test_the_user_each_process_is(side: Side, monkeypatch: pytest.MonkeyPatch) -
     assert (info.version, info.commit) == (sky.__version__, sky.__commit__)
     assert not (info.basic_auth_enabled or info.ingress_basic_auth_enabled)
     assert not info.service_account_token_enabled
+    assert info.external_proxy_auth_enabled  # SkyPilot's default, even with no proxy at all
+    # ... which mncloud must not take for a login the controller's VM would lack:
+    check_identity(info, "https://sky.example.com", {}, MIN_API_ACCESS_API_VERSION)
 
     def asked_by() -> str:
         request_id = sky.jobs.queue_v2(refresh=False)
@@ -275,20 +284,31 @@ def test_the_user_each_process_is(side: Side, monkeypatch: pytest.MonkeyPatch) -
     assert asked_by() == LAPTOP_ID
 
 
-def test_the_client_adds_its_endpoint_for_api_server_access(side: Side) -> None:
+def test_the_client_adds_its_endpoint_for_api_server_access(
+    side: Side, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A task with `api_server_access` gets `SKYPILOT_API_SERVER_ENDPOINT` (the URL this client
-    reaches the server at) in the envs of the YAML sent; one without gets none."""
+    reaches the server at, a `user:password@` in it included) in the plain envs of the YAML
+    sent; one without gets none."""
     import sky
     import yaml
 
     from mncloud.backends.skypilot.find import env_values
 
-    sent = {}
-    for access in (True, False):
-        request_id = _launch(side, f"contract-run-{access}", f"contract-{access}", access)
-        sent[access] = json.loads(_row(request_id).request_body)["task"]
+    def sent(run_id: str, access: bool) -> str:
+        request_id = _launch(side, run_id, f"contract-{access}", access)
+        task = json.loads(_row(request_id).request_body)["task"]
         sky.get(sky.api_cancel(request_id))
-    assert env_values(sent[True], "SKYPILOT_API_SERVER_ENDPOINT") == {side.url}
-    assert env_values(sent[False], "SKYPILOT_API_SERVER_ENDPOINT") == set()
-    assert env_values(sent[False], RUN_ID_ENV) == {"contract-run-False"}
-    assert [d.get("name") for d in yaml.safe_load_all(sent[True])] == ["contract-True", "t"]
+        return str(task)
+
+    with_access, without = sent("contract-run-3", True), sent("contract-run-4", False)
+    assert env_values(with_access, "SKYPILOT_API_SERVER_ENDPOINT") == {side.url}
+    assert env_values(without, "SKYPILOT_API_SERVER_ENDPOINT") == set()
+    assert env_values(without, RUN_ID_ENV) == {"contract-run-4"}
+    assert [d.get("name") for d in yaml.safe_load_all(with_access)] == ["contract-True", "t"]
+
+    with_password = side.url.replace("http://", "http://mn:pw-0417@")
+    monkeypatch.setenv("SKYPILOT_API_SERVER_ENDPOINT", with_password)
+    _forget_server()
+    plain = env_values(sent("contract-run-5", True), "SKYPILOT_API_SERVER_ENDPOINT")
+    assert plain == {with_password}  # the password in plain envs: SkyPilot's client's doing
