@@ -182,3 +182,47 @@ def test_the_api_server_check_refuses_what_no_cloud_vm_reaches(url: str, local: 
     from mncloud.control.access import on_this_machine_only
 
     assert on_this_machine_only(url) is local
+
+
+def test_an_endpoint_password_never_reaches_the_controllers_plain_envs(
+    script: Path,  # noqa: F811
+    fake_sky: FakeSky,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """SkyPilot's client writes the URL it reaches the server at into the plain envs of a task
+    with `api_server_access`, a `user:password@` included (held by tests/test_sky_contract.py).
+    A controller whose endpoint has a password logs in with it from its secret: it launches
+    without `api_server_access`, and its YAML (SkyPilot's job table) has no password. Where it
+    would need SkyPilot's token for a proxy login, one line, exit 2, nothing launched."""
+    import json
+
+    import sky
+    from click.testing import Result
+
+    from mncloud.backends.skypilot.find import env_values
+    from mncloud.cli import app
+    from tests.test_control_faults import runner
+
+    def up() -> Result:
+        monkeypatch.chdir(script.parent)
+        monkeypatch.setenv("MNCLOUD_HOME", str(tmp_path / "laptop"))
+        monkeypatch.setenv("SKYPILOT_API_SERVER_ENDPOINT", ENDPOINT)
+        args = ["up", "train.py", "--gpus", "H100:8", "--nodes", "4", "--name", "llm", "--yes",
+                "--bucket", f"file://{tmp_path / 'bucket'}", "--deadline", "4h", "--hours", "2",
+                "--spot-price", "10", "--on-demand-price", "30"]  # fmt: skip
+        return runner.invoke(app, args)
+
+    fake_sky.health = dict(SSO_AND_ACCOUNTS)
+    refused = up()
+    assert refused.exit_code == 2 and "Traceback" not in refused.output
+    (line,) = refused.stderr.strip().splitlines()
+    assert "password" in line and PASSWORD not in line and not fake_sky.jobs
+
+    fake_sky.health = {}
+    assert up().exit_code == 0
+    (controller,) = _named(fake_sky, "llm-control")
+    assert PASSWORD not in fake_sky.job(controller).yaml
+    (launch,) = [r for r in sky.api_status(all_status=True) if r.name == "sky.jobs.launch"]
+    sent = json.loads(launch.request_body)["task"]  # its secrets go to the server, as they must
+    assert env_values(sent, "SKYPILOT_API_SERVER_ENDPOINT") == {"https://sky.example.com:46580"}

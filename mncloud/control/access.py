@@ -127,7 +127,12 @@ def check_identity(
     `external_proxy_auth_enabled` alone proves nothing: SkyPilot 0.14.1 reports it on every
     server whose `server.yaml` does not turn it off (`sky/server/config.py`), a plain server
     with no auth at all included (`tests/test_sky_contract.py`). A proxy that logged the
-    laptop in names its user in the answer (`info.user`), so the flag counts only then."""
+    laptop in names its user in the answer (`info.user`), so the flag counts only then.
+
+    A controller whose endpoint carries a password launches without `api_server_access`
+    (`templates/control.yaml.j2`): SkyPilot's client writes the URL it reaches the server at
+    into the plain envs of a task with it, password included. So it gets no SkyPilot token;
+    where it would need one, refused."""
     proxy = bool(getattr(info, "external_proxy_auth_enabled", False))
     proxy = proxy and getattr(info, "user", None) is not None
     wants = [
@@ -149,7 +154,15 @@ def check_identity(
     except ValueError:
         version = 0
     if getattr(info, "service_account_token_enabled", False) and version >= min_api_version:
-        return
+        if not has_password:
+            return
+        raise SpecError(  # the token comes only with api_server_access, and so would the URL
+            f"SkyPilot's API server at {redact_url(api_server)} wants {' and '.join(wants)}; "
+            "the deadline controller would need SkyPilot's token, and SkyPilot would then write "
+            "your endpoint's password into the controller's plain envs: export "
+            "SKYPILOT_SERVICE_ACCOUNT_TOKEN before `mncloud up`, or use an endpoint without "
+            "`user:password@`"
+        )
     raise SpecError(
         f"SkyPilot's API server at {redact_url(api_server)} wants {' and '.join(wants)}, and "
         "the deadline controller's VM would have no login: export SKYPILOT_SERVICE_ACCOUNT_TOKEN "
