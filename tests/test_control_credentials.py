@@ -26,7 +26,9 @@ pytestmark = pytest.mark.catalog
 PASSWORD = "s3cr3t-pw-9d1"
 ENDPOINT = f"https://alice:{PASSWORD}@sky.example.com:46580"
 ENV_VALUE = "plain-value-4417"
-SSO_AND_ACCOUNTS = {"external_proxy_auth_enabled": True, "service_account_token_enabled": True}
+SSO = {"external_proxy_auth_enabled": True, "user": {"id": "ab12cd34", "name": "alice@example.com"}}
+"""A server behind an auth proxy that logged the laptop in: the proxy names its user."""
+SSO_AND_ACCOUNTS = {**SSO, "service_account_token_enabled": True}
 
 
 def _bucket_state(tmp_path: Path) -> str:
@@ -110,7 +112,7 @@ def test_an_api_server_that_would_not_know_the_controller_is_refused_at_up(
     missing, exit 2, before any VM (nothing launched, no run state left behind)."""
     from tests.test_control_faults import _up_deadline
 
-    fake_sky.health = {"external_proxy_auth_enabled": True}
+    fake_sky.health = dict(SSO)
     result = _up_deadline(monkeypatch, script, tmp_path)
     assert result.exit_code == 2 and "Traceback" not in result.output
     (line,) = result.stderr.strip().splitlines()
@@ -130,8 +132,9 @@ def test_an_api_server_that_would_not_know_the_controller_is_refused_at_up(
         ({"basic_auth_enabled": True}, "https://sky.example.com", None, True),
         ({"basic_auth_enabled": True}, ENDPOINT, None, False),
         ({"ingress_basic_auth_enabled": True}, ENDPOINT, None, False),
-        ({"external_proxy_auth_enabled": True}, ENDPOINT, None, True),
-        ({"external_proxy_auth_enabled": True}, "https://sky.example.com", "sky_abc", False),
+        ({"external_proxy_auth_enabled": True}, "https://sky.example.com", None, False),
+        (SSO, ENDPOINT, None, True),
+        (SSO, "https://sky.example.com", "sky_abc", False),
         ({**SSO_AND_ACCOUNTS, "api_version": "41"}, "https://sky.example.com", None, True),
         ({**SSO_AND_ACCOUNTS, "api_version": "42"}, "https://sky.example.com", None, False),
     ],
@@ -179,3 +182,47 @@ def test_the_api_server_check_refuses_what_no_cloud_vm_reaches(url: str, local: 
     from mncloud.control.access import on_this_machine_only
 
     assert on_this_machine_only(url) is local
+
+
+def test_an_endpoint_password_never_reaches_the_controllers_plain_envs(
+    script: Path,  # noqa: F811
+    fake_sky: FakeSky,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """SkyPilot's client writes the URL it reaches the server at into the plain envs of a task
+    with `api_server_access`, a `user:password@` included (held by tests/test_sky_contract.py).
+    A controller whose endpoint has a password logs in with it from its secret: it launches
+    without `api_server_access`, and its YAML (SkyPilot's job table) has no password. Where it
+    would need SkyPilot's token for a proxy login, one line, exit 2, nothing launched."""
+    import json
+
+    import sky
+    from click.testing import Result
+
+    from mncloud.backends.skypilot.find import env_values
+    from mncloud.cli import app
+    from tests.test_control_faults import runner
+
+    def up() -> Result:
+        monkeypatch.chdir(script.parent)
+        monkeypatch.setenv("MNCLOUD_HOME", str(tmp_path / "laptop"))
+        monkeypatch.setenv("SKYPILOT_API_SERVER_ENDPOINT", ENDPOINT)
+        args = ["up", "train.py", "--gpus", "H100:8", "--nodes", "4", "--name", "llm", "--yes",
+                "--bucket", f"file://{tmp_path / 'bucket'}", "--deadline", "4h", "--hours", "2",
+                "--spot-price", "10", "--on-demand-price", "30"]  # fmt: skip
+        return runner.invoke(app, args)
+
+    fake_sky.health = dict(SSO_AND_ACCOUNTS)
+    refused = up()
+    assert refused.exit_code == 2 and "Traceback" not in refused.output
+    (line,) = refused.stderr.strip().splitlines()
+    assert "password" in line and PASSWORD not in line and not fake_sky.jobs
+
+    fake_sky.health = {}
+    assert up().exit_code == 0
+    (controller,) = _named(fake_sky, "llm-control")
+    assert PASSWORD not in fake_sky.job(controller).yaml
+    (launch,) = [r for r in sky.api_status(all_status=True) if r.name == "sky.jobs.launch"]
+    sent = json.loads(launch.request_body)["task"]  # its secrets go to the server, as they must
+    assert env_values(sent, "SKYPILOT_API_SERVER_ENDPOINT") == {"https://sky.example.com:46580"}

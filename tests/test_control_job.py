@@ -189,7 +189,8 @@ def test_the_controller_gets_secrets_as_secrets_and_no_password_in_plain_sight(
 ) -> None:
     """Issue #43 points 8, 10: the run's `--secret` values and a basic-auth API endpoint
     reach the controller VM through SkyPilot's `secrets`, never its plain `envs`; the
-    bucket's endpoint is carried; the controller asks for its API token on purpose."""
+    bucket's endpoint is carried; the controller asks for its API token on purpose (unless its
+    endpoint's password is its login)."""
     import sky
 
     from mncloud.control.access import controller_access
@@ -202,8 +203,13 @@ def test_the_controller_gets_secrets_as_secrets_and_no_password_in_plain_sight(
     text = render_control_task(state, url, access)
     assert "s3cr3t-pw" not in text and "hf_abc123" not in text
     config = yaml.safe_load(text)
-    assert config["api_server_access"] is True
+    # its login is the password (a secret): with api_server_access, SkyPilot's client would
+    # write the URL into its plain envs (tests/test_control_credentials.py)
+    assert config["api_server_access"] is False
     assert config["envs"]["SKYPILOT_API_SERVER_ENDPOINT"] == "https://sky.example.com:46580"
+    plain = "https://sky.example.com:46580"
+    again = render_control_task(state, plain, controller_access(plain, ["HF_TOKEN"], environ))
+    assert yaml.safe_load(again)["api_server_access"] is True  # SkyPilot's token, on purpose
     assert config["envs"]["AWS_ENDPOINT_URL"] == "https://s3.example.org"
     assert set(config["secrets"]) == {"HF_TOKEN", "SKYPILOT_API_SERVER_ENDPOINT"}
     task = sky.Task.from_yaml_config(config, secrets_overrides=list(access.secrets.items()))

@@ -122,27 +122,47 @@ def check_identity(
     laptop's service-account token (`SKYPILOT_SERVICE_ACCOUNT_TOKEN`, carried as a secret),
     the `user:password@` of a basic-auth endpoint (likewise), or the token SkyPilot makes for
     a task with `api_server_access: true`, which it does only where the server has service
-    accounts enabled and is new enough (`min_api_version`)."""
+    accounts enabled and is new enough (`min_api_version`).
+
+    `external_proxy_auth_enabled` alone proves nothing: SkyPilot 0.14.1 reports it on every
+    server whose `server.yaml` does not turn it off (`sky/server/config.py`), a plain server
+    with no auth at all included (`tests/test_sky_contract.py`). A proxy that logged the
+    laptop in names its user in the answer (`info.user`), so the flag counts only then.
+
+    A controller whose endpoint carries a password launches without `api_server_access`
+    (`templates/control.yaml.j2`): SkyPilot's client writes the URL it reaches the server at
+    into the plain envs of a task with it, password included. So it gets no SkyPilot token;
+    where it would need one, refused."""
+    proxy = bool(getattr(info, "external_proxy_auth_enabled", False))
+    proxy = proxy and getattr(info, "user", None) is not None
     wants = [
         what
-        for flag, what in (
-            ("basic_auth_enabled", "basic auth"),
-            ("ingress_basic_auth_enabled", "basic auth on its ingress"),
-            ("external_proxy_auth_enabled", "a login through its auth proxy (SSO)"),
+        for wanted, what in (
+            (getattr(info, "basic_auth_enabled", False), "basic auth"),
+            (getattr(info, "ingress_basic_auth_enabled", False), "basic auth on its ingress"),
+            (proxy, "a login through its auth proxy (SSO)"),
         )
-        if getattr(info, flag, False)
+        if wanted
     ]
     if not wants or environ.get(TOKEN_ENV):
         return
     has_password = redact_url(api_server) != api_server
-    if has_password and not getattr(info, "external_proxy_auth_enabled", False):
+    if has_password and not proxy:
         return
     try:
         version = int(getattr(info, "api_version", "") or 0)
     except ValueError:
         version = 0
     if getattr(info, "service_account_token_enabled", False) and version >= min_api_version:
-        return
+        if not has_password:
+            return
+        raise SpecError(  # the token comes only with api_server_access, and so would the URL
+            f"SkyPilot's API server at {redact_url(api_server)} wants {' and '.join(wants)}; "
+            "the deadline controller would need SkyPilot's token, and SkyPilot would then write "
+            "your endpoint's password into the controller's plain envs: export "
+            "SKYPILOT_SERVICE_ACCOUNT_TOKEN before `mncloud up`, or use an endpoint without "
+            "`user:password@`"
+        )
     raise SpecError(
         f"SkyPilot's API server at {redact_url(api_server)} wants {' and '.join(wants)}, and "
         "the deadline controller's VM would have no login: export SKYPILOT_SERVICE_ACCOUNT_TOKEN "

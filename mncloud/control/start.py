@@ -385,6 +385,7 @@ def render_control_task(
         "state_uri": state.config.state_uri,
         "envs": access.envs,
         "secrets": sorted(access.secrets),
+        "api_server_access": redact_url(api_server) == api_server,  # access.check_identity
         "version": __version__,
         "max_restarts": CONTROL_MAX_RESTARTS,
         "recovery_strategy": CONTROL_RECOVERY,

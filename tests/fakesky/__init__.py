@@ -52,6 +52,17 @@
   body. A job's row carries the YAML the client sent as `user_yaml` (SkyPilot's
   `original_user_yaml_content`).
 
+- **Held to the real server** (`tests/test_sky_contract.py`, docs/guides/skypilot-contract.md):
+  the same calls against SkyPilot's real API server, started offline, with the same
+  assertions. So, as the server: `sky.api_status` lists every request (the finished ones with
+  `all_status`), each its user's (the client's `SKYPILOT_USER_ID` where set, else `user`), the
+  server's daemons among them; `sky.api_cancel` ends a request in flight CANCELLED and `sky.get`
+  raises `RequestCancelled`; a request's error reaches the client through SkyPilot's exception
+  serialization; `cloud_access = False` fails every launch with `NoCloudAccessError`;
+  `jobs.queue_v2` and `jobs.cancel` fail with `ClusterNotUpError("No in-progress managed
+  jobs.")` until a first managed job exists (no jobs controller); the client adds
+  `SKYPILOT_API_SERVER_ENDPOINT` to a task with `api_server_access`.
+
 Modules: `model` (the jobs table and how a task's state moves), `jobs` and `clusters` (the
 server's answers), `server` (requests, faults, `install`), `wire` (the real SDK and codecs).
 """

@@ -6,12 +6,35 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+from sky import exceptions as sx
 from sky.jobs import ManagedJobStatus as S
 from sky.schemas.api import responses
+from sky.server import common as server_common
 from sky.server.requests import payloads
+from sky.skylet import constants
 from sky.utils import dag_utils
 
 from tests.fakesky.model import FakeJob, FakeTask, JobModel, User, chunks, record
+from tests.fakesky.wire import caller
+
+
+def no_cloud_access() -> sx.NoCloudAccessError:
+    """What a launch fails with on a server with no cloud enabled (`sky/check.py`)."""
+    import colorama
+
+    return sx.NoCloudAccessError(
+        f"Cloud access is not set up. Run: {colorama.Style.BRIGHT}sky check"
+        f"{colorama.Style.RESET_ALL}"
+    )
+
+
+def no_jobs_controller() -> sx.ClusterNotUpError:
+    """What `jobs.queue_v2` and `jobs.cancel` fail with where no managed job was ever launched:
+    there is no jobs controller to ask (`backend_utils.is_controller_accessible`)."""
+    from sky.utils import controller_utils
+
+    hint = controller_utils.Controllers.JOBS_CONTROLLER.value.default_hint_if_non_existent
+    return sx.ClusterNotUpError(hint)
 
 
 class ManagedJobs(JobModel):
@@ -21,20 +44,30 @@ class ManagedJobs(JobModel):
     messages: list[str]
     logs: dict[tuple[int | str, str | int | None], str]
     cancel_polls: int
+    cloud_access: bool
 
     @staticmethod
     def _jobs_launch_client(task: Any, name: str | None, **_rest: Any) -> dict[str, Any]:
-        """What `sky/jobs/client/sdk.py` `launch` does before it talks to the server."""
+        """What `sky/jobs/client/sdk.py` `launch` does before it talks to the server: the
+        DAG, its name, and for a task with `api_server_access` the endpoint this client
+        reaches the server at (`SKYPILOT_API_SERVER_ENDPOINT`, unless the server is local)."""
         dag = dag_utils.convert_entrypoint_to_dag(task)
         if name is not None:
             dag.name = name
+        endpoint = server_common.get_server_url()
+        if not server_common.is_api_server_local(endpoint):
+            for one in dag.tasks:
+                if one.api_server_access:
+                    one.update_envs({constants.SKY_API_SERVER_URL_ENV_VAR: endpoint})
         return {
             "body": payloads.JobsLaunchBody(task=dag_utils.dump_dag_to_yaml_str(dag), name=name)
         }
 
     def _jobs_launch(self, body: Any) -> tuple[list[int], None]:
         """The server's side: the DAG loaded from the YAML the client sent, owned by the user
-        who sent it."""
+        who sent it; none at all without a cloud (`cloud_access`)."""
+        if not self.cloud_access:
+            raise no_cloud_access()
         loaded = dag_utils.load_dag_from_yaml_str(body.task)
         primary = set(loaded.primary_tasks or []) if loaded.is_job_group() else None
         tasks = []
@@ -58,15 +91,19 @@ class ManagedJobs(JobModel):
         # secrets redacted (`sky/jobs/server/core.py`: `use_user_specified_yaml=True`).
         kept = dag_utils.dump_dag_to_yaml_str(loaded, use_user_specified_yaml=True)
         self.jobs[job_id] = FakeJob(
-            job_id, name, loaded, kept, tasks, submitted_at=self.now(), user=self.user
+            job_id, name, loaded, kept, tasks, submitted_at=self.now(), user=caller(self.user)
         )
         return [job_id], None
 
     def _jobs_queue_v2(self, **kw: Any) -> tuple[list[Any], int, dict[str, int], int, list[str]]:
         """The server's `queue_v2`: one record per task, filtered as the server filters; a
         user sees only the jobs they launched unless `all_users` (`sky/jobs/server/core.py`:
-        `user_hashes = [common_utils.get_user_hash()]`)."""
-        mine = [j for j in self.jobs.values() if kw["all_users"] or j.user == self.user]
+        `user_hashes = [common_utils.get_user_hash()]`); no jobs controller yet (no job ever
+        launched): `ClusterNotUpError`, as the server answers."""
+        if not self.jobs:
+            raise no_jobs_controller()
+        me = caller(self.user).user_hash
+        mine = [j for j in self.jobs.values() if kw["all_users"] or j.user.user_hash == me]
         every = [(job, n, t) for job in mine for n, t in enumerate(job.tasks)]
         for job in self.jobs.values():  # time passes for every job, seen or not
             if kw["job_ids"] is None or job.job_id in kw["job_ids"]:
@@ -93,7 +130,11 @@ class ManagedJobs(JobModel):
 
     def _jobs_cancel(self, name: str | None, job_ids: Any, **kw: Any) -> None:
         """`sky/jobs/server/core.py` `cancel` → `sky/jobs/utils.py` (see the package docstring):
-        by id, any user's job (the workspace is the boundary); by name or `all`, the caller's."""
+        by id, any user's job (the workspace is the boundary); by name or `all`, the caller's;
+        no jobs controller yet: `ClusterNotUpError`, as the server answers."""
+        if not self.jobs:
+            raise no_jobs_controller()
+        me = caller(self.user).user_hash
         chosen = [bool(job_ids), name is not None, kw["pool"] is not None, kw["all"]]
         if sum(chosen) + bool(kw["all_users"] and not kw["all"]) != 1:
             raise ValueError("Can only specify one of JOB_IDS, name, pool, or all/all_users.")
@@ -101,7 +142,7 @@ class ManagedJobs(JobModel):
         if body.name is not None:
             live = [
                 j.job_id for j in self.jobs.values()
-                if j.name == body.name and j.live and j.user == self.user
+                if j.name == body.name and j.live and j.user.user_hash == me
             ]  # fmt: skip
             if not live:
                 self.messages.append(f"No running job found with name {body.name!r}.")
@@ -115,7 +156,7 @@ class ManagedJobs(JobModel):
         if body.all or kw["all_users"]:
             ids = [
                 j for j, job in self.jobs.items()
-                if job.live and (kw["all_users"] or job.user == self.user)
+                if job.live and (kw["all_users"] or job.user.user_hash == me)
             ]  # fmt: skip
         else:
             ids = body.job_ids or []

@@ -175,11 +175,15 @@ def queue_duration(one: FakeTask, now: float) -> float:
 
 def request_body(sent: dict[str, Any]) -> str:
     """A request's body as the server keeps it (`RequestPayload.request_body`): the payload the
-    client sent (`jobs.launch`: its `JobsLaunchBody`, the task's YAML inside)."""
+    client sent (`jobs.launch`: its `JobsLaunchBody`, the task's YAML inside), and as every
+    body the client's `env_vars` (`SKYPILOT_USER_ID` among them: who sent it)."""
+    from sky.server.requests import payloads
+
     body = sent.get("body")
     if hasattr(body, "model_dump_json"):
         return str(body.model_dump_json())
-    return json.dumps({k: repr(v) for k, v in sent.items()})
+    plain = {k: repr(v) for k, v in sent.items()}
+    return json.dumps({"env_vars": payloads.request_body_env_vars(), **plain})
 
 
 def record(job: FakeJob, n: int, one: FakeTask, now: float) -> dict[str, Any]:

@@ -22,9 +22,33 @@ from sky.server.requests import payloads
 from tests.fakesky.clusters import Clusters
 from tests.fakesky.jobs import ManagedJobs
 from tests.fakesky.model import LAPTOP, Event, FakeJob, FakeTask, User, request_body
-from tests.fakesky.wire import MODULES, real, sdk_functions, server_name, unfaked, wire
+from tests.fakesky.wire import (
+    DAEMONS,
+    MODULES,
+    caller,
+    real,
+    sdk_functions,
+    server_name,
+    unfaked,
+    wire,
+    wire_error,
+)
 
 _MODEL = object()
+_LONG = {"launch", "exec", "down", "jobs.launch"}
+"""Calls the server schedules as long requests (`ScheduleType.LONG`)."""
+
+
+def cancelled(row: dict[str, Any]) -> str:
+    """What the real client's `sky.get` says of a request cancelled by `sky.api_cancel`."""
+    import colorama
+
+    return (
+        f"{colorama.Fore.YELLOW}Current {row['name']!r} request ({row['request_id']}) is "
+        f"cancelled by another process.{colorama.Style.RESET_ALL}"
+    )
+
+
 INSTALLED: FakeSky | None = None
 """The fake `install` put in place for the running test (a driver sets its `clock`)."""
 
@@ -67,8 +91,14 @@ class FakeSky(ManagedJobs, Clusters):
         self._failing: dict[str, deque[BaseException]] = {}
         self._losing: Counter[str] = Counter()
         self.health: dict[str, Any] = {}
-        """Fields of the server's `/api/health` answer (`sky.api_info`) over a healthy one of
-        this SkyPilot's API version with no auth: `external_proxy_auth_enabled=True`..."""
+        """Fields of the server's `/api/health` answer (`sky.api_info`) over a plain one of this
+        SkyPilot's version (`api_info`): `{"basic_auth_enabled": True}`..."""
+        self.cloud_access = True
+        """False: no cloud is enabled on the server, and every launch fails there as the real
+        server's does (`NoCloudAccessError`, `sky/check.py`)."""
+        self._ledger: dict[str, dict[str, Any]] = {}
+        """Every request the server got, as `sky.api_status` lists it (`RequestPayload`'s
+        fields): name, user, body, status, times."""
 
     # ------------------------------------------------------------------ test controls
 
@@ -175,6 +205,7 @@ class FakeSky(ManagedJobs, Clusters):
             self._time_passes()
             self.calls.append((name, args, kwargs))
             request_id = f"req-{len(self.calls)}-{name}"
+            self._ledger[request_id] = self._payload(request_id, name, request_body(sent))
             answer = self.answers.get(name, _MODEL)
             failing = self._failing.get(name)
             if failing:
@@ -192,7 +223,7 @@ class FakeSky(ManagedJobs, Clusters):
                 left = self.finish_after if self.finish_after is not None else -1
                 self._in_flight[request_id] = (name, request_body(sent), answer_it, left)
                 return request_id
-            self._results[request_id] = (name, answer_it())
+            self._store(request_id, name, answer_it())
             return request_id
 
         call.__wrapped__ = the_real  # type: ignore[attr-defined]
@@ -208,7 +239,26 @@ class FakeSky(ManagedJobs, Clusters):
 
     def _finish(self, request_id: str) -> None:
         name, _body, answer_it, _left = self._in_flight.pop(request_id)
-        self._results[request_id] = (name, answer_it())
+        self._store(request_id, name, answer_it())
+
+    def _store(self, request_id: str, name: str, value: Any) -> None:
+        """The request ended with `value` (an exception: it failed), kept for `sky.get` as
+        the client would decode it (`wire_error`)."""
+        if isinstance(value, BaseException):
+            value = wire_error(value)
+        row = self._ledger[request_id]
+        row["status"] = "FAILED" if isinstance(value, BaseException) else "SUCCEEDED"
+        row["finished_at"] = time.time()
+        self._results[request_id] = (name, value)
+
+    def _payload(self, request_id: str, name: str, body: str) -> dict[str, Any]:
+        """A new request's row, owned by the user the client process is (`caller`)."""
+        user = caller(self.user)
+        return {"request_id": request_id, "name": server_name(name), "request_body": body,
+                "entrypoint": name.rpartition(".")[2], "status": "PENDING",
+                "created_at": time.time(), "user_id": user.user_hash, "user_name": user.name,
+                "return_value": "null", "error": "null", "pid": None, "finished_at": None,
+                "schedule_type": "long" if name in _LONG else "short"}  # fmt: skip
 
     def _stream(self, name: str, server: Callable[..., Any]) -> Callable[..., Any]:
         """A faked streaming call (`tail_logs(preload_content=False)`): the chunks at once."""
@@ -256,27 +306,54 @@ class FakeSky(ManagedJobs, Clusters):
         return value
 
     def api_info(self, *args: Any, **kwargs: Any) -> Any:
-        """`sky.api_info()`: the server's health answer (`health`), not a request."""
+        """`sky.api_info()`: the server's health answer (`health` over a plain server of this
+        SkyPilot's version: no auth, no service accounts, no user, and, as SkyPilot's default,
+        `external_proxy_auth_enabled`), not a request."""
+        import sky
+
         inspect.signature(real("api_info")).bind(*args, **kwargs)
         self._check_reachable()
         self.calls.append(("api_info", args, kwargs))
         fields = {"status": server_common.ApiServerStatus.HEALTHY.value,
-                  "api_version": str(server_constants.API_VERSION), **self.health}  # fmt: skip
+                  "api_version": str(server_constants.API_VERSION), "version": sky.__version__,
+                  "version_on_disk": sky.__version__, "commit": sky.__commit__,
+                  "basic_auth_enabled": False, "service_account_token_enabled": False,
+                  "ingress_basic_auth_enabled": False, "user": None,
+                  "external_proxy_auth_enabled": True, **self.health}  # fmt: skip
         return responses.APIHealthResponse(**json.loads(json.dumps(fields)))
 
     def _api_status(self, request_ids: Any, all_status: bool, **_kw: Any) -> list[Any]:
-        """The server's unfinished requests (`held` ones), as `sky.api_status` lists them:
-        named as the server names them (`sky.jobs.launch`)."""
-        rest = {"entrypoint": "", "status": "RUNNING", "created_at": time.time(),
-                "user_id": self.user.user_hash, "return_value": "null", "error": "null",
-                "pid": None, "schedule_type": "long"}  # fmt: skip
+        """The server's requests as `sky.api_status` lists them, newest first: named as the
+        server names them (`sky.jobs.launch`), each its user's, the server's own daemons
+        (user `skypilot-system`, RUNNING) among them; the finished ones only with
+        `all_status`."""
+        rows = [*DAEMONS, *reversed(self._ledger.values())]
         return [
-            payloads.RequestPayload(
-                request_id=request_id, name=server_name(name), request_body=body, **rest
-            )
-            for request_id, (name, body, _answer, _left) in self._in_flight.items()
-            if request_ids is None or any(request_id.startswith(r) for r in request_ids)
+            payloads.RequestPayload(**row)
+            for row in rows
+            if (request_ids is None or any(row["request_id"].startswith(r) for r in request_ids))
+            and (all_status or row["status"] in ("PENDING", "RUNNING"))
         ]
+
+    def _api_cancel(self, request_ids: Any, all_users: bool, **_kw: Any) -> list[str]:
+        """`sky.api_cancel`: the unfinished requests named (every one of the caller's, or of
+        every user) end CANCELLED, nothing of them done; `sky.get` of one raises
+        `RequestCancelled` as the real client words it (`sky/client/sdk.py` `get`)."""
+        if isinstance(request_ids, str):
+            request_ids = [request_ids]
+        me = caller(self.user).user_hash
+        done = []
+        for request_id in list(self._in_flight):
+            row = self._ledger[request_id]
+            if request_ids is not None and request_id not in request_ids:
+                continue
+            if request_ids is None and not all_users and row["user_id"] != me:
+                continue
+            del self._in_flight[request_id]
+            row["status"], row["finished_at"] = "CANCELLED", time.time()
+            self._results[request_id] = (row["name"], sx.RequestCancelled(cancelled(row)))
+            done.append(request_id)
+        return done
 
 
 def install(monkeypatch: pytest.MonkeyPatch, fake: FakeSky | None = None) -> FakeSky:
@@ -299,6 +376,7 @@ def install(monkeypatch: pytest.MonkeyPatch, fake: FakeSky | None = None) -> Fak
         "jobs.cancel": fake._request("jobs.cancel", fake._jobs_cancel),
         "jobs.tail_logs": fake._stream("jobs.tail_logs", fake._jobs_tail_logs),
         "api_status": fake._stream("api_status", fake._api_status),
+        "api_cancel": fake._request("api_cancel", fake._api_cancel),
         "api_info": fake.api_info,
     }
     real_status = server_common.get_api_server_status

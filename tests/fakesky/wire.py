@@ -74,3 +74,53 @@ def strict_records(model: Any, raw: list[dict[str, Any]]) -> list[Any]:
         if unknown:
             raise AssertionError(f"{model.__name__} has no field {', '.join(unknown)}")
     return [model.model_validate(one) for one in raw]
+
+
+def caller(default: Any) -> Any:
+    """The user the client process is to the server: `SKYPILOT_USER_ID` (with `SKYPILOT_USER`
+    its name) where set, as the real client sends it in every request body
+    (`payloads.request_body_env_vars`), else `default` (the fake's `user`: the hash file's)."""
+    import getpass
+    import os
+
+    from sky.skylet import constants
+    from sky.utils import common_utils
+
+    from tests.fakesky.model import User
+
+    user_hash = os.environ.get(constants.USER_ID_ENV_VAR)
+    if not common_utils.is_valid_user_hash(user_hash) or user_hash == default.user_hash:
+        return default
+    return User(os.environ.get(constants.USER_ENV_VAR, getpass.getuser()), str(user_hash))
+
+
+def wire_error(err: BaseException) -> BaseException:
+    """A request's error as the client raises it: SkyPilot's `serialize_exception` on the
+    server, JSON, `deserialize_exception` on the client (`sky/client/sdk.py` `get`)."""
+    from sky import exceptions as sx
+
+    try:
+        data = json.loads(json.dumps(sx.serialize_exception(err)))
+    except TypeError:  # an attribute JSON cannot carry (a test's own exception): as it is
+        return err
+    return sx.deserialize_exception(data)
+
+
+def _daemon(request_id: str, name: str) -> dict[str, Any]:
+    from sky.server.requests.request_names import RequestName
+
+    return {"request_id": request_id, "name": server_name(RequestName[name].value),
+            "entrypoint": "run_event", "request_body": "{}", "status": "RUNNING",
+            "created_at": 0.0, "user_id": "skypilot-system", "user_name": "skypilot-system",
+            "return_value": "null", "error": "null", "pid": None, "schedule_type": "short",
+            "finished_at": None}  # fmt: skip
+
+
+DAEMONS = [
+    _daemon("skypilot-status-refresh-daemon", "REQUEST_DAEMON_STATUS_REFRESH"),
+    _daemon("skypilot-volume-status-refresh-daemon", "REQUEST_DAEMON_VOLUME_REFRESH"),
+    _daemon("expired-token-cleanup-daemon", "REQUEST_DAEMON_EXPIRED_TOKEN_CLEANUP"),
+]
+"""The server's own requests a plain 0.14 server lists as RUNNING from its start
+(`sky/server/daemons.py` `INTERNAL_REQUEST_DAEMONS`, those it does not skip), user
+`skypilot-system`: `sky.api_status` lists them among the users' requests."""

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from mncloud.backends.skypilot.errors import sky_errors
+from mncloud.backends.skypilot.status import ask_queue
 from mncloud.errors import BackendError, CancelError
 
 WAIT_S = 180.0
@@ -38,14 +39,8 @@ def _queue(what: str, **filters: Any) -> list[Any]:
     every user: a job the laptop launched is the controller VM's to cancel, and the other way
     round, whichever user each is to the API server (a queue without `all_users` lists only
     the caller's, `sky/jobs/server/core.py`); by name, the caller's own only."""
-    import sky
-
     every_user = filters.get("job_ids") is not None
-    with sky_errors(what):
-        answer = sky.get(
-            sky.jobs.queue_v2(refresh=False, fields=_FIELDS, all_users=every_user, **filters)
-        )
-    return list(answer[0] if isinstance(answer, tuple) else answer)
+    return ask_queue(what, fields=_FIELDS, all_users=every_user, **filters)
 
 
 def _live(records: list[Any]) -> list[int]:

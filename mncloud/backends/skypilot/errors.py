@@ -65,6 +65,19 @@ def translate_error(err: BaseException, action: str) -> MncloudError:
     return BackendError(f"cannot {action}: SkyPilot: {type(err).__name__}: {cause}")
 
 
+def no_jobs_controller(err: BaseException) -> bool:
+    """Whether `err` is SkyPilot's answer to a managed-jobs query (`jobs.queue_v2`,
+    `jobs.cancel`) on an API server that never launched a managed job: it has no jobs
+    controller to ask, and says so with `ClusterNotUpError("No in-progress managed jobs.")`
+    (0.14.1, held by `tests/test_sky_contract.py`). An empty queue, not an unreachable one; a
+    stopped or unreachable controller says other words and stays an error."""
+    from sky import exceptions as sx
+    from sky.utils import controller_utils
+
+    hint = controller_utils.Controllers.JOBS_CONTROLLER.value.default_hint_if_non_existent
+    return isinstance(err, sx.ClusterNotUpError) and one_line(err) == one_line(hint)
+
+
 def _capacity_advice(cause: str) -> str:
     if "quota" in cause.lower():
         return "request a quota increase, or try another --region / --cloud"

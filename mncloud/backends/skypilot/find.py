@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mncloud.backends.skypilot.errors import sky_errors
-from mncloud.backends.skypilot.status import raw_state
+from mncloud.backends.skypilot.status import ask_queue, raw_state
 from mncloud.constants import CONTROL_STATE_URI_ENV, RUN_ID_ENV
 
 #: The queue's fields a search by run id reads.
@@ -88,11 +88,8 @@ def env_values(user_yaml: str | None, env: str) -> set[str]:
 
 
 def _queue(what: str, **query: Any) -> list[Any]:
-    import sky
-
-    with sky_errors(what):  # every user's: the run id (or the ids) pick the run's own
-        answer = sky.get(sky.jobs.queue_v2(refresh=False, all_users=True, **query))
-    return list(answer[0] if isinstance(answer, tuple) else answer)
+    # every user's: the run id (or the ids) pick the run's own
+    return ask_queue(what, all_users=True, **query)
 
 
 def _grouped(records: Iterable[Any]) -> list[FoundJob]:

@@ -9,7 +9,12 @@ from typing import Any
 
 from mncloud import constants
 from mncloud.backends.base import Failure, RunState, RunStatus
-from mncloud.backends.skypilot.errors import one_line, sky_errors
+from mncloud.backends.skypilot.errors import (
+    no_jobs_controller,
+    one_line,
+    sky_errors,
+    translate_error,
+)
 from mncloud.backends.skypilot.meta import RunMeta, status_from_meta
 from mncloud.records.ledger import RunTimes
 
@@ -168,20 +173,31 @@ def _cluster_gone(meta: RunMeta) -> RunStatus:
     )
 
 
+def ask_queue(what: str, **query: Any) -> list[Any]:
+    """The managed-jobs queue's records (`sky.jobs.queue_v2(refresh=False, **query)`), one per
+    task; none where SkyPilot never launched a managed job (`no_jobs_controller`: its queue
+    then fails, and an empty queue is the truth). Other errors: one BackendError line."""
+    import sky
+    from sky import exceptions as sx
+
+    try:
+        with sky_errors(what, keep=(sx.ClusterNotUpError,)):
+            answer = sky.get(sky.jobs.queue_v2(refresh=False, **query))
+    except sx.ClusterNotUpError as err:
+        if no_jobs_controller(err):
+            return []
+        raise translate_error(err, what) from None
+    return list(answer[0] if isinstance(answer, tuple) else answer)
+
+
 def queue_records(meta: RunMeta, fields: list[str], what: str) -> list[Any]:
     """The managed-jobs queue's records of `meta`'s job (`sky.jobs.queue_v2`), `fields` each."""
-    import sky
-
-    with sky_errors(f"get the status of {what}"):
-        answer = sky.get(
-            sky.jobs.queue_v2(
-                refresh=False,
-                job_ids=[meta.job_id] if meta.job_id is not None else None,
-                fields=fields,
-                all_users=meta.job_id is not None,  # by id: whoever launched it (a controller)
-            )
-        )
-    return list(answer[0] if isinstance(answer, tuple) else answer)
+    return ask_queue(
+        f"get the status of {what}",
+        job_ids=[meta.job_id] if meta.job_id is not None else None,
+        fields=fields,
+        all_users=meta.job_id is not None,  # by id: whoever launched it (a controller)
+    )
 
 
 def managed_job_status(meta: RunMeta) -> RunStatus:
