@@ -130,7 +130,8 @@ class FakeSky(ManagedJobs, Clusters):
 
     def fail(self, name: str, err: BaseException, times: int = 1) -> None:
         """The next `times` requests of call `name` fail on the server with `err` (nothing
-        done): `sky.get` raises it, as it raises a request's error."""
+        done): `sky.get` raises it, as it raises a request's error; a direct call
+        (`api_status`, `tail_logs`) raises it at once."""
         self._failing.setdefault(name, deque()).extend([err] * times)
 
     def lose(self, name: str, times: int = 1) -> None:
@@ -219,6 +220,9 @@ class FakeSky(ManagedJobs, Clusters):
             bound.apply_defaults()
             self._check_reachable()
             self.calls.append((name, args, kwargs))
+            failing = self._failing.get(name)
+            if failing:  # `fail`: a direct call raises at once (no request to get)
+                raise failing.popleft()
             return server(**bound.arguments)
 
         call.__wrapped__ = the_real  # type: ignore[attr-defined]
@@ -270,13 +274,30 @@ class FakeSky(ManagedJobs, Clusters):
         rest = {"entrypoint": "", "status": "RUNNING", "created_at": time.time(),
                 "user_id": self.user.user_hash, "return_value": "null", "error": "null",
                 "pid": None, "schedule_type": "long"}  # fmt: skip
-        return [
+        listed = [
             payloads.RequestPayload(
                 request_id=request_id, name=server_name(name), request_body=body, **rest
             )
             for request_id, (name, body, _answer, _left) in self._in_flight.items()
             if request_ids is None or any(request_id.startswith(r) for r in request_ids)
         ]
+        if request_ids is None:
+            return listed
+        return listed + self._finished_requests(request_ids, rest)
+
+    def _finished_requests(self, request_ids: Any, rest: dict[str, Any]) -> list[Any]:
+        """Finished requests asked for by id: the server lists them whatever their status
+        (`all_status` is ignored with `request_ids`, `sky/client/sdk.py`), FAILED where the
+        request raised."""
+        found = []
+        for request_id, (name, value) in self._results.items():
+            if any(request_id.startswith(r) for r in request_ids):
+                status = "FAILED" if isinstance(value, BaseException) else "SUCCEEDED"
+                found.append(payloads.RequestPayload(
+                    request_id=request_id, name=server_name(name), request_body="{}",
+                    **dict(rest, status=status),
+                ))  # fmt: skip
+        return found
 
 
 def install(monkeypatch: pytest.MonkeyPatch, fake: FakeSky | None = None) -> FakeSky:
