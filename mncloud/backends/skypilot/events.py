@@ -86,7 +86,8 @@ def follow_times(meta: RunMeta, status: RunStatus) -> bool:
         meta.end_recorded = True
     if meta.kind == CLUSTER:
         return False  # its end is `down` (or its autodown), below
-    if status.state.is_final and status.times.ended_at is None and status.failure is None:
+    held = status.failure is None or status.times.running  # a failed group's rest runs on
+    if status.state.is_final and status.times.ended_at is None and held:
         return True  # CANCELLING: the end is SkyPilot's `end_at`, when its VMs are gone
     return meta.end_recorded
 
