@@ -5,12 +5,13 @@ a few seeds of a dozen faults drawn from those about the fix. All waits are on f
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 from tests.fakesky import FakeSky
-from tests.mutations import MUTATIONS, soak_once
+from tests.mutations import MUTATIONS, Mutation, soak_once
 from tests.test_skypilot import script  # noqa: F401 - a fixture
 
 pytestmark = pytest.mark.catalog
@@ -47,7 +48,43 @@ def test_the_short_form_passes_with_every_fix_in(
 ) -> None:
     """The control: the same soak, nothing taken out, finds nothing (a job group here, the
     harder case)."""
-    from tests.mutations import Mutation
-
     keep = Mutation(lambda _mp: None, (), group=True, plain=plain)
     assert soak_once(fake_sky, keep, script, tmp_path, monkeypatch, 0, FAULTS) == []
+
+
+LONG_SEEDS = int(os.environ.get("MNCLOUD_MUTATION_SEEDS", "0"))
+LONG_FAULTS = int(os.environ.get("MNCLOUD_MUTATION_FAULTS", "20"))
+_KEEP = {
+    "(none: controller, job)": Mutation(lambda _mp: None, ()),
+    "(none: controller, group)": Mutation(lambda _mp: None, (), group=True),
+    "(none: plain up, group)": Mutation(lambda _mp: None, (), group=True, plain=True),
+}
+
+
+@pytest.mark.skipif(not LONG_SEEDS, reason="the long form: bench/soak_mutations.sh")
+@pytest.mark.parametrize("name", [*_KEEP, *MUTATIONS])
+def test_long_form(
+    name: str,
+    script: Path,  # noqa: F811
+    fake_sky: FakeSky,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every fault kind, `MNCLOUD_MUTATION_SEEDS` seeds of `MNCLOUD_MUTATION_FAULTS` faults:
+    the seeds that caught the mutation (a control, nothing taken out: none may)."""
+    mutation = _KEEP.get(name) or MUTATIONS[name]
+    caught = []
+    for seed in range(LONG_SEEDS):
+        found = soak_once(fake_sky, mutation, script, tmp_path, monkeypatch, seed, LONG_FAULTS)
+        if found:
+            caught.append((seed, found[0]))
+    line = (f"{name}: {LONG_SEEDS} seeds x {LONG_FAULTS} faults, caught by "
+            f"{len(caught)}: {[seed for seed, _ in caught]}"
+            + (f"; first: {caught[0][1][:160]}" if caught else ""))  # fmt: skip
+    print(line)
+    report = os.environ.get("MNCLOUD_MUTATION_REPORT")
+    if report:
+        with open(report, "a") as out:
+            out.write(line + "\n")
+    if name in _KEEP:
+        assert caught == []
