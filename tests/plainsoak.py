@@ -49,6 +49,7 @@ def plain_soak(
     from mncloud.launch import Existing, launch
     from mncloud.request import build_spec
 
+    monkeypatch.setitem(cancel.cancel_jobs.__kwdefaults__, "wait_s", 0.0)  # `down` again
     monkeypatch.setitem(cancel.cancel_jobs.__kwdefaults__, "sleep", lambda _s: None)
     now = [time.time()]
     monkeypatch.setattr(time, "time", lambda: now[0])
