@@ -10,8 +10,9 @@ recovery SkyPilot made by itself bills from its own start. This backend writes:
     preemption / waiting   a spot job / any job gone RECOVERING, where its run seconds end
     finish    when `status` first sees the job SUCCEEDED or CANCELLED (at SkyPilot's end time:
               a CANCELLING job bills on until its VMs are gone)
-    failure   when it first sees it FAILED; a `--cluster` run ends at `down` (or its autodown):
-              an idle cluster bills on after its job
+    failure   when it first sees it FAILED (a job group with tasks still running: once SkyPilot
+              ended them too); a `--cluster` run ends at `down` (or its autodown): an idle
+              cluster bills on after its job
 
 A deadline controller's launches record their own events (`control/loop.py`): the launch
 request says so (`LaunchRequest.record_events`), and the run's meta remembers it.

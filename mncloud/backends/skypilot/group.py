@@ -9,7 +9,9 @@ task: SkyPilot ends it once the nodes are done and, when it fails for good (past
 restarts), leaves the nodes running. So a failed lighthouse does not fail the run, whose nodes
 still train and bill; the detail leads with it, since no lost node can be replaced after it.
 
-The ledger follows the node tasks' queue times as a plain managed job's (`group_times`).
+The ledger follows the node tasks' queue times as a plain managed job's (`group_times`). A
+plain run's group that failed while other nodes still train (SkyPilot leaves them running) is
+cancelled by its `status` (`cancel_failed_rest`); its record bills until they ended.
 """
 
 from __future__ import annotations
