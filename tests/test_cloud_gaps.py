@@ -213,3 +213,31 @@ def test_a_plain_launch_the_server_failed_reads_as_skypilots_failure(
     status = SkyPilotBackend().status("llm")
     assert status.state is RunState.FAILED and status.failure is Failure.INFRA
     assert fake_sky.jobs == {}
+
+
+def test_down_with_an_expired_login_says_so_in_one_line_and_cancels_nothing(
+    script: Path,  # noqa: F811
+    fake_sky: FakeSky,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Bad input: the laptop's token expired (the server answers 401): `down` says so in one
+    line naming `sky api login`, cancels nothing and leaves the run as it was; after the
+    login it stops the controller and its training job."""
+    from typer.testing import CliRunner
+
+    from mncloud.cli import app
+
+    assert _up_deadline(monkeypatch, script, tmp_path).exit_code == 0
+    (controller,) = _named(fake_sky, "llm-control")
+    fake_sky.set_status(controller, S.RUNNING)
+    monkeypatch.setenv("MNCLOUD_HOME", str(tmp_path / "laptop"))
+    expired = sx.ApiServerAuthenticationError(fake_sky.server_url)
+    fake_sky.fail("jobs.queue_v2", expired, 3)
+    result = CliRunner().invoke(app, ["down", "llm", "--now"])
+    assert result.exit_code != 0 and "Traceback" not in result.output
+    (line,) = result.stderr.strip().splitlines()
+    assert "sky api login" in line and fake_sky.live_jobs() == [controller]
+    fake_sky._failing.clear()  # logged in again
+    assert CliRunner().invoke(app, ["down", "llm", "--now"]).exit_code == 0
+    assert fake_sky.live_jobs() == []
