@@ -6,13 +6,17 @@ Faults: API errors at the queue, a lost launch answer, a slow cancel (past `WAIT
 preemption and SkyPilot's own recovery, SkyPilot failing the job, no spot capacity, the
 controller restarted on a fresh VM (an empty home, the state from the bucket); and
 (`LATER_FAULTS`) `down` at a random moment, a second `up --deadline` of the name from another
-laptop, one node of a job group failing. At the end, `down`. Invariants: never two live
+laptop, one node of a job group failing; (`soakfaults.NEW_FAULTS`, issue #52) requests held
+in flight across a controller restart and an interrupted `up`, a second API user, `jobs.cancel`
+and `api_status` failing, a 401, the controller's job dying while its training job lives, a
+launch the server failed beside a lost answer. At the end, `down` from the laptop's API user,
+then whatever request is still in flight finishes. Invariants: never two live
 training jobs of the run; after `down` nothing live (the controller's own job included); the
 run's secret and the API server's password in no state, record or task YAML, and its `--env`
 value not in the controller's state in the bucket; the ledger's billed seconds (every home's
 records of the run, each read up to when its controller VM went) equal the seconds the fake's
-VMs ran the training jobs, within one tick. `soak()` returns what it did, for
-docs/benchmarks.md (`bench/cloud_soak.sh` runs the long version).
+VMs ran the training jobs, within one tick; and `soakfaults.final_checks`. `soak()` returns
+what it did, for docs/benchmarks.md (`bench/cloud_soak.sh` runs the long version).
 """
 
 from __future__ import annotations
@@ -30,7 +34,8 @@ from sky.jobs import ManagedJobStatus as S
 
 from mncloud import control
 from mncloud.errors import MncloudError, SpecError
-from tests.fakesky import FakeSky
+from tests.fakesky import LAPTOP, FakeSky
+from tests.soakfaults import NEW_FAULTS, Soak, apply, final_checks
 from tests.test_control import GAP
 from tests.test_control_cloud import Driver, _fresh_vm
 
@@ -90,58 +95,82 @@ def soak(
     state: control.ControlState,
     seed: int,
     faults: int,
+    menu: tuple[str, ...] | None = None,
 ) -> Report:
-    """`faults` random faults (see the module docstring) on the run of `state`, then `down`."""
+    """`faults` random faults (see the module docstring; `menu`: of those kinds only) on the
+    run of `state`, then `down` from the laptop."""
     from mncloud.backends.skypilot import cancel
 
     monkeypatch.setitem(cancel.cancel_jobs.__kwdefaults__, "wait_s", 0.0)
     monkeypatch.setitem(cancel.cancel_jobs.__kwdefaults__, "sleep", lambda _s: None)
     rng, report = random.Random(seed), Report(seed)
-    run = Driver(state)
+    s = Soak(rng, fake, Driver(state), monkeypatch, tmp_path, report)
     _controller_job(fake, monkeypatch, state)
-    homes: list[tuple[str, float]] = []
-    """Each controller VM's home and when it went."""
     for n in range(faults):
-        kind = rng.choice(FAULTS + LATER_FAULTS if report.looks else FAULTS)  # a run first
+        s.n = n
+        kind = rng.choice(_menu(menu, first=not report.looks))  # a run first
         report.faults[kind] = report.faults.get(kind, 0) + 1
         if kind in LATER_FAULTS:
-            if _later_fault(kind, rng, fake, run, monkeypatch, tmp_path, report):
+            if _later_fault(kind, rng, fake, s.run, monkeypatch, tmp_path, report):
                 break  # `down`: the run is over
+        elif kind in NEW_FAULTS:
+            apply(kind, s)
         elif kind == "restart":
-            homes.append((os.environ["MNCLOUD_HOME"], run.clock.now))
+            s.homes.append((os.environ["MNCLOUD_HOME"], s.run.clock.now))
             fresh = _fresh_vm(monkeypatch, tmp_path, f"vm-{seed}-{n}")
-            run = Driver(fresh, run.clock)
+            s.run = Driver(fresh, s.run.clock)
             with contextlib.suppress(MncloudError):  # LaunchUnknown: SkyPilot restarts it
-                run.ctl._recover()
+                s.run.ctl._recover()
         else:
-            _apply(kind, rng, fake, run)
+            _apply(kind, rng, fake, s.run)
         for _ in range(rng.randint(1, 3)):
-            if run.state.final:
+            if s.run.state.final:
                 break
-            _look(run, fake, report, rng.choice([1.0, GAP]))
+            _look(s.run, fake, report, rng.choice([1.0, GAP]))
         for job in fake.live_jobs("llm"):  # the cloud gives the job its VMs again
             waits = fake.job(job).tasks[0].status in _FROM["recovered"]
             if rng.random() < 0.5 and waits:
                 fake.set_status(job, S.RUNNING)
-        if run.state.final:
+        if s.run.state.final:
             break
-    fake.reachable()
-    fake.cancel_polls = 1
-    monkeypatch.setitem(cancel.cancel_jobs.__kwdefaults__, "wait_s", 30.0)
-    for _attempt in range(5):  # `down` while API errors last says so; the user runs it again
-        try:
-            _down(run)
-            break
-        except MncloudError:
-            report.downs_refused += 1
-    if fake.live_jobs():
-        report.violations.append(f"after down: live {fake.live_jobs()}")
+    _down_at_the_end(s)
     report.launches = len(fake.called("jobs.launch"))
     _secrets_kept(fake, tmp_path, report)
     _credentials_kept(fake, tmp_path, report)
-    homes.append((os.environ["MNCLOUD_HOME"], run.clock.now))
-    _money_kept(fake, monkeypatch, homes, report)
+    final_checks(s)
+    s.homes.append((os.environ["MNCLOUD_HOME"], s.run.clock.now))
+    _money_kept(fake, monkeypatch, s.homes, report)
     return report
+
+
+def _menu(menu: tuple[str, ...] | None, *, first: bool) -> list[str]:
+    """The fault kinds to draw from: before the first look, the early ones only."""
+    kinds = FAULTS if first else FAULTS + LATER_FAULTS + NEW_FAULTS
+    chosen = [k for k in kinds if menu is None or k in menu]
+    return chosen or ["recovered"]
+
+
+def _down_at_the_end(s: Soak) -> None:
+    """`down` from the laptop's API user, the API back, run again while it says it could not
+    finish; then the server finishes whatever request was still in flight, and nothing of
+    the run may be live."""
+    from mncloud.backends.skypilot import cancel
+
+    fake, report = s.fake, s.report
+    fake.reachable()
+    fake._failing.clear()  # the API back: failures drawn for calls never made are gone
+    fake.as_user(LAPTOP)
+    fake.cancel_polls = 1
+    s.monkeypatch.setitem(cancel.cancel_jobs.__kwdefaults__, "wait_s", 30.0)
+    for _attempt in range(5):  # `down` while API errors last says so; the user runs it again
+        try:
+            _down(s.run)
+            break
+        except MncloudError:
+            report.downs_refused += 1
+    fake.finish_in_flight()
+    if fake.live_jobs():
+        report.violations.append(f"after down: live {fake.live_jobs()}")
 
 
 def _money_kept(

@@ -281,6 +281,41 @@ def test_a_job_group_bills_its_nodes_running_seconds(
     assert _billed_s("llm", clock.now + 3600) == pytest.approx(sum(ran) / len(ran))
 
 
+def test_a_plain_job_group_with_a_failed_node_is_cancelled_and_billed_to_its_end(
+    script: Path,  # noqa: F811
+    fake_sky: FakeSky,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue #52 point 1: plain `up --recovery node`, node 1 FAILED past its restarts after
+    1 h while the others train on. The run is FAILED, so its group's rest is cancelled (not
+    left training unsteered), and its record bills until SkyPilot ended the last task (before:
+    the record ended at the failure while the other nodes ran and billed)."""
+    from mncloud.render import jobgroup
+
+    script.write_text("from mncloud.train import Replicas\nreplicas = Replicas({})\n")
+    monkeypatch.setattr(jobgroup, "require_bucket", lambda _spec: None)
+    clock = Clock(monkeypatch)
+    backend = _launched(script, fake_sky, tmp_path, spot=True, recovery="node")
+    _lighthouse, *nodes = [t.name for t in fake_sky.job(7).tasks]
+    fake_sky.cancel_polls = 3
+    clock.now += 600
+    fake_sky.set_status(7, S.RUNNING)
+    backend.status("llm")
+    clock.now += 3600
+    fake_sky.set_status(7, S.FAILED, task=nodes[1], reason="node 1's program exited 1")
+    assert backend.status("llm").state is RunState.FAILED
+    assert ((), {"job_ids": [7]}) in fake_sky.called("jobs.cancel")
+    for _ in range(10):
+        clock.now += 300
+        backend.status("llm")
+    assert fake_sky.live_jobs("llm") == []
+    ran = fake_sky.running_seconds(7)[1:]
+    assert _billed_s("llm", clock.now + 3600) == pytest.approx(sum(ran) / len(ran))
+    (record,) = list_records("llm")
+    assert [e.kind for e in record.events].count("failure") == 1
+
+
 def test_a_plain_job_whose_cancel_is_slow_bills_until_cancelled(
     script: Path,  # noqa: F811
     fake_sky: FakeSky,

@@ -322,6 +322,11 @@ class ControllerHost(Protocol):
         """Wait for the host's unfinished launch requests that name `run_id`."""
         ...
 
+    def launches_in_flight(self, job_name: str, *, wait: bool = False) -> list[str]:
+        """The host's unfinished launch requests of a job named `job_name` (`wait`: each
+        waited for first), by request id."""
+        ...
+
     def job_states(self, job_ids: Iterable[int]) -> dict[int, HostJob]:
         """The queue's view of `job_ids` (a job it no longer lists is left out)."""
         ...

@@ -149,11 +149,7 @@ def check_identity(
     has_password = redact_url(api_server) != api_server
     if has_password and not proxy:
         return
-    try:
-        version = int(getattr(info, "api_version", "") or 0)
-    except ValueError:
-        version = 0
-    if getattr(info, "service_account_token_enabled", False) and version >= min_api_version:
+    if gets_skypilots_token(info, min_api_version):
         if not has_password:
             return
         raise SpecError(  # the token comes only with api_server_access, and so would the URL
@@ -169,6 +165,40 @@ def check_identity(
         "(a service-account token, `sky api login --token`) before `mncloud up`, or enable "
         "service accounts on the server (ENABLE_SERVICE_ACCOUNTS=true) so SkyPilot gives the "
         "controller your token"
+    )
+
+
+CONTROLLER_TOKEN_DAYS = 3
+"""Days the token SkyPilot makes for a task with `api_server_access: true` lives: SkyPilot
+0.14's `sky/jobs/constants.py` `MANAGED_JOB_TOKEN_TTL_DAYS`, never renewed while the job runs
+(tests/test_control_credentials.py holds the two equal)."""
+
+
+def gets_skypilots_token(info: Any, min_api_version: int) -> bool:
+    """Whether SkyPilot gives the controller a token of its own (`api_server_access`): where
+    the server has service accounts enabled and is new enough. That token replaces any the
+    laptop carried (`sky/jobs/server/core.py` writes it over the task's secret)."""
+    try:
+        version = int(getattr(info, "api_version", "") or 0)
+    except ValueError:
+        version = 0
+    return bool(getattr(info, "service_account_token_enabled", False)) and (
+        version >= min_api_version
+    )
+
+
+def check_token_life(info: Any, deadline_s: float, min_api_version: int) -> None:
+    """SpecError, one line, when the controller would outlive its API token: SkyPilot's token
+    for it expires after `CONTROLLER_TOKEN_DAYS` and is never renewed; past that day every
+    look of the controller is refused while its training job runs on unsteered."""
+    life_h = CONTROLLER_TOKEN_DAYS * 24
+    if deadline_s <= life_h * 3600 or not gets_skypilots_token(info, min_api_version):
+        return
+    raise SpecError(
+        f"--deadline {deadline_s / 3600:g}h is longer than the deadline controller's SkyPilot "
+        f"API token lives ({life_h} h: SkyPilot gives its job a token valid "
+        f"{CONTROLLER_TOKEN_DAYS} days and never renews it); give --deadline {life_h}h or "
+        "less and run `mncloud up --deadline ... --resume` for the rest once it ends"
     )
 
 

@@ -36,6 +36,7 @@ from mncloud.constants import LOCAL_ON_DEMAND_PRICE, LOCAL_SPOT_PRICE
 from mncloud.control.access import (
     ControllerAccess,
     check_identity,
+    check_token_life,
     controller_access,
     on_this_machine_only,
     redact_url,
@@ -295,6 +296,7 @@ def start(state: ControlState) -> ControlState:
     host = host_of(state)
     info, min_version = host.api_login()  # refused before anything is cancelled or launched
     check_identity(info, _api_server(host), os.environ, min_version)
+    check_token_life(info, state.config.deadline_s, min_version)
     take(state)  # one controller per run: a live one refuses this `up` (or `--replace` ends it)
     try:
         state.controller_job_id = _launch_sky(state)

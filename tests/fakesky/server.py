@@ -160,7 +160,8 @@ class FakeSky(ManagedJobs, Clusters):
 
     def fail(self, name: str, err: BaseException, times: int = 1) -> None:
         """The next `times` requests of call `name` fail on the server with `err` (nothing
-        done): `sky.get` raises it, as it raises a request's error."""
+        done): `sky.get` raises it, as it raises a request's error; a direct call
+        (`api_status`, `tail_logs`) raises it at once."""
         self._failing.setdefault(name, deque()).extend([err] * times)
 
     def lose(self, name: str, times: int = 1) -> None:
@@ -269,6 +270,9 @@ class FakeSky(ManagedJobs, Clusters):
             bound.apply_defaults()
             self._check_reachable()
             self.calls.append((name, args, kwargs))
+            failing = self._failing.get(name)
+            if failing:  # `fail`: a direct call raises at once (no request to get)
+                raise failing.popleft()
             return server(**bound.arguments)
 
         call.__wrapped__ = the_real  # type: ignore[attr-defined]
@@ -326,13 +330,14 @@ class FakeSky(ManagedJobs, Clusters):
         """The server's requests as `sky.api_status` lists them, newest first: named as the
         server names them (`sky.jobs.launch`), each its user's, the server's own daemons
         (user `skypilot-system`, RUNNING) among them; the finished ones only with
-        `all_status`."""
+        `all_status`, or when asked for by id (`all_status` is ignored with `request_ids`,
+        `sky/client/sdk.py`), FAILED where the request raised."""
         rows = [*DAEMONS, *reversed(self._ledger.values())]
         return [
             payloads.RequestPayload(**row)
             for row in rows
             if (request_ids is None or any(row["request_id"].startswith(r) for r in request_ids))
-            and (all_status or row["status"] in ("PENDING", "RUNNING"))
+            and (all_status or request_ids is not None or row["status"] in ("PENDING", "RUNNING"))
         ]
 
     def _api_cancel(self, request_ids: Any, all_users: bool, **_kw: Any) -> list[str]:

@@ -7,7 +7,13 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, TextIO
 
-from mncloud.backends.base import LaunchRequest, RunState, RunStatus, first_unreadable
+from mncloud.backends.base import (
+    Failure,
+    LaunchRequest,
+    RunState,
+    RunStatus,
+    first_unreadable,
+)
 from mncloud.backends.skypilot.cancel import (
     cancel_jobs,
     jobs_named,
@@ -22,7 +28,7 @@ from mncloud.backends.skypilot.cluster import (
 from mncloud.backends.skypilot.dryrun import dryrun, dryrun_job_group
 from mncloud.backends.skypilot.errors import sky_errors
 from mncloud.backends.skypilot.events import record_end, record_launch, record_superseded
-from mncloud.backends.skypilot.group import job_group_status, tail_group_logs
+from mncloud.backends.skypilot.group import cancel_failed_rest, job_group_status, tail_group_logs
 from mncloud.backends.skypilot.logs import tail_logs
 from mncloud.backends.skypilot.lost import LaunchAnswerLost, lost_answer_errors
 from mncloud.backends.skypilot.lost import resolve as resolve_lost
@@ -77,22 +83,26 @@ class SkyPilotBackend:
         return spec
 
     def launch(self, request: LaunchRequest) -> RunStatus:
-        """Launch the run (or dry-run it); return once SkyPilot accepted the job."""
+        """Launch the run (or dry-run it); return once SkyPilot accepted the job.
+
+        One path for a plain managed job and a job group (`--recovery node`): they differ in
+        the DAG handed to `sky.jobs.launch` only (a task, or the group's tasks), so the meta,
+        the lost answer's resolution (`lost.py`) and the record are the same code."""
         spec, config, spot = request.spec, request.task.config, request.task.spot
-        if request.task.documents:
-            return self._launch_job_group(request)
-        task = build_task(request)
+        entry, names = _what_to_launch(request)
         if request.dryrun:
-            return dryrun(task, spec, request.plan, spot)
+            if names:
+                return dryrun_job_group(entry, spec, request.plan, spot)
+            return dryrun(entry, spec, request.plan, spot)
         record_superseded(spec.name)
-        meta = meta_from_plan(spec, request.plan, spot, config)
-        if request.options.cluster:  # `up --cluster`: kept up for `exec` (cluster.py)
-            status = launch_cluster(task, meta, request.options.idle_minutes, self.progress)
+        meta = meta_from_plan(spec, request.plan, spot, config, names)
+        if request.options.cluster and not names:  # `up --cluster`: kept up for `exec`
+            status = launch_cluster(entry, meta, request.options.idle_minutes, self.progress)
             _record_launch(request, meta)
             return status
-        meta.run_id = request.run_id or meta.run_id
+        meta.run_id = request.run_id or meta.run_id  # its run, found again by its id
         try:
-            meta.job_id = self._launch_managed_job(task, spec.name, meta)
+            meta.job_id = self._launch_managed_job(entry, spec.name, meta)
         except LaunchAnswerLost:
             meta.last_state = RunState.PENDING  # unknown, not failed: `status` resolves it
             save_meta(meta)
@@ -105,56 +115,32 @@ class SkyPilotBackend:
         meta.last_state = RunState.PENDING
         save_meta(meta)
         _record_launch(request, meta)
-        market = "spot" if spot else "on-demand"
-        return status_from_meta(
-            meta, meta.last_state, f"launched (managed job {meta.job_id}, {market})"
-        )
-
-    def _launch_job_group(self, request: LaunchRequest) -> RunStatus:
-        """`--recovery node`: the job group (`mncloud/render/jobgroup.py`) as one managed job."""
-        import sky
-
-        spec, spot = request.spec, request.task.spot
-        dag = build_dag(request)
-        if request.dryrun:
-            return dryrun_job_group(dag, spec, request.plan, spot)
-        names = [str(task.name) for task in dag.tasks]
-        record_superseded(spec.name)
-        meta = meta_from_plan(spec, request.plan, spot, request.task.config, names)
-        meta.run_id = request.run_id or meta.run_id  # as a managed job's: its run, found again
-        try:
-            with sky_errors(f"launch job group {spec.name}"):
-                request_id = sky.jobs.launch(dag, name=spec.name)
-                meta.request_id = str(request_id)
-                save_meta(meta)
-                job_ids, _handle = sky.stream_and_get(request_id, output_stream=self.progress)
-            meta.job_id = int(job_ids[0]) if job_ids else None
-        except MncloudError as err:
-            meta.error = str(err)
-            meta.last_state = RunState.FAILED
-            save_meta(meta)
-            raise
-        meta.last_state = RunState.PENDING
-        save_meta(meta)
-        _record_launch(request, meta)
-        what = f"job group {meta.job_id}: {len(names) - 1} node tasks and a lighthouse"
+        if names:
+            what = f"job group {meta.job_id}: {len(names) - 1} node tasks and a lighthouse"
+        else:
+            what = f"managed job {meta.job_id}, {'spot' if spot else 'on-demand'}"
         return status_from_meta(meta, meta.last_state, f"launched ({what})")
 
-    def _launch_managed_job(self, task: sky.Task, name: str, meta: RunMeta) -> int | None:
+    def _launch_managed_job(self, entry: sky.Task | sky.Dag, name: str, meta: RunMeta) -> int:
         """The job id SkyPilot gave; an answer lost on the way is resolved from the server
-        (`lost.py`), never taken for a failed launch."""
+        (`lost.py`), never taken for a failed launch, nor a launch the server failed for a
+        lost answer."""
         import sky
 
         with sky_errors(f"launch managed job {name}"):
-            request_id = sky.jobs.launch(task, name=name)
+            request_id = sky.jobs.launch(entry, name=name)
             meta.request_id = str(request_id)
             save_meta(meta)
         try:
             with sky_errors(f"launch managed job {name}", keep=lost_answer_errors()):
                 job_ids, _handle = sky.stream_and_get(request_id, output_stream=self.progress)
         except lost_answer_errors():
-            return resolve_lost(name, str(request_id), meta.run_id)
-        return int(job_ids[0]) if job_ids else None
+            job_id = resolve_lost(name, str(request_id), meta.run_id)
+        else:
+            job_id = int(job_ids[0]) if job_ids else None
+        if job_id is None:
+            raise BackendError(f"launch managed job {name}: SkyPilot made no job")
+        return job_id
 
     def exec(self, request: LaunchRequest) -> RunStatus:
         """`mncloud exec`: the task again on the run's live cluster (`sky.exec`); SpecError
@@ -174,15 +160,19 @@ class SkyPilotBackend:
         """Ask SkyPilot for the run's state; add the newest checkpoint and cost so far."""
         meta = require_meta(run_name)
         lost = meta.job_id is None and meta.request_id is not None and meta.error is None
-        if meta.kind == MANAGED_JOB and lost:  # a launch whose answer was lost (`lost.py`)
+        if meta.kind != CLUSTER and lost:  # a launch whose answer was lost (`lost.py`)
             meta.job_id = resolve_lost(meta.name, meta.request_id, meta.run_id)
             if meta.job_id is None and meta.error is None:
                 meta.error = "SkyPilot's answer to the launch was lost, and it made no job"
             save_meta(meta)
-        if meta.error is not None:
-            return status_from_meta(meta, RunState.FAILED, f"launch failed: {meta.error}")
+        if meta.error is not None:  # SkyPilot's failure to launch, never the user's code
+            failed = status_from_meta(meta, RunState.FAILED, f"launch failed: {meta.error}")
+            failed.failure = Failure.INFRA
+            return failed
         if meta.kind == JOB_GROUP:
             status = job_group_status(meta)
+            if meta.records_events:  # a plain run: nothing else ends a failed group's rest
+                status = cancel_failed_rest(meta, status)
         elif meta.kind == MANAGED_JOB:
             status = managed_job_status(meta)
         else:
@@ -328,6 +318,15 @@ class SkyPilotBackend:
             return None
         saved = give_notice(meta.ckpt_uri, notice_s, lambda: self.status(meta.name).state, by)
         return notice_s, saved
+
+
+def _what_to_launch(request: LaunchRequest) -> tuple[sky.Task | sky.Dag, list[str]]:
+    """What `sky.jobs.launch` gets: the run's task, or (`--recovery node`) the job group's
+    DAG (`mncloud/render/jobgroup.py`) and its task names; the only difference between them."""
+    if not request.task.documents:
+        return build_task(request), []
+    dag = build_dag(request)
+    return dag, [str(task.name) for task in dag.tasks]
 
 
 def _record_launch(request: LaunchRequest, meta: RunMeta) -> None:

@@ -10,8 +10,9 @@ recovery SkyPilot made by itself bills from its own start. This backend writes:
     preemption / waiting   a spot job / any job gone RECOVERING, where its run seconds end
     finish    when `status` first sees the job SUCCEEDED or CANCELLED (at SkyPilot's end time:
               a CANCELLING job bills on until its VMs are gone)
-    failure   when it first sees it FAILED; a `--cluster` run ends at `down` (or its autodown):
-              an idle cluster bills on after its job
+    failure   when it first sees it FAILED (a job group with tasks still running: once SkyPilot
+              ended them too); a `--cluster` run ends at `down` (or its autodown): an idle
+              cluster bills on after its job
 
 A deadline controller's launches record their own events (`control/loop.py`): the launch
 request says so (`LaunchRequest.record_events`), and the run's meta remembers it.
@@ -86,7 +87,8 @@ def follow_times(meta: RunMeta, status: RunStatus) -> bool:
         meta.end_recorded = True
     if meta.kind == CLUSTER:
         return False  # its end is `down` (or its autodown), below
-    if status.state.is_final and status.times.ended_at is None and status.failure is None:
+    held = status.failure is None or status.times.running  # a failed group's rest runs on
+    if status.state.is_final and status.times.ended_at is None and held:
         return True  # CANCELLING: the end is SkyPilot's `end_at`, when its VMs are gone
     return meta.end_recorded
 

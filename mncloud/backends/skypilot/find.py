@@ -176,3 +176,31 @@ def job_states(job_ids: Iterable[int]) -> dict[int, FoundJob]:
         fields=["job_id", "task_id", "task_name", "status"],
     )
     return {job.job_id: job for job in _grouped(records) if job.job_id in ids}
+
+
+def launches_in_flight(job_name: str, *, wait: bool = False) -> list[str]:
+    """The ids of the API server's unfinished `jobs.launch` requests of a job named exactly
+    `job_name` (an `up` interrupted while it launched `NAME-control`: the server goes on with
+    it); `wait`: wait for each to finish first (a failed one made nothing)."""
+    import json
+
+    import sky
+
+    with sky_errors("list the SkyPilot API server's requests"):
+        requests = sky.api_status(all_status=False)
+    found = []
+    for request in requests:
+        if request.name != launch_request_name():
+            continue
+        try:
+            body = json.loads(request.request_body or "{}")
+        except ValueError:
+            continue
+        if isinstance(body, dict) and body.get("name") == job_name:
+            found.append(str(request.request_id))
+    for request_id in found if wait else []:
+        try:
+            sky.get(request_id)
+        except Exception:  # the launch failed: whatever it made, the queue lists
+            continue
+    return found

@@ -9,7 +9,9 @@ task: SkyPilot ends it once the nodes are done and, when it fails for good (past
 restarts), leaves the nodes running. So a failed lighthouse does not fail the run, whose nodes
 still train and bill; the detail leads with it, since no lost node can be replaced after it.
 
-The ledger follows the node tasks' queue times as a plain managed job's (`group_times`).
+The ledger follows the node tasks' queue times as a plain managed job's (`group_times`). A
+plain run's group that failed while other nodes still train (SkyPilot leaves them running) is
+cancelled by its `status` (`cancel_failed_rest`); its record bills until they ended.
 """
 
 from __future__ import annotations
@@ -99,6 +101,26 @@ def job_group_status(meta: RunMeta) -> RunStatus:
         status.ended_at = max(ends)
     status.times = group_times(nodes)
     return status
+
+
+def cancel_failed_rest(meta: RunMeta, status: RunStatus) -> RunStatus:
+    """A plain run's group whose node FAILED past its restarts while other tasks still run:
+    SkyPilot keeps those training and billing, and nothing steers them, so the whole group is
+    cancelled, by id (a deadline controller does its own, `control/outcomes.py`). Its record
+    ends at SkyPilot's end of the last task (`events.follow_times`), not at the failure."""
+    import sky
+
+    live = [n for n, s in status.node_states.items() if s in ("running", "replacing", "starting")]
+    if status.state is not RunState.FAILED or not live:
+        return status  # (a CANCELLING task is not live here: cancelled once is enough)
+    try:
+        with sky_errors(f"cancel the rest of job group {meta.job_id}"):
+            sky.get(sky.jobs.cancel(job_ids=[meta.job_id]))
+    except BackendError as err:
+        note = f"its other tasks still run and bill: `mncloud down {meta.name}` ({err})"
+    else:
+        note = "its other tasks cancelled (billed until SkyPilot ends them)"
+    return status.model_copy(update={"detail": f"{status.detail}; {note}"})
 
 
 _TIME_FIELDS = ("last_recovered_at", "job_duration", "end_at")

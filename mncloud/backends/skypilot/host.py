@@ -64,6 +64,9 @@ class SkyPilotHost:
     def wait_for_launch_requests(self, run_id: str) -> None:
         find.wait_for_launch_requests(run_id)
 
+    def launches_in_flight(self, job_name: str, *, wait: bool = False) -> list[str]:
+        return find.launches_in_flight(job_name, wait=wait)
+
     def job_states(self, job_ids: Iterable[int]) -> dict[int, HostJob]:
         return dict(find.job_states(job_ids))
 

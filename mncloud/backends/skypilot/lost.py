@@ -11,6 +11,10 @@ same checkpoints, and no record billed the first. So:
           if the server is still away, the queue is asked for the run id; if that too fails,
           `LaunchAnswerLost`: the run stays *unknown* (no error recorded), and the next
           `status` / `down` resolves it the same way before it answers
+
+A launch the server ran and failed with a connection-type error (the cloud's API unreachable
+from the server) raises what a lost answer raises; `sky.api_status` tells them apart (the
+request FAILED): a failed launch (`BackendError`, SkyPilot's, never the user's code).
 """
 
 from __future__ import annotations
@@ -43,7 +47,9 @@ def resolve(name: str, request_id: str, run_id: str | None) -> int | None:
     lost = lost_answer_errors()
     try:
         answer: Any = sky.get(request_id)
-    except lost:
+    except lost as err:
+        if server_failed(request_id):  # the server's own error, a connection-type one
+            raise translate_error(err, f"launch managed job {name}") from None
         answer = None
     except Exception as err:  # the server ran the request and it failed: a real refusal
         raise translate_error(err, f"launch managed job {name}") from None
@@ -61,4 +67,22 @@ def resolve(name: str, request_id: str, run_id: str | None) -> int | None:
         f"the launch of {name} was sent but SkyPilot's answer was lost (request {request_id}); "
         f"the job may be running: `mncloud status {name}` finds it once the API server "
         f"answers, `mncloud down {name}` stops it"
+    )
+
+
+def server_failed(request_id: str) -> bool:
+    """Whether the API server lists request `request_id` as FAILED: it ran the launch and
+    the launch failed (a cloud's API unreachable from the server raises the same
+    connection-type errors as a lost answer, `sky.get` re-raising the request's error).
+    False when it cannot be asked, or the request is still running or succeeded."""
+    import sky
+
+    try:
+        requests = sky.api_status([request_id])
+    except Exception:  # the server away: the answer is lost, not known failed
+        return False
+    return any(
+        str(getattr(r, "request_id", "")).startswith(request_id)
+        and str(getattr(r, "status", "")).upper().endswith("FAILED")
+        for r in requests
     )

@@ -1,0 +1,251 @@
+"""The cloud fault soak's faults of issue #52 (`tests/cloudsoak.py` draws them with the rest).
+
+    crash_in_launch   the controller killed while its launch request is held in flight; the
+                      server finishes it later on its own; the controller restarted on a
+                      fresh VM must wait for it and adopt its job (`find.wait_for_launch_
+                      requests`, by the server's name `sky.jobs.launch`), not launch again
+    second_user       the controller restarted as another API user (a VM with its own
+                      identity): it must still see the jobs the first one launched
+    cancel_error      `jobs.cancel` fails (the API server away) once or twice
+    api_status_error  `sky.api_status` fails once or twice
+    unauthorized      a 401 (`ApiServerAuthenticationError`, a token renewed late) once or
+                      twice on the queue, a launch or a cancel
+    server_failed     the server runs the next launch and fails it with a connection-type
+                      error (the cloud's API unreachable from it): not a lost answer, and not
+                      an error in the user's code
+    controller_died   the controller's job FAILED_CONTROLLER while its training job trains:
+                      `up --deadline --resume` must refuse (one line), never launch beside it;
+                      then SkyPilot's controller is back (a new job) and the run goes on
+    interrupted_up    another run's `up --deadline` cut short while its controller launch is
+                      held in flight, then `up` again: refused; never two controllers
+    long_up           `up --deadline 100h` where SkyPilot would give the controller a 3-day
+                      token: refused in one line naming the 72 h
+
+Checks at the end (`final_checks`): the controller never gave up on a fault a second look
+mends (`unsure.py`), and no launch SkyPilot failed was counted as an error in the user's code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+from sky import exceptions as sx
+from sky.jobs import ManagedJobStatus as S
+
+from mncloud import control
+from mncloud.errors import MncloudError, SpecError
+from tests.fakesky import FakeSky, User
+
+NEW_FAULTS = ("crash_in_launch", "second_user", "cancel_error", "api_status_error",
+              "unauthorized", "server_failed", "controller_died", "interrupted_up",
+              "long_up")  # fmt: skip
+
+
+class Crash(BaseException):
+    """The controller dies here (a kill: nothing catches it)."""
+
+
+@dataclass
+class Soak:
+    """What a fault may touch: the fake, the live controller (`run`), where homes go."""
+
+    rng: random.Random
+    fake: FakeSky
+    run: Any
+    """The controller on its VM (`tests.test_control_cloud.Driver`)."""
+    monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path
+    report: Any
+    homes: list[tuple[str, float]] = field(default_factory=list)
+    """Each controller VM's home and when it went."""
+    n: int = 0
+
+
+def apply(kind: str, s: Soak) -> None:
+    """One of `NEW_FAULTS` on the soak's run (see the module docstring)."""
+    if kind in ("crash_in_launch", "second_user"):
+        _restart(s, crash=kind == "crash_in_launch")
+    elif kind == "cancel_error":
+        s.fake.fail("jobs.cancel", sx.ApiServerConnectionError(s.fake.server_url), _few(s))
+    elif kind == "api_status_error":
+        s.fake.fail("api_status", sx.ApiServerConnectionError(s.fake.server_url), _few(s))
+    elif kind == "unauthorized":
+        call = s.rng.choice(["jobs.queue_v2", "jobs.launch", "jobs.cancel"])
+        s.fake.fail(call, sx.ApiServerAuthenticationError(s.fake.server_url), _few(s))
+    elif kind == "server_failed":
+        err = requests.ConnectionError("the cloud's API is unreachable from the server")
+        s.fake.fail("jobs.launch", err)
+        _skypilot_lost_it(s)
+    elif kind == "controller_died":
+        _controller_died(s)
+    elif kind == "interrupted_up":
+        _interrupted_up(s)
+    else:
+        _long_up(s)
+
+
+def _few(s: Soak) -> int:
+    return s.rng.randint(1, 2)
+
+
+def _skypilot_lost_it(s: Soak) -> None:
+    """The live training job FAILED_CONTROLLER (SkyPilot's machinery): the controller
+    relaunches at its next look."""
+    for job in s.fake.live_jobs("llm"):
+        if s.fake.job(job).tasks[0].status not in (S.CANCELLING,):
+            s.fake.set_status(job, S.FAILED_CONTROLLER)
+
+
+def _restart(s: Soak, *, crash: bool) -> None:
+    """The controller restarted on a fresh VM: after a kill while its relaunch was held in
+    flight (`crash`), or as another API user."""
+    import sky
+
+    from tests.test_control_cloud import Driver, _fresh_vm
+
+    fake = s.fake
+    if crash:
+        _skypilot_lost_it(s)
+        fake.held.add("jobs.launch")
+        fake.finish_after = s.rng.randint(1, 6)
+        sent = sky.jobs.launch
+
+        def sent_then_killed(*args: Any, **kwargs: Any) -> Any:
+            request_id = sent(*args, **kwargs)
+            if kwargs.get("name") == "llm":
+                raise Crash
+            return request_id
+
+        with s.monkeypatch.context() as patch:
+            patch.setattr(sky.jobs, "launch", sent_then_killed)
+            with contextlib.suppress(Crash):
+                for _ in range(3):
+                    s.run.ctl.look()
+                    s.run.clock.now += 1.0
+        fake.held.discard("jobs.launch")
+    else:
+        fake.as_user(User(f"controller-vm-{s.n}", f"c0{s.n:06x}"))
+    s.homes.append((os.environ["MNCLOUD_HOME"], s.run.clock.now))
+    fresh = _fresh_vm(s.monkeypatch, s.tmp_path, f"vm-{s.report.seed}-{s.n}")
+    s.run = Driver(fresh, s.run.clock)
+    with contextlib.suppress(MncloudError):  # LaunchUnknown: SkyPilot restarts it
+        s.run.ctl._recover()
+
+
+def _from_laptop(s: Soak, **update: Any) -> control.ControlState:
+    """The run's `up --deadline` again from another laptop (its own home), as `update` says."""
+    st = s.run.state
+    s.monkeypatch.setenv("MNCLOUD_HOME", str(s.tmp_path / f"laptop-{s.report.seed}-{s.n}"))
+    fields = {"name": st.name, "config": st.config, "spec": st.spec, "options": st.options}
+    return control.ControlState(**{**fields, **update})
+
+
+def _controller_died(s: Soak) -> None:
+    """The controller's job FAILED_CONTROLLER while its training job trains: `up --resume`
+    refused in one line; nothing launched beside it. Then the controller is back."""
+    from mncloud.control.start import start
+    from tests.cloudsoak import _controller_job
+
+    fake, st = s.fake, s.run.state
+    training = fake.live_jobs("llm")
+    if st.controller_job_id is None or not training:
+        return
+    fake.set_status(st.controller_job_id, S.FAILED_CONTROLLER)
+    home, jobs = os.environ["MNCLOUD_HOME"], len(fake.jobs)
+    try:
+        start(_from_laptop(s, existing="resume"))
+        s.report.violations.append(f"fault {s.n}: --resume beside live job {training} accepted")
+    except SpecError as err:
+        said = str(err)
+        if "\n" in said or "mncloud down llm" not in said or str(training[0]) not in said:
+            s.report.violations.append(f"fault {s.n}: --resume refused as {said!r}")
+    except MncloudError:
+        pass
+    finally:
+        s.monkeypatch.setenv("MNCLOUD_HOME", home)
+    if len(fake.jobs) != jobs:
+        s.report.violations.append(f"fault {s.n}: a resume beside job {training} launched")
+    _controller_job(fake, s.monkeypatch, st)  # SkyPilot's controller back (a new job)
+
+
+def _interrupted_up(s: Soak) -> None:
+    """Another run's `up --deadline` cut short (Ctrl-C) while its controller's launch is held
+    in flight, then `up` again: refused; never two controllers. That run is then taken away."""
+    from mncloud.backends.skypilot import host
+    from mncloud.control.start import start
+
+    fake, st = s.fake, s.run.state
+    uri = str(st.config.state_uri).replace("/llm/", "/llm-b/")
+    other = {"name": "llm-b", "config": st.config.model_copy(update={"state_uri": uri}),
+             "existing": "resume"}  # fmt: skip
+
+    def sent_then_interrupted(_self: Any, run_name: str, config: Any, secrets: Any) -> None:
+        import sky
+
+        sky.jobs.launch(sky.Task.from_yaml_config(config), name=f"{run_name}-control")
+        raise KeyboardInterrupt
+
+    home = os.environ["MNCLOUD_HOME"]
+    fake.held.add("jobs.launch")
+    try:
+        with s.monkeypatch.context() as patch:
+            patch.setattr(host.SkyPilotHost, "launch_controller", sent_then_interrupted)
+            with contextlib.suppress(KeyboardInterrupt, MncloudError):
+                start(_from_laptop(s, **other))
+        fake.held.discard("jobs.launch")
+        try:
+            start(_from_laptop(s, **other))
+            s.report.violations.append(f"fault {s.n}: up after an interrupted up not refused")
+        except MncloudError:
+            pass
+    finally:
+        fake.held.discard("jobs.launch")
+        s.monkeypatch.setenv("MNCLOUD_HOME", home)
+    fake.finish_in_flight()
+    made = fake.live_jobs("llm-b-control")
+    if len(made) > 1:
+        s.report.violations.append(f"fault {s.n}: two controllers {made} of an interrupted up")
+    for job in made:  # that run's `down`: not this soak's run
+        fake.set_status(job, S.CANCELLED)
+
+
+def _long_up(s: Soak) -> None:
+    """`up --deadline 100h` where the controller would get SkyPilot's 3-day token: refused,
+    one line naming the 72 h, before anything else is asked."""
+    from mncloud.control.start import start
+
+    fake = s.fake
+    fake.health = {"service_account_token_enabled": True}
+    config = s.run.state.config.model_copy(update={"deadline_s": 100 * 3600.0})
+    home, jobs = os.environ["MNCLOUD_HOME"], len(fake.jobs)
+    try:
+        start(_from_laptop(s, config=config, existing="resume"))
+        s.report.violations.append(f"fault {s.n}: a 100 h deadline accepted")
+    except MncloudError as err:
+        if "72 h" not in str(err) or "\n" in str(err):
+            s.report.violations.append(f"fault {s.n}: a 100 h deadline refused as {err}")
+    finally:
+        fake.health = {}
+        s.monkeypatch.setenv("MNCLOUD_HOME", home)
+    if len(fake.jobs) != jobs:
+        s.report.violations.append(f"fault {s.n}: a 100 h deadline launched something")
+
+
+def final_checks(s: Soak) -> None:
+    """The controller never gave up on faults a look again mends; no launch SkyPilot failed
+    counted as an error in the user's code (only `node_failed` is one)."""
+    st, report = s.run.state, s.report
+    if st.phase == "failed" and "controller stopped" in (st.detail or ""):
+        report.violations.append(f"the controller gave up on a passing fault: {st.detail}")
+    users = report.faults.get("node_failed", 0)
+    if st.errors_retried > users:
+        report.violations.append(
+            f"{st.errors_retried} launches counted as errors in your code, {users} were"
+        )
