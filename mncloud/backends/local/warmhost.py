@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 SOCKET = "host.sock"
+STARTING = "host.starting"
 _PR_SET_PDEATHSIG = 1
 _TICK_S = 1.0
 
@@ -59,16 +60,34 @@ def warm_imports() -> None:
         importlib.import_module(name)
 
 
-def serve(node_dir: Path, idle_s: float) -> int:
-    """Listen on `node_dir/host.sock` and run workers until idle; return an exit code."""
-    warm_imports()
+def serve(node_dir: Path, idle_s: float, parent: int | None = None) -> int:
+    """Listen on `node_dir/host.sock` and run workers until idle; return an exit code.
+
+    With `parent` (a local node's host, `vm.py`): it also exits once that process is gone,
+    and says it is starting (`STARTING` holds its pid) so clients wait for it, not run cold."""
     os.chdir(node_dir)
+    if parent is not None:
+        if os.getppid() != parent:
+            return 0
+        Path(STARTING).write_text(str(os.getpid()))
+    try:
+        return _serve(idle_s, parent)
+    finally:
+        if parent is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(STARTING)
+
+
+def _serve(idle_s: float, parent: int | None) -> int:
+    warm_imports()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(f"{SOCKET}.tmp")
     listener.bind(f"{SOCKET}.tmp")
     listener.listen(64)
     os.rename(f"{SOCKET}.tmp", SOCKET)  # ready only once it listens
+    with contextlib.suppress(OSError):
+        os.unlink(STARTING)
     inode = os.stat(SOCKET).st_ino
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     sel = selectors.DefaultSelector()
@@ -79,6 +98,8 @@ def serve(node_dir: Path, idle_s: float) -> int:
         while True:
             for key, _ in sel.select(timeout=_TICK_S):
                 _handle(key.data, listener, sel, jobs)
+            if parent is not None and os.getppid() != parent:  # its node (the VM) is gone
+                return 0
             if jobs or not _own_socket(inode):
                 idle_since = time.monotonic()
                 if not _own_socket(inode):
