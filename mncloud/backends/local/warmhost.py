@@ -1,7 +1,10 @@
-"""A warm node host: one Python per node of a local `--cluster` run that imported torch once.
+"""A warm node host: one Python per local node (`vm.py`; `warm.py` for `--cluster`) that imported
+torch once.
 
-`python -m mncloud.backends.local host NODE_DIR IDLE_S` imports torch, `torch.distributed`
-(its checkpoint package too) and `mncloud.train`, then waits on `NODE_DIR/host.sock`. It
+`python -m mncloud.backends.local host NODE_DIR IDLE_S` imports torch and `torch.distributed`,
+listens on `NODE_DIR/host.sock`, and at its first quiet moment (the preflight it forked
+running meanwhile) imports the rest a training script needs (`torch.distributed.checkpoint`,
+`mncloud.train`). It
 never runs a torch op (no thread pool exists when it forks). Each connection is one worker
 (`warmclient.py`): argv, environment, cwd and three fds. The host forks a child that becomes
 that worker (the environment, cwd, argv and fds set, `random` and torch's generator reseeded,
@@ -48,15 +51,18 @@ class _Job:
     pidfd: int
 
 
-WARM_MODULES = (
-    "torch", "torch.distributed", "torch.distributed.checkpoint", "torch.nn",
-    "torch.utils.data", "mncloud.storage", "mncloud.train",
-)  # fmt: skip
+FIRST_MODULES = ("torch", "torch.distributed", "torch.nn", "torch.utils.data")
+"""What the host imports before it listens: enough for the preflight and torchrun's agent."""
+LATER_MODULES = ("torch.distributed.checkpoint", "mncloud.storage", "mncloud.train")
+"""What every worker of a training script imports too (~1 s of CPU more): imported at the
+first quiet moment once the host listens, so the preflight it forked runs meanwhile."""
+WARM_MODULES = FIRST_MODULES + LATER_MODULES
 """What every worker of a training script imports first (2–3 s of CPU each)."""
+_LATER_WAIT_S = 0.05
 
 
-def warm_imports() -> None:
-    for name in WARM_MODULES:
+def warm_imports(names: tuple[str, ...] = WARM_MODULES) -> None:
+    for name in names:
         importlib.import_module(name)
 
 
@@ -79,7 +85,7 @@ def serve(node_dir: Path, idle_s: float, parent: int | None = None) -> int:
 
 
 def _serve(idle_s: float, parent: int | None) -> int:
-    warm_imports()
+    warm_imports(FIRST_MODULES)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(f"{SOCKET}.tmp")
@@ -95,9 +101,14 @@ def _serve(idle_s: float, parent: int | None) -> int:
     jobs: dict[int, _Job] = {}  # by pid
     idle_since = time.monotonic()
     try:
+        later = True
         while True:
-            for key, _ in sel.select(timeout=_TICK_S):
+            ready = sel.select(timeout=_LATER_WAIT_S if later else _TICK_S)
+            for key, _ in ready:
                 _handle(key.data, listener, sel, jobs)
+            if later and not ready:  # nobody waits: the rest of the imports now
+                warm_imports(LATER_MODULES)
+                later = False
             if parent is not None and os.getppid() != parent:  # its node (the VM) is gone
                 return 0
             if jobs or not _own_socket(inode):
