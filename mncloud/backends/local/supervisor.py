@@ -143,7 +143,7 @@ class Supervisor:
         env.update(self._node_env)
         env.update(extra or {})
         if script == "run.sh":  # forked from the node's host (a `--cluster` host for exec)
-            env.update(self._vms.up(node))
+            env.update(self._vms.up(node, env.get("PATH", "")))
             env.update(self._hosts.env(node))
         proc = start_node(self.launch, self.folder, node, script, env)
         assert proc.stdout is not None
@@ -166,13 +166,7 @@ class Supervisor:
     def _kill_all(self, lost: set[int] | None = None) -> None:
         """Every process of the run; with `lost` (a relaunch follows), the hosts of the other
         nodes are kept (their VMs live on)."""
-        keep: set[int] = set()
-        if lost is not None:
-            for node in lost:
-                self._vms.drop(node)
-            keep = self._vms.pids()
-        else:
-            self._vms.stop()
+        keep = self._vms.keep(lost)
         processes.kill_tagged(self.launch.token, exclude=keep)
         self._hosts.wait_workers_gone()  # their clients died: the hosts kill them
         if self._replacer is not None:

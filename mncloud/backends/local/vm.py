@@ -61,15 +61,15 @@ class NodeHosts:
         self.booted: dict[int, float] = {}
         """By node: when its current host started."""
 
-    def up(self, node: int) -> dict[str, str]:
-        """Make sure `node` has a live host; the environment its run.sh gets for it."""
+    def up(self, node: int, path: str = "") -> dict[str, str]:
+        """Make sure `node` has a live host; what its run.sh's environment gets for it (the
+        host's folder first on `path`, the node's PATH)."""
         proc = self._procs.get(node)
         if proc is None or not processes.pid_alive(proc.pid):
             self.drop(node)
             self._boot(node)
         here = vm_dir(self.folder, node)
-        path = os.environ.get("PATH", "")
-        return {"PATH": os.pathsep.join([str(here), str(Path(sys.executable).parent), path]),
+        return {"PATH": os.pathsep.join(p for p in (str(here), path) if p),
                 "PYTHON_EXEC": str(here / "python")}  # fmt: skip
 
     def _boot(self, node: int) -> None:
@@ -116,6 +116,16 @@ class NodeHosts:
                 psutil.Process(proc.pid).kill()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=10)
+
+    def keep(self, lost: set[int] | None) -> set[int]:
+        """Before a relaunch: drop the `lost` nodes' hosts, return the others' pids (spared);
+        at the end (`lost` None): stop every host, spare none."""
+        if lost is None:
+            self.stop()
+            return set()
+        for node in lost:
+            self.drop(node)
+        return self.pids()
 
     def stop(self) -> None:
         """The run ended: every host goes."""
