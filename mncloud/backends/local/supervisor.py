@@ -17,6 +17,9 @@ either kind. Example, 2 nodes, `--recovery-delay 2s`:
             CheckpointManager.load() resumes from the newest COMPLETE step
     t=40    both nodes exit 0 → SUCCEEDED
 
+Every Python of a node (preflight, torchrun, workers) forks from the node's warm host
+(`vm.py`): a lost node's host goes with it, a survivor's is kept for the relaunch.
+
 Preemption *with notice* goes through the run's metadata server (`metadata.py`; the timeline
 is in `chaos.py`): after a node exits 115, the others get `NOTICE_EXIT_GRACE_S` to do the same
 before the preemption is counted. Each relaunch resets the metadata (fresh VMs).
