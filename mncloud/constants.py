@@ -20,6 +20,9 @@ PREEMPTION_WATCH_ENV = "MNCLOUD_PREEMPTION_WATCH"
 PREFLIGHT_PASSED_ENV = "MNCLOUD_PREFLIGHT_PASSED"
 """Set by a local `mncloud exec` on nodes whose preflight passed when they came up: the run
 script skips it (`templates/run.sh.j2`)."""
+BANDWIDTH_KNOWN_ENV = "MNCLOUD_BANDWIDTH_KNOWN"
+"""Set by the local supervisor on a relaunch whose nodes all predate the run's published
+bandwidth figure (its JSON): the preflight reuses it instead of measuring again (`vm.py`)."""
 CLOUD_ENV = "MNCLOUD_CLOUD"
 # Set by the local backend: how many CPU threads each rank may use.
 CPU_THREADS_ENV = "MNCLOUD_CPU_THREADS"

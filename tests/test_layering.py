@@ -71,7 +71,7 @@ ROOMS: list[tuple[str, str]] = [
     ("mncloud.backends", "base"),
     ("mncloud.backends.local", "__main__ backend chaos ckptdir execute figures lifecycle metadata "
                                "netcheck nodes processes recordwriter replacing state supervisor "
-                               "warm warmclient warmhost warmrun"),
+                               "vm warm warmclient warmhost warmrun"),
     ("mncloud.backends.skypilot", "backend cancel cluster dryrun errors events find group host "
                                   "logs lost meta netcheck notice status task"),
     ("mncloud.backends.registry", ""),

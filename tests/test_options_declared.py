@@ -187,12 +187,14 @@ def test_the_launch_options_are_built_field_by_field_from_the_parameters() -> No
         "cluster": True,
         "recovery_delay": "30s",
         "chaos_preempt_after": "1m",
+        "preflight_always": True,
     }
     numbers = set(LaunchOptions.model_fields) - set(said)
     options = launch_options_from({**said, **{name: 7 for name in numbers}, "yes": True})
     assert {name: getattr(options, name) for name in numbers} == dict.fromkeys(numbers, 7)
     assert (options.hours, options.learn, options.hazards_from) == (5.0, True, (Path("t.csv"),))
     assert (options.minimize.value, options.recompute, options.cluster) == ("time", "full", True)
+    assert options.preflight_always is True
     assert (options.template, options.recovery_delay, options.chaos_preempt_after) == (
         Path("t.j2"), 30.0, 60.0)  # fmt: skip
     assert launch_options_from({}) == LaunchOptions()  # a parameter not said: its default

@@ -85,6 +85,24 @@ def test_requests_without_the_protocols_header_are_refused(
     assert err.value.code == code
 
 
+def test_a_client_that_went_away_prints_no_traceback(
+    server: MetadataServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A node killed mid-request (BrokenPipe, reset) is quiet; any other error still prints."""
+    httpd = server._httpd
+    for err in (BrokenPipeError(32, "Broken pipe"), ConnectionResetError(104, "reset")):
+        try:
+            raise err
+        except ConnectionError:
+            httpd.handle_error(None, ("127.0.0.1", 1))
+    assert capsys.readouterr().err == ""
+    try:
+        raise ValueError("a real bug")
+    except ValueError:
+        httpd.handle_error(None, ("127.0.0.1", 1))
+    assert "ValueError: a real bug" in capsys.readouterr().err
+
+
 def test_protocols_from_env() -> None:
     m, c = constants.METADATA_PROTOCOL_ENV, constants.CLOUD_ENV
     assert protocols_from_env({c: "AWS"}) == ["aws"]

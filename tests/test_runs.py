@@ -718,7 +718,7 @@ def test_rerun_keeps_every_option(
     options = LaunchOptions(
         hours=5.5, max_cost=100.0, preemption_rate=0.2, learn=True, recovery_minutes=7.0,
         ckpt_seconds=45.0, template=repo / "task.yaml.j2", recovery_delay=0.5,
-        chaos_preempt_after=12.0, hourly_price=1.5,
+        chaos_preempt_after=12.0, preflight_always=True, hourly_price=1.5,
         hazards_from=(tmp_path / "trace.json",), steps=1000, minimize="time", params=1e9,
         flops_per_step=1e15, tokens_per_step=4096, seq_len=2048, layers=24, hidden=2048,
         recompute="selective", micro_batches=4, grad_bytes=1e9, cluster=True, idle_minutes=45,

@@ -218,6 +218,16 @@ ChaosPreemptAfter = Annotated[
     ),
 ]
 
+PreflightAlways = Annotated[
+    bool,
+    typer.Option(
+        "--preflight-always",
+        rich_help_panel=LOCAL_PANEL,
+        help="Local: the bandwidth test at every launch (a relaunch on nodes that all predate "
+        "the run's figure reuses it otherwise).",
+    ),
+]
+
 
 Script = Annotated[Path, typer.Argument(help="The training script.", show_default=False)]
 ScriptArgs = Annotated[
@@ -323,6 +333,7 @@ LOCAL = _group(
     ("recovery_delay", RecoveryDelay, "2s"),
     ("retry_on_error", RetryOnError, None),
     ("chaos_preempt_after", ChaosPreemptAfter, None),
+    ("preflight_always", PreflightAlways, False),
 )
 #: `up --deadline` (the live controller).
 DEADLINE = _group(

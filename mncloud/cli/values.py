@@ -95,6 +95,7 @@ def launch_options_from(values: dict[str, Any]) -> LaunchOptions:
             # RehearsalOptions: what the local backend models (the LOCAL group).
             recovery_delay=said("recovery_delay", "--provision-delay"),
             chaos_preempt_after=said("chaos_preempt_after", "--chaos-preempt-after"),
+            preflight_always=said("preflight_always"),
             hourly_price=said("hourly_price"),
         )
     except ValidationError as err:

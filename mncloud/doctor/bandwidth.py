@@ -6,8 +6,9 @@ against what the plan expected for the offer's fabric (rendered as `--expect-bus
 Below `WARN_FRACTION` of the expectation it warns with the likely causes; below
 `--min-bandwidth` it refuses (exit 78, one line) before training. Node 0 writes the figure to
 `<ckpt uri>/runs/<run-id>/bandwidth.json` (status and the run record read it there) and, as a
-`bandwidth` event, to the run's telemetry segments. `time_allreduce` is the timing loop
-`bench/allreduce.py` reuses.
+`bandwidth` event, to the run's telemetry segments. A local relaunch on nodes that all
+predate that figure is handed it (`known_figure`) and judges it instead of measuring again.
+`time_allreduce` is the timing loop `bench/allreduce.py` reuses.
 """
 
 from __future__ import annotations
@@ -160,6 +161,19 @@ def publish(result: Bandwidth, bucket_uri: str | None) -> None:
 
         bucket, prefix = open_bucket(layout.record_uri(bucket_uri, run_id))
         bucket.put_bytes(join_key(prefix, FILE_NAME), json.dumps(payload).encode())
+
+
+def known_figure(text: str | None, nodes: int) -> Bandwidth | None:
+    """A published figure handed to a relaunch (`constants.BANDWIDTH_KNOWN_ENV`), when it is
+    one of `nodes` nodes; None (measure) when absent or unreadable."""
+    try:
+        data = json.loads(text or "")
+        known = {k: data[k] for k in Bandwidth.__dataclass_fields__ if k in data}
+        figure = Bandwidth(**known)
+        figure.sizes = {int(k): float(v) for k, v in figure.sizes.items()}
+    except (ValueError, TypeError, AttributeError):
+        return None
+    return figure if figure.nodes == nodes else None
 
 
 def describe(figures: dict[str, Any]) -> str:

@@ -104,6 +104,9 @@ class RehearsalOptions(BaseModel):
     before it is started (`--provision-delay`)."""
     chaos_preempt_after: float | None = Field(None, ge=0, le=MAX_HOURS * 3600)
     """Local: preempt the last node once, this many seconds after the first step."""
+    preflight_always: bool = False
+    """Local: the whole preflight at every launch, the bandwidth test included (a relaunch on
+    nodes that all predate the run's figure reuses it otherwise)."""
     hourly_price: float | None = Field(None, ge=0, le=MAX_USD)
     """Local: USD per hour for the whole run in its ledger (a deadline rehearsal's prices);
     a cloud run's price comes from the plan."""

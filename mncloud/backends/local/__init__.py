@@ -20,6 +20,8 @@ node with the variables SkyPilot sets, plus `MNCLOUD_CKPT_URI` (`--bucket`, else
     ckptdir.py     `--ckpt-dir` on local nodes: a folder per node, kept in the bucket
     execute.py     `mncloud exec` on a local run's own simulated nodes
     netcheck.py    `mncloud doctor --bandwidth RUN` on a live local run
+    vm.py          each node's warm host while it is up (its "VM"): python and torchrun on
+                   its PATH fork from it; the bandwidth figure reused on the same nodes
     warm.py        warm node hosts of a local `up --cluster` run, kept up between runs
     warmhost.py    a warm node host: one Python per node that imported torch once
     warmclient.py  the `PYTHON_EXEC` of a node on a warm host

@@ -94,6 +94,7 @@ def launch_record(request: LaunchRequest) -> LocalLaunch:
         max_restarts=spec.max_restarts,
         recovery_delay=opts.recovery_delay,
         chaos_preempt_after=opts.chaos_preempt_after,
+        preflight_always=opts.preflight_always,
         cpu_threads=max(1, (os.cpu_count() or 1) // (nodes * procs)),
         storage_endpoint=os.environ.get("AWS_ENDPOINT_URL")
         or os.environ.get("STORAGE_EMULATOR_HOST"),

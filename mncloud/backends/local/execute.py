@@ -7,7 +7,8 @@ nodes came up). The supervisor starts afresh with a new token and task id; the s
 the checkpoints aside first (`exec --restart`). Nodes whose preflight passed when they came up
 skip it (`constants.PREFLIGHT_PASSED_ENV`). On a `--cluster` run whose warm hosts still run
 (`warm.py`), every worker is forked from its node's host, torch already imported; when they are
-gone (idle time passed, `down`), the workers start cold and the run log says so. Example:
+gone (idle time passed, `down`), the exec's own node hosts (`vm.py`) import torch afresh
+and the run log says so. Example:
 
     mncloud up train.py --cloud local --nodes 2 --name dev     (fails on a typo at step 40)
     (fix the typo)

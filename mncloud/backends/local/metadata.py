@@ -24,6 +24,7 @@ import hashlib
 import json
 import re
 import secrets
+import sys
 import threading
 from collections import Counter
 from datetime import datetime, timezone
@@ -36,6 +37,16 @@ PROTOCOLS = ("aws", "gcp", "azure")
 _NODE = re.compile(r"^/node/(\d+)(/.*)?$")
 _GCP_PREEMPTED = "/computeMetadata/v1/instance/preempted"
 _MAX_LONG_POLL_S = 60.0
+
+
+class _QuietServer(ThreadingHTTPServer):
+    """A client that went away mid-request (a node killed while it polled) is not an error:
+    no traceback in supervisor.log; anything else is reported as the standard library does."""
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if isinstance(sys.exc_info()[1], ConnectionError):  # BrokenPipe, ConnectionReset
+            return
+        super().handle_error(request, client_address)
 
 
 class MetadataServer:
@@ -51,7 +62,7 @@ class MetadataServer:
         """Answered requests per (node, protocol), so tests can await polls."""
         self._asked: set[int] = set()
         """Nodes that asked for their metadata since the last `clear` (they watch notices)."""
-        self._httpd = ThreadingHTTPServer((host, port), _handler(self))
+        self._httpd = _QuietServer((host, port), _handler(self))
         self._httpd.daemon_threads = True
         self._thread = threading.Thread(
             target=self._httpd.serve_forever, name="mncloud-metadata", daemon=True

@@ -16,7 +16,7 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 
 import psutil
 
@@ -88,15 +88,23 @@ def tagged_pids(token: str, node: int | str | None = None) -> list[int]:
     return sorted(p.pid for p in tagged_processes(token, node))
 
 
-def kill_tagged(token: str, node: int | str | None = None, sig: int = signal.SIGKILL) -> list[int]:
+def kill_tagged(
+    token: str,
+    node: int | str | None = None,
+    sig: int = signal.SIGKILL,
+    exclude: Collection[int] = (),
+) -> list[int]:
     """Signal every process of a node (or of the run) until none is left; return their pids.
 
     Rescans after each round: a process forked between the scan and the kill is caught by
-    the next one. Zombies carry no environment and are not counted.
+    the next one. Zombies carry no environment and are not counted. `exclude`: pids spared
+    (the node hosts a gang relaunch keeps, `vm.py`).
     """
     hit: set[int] = set()
     for _ in range(100):
-        procs = [p for p in tagged_processes(token, node) if pid_alive(p.pid)]
+        procs = [
+            p for p in tagged_processes(token, node) if p.pid not in exclude and pid_alive(p.pid)
+        ]
         if not procs:
             break
         for proc in procs:

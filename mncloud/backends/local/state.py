@@ -78,6 +78,8 @@ class LocalLaunch(RunShape):
     max_restarts: int = 3
     recovery_delay: float = 2.0
     chaos_preempt_after: float | None = None
+    preflight_always: bool = False
+    """`--preflight-always`: the bandwidth test at every launch, never a reused figure."""
     cpu_threads: int = 1
     storage_endpoint: str | None = None
     """AWS_ENDPOINT_URL / STORAGE_EMULATOR_HOST at launch, for `chaos storage-outage`."""

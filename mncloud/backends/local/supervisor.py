@@ -17,6 +17,9 @@ either kind. Example, 2 nodes, `--recovery-delay 2s`:
             CheckpointManager.load() resumes from the newest COMPLETE step
     t=40    both nodes exit 0 → SUCCEEDED
 
+Every Python of a node (preflight, torchrun, workers) forks from the node's warm host
+(`vm.py`): a lost node's host goes with it, a survivor's is kept for the relaunch.
+
 Preemption *with notice* goes through the run's metadata server (`metadata.py`; the timeline
 is in `chaos.py`): after a node exits 115, the others get `NOTICE_EXIT_GRACE_S` to do the same
 before the preemption is counted. Each relaunch resets the metadata (fresh VMs).
@@ -63,6 +66,7 @@ from mncloud.backends.local.state import (
     run_id_of,
     save_state,
 )
+from mncloud.backends.local.vm import NodeHosts
 from mncloud.telemetry.seriestail import SeriesTail
 
 POLL_S = 0.1
@@ -113,6 +117,7 @@ class Supervisor:
         )
         self._node_env: dict[str, str] = {}
         self._hosts = warm.Hosts(folder, self.launch)  # `up --cluster`
+        self._vms = NodeHosts(folder, self.launch)  # each node's warm host (vm.py)
 
     # ------------------------------------------------------------------ plumbing
     def _save(self) -> None:
@@ -140,7 +145,8 @@ class Supervisor:
                        setup=script == "setup.sh")  # fmt: skip
         env.update(self._node_env)
         env.update(extra or {})
-        if script == "run.sh":  # a worker forked from the node's warm host, when it listens
+        if script == "run.sh":  # forked from the node's host (a `--cluster` host for exec)
+            env.update(self._vms.up(node, env.get("PATH", "")))
             env.update(self._hosts.env(node))
         proc = start_node(self.launch, self.folder, node, script, env)
         assert proc.stdout is not None
@@ -151,6 +157,7 @@ class Supervisor:
         """Start a replacement for `node` alone (node recovery)."""
         # Alone: its preflight has no gang to meet (the fabric was measured at the start).
         replacement = {constants.REPLACEMENT_ENV: "1"}
+        self._vms.drop(node)  # a new VM: its replacement starts cold
         proc = self._procs[node] = self._start(node, "run.sh", "", replacement)
         record = self.state.nodes[node]
         record.launcher_pid, record.pids, record.started_at = proc.pid, [proc.pid], time.time()
@@ -159,8 +166,11 @@ class Supervisor:
                    f"{record.replacements})", node=node, pids=[proc.pid])  # fmt: skip
         return proc
 
-    def _kill_all(self) -> None:
-        processes.kill_tagged(self.launch.token)
+    def _kill_all(self, lost: set[int] | None = None) -> None:
+        """Every process of the run; with `lost` (a relaunch follows), the hosts of the other
+        nodes are kept (their VMs live on)."""
+        keep = self._vms.keep(lost)
+        processes.kill_tagged(self.launch.token, exclude=keep)
         self._hosts.wait_workers_gone()  # their clients died: the hosts kill them
         if self._replacer is not None:
             self._replacer.stop_lighthouse()
@@ -168,7 +178,7 @@ class Supervisor:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=10)
         self.logs.drain()
-        processes.reap_orphans(set())
+        processes.reap_orphans(keep)
 
     def _ingest_chaos(self) -> None:
         lines = read_jsonl(self.folder / CHAOS_FILE)
@@ -298,7 +308,10 @@ class Supervisor:
         if self._replacer is not None:
             self._node_env = self._replacer.start_attempt()
         for node in range(la.num_nodes):
-            proc = self._procs[node] = self._start(node, "run.sh", "")
+            self._vms.up(node)
+        figure = self._vms.bandwidth_env(la.preflight_always)  # reused when no node is newer
+        for node in range(la.num_nodes):
+            proc = self._procs[node] = self._start(node, "run.sh", "", figure)
             st.nodes[node] = NodeRecord(
                 node=node, launcher_pid=proc.pid, pids=[proc.pid], started_at=time.time(),
                 status="running", replacements=st.nodes[node].replacements,
@@ -332,7 +345,8 @@ class Supervisor:
         code = failed.get(first, codes.get(first))
         what = processes.describe_exit(code) if code is not None else "was preempted"
         message = f"node {first} {what}" + (" (preempted)" if preempted else "")
-        self._kill_all()  # first: no commit may land after we look at the bucket
+        lost = {n for n in vanished | requested if n in codes}
+        self._kill_all(lost)  # first: no commit may land after we look at the bucket
         self._end_ckpt_dir(codes)
         latest = self._latest_checkpoint()
         where = f"step {latest}" if latest is not None else "none"
@@ -385,7 +399,7 @@ class Supervisor:
                 last_scan = now
                 self._refresh_pids()
                 self._hosts.start()  # once the first step is reported
-                processes.reap_orphans({p.pid for p in self._procs.values()})
+                processes.reap_orphans({p.pid for p in self._procs.values()} | self._vms.pids())
 
     def _notify_stop(self) -> float | None:
         """A graceful stop: a preemption notice to every node, if any of them watches its

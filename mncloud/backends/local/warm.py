@@ -5,8 +5,8 @@ reports its first step (or ends), it starts one host per node (`warmhost.py`, in
 its own, tagged `<hosts token>/host-N`, recorded in `hosts.json`): their imports never compete
 with the first run's own start on a few cores. A node whose host listens gets
 `PYTHON_EXEC=<node folder>/python` (`warmclient.py`): torchrun stays real and the rendered
-task unchanged, but each worker is forked from the host, torch already
-imported, instead of a fresh interpreter (torchrun's agent still imports torch itself).
+task unchanged, but each worker is forked from the host, torch already imported. (Every
+local run also has a host per node while it runs, `vm.py`; these outlive the run, for exec.)
 Example, `--idle-minutes 10`:
 
     t=0      up --cluster: setup, preflight, run 1 with cold workers
@@ -114,12 +114,12 @@ class Hosts:
         self._pending = launch.idle_s is not None and load_hosts(folder) is None
         if self._pending:
             say("[mncloud] local cluster: warm hosts start on each node once the first step is "
-                "reported (this run's workers start cold)")  # fmt: skip
+                "reported (this run's workers fork from its own node hosts)")  # fmt: skip
         elif launch.idle_s is not None:
             self.record = live_hosts(folder)
             if self.record is None:
                 say("[mncloud] the local cluster's warm hosts are gone (its idle time passed, "
-                    "or they were stopped): workers start cold")  # fmt: skip
+                    "or they were stopped): each node's own host imports torch afresh")  # fmt: skip
             else:  # started when the run's first step came: seconds from ready at most
                 _wait_ready(folder, self.record, READY_WAIT_S)
 

@@ -5,8 +5,10 @@ node's folder as `python` under a `#!<python> -IS` line (stdlib only, no site: i
 milliseconds), sends its argv, environment, cwd and stdin/stdout/stderr to the node's host
 (`warmhost.py`) over `host.sock` beside it, forwards SIGTERM/SIGINT/SIGHUP to the worker the
 host forked, and exits as the worker did (its code, or the same signal). If it is killed, the
-host sees the socket close and SIGKILLs the worker. When the host is gone, or the command line
-is one the host does not run (`-c`, other flags), it becomes the real Python (`execv`).
+host sees the socket close and SIGKILLs the worker. A host still importing (`host.starting`
+names it) is waited for. When the host is gone, or the command line is one the host does not
+run (other flags), it becomes the real Python (`execv`). On a local node's PATH (`vm.py`) it
+is also `python` and `torchrun` (`-m torch.distributed.run`).
 """
 
 import contextlib
@@ -15,14 +17,17 @@ import os
 import signal
 import socket
 import sys
+import time
 
 SOCKET = "host.sock"
+STARTING = "host.starting"
+START_WAIT_S = 120.0
 
 
 def _supported(argv: list[str]) -> bool:
-    """`[-u] SCRIPT ARGS` or `[-u] -m MODULE ARGS`: what torchrun runs."""
+    """`[-u] SCRIPT ARGS`, `[-u] -m MODULE ARGS` (what torchrun runs) or `-c CODE ARGS`."""
     rest = argv[1:] if argv[:1] == ["-u"] else argv
-    if rest[:1] == ["-m"]:
+    if rest[:1] in (["-m"], ["-c"]):
         return len(rest) > 1
     return bool(rest) and not rest[0].startswith("-")
 
@@ -31,17 +36,34 @@ def _cold(argv: list[str]) -> None:
     os.execv(sys.executable, [sys.executable, *argv])
 
 
+def _starting() -> bool:
+    """True while a host still imports (its STARTING file names a live host process)."""
+    try:
+        with open(STARTING) as f:
+            pid = int(f.read().strip() or 0)
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"mncloud.backends.local" in f.read()
+    except (OSError, ValueError):
+        return False
+
+
 def _connect(here: str, cwd: str) -> socket.socket | None:
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    """The host's socket; waits (up to START_WAIT_S) for a host that is still starting."""
+    deadline = time.monotonic() + START_WAIT_S
     try:  # a relative path: a socket's path may be at most 107 bytes
         os.chdir(here)
-        sock.connect(SOCKET)
-    except OSError:
-        sock.close()
-        return None
+        while True:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            try:
+                sock.connect(SOCKET)
+                return sock
+            except OSError:
+                sock.close()
+            if not _starting() or time.monotonic() > deadline:
+                return None
+            time.sleep(0.02)
     finally:
         os.chdir(cwd)
-    return sock
 
 
 def main() -> None:

@@ -1,7 +1,10 @@
-"""A warm node host: one Python per node of a local `--cluster` run that imported torch once.
+"""A warm node host: one Python per local node (`vm.py`; `warm.py` for `--cluster`) that imported
+torch once.
 
-`python -m mncloud.backends.local host NODE_DIR IDLE_S` imports torch, `torch.distributed`
-(its checkpoint package too) and `mncloud.train`, then waits on `NODE_DIR/host.sock`. It
+`python -m mncloud.backends.local host NODE_DIR IDLE_S` imports torch and `torch.distributed`,
+listens on `NODE_DIR/host.sock`, and at its first quiet moment (the preflight it forked
+running meanwhile) imports the rest a training script needs (`torch.distributed.checkpoint`,
+`mncloud.train`). It
 never runs a torch op (no thread pool exists when it forks). Each connection is one worker
 (`warmclient.py`): argv, environment, cwd and three fds. The host forks a child that becomes
 that worker (the environment, cwd, argv and fds set, `random` and torch's generator reseeded,
@@ -36,6 +39,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 SOCKET = "host.sock"
+STARTING = "host.starting"
 _PR_SET_PDEATHSIG = 1
 _TICK_S = 1.0
 
@@ -47,28 +51,49 @@ class _Job:
     pidfd: int
 
 
-WARM_MODULES = (
-    "torch", "torch.distributed", "torch.distributed.checkpoint", "torch.nn",
-    "torch.utils.data", "mncloud.storage", "mncloud.train",
-)  # fmt: skip
+FIRST_MODULES = ("torch", "torch.distributed", "torch.nn", "torch.utils.data")
+"""What the host imports before it listens: enough for the preflight and torchrun's agent."""
+LATER_MODULES = ("torch.distributed.checkpoint", "mncloud.storage", "mncloud.train")
+"""What every worker of a training script imports too (~1 s of CPU more): imported at the
+first quiet moment once the host listens, so the preflight it forked runs meanwhile."""
+WARM_MODULES = FIRST_MODULES + LATER_MODULES
 """What every worker of a training script imports first (2–3 s of CPU each)."""
+_LATER_WAIT_S = 0.05
 
 
-def warm_imports() -> None:
-    for name in WARM_MODULES:
+def warm_imports(names: tuple[str, ...] = WARM_MODULES) -> None:
+    for name in names:
         importlib.import_module(name)
 
 
-def serve(node_dir: Path, idle_s: float) -> int:
-    """Listen on `node_dir/host.sock` and run workers until idle; return an exit code."""
-    warm_imports()
+def serve(node_dir: Path, idle_s: float, parent: int | None = None) -> int:
+    """Listen on `node_dir/host.sock` and run workers until idle; return an exit code.
+
+    With `parent` (a local node's host, `vm.py`): it also exits once that process is gone,
+    and says it is starting (`STARTING` holds its pid) so clients wait for it, not run cold."""
     os.chdir(node_dir)
+    if parent is not None:
+        if os.getppid() != parent:
+            return 0
+        Path(STARTING).write_text(str(os.getpid()))
+    try:
+        return _serve(idle_s, parent)
+    finally:
+        if parent is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(STARTING)
+
+
+def _serve(idle_s: float, parent: int | None) -> int:
+    warm_imports(FIRST_MODULES)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(f"{SOCKET}.tmp")
     listener.bind(f"{SOCKET}.tmp")
     listener.listen(64)
     os.rename(f"{SOCKET}.tmp", SOCKET)  # ready only once it listens
+    with contextlib.suppress(OSError):
+        os.unlink(STARTING)
     inode = os.stat(SOCKET).st_ino
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     sel = selectors.DefaultSelector()
@@ -76,9 +101,16 @@ def serve(node_dir: Path, idle_s: float) -> int:
     jobs: dict[int, _Job] = {}  # by pid
     idle_since = time.monotonic()
     try:
+        later = True
         while True:
-            for key, _ in sel.select(timeout=_TICK_S):
+            ready = sel.select(timeout=_LATER_WAIT_S if later else _TICK_S)
+            for key, _ in ready:
                 _handle(key.data, listener, sel, jobs)
+            if later and not ready:  # nobody waits: the rest of the imports now
+                warm_imports(LATER_MODULES)
+                later = False
+            if parent is not None and os.getppid() != parent:  # its node (the VM) is gone
+                return 0
             if jobs or not _own_socket(inode):
                 idle_since = time.monotonic()
                 if not _own_socket(inode):

@@ -1,11 +1,11 @@
 """Inside a warm host's forked child: become the worker a client asked for and run it.
 
-What `python -u SCRIPT ARGS` (or `-m MODULE`) does from here: the client's environment (also
-for C code: `os.environ` calls putenv), cwd, argv and `sys.path[0]`, unbuffered stdio over the
-client's fds, then the script as `__main__`. The RNGs a fresh process would have: `random`
-and torch's generator reseeded from the OS (the host seeded them once, at import), torch's
-threads from OMP_NUM_THREADS. At the end, what
-interpreter shutdown does: non-daemon threads joined, atexit handlers run, stdio flushed.
+What `python -u SCRIPT ARGS` (or `-m MODULE`, `-c CODE`) does from here: the client's
+environment (also for C code: `os.environ` calls putenv), cwd, argv and `sys.path[0]`,
+unbuffered stdio over the client's fds, then the script as `__main__`. The RNGs a fresh
+process would have: `random` and torch's generator reseeded from the OS (the host seeded
+them once, at import), torch's threads from OMP_NUM_THREADS. At the end, what interpreter
+shutdown does: non-daemon threads joined, atexit handlers run, stdio flushed.
 """
 
 from __future__ import annotations
@@ -69,7 +69,12 @@ def _run(argv: list[str]) -> int:
     import runpy
 
     try:
-        if argv[0] == "-m":
+        if argv[0] == "-c":
+            sys.argv = ["-c", *argv[2:]]
+            sys.path[0] = ""
+            code = compile(argv[1], "<string>", "exec")
+            exec(code, {"__name__": "__main__", "__builtins__": __builtins__})
+        elif argv[0] == "-m":
             sys.argv = [argv[1], *argv[2:]]
             sys.path[0] = os.getcwd()
             runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
