@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 
 import pytest
-import requests
 from sky import exceptions as sx
 from sky.jobs import ManagedJobStatus as S
 
@@ -99,7 +98,7 @@ def _apply(kind: str, rng: random.Random, fake: FakeSky) -> None:
     if kind == "lost_answer":
         fake.lose("jobs.launch")
     elif kind == "server_failed":
-        fake.fail("jobs.launch", requests.ConnectionError("the cloud's API is unreachable"))
+        fake.fail("jobs.launch", ConnectionRefusedError("the cloud's API is unreachable"))
     elif kind == "api_error":
         fake.fail("jobs.queue_v2", sx.ApiServerConnectionError(fake.server_url), rng.randint(1, 2))
     elif not live:

@@ -8,7 +8,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import requests
 from sky import exceptions as sx
 from sky.jobs import ManagedJobStatus as S
 
@@ -190,7 +189,7 @@ def test_a_launch_the_server_failed_with_a_connection_error_is_not_a_lost_answer
     code"."""
     from tests.test_control_faults import _looks
 
-    fake_sky.fail("jobs.launch", requests.ConnectionError("cloud API unreachable"))
+    fake_sky.fail("jobs.launch", ConnectionRefusedError("cloud API unreachable"))
     run = Driver(_state(script, tmp_path))
     _looks(run, 4)
     assert run.state.phase not in ("failed", "finished"), run.state.detail
@@ -207,7 +206,7 @@ def test_a_plain_launch_the_server_failed_reads_as_skypilots_failure(
     launch failed (INFRA), never the user's program."""
     from tests.test_ledger_times import _launched
 
-    fake_sky.fail("jobs.launch", requests.ConnectionError("cloud API unreachable"))
+    fake_sky.fail("jobs.launch", ConnectionRefusedError("cloud API unreachable"))
     with pytest.raises(BackendError, match="cloud API unreachable"):
         _launched(script, fake_sky, tmp_path, spot=True)
     status = SkyPilotBackend().status("llm")
