@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import time
 
 import torch
 from torch.utils.data import Dataset
-from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
 from transformers.trainer_utils import get_last_checkpoint
 
 
@@ -44,12 +45,24 @@ class Tokens(Dataset):
         return {"input_ids": self.ids[i], "labels": self.ids[i]}
 
 
+class ComputeTime(TrainerCallback):
+    """`--compute-ms`: a sleep after each step, standing for accelerator time (no weight
+    depends on it; a test preempts the run in the middle)."""
+
+    def __init__(self, ms: float) -> None:
+        self.seconds = ms / 1000
+
+    def on_step_end(self, args: TrainingArguments, state: object, control: object, **kw: object):
+        time.sleep(self.seconds)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--max-steps", type=int, default=200)
     p.add_argument("--save-steps", type=int, default=20)
     p.add_argument("--batch-size", type=int, default=8, help="sequences per process per step")
     p.add_argument("--output-dir", default=os.environ.get("MNCLOUD_CKPT_DIR", "hf-out"))
+    p.add_argument("--compute-ms", type=float, default=0.0, help="sleep per step (a stand-in)")
     args = p.parse_args()
 
     config = GPT2Config(vocab_size=128, n_positions=32, n_embd=64, n_layer=2, n_head=2)
@@ -70,9 +83,14 @@ def main() -> None:
         report_to=[],
     )
     trainer = Trainer(
-        model=model, args=training_args, train_dataset=Tokens(2048, config.n_positions, 128)
+        model=model,
+        args=training_args,
+        train_dataset=Tokens(2048, config.n_positions, 128),
+        callbacks=[ComputeTime(args.compute_ms)] if args.compute_ms else None,
     )
-    trainer.train(resume_from_checkpoint=get_last_checkpoint(args.output_dir))
+    # As the Trainer's own examples (run_clm.py) write it: the newest checkpoint-N, if any.
+    last = get_last_checkpoint(args.output_dir) if os.path.isdir(args.output_dir) else None
+    trainer.train(resume_from_checkpoint=last)
     trainer.save_model(os.path.join(args.output_dir, "final"))
 
 

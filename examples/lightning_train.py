@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import time
 
 import lightning as L
 import torch
@@ -30,7 +31,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 
 class Regressor(L.LightningModule):
-    def __init__(self, hidden: int = 64, lr: float = 1e-2) -> None:
+    def __init__(self, hidden: int = 64, lr: float = 1e-2, compute_ms: float = 0.0) -> None:
         super().__init__()
         self.save_hyperparameters()
         self.net = nn.Sequential(nn.Linear(16, hidden), nn.ReLU(), nn.Linear(hidden, 1))
@@ -40,6 +41,7 @@ class Regressor(L.LightningModule):
     ) -> torch.Tensor:
         x, y = batch
         loss = nn.functional.mse_loss(self.net(x), y)
+        time.sleep(self.hparams.compute_ms / 1000)  # --compute-ms: a stand-in for GPU time
         self.log("loss", loss)
         return loss
 
@@ -60,6 +62,7 @@ def main() -> None:
     p.add_argument("--samples", type=int, default=1024, help="size of the synthetic data set")
     p.add_argument("--nodes", type=int, default=int(os.environ.get("SKYPILOT_NUM_NODES", "1")))
     p.add_argument("--devices", type=int, default=int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    p.add_argument("--compute-ms", type=float, default=0.0, help="sleep per step (a stand-in)")
     p.add_argument("--ckpt-dir", default=os.environ.get("MNCLOUD_CKPT_DIR", "lightning-out"))
     args = p.parse_args()
 
@@ -77,7 +80,7 @@ def main() -> None:
         log_every_n_steps=10,
     )
     loader = DataLoader(data(args.samples), batch_size=32, shuffle=True)
-    trainer.fit(Regressor(), loader, ckpt_path="last")
+    trainer.fit(Regressor(compute_ms=args.compute_ms), loader, ckpt_path="last")
     if trainer.is_global_zero:
         torch.save(trainer.lightning_module.state_dict(), os.path.join(args.ckpt_dir, "final.pt"))
 

