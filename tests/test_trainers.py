@@ -85,6 +85,20 @@ def test_the_site_hook_runs_the_sitecustomize_it_shadows(tmp_path: Path) -> None
     assert done.stdout.split() == ["1", "_AfterImport"], done.stderr
 
 
+def test_the_site_hook_gives_a_lightning_trainer_mncloud_s_callback(tmp_path: Path) -> None:
+    """Through the real import of `lightning` (its package is still initializing when its
+    trainer module ends: the hook waits for `lightning.pytorch`)."""
+    pytest.importorskip("lightning")
+    code = (
+        "import lightning as L; t = L.Trainer(logger=False, enable_progress_bar=False); "
+        "print(*[type(c).__module__ for c in t.callbacks])"
+    )
+    env = {**os.environ, "PYTHONPATH": str(_site_hook(tmp_path))}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert "site hook skipped" not in done.stderr, done.stderr
+    assert "mncloud.train.pl" in done.stdout.split(), done.stdout + done.stderr
+
+
 def test_local_nodes_get_the_site_hook_first_on_their_path(tmp_path: Path) -> None:
     from mncloud.backends.local.nodes import node_env
     from mncloud.backends.local.state import LocalLaunch
@@ -165,11 +179,11 @@ def test_the_hf_callback_reports_steps_and_warns_once_of_output_dir_outside(
 @pytest.fixture
 def lightning_module() -> Any:
     lightning = pytest.importorskip("lightning")
-    import lightning.pytorch.trainer.trainer as module
+    import lightning.pytorch as module
 
     from mncloud.train import sitehook
 
-    sitehook.imported("lightning.pytorch.trainer.trainer", module)
+    sitehook.imported("lightning.pytorch", module)
     return lightning
 
 
@@ -363,16 +377,17 @@ def test_hf_trainer_run_summary_names_its_folder_and_counts_its_steps(
 
 
 PL_SCRIPT = REPO / "examples" / "lightning_train.py"
-PL_ARGS = ["--epochs", "6", "--samples", "256", "--compute-ms", "250"]
+PL_ARGS = ["--epochs", "8", "--samples", "256", "--compute-ms", "400"]
 
 
 @pytest.fixture(scope="module")
 def pl_run(tmp_path_factory: pytest.TempPathFactory, s3_server: Any) -> dict[str, Any]:
-    """The Lightning example (4 steps an epoch), preempted once after epoch 1's checkpoint."""
+    """The Lightning example (4 steps an epoch), preempted once a checkpoint of step 8 or later
+    reached the bucket (one file at a time: ModelCheckpoint keeps the newest epoch's)."""
     pytest.importorskip("lightning")
     return _preempted_once(
         tmp_path_factory, s3_server, "pl", PL_SCRIPT, PL_ARGS,
-        lambda keys: any(k.startswith("epoch=1-") for k in keys), "final.pt",
+        lambda keys: (found := newest(keys)) is not None and found.step >= 8, "final.pt",
     )  # fmt: skip
 
 
@@ -390,7 +405,7 @@ def test_lightning_preempted_once_ends_on_the_uninterrupted_weights(
     assert _sha_of_tensors(pl_run["final"]) == _sha_of_tensors(pl_run["reference"])
     assert (
         pl_run["folder_line"]
-        == "newest checkpoint in --ckpt-dir /ckpt: epoch=5-step=24.ckpt (step 24)"
+        == "newest checkpoint in --ckpt-dir /ckpt: epoch=7-step=32.ckpt (step 32)"
     )
     assert "unknown" not in (pl_run["goodput_line"] or "unknown"), pl_run["goodput_line"]
 

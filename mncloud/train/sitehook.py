@@ -4,8 +4,8 @@
 hook of `templates/sitecustomize.py.j2`, first on the workers' `PYTHONPATH` on the local
 backend and in `mncloud profile`, never on a cloud: `layout.site_hook_source`):
 
-    transformers.trainer                every `Trainer(...)` gets `hf.MncloudCallback`
-    lightning.pytorch.trainer.trainer   every `Trainer(...)` gets `pl.MncloudCallback`
+    transformers.trainer  every `Trainer(...)` gets `hf.MncloudCallback`
+    lightning.pytorch     every `Trainer(...)` gets `pl.MncloudCallback`
 
 A callback the script passed itself (the one line a cloud run needs) is not added twice.
 The hook also lets `torch.load` restore onto `cpu:0` (the Trainer's `map_location` on a
@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 #: The modules `imported` acts on (the site hook watches these, and torch).
-WATCHED = ("transformers.trainer", "lightning.pytorch.trainer.trainer")
+WATCHED = ("transformers.trainer", "lightning.pytorch")
 
 
 def with_callback(trainer_cls: type, make: Callable[[], Any], kind: type) -> None:
@@ -46,7 +46,7 @@ def imported(name: str, module: Any) -> None:
         from mncloud.train.hf import MncloudCallback
 
         with_callback(module.Trainer, MncloudCallback, MncloudCallback)
-    elif name == "lightning.pytorch.trainer.trainer":
+    elif name == "lightning.pytorch":
         from mncloud.train.pl import MncloudCallback as LightningCallback
 
         with_callback(module.Trainer, LightningCallback, LightningCallback)
