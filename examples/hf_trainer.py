@@ -11,8 +11,9 @@ The Trainer writes `checkpoint-N/` folders (weights, optimizer, scheduler, RNG s
 in the bucket), and `train(resume_from_checkpoint=get_last_checkpoint(output_dir))` resumes
 from the newest one after a preemption. At the end the model goes to `output_dir/final`.
 
-`full_determinism=True` with fixed `seed` and `data_seed`: a run preempted and resumed ends on
-the same weights as one that never stopped (the RNG states are in each checkpoint).
+`set_seed` before the model is built, and `full_determinism=True` with fixed `seed` and
+`data_seed`: a run preempted and resumed ends on the same weights as one that never stopped
+(the RNG states are in each checkpoint).
 `save_on_each_node=True`: each node writes the folder on its own disk (nodes share no file
 system); under `--ckpt-dir` every node's copy is the same folder in the bucket.
 """
@@ -25,7 +26,14 @@ import time
 
 import torch
 from torch.utils.data import Dataset
-from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
+from transformers import (
+    GPT2Config,
+    GPT2LMHeadModel,
+    Trainer,
+    TrainerCallback,
+    TrainingArguments,
+    set_seed,
+)
 from transformers.trainer_utils import get_last_checkpoint
 
 
@@ -65,8 +73,6 @@ def main() -> None:
     p.add_argument("--compute-ms", type=float, default=0.0, help="sleep per step (a stand-in)")
     args = p.parse_args()
 
-    config = GPT2Config(vocab_size=128, n_positions=32, n_embd=64, n_layer=2, n_head=2)
-    model = GPT2LMHeadModel(config)
     training_args = TrainingArguments(
         output_dir=args.output_dir,
         max_steps=args.max_steps,
@@ -82,6 +88,11 @@ def main() -> None:
         save_on_each_node=True,
         report_to=[],
     )
+    # Seeded before the model is built, as the Trainer's examples do (run_clm.py): the
+    # initial weights are then the same in every run, and so are the final ones.
+    set_seed(training_args.seed)
+    config = GPT2Config(vocab_size=128, n_positions=32, n_embd=64, n_layer=2, n_head=2)
+    model = GPT2LMHeadModel(config)
     trainer = Trainer(
         model=model,
         args=training_args,
