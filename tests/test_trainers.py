@@ -250,6 +250,29 @@ def test_a_ckpt_dir_summary_names_the_newest_folder(
     assert follow.ckpt_dir_line("run", uri) is None
 
 
+def test_goodput_without_steps_is_unknown_never_a_made_up_split(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A script that reports no steps (no callback, no `report`): goodput says so."""
+    from mncloud.cli import follow
+    from mncloud.records.goodput import StepMark, Telemetry, goodput_ledger
+    from tests.test_goodput import _record
+
+    record = _record(2, ("launch", 0.0), ("preemption", 30.0), ("recovery", 40.0),
+                     ("finish", 100.0))  # fmt: skip
+    telemetry = Telemetry(steps=None)
+    monkeypatch.setattr("mncloud.records.store.load_current", lambda _name: record)
+    monkeypatch.setattr(
+        "mncloud.operate.run_goodput", lambda rec: goodput_ledger(rec, telemetry, now=100.0)
+    )
+    line = follow.goodput_line("r")
+    assert line is not None and line.startswith("goodput unknown: the script reports no steps")
+    assert "%" not in line, line
+    telemetry = Telemetry(steps=[StepMark(t=1.0 + i, step=i + 1) for i in range(25)])
+    line = follow.goodput_line("r")
+    assert line is not None and line.startswith("goodput ") and "%" in line, line
+
+
 def _sha_of_tensors(data: bytes) -> str:
     import torch
 
