@@ -440,5 +440,6 @@ def test_profile_counts_the_hf_trainers_own_steps() -> None:
     assert profile.tokens_per_step == 256 and profile.samples_per_step == 8
     dense = 6 * profile.params * profile.tokens_per_step
     assert dense <= profile.flops_per_step <= 2 * dense, (profile.flops_per_step, dense)
-    assert profile.optimizer_bytes == 2 * profile.grad_bytes  # AdamW: two moments
+    # AdamW: two moments a parameter, and a scalar `step` tensor each
+    assert 2 * profile.grad_bytes < profile.optimizer_bytes < 2.01 * profile.grad_bytes
     assert profile.steps_timed >= 3
