@@ -43,6 +43,10 @@ CONTROL_DIR = "control"
 CONTROL_STATE = "state.json"
 CONTROL_LOG = "controller.log"
 EXPORT_DIR = "export"
+#: The folder put first on a worker's PYTHONPATH (local nodes, `mncloud profile`), holding
+#: `sitecustomize.py`, a copy of `site_hook_source()` (`mncloud.train.sitehook`).
+SITE_HOOK_DIR = "site-hook"
+SITE_HOOK_FILE = "sitecustomize.py"
 
 
 def home() -> Path:
@@ -151,6 +155,16 @@ def mounted_ckpt_dir(mount_path: str, bucket_prefix: str, run_name: str) -> str:
     """Where the `--ckpt-dir` folder appears on a node that mounts the whole bucket at
     `mount_path`: `<mount>/<prefix>/<name>/ckpt-dir`."""
     return join_uri(mount_path, bucket_prefix, run_name, CKPT_DIR_NAME)
+
+
+def site_hook_source() -> Path:
+    """The site hook's source in the installed package (`templates/sitecustomize.py.j2`)."""
+    return Path(__file__).parent / "templates" / "sitecustomize.py.j2"
+
+
+def site_hook_dir(folder: Path) -> Path:
+    """`<folder>/site-hook`: where a run's or a profile's copy of the site hook lives."""
+    return folder / SITE_HOOK_DIR
 
 
 def join_uri(base: str, *parts: str) -> str:

@@ -39,6 +39,28 @@ def reference_final(script: Path, flags: list[str], train: list[str]) -> dict[st
     return _finals[key]
 
 
+_files: dict[tuple[str, ...], bytes] = {}
+
+
+def reference_ckpt_dir_file(script: Path, flags: list[str], train: list[str], path: str) -> bytes:
+    """The bytes of `path` in the `--ckpt-dir` folder (as the bucket holds it) of `script` run
+    uninterrupted: for a framework's script, which writes no final.json (`flags` name the
+    `--ckpt-dir`)."""
+    from mncloud import layout
+    from mncloud.storage import join_key, open_bucket
+
+    train = _without_sleep(train)
+    key = (str(script), *flags, "--", *train, "::", path)
+    if key not in _files:
+        name = f"ref-file-{len(_files)}"
+        up(name, script, *flags, "--no-preflight", script_args=train)
+        state = wait_final(name, timeout=400)
+        assert state.state is RunState.SUCCEEDED, run_log(name)
+        bucket, prefix = open_bucket(layout.ckpt_dir_uri(state.ckpt_uri))
+        _files[key] = bucket.get_bytes(join_key(prefix, path))
+    return _files[key]
+
+
 def _without_sleep(train: list[str]) -> list[str]:
     """`train` less its `--compute-ms N` (an idle wait in the examples' training loop)."""
     out, args = [], iter(train)

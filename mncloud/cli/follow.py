@@ -139,6 +139,26 @@ def node_recovery_line(fig: RecoveryFigures) -> str:
     )
 
 
+def ckpt_dir_line(name: str, uri: str | None) -> str | None:
+    """A `--ckpt-dir` run's newest checkpoint (under its checkpoint URI `uri`), the one a
+    relaunch resumes from, in one line (None without `--ckpt-dir` or a readable bucket)."""
+    from mncloud.operate.status import newest_ckpt_dir_entry
+    from mncloud.records.store import load_current
+
+    try:
+        record = load_current(name)
+        uri = uri or record.ckpt_uri
+        if not record.spec.get("ckpt_dir") or not uri:
+            return None
+        entry = newest_ckpt_dir_entry(uri)
+    except (MncloudError, OSError):
+        return None
+    where = f"--ckpt-dir {record.spec['ckpt_dir']}"
+    if entry is None:
+        return f"newest checkpoint in {where}: none named by a step"
+    return f"newest checkpoint in {where}: {entry.name} (step {entry.step})"
+
+
 def goodput_line(name: str) -> str | None:
     """Where the run's node-seconds went, in one line (`runs cost ID --breakdown` in full)."""
     from mncloud.errors import MncloudError
@@ -150,8 +170,16 @@ def goodput_line(name: str) -> str | None:
         ledger = run_goodput(record)
     except MncloudError:
         return None
-    if ledger.goodput is None or ledger.total_node_seconds <= 0:
+    if ledger.total_node_seconds <= 0:
         return None
+    if ledger.goodput is None:
+        if "useful" not in ledger.unmeasured:
+            return None
+        return (
+            f"goodput unknown: the script reports no steps ({ledger.total_node_seconds:,.0f} "
+            "node-seconds; a framework's trainer reports them with mncloud's callback, "
+            "docs/guides/trainers.md)"
+        )
     total = ledger.total_node_seconds
     shares = sorted(
         ((part.node_seconds / total, key) for key, part in ledger.parts.items()
@@ -174,6 +202,9 @@ def _summary(backend: Backend, name: str) -> None:
     sha = (fig.final or {}).get("weights_sha256") if fig else None
     if fig and fig.node_losses:
         console.print(node_recovery_line(fig))
+    folder = ckpt_dir_line(name, backend.status(name).ckpt_uri)
+    if folder:
+        console.print(folder)
     goodput = goodput_line(name)
     if goodput:
         console.print(goodput)

@@ -26,6 +26,7 @@ from mncloud.errors import BackendError, MncloudError, RunNotFoundError
 if TYPE_CHECKING:
     from mncloud.control.state import ControlState
     from mncloud.records.model import RunRecord
+    from mncloud.storage.frameworkdirs import Newest
 
 #: What `status` says of a bucket that did not answer (then nothing else reads it).
 UNREADABLE = "checkpoints unreadable"
@@ -65,6 +66,17 @@ def newest_checkpoint_step(uri: str) -> int | None:
 
     good, _skipped = CheckpointStore(uri, retry_seconds=CKPT_LOOKUP_SECONDS).candidates()
     return good[0] if good else None
+
+
+def newest_ckpt_dir_entry(uri: str) -> Newest | None:
+    """The newest checkpoint a framework wrote in the run's `--ckpt-dir` folder (its name and
+    step: `storage.frameworkdirs`), as the bucket holds it; None when there is none."""
+    from mncloud.storage import open_bucket
+    from mncloud.storage.frameworkdirs import newest
+
+    bucket, prefix = open_bucket(layout.ckpt_dir_uri(uri), retry_seconds=CKPT_LOOKUP_SECONDS)
+    base = f"{prefix}/" if prefix else ""
+    return newest(obj.key[len(base) :] for obj in bucket.list(base))
 
 
 def known_run_names() -> list[str]:

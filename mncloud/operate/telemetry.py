@@ -13,7 +13,12 @@ from mncloud import layout
 from mncloud.backends.base import Backend, RunStatus
 from mncloud.backends.registry import get_backend
 from mncloud.errors import MncloudError
-from mncloud.operate.status import FILE_ERRORS, UNREADABLE, newest_checkpoint_step
+from mncloud.operate.status import (
+    FILE_ERRORS,
+    UNREADABLE,
+    newest_checkpoint_step,
+    newest_ckpt_dir_entry,
+)
 from mncloud.records.model import OPENS_SEGMENT, Event
 
 if TYPE_CHECKING:
@@ -58,10 +63,14 @@ def run_telemetry(
         series = run_series(record, uri)
     if series is not None and series.steps:
         steps = _series_marks(series)
+    steps = steps or None  # a script that reports no steps: the split is unknown, not 0 %
     newest, final = ckpt_step, None
     if uri is not None and bucket:
         try:
             newest = newest_checkpoint_step(uri) if newest is None else newest
+            if newest is None and record.spec.get("ckpt_dir"):  # a framework's own folders
+                entry = newest_ckpt_dir_entry(uri)
+                newest = entry.step if entry else None
             final = (read_final(uri) or {}).get("steps")
         except (MncloudError, OSError, ValueError):
             pass

@@ -16,6 +16,7 @@ import hashlib
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -26,7 +27,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from mncloud import layout
-from mncloud.constants import CKPT_URI_ENV, PROFILE_META_ENV, PROFILE_OUT_ENV
+from mncloud.constants import CKPT_DIR_ENV, CKPT_URI_ENV, PROFILE_META_ENV, PROFILE_OUT_ENV
 from mncloud.errors import SpecError
 from mncloud.plan import hardware
 from mncloud.plan.stepmodel import Workload, attention_flops_per_token, measured_mfu
@@ -146,6 +147,14 @@ class StepProfile(BaseModel):
         )
 
 
+def _site_hook(folder: Path) -> Path:
+    """A copy of mncloud's site hook in `folder` (`mncloud.train.sitehook`)."""
+    hook = layout.site_hook_dir(folder)
+    hook.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(layout.site_hook_source(), hook / layout.SITE_HOOK_FILE)
+    return hook
+
+
 def script_digest(script: Path, args: list[str]) -> str:
     """The key of a profile: the script's content and its arguments."""
     h = hashlib.sha256(script.read_bytes())
@@ -162,6 +171,12 @@ def run_profile(script: Path, args: list[str], *, meta: bool = False) -> StepPro
         out = Path(tmp) / "profile.json"
         env = {k: v for k, v in os.environ.items() if k not in _LAUNCHER_VARS}
         env.update({PROFILE_OUT_ENV: str(out), CKPT_URI_ENV: Path(tmp, "ckpt").as_uri()})
+        # A framework's own loop (Hugging Face, Lightning) is profiled through its callback,
+        # which the site hook adds; what it saves goes to a folder that ends with the profile.
+        env[CKPT_DIR_ENV] = str(Path(tmp, "ckpt-dir"))
+        env["PYTHONPATH"] = os.pathsep.join(
+            [str(_site_hook(Path(tmp))), *filter(None, [env.get("PYTHONPATH")])]
+        )
         env.pop(PROFILE_META_ENV, None)
         if meta:
             env[PROFILE_META_ENV] = "1"

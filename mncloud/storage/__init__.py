@@ -15,6 +15,7 @@ local directory, bucket preparation before a launch, and the checkpoint layout.
     stoprequest.py  a stop request in the bucket: `down`'s notice to a cloud run
     final.py        a finished run's final figures (final.json beside its checkpoints)
     shapes.py       does a checkpoint fit the model a script builds (names and shapes)
+    frameworkdirs.py  a framework's checkpoints in a `--ckpt-dir` folder by name: the newest
 
 Importing the package is light: no SDK, no SkyPilot, no torch.
 """

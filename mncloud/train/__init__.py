@@ -20,6 +20,10 @@ returns).
     progress.py     what a script reports besides its checkpoints (`Progress`)
     steptime.py     `report(step, loss=…)`: steps, step time, metrics, events
     profiler.py     `mncloud profile`: time a few steps of the script, then stop it
+    frameworks.py   what the framework callbacks share: the warning, the profiled state
+    sitehook.py     the trainers people use, unchanged: the callbacks the site hook adds
+    hf.py           `MncloudCallback` for the Hugging Face Trainer (needs transformers)
+    pl.py           `MncloudCallback` for Lightning (needs lightning)
 
 Needs torch (`pip install mncloud[train]`); nothing outside `mncloud.train` imports it.
 """

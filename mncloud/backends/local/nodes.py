@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import threading
@@ -20,7 +21,7 @@ import time
 from pathlib import Path
 from typing import IO
 
-from mncloud import constants
+from mncloud import constants, layout
 from mncloud.backends.local.processes import LOCALHOST, node_tag
 from mncloud.backends.local.state import (
     LOG_MARKS,
@@ -82,6 +83,11 @@ def node_env(
         "PET_LOG_DIR": str(own / "torchrun"),
         "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "[rank${rank}]:",
     })  # fmt: skip
+    # First on the workers' path: what a framework needs on CPUs and not on GPUs (the Trainer's
+    # `cpu:0` map_location) and mncloud's step callbacks (`mncloud.train.sitehook`).
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(site_hook(folder)), *filter(None, [env.get("PYTHONPATH")])]
+    )
     if constants.CKPT_DIR_ENV in launch.envs:  # --ckpt-dir: the node's own folder (ckptdir.py)
         env[constants.CKPT_DIR_ENV] = str(node_ckpt_dir(folder, node))
     # Local nodes can be preempted with a notice at any time: watch (unless --env says no).
@@ -90,6 +96,18 @@ def node_env(
         env["SKYPILOT_SETUP_NODE_IPS"] = ips
         env["SKYPILOT_SETUP_NODE_RANK"] = str(node)
     return env
+
+
+def site_hook(folder: Path) -> Path:
+    """The run's copy of mncloud's site hook (`layout.site_hook_source`), local nodes only: a
+    cloud node's Python is the user's own."""
+    hook = layout.site_hook_dir(folder)
+    if not (hook / layout.SITE_HOOK_FILE).is_file():
+        hook.mkdir(parents=True, exist_ok=True)
+        tmp = hook / f".{layout.SITE_HOOK_FILE}.{os.getpid()}"
+        shutil.copyfile(layout.site_hook_source(), tmp)
+        os.replace(tmp, hook / layout.SITE_HOOK_FILE)
+    return hook
 
 
 def refusal_marker(folder: Path, node: int) -> Path:

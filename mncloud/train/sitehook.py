@@ -1,0 +1,52 @@
+"""The trainers people already use, unchanged: what mncloud's site hook adds to them.
+
+`imported(name, module)` is called once a watched module finished importing (the post-import
+hook of `templates/sitecustomize.py.j2`, first on the workers' `PYTHONPATH` on the local
+backend and in `mncloud profile`, never on a cloud: `layout.site_hook_source`):
+
+    transformers.trainer  every `Trainer(...)` gets `hf.MncloudCallback`
+    lightning.pytorch     every `Trainer(...)` gets `pl.MncloudCallback`
+
+A callback the script passed itself (the one line a cloud run needs) is not added twice.
+The hook also lets `torch.load` restore onto `cpu:0` (the Trainer's `map_location` on a
+CPU-only multi-process run, which torch refuses) by itself: that needs nothing of mncloud.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+#: The modules `imported` acts on (the site hook watches these, and torch).
+WATCHED = ("transformers.trainer", "lightning.pytorch")
+
+
+def with_callback(trainer_cls: type, make: Callable[[], Any], kind: type) -> None:
+    """Make every `trainer_cls(...)` carry one `kind` callback (`make()`), added to its
+    `callbacks=` unless the script gave one itself."""
+    if getattr(trainer_cls.__init__, "_mncloud", False):
+        return
+    original = trainer_cls.__init__
+
+    @functools.wraps(original)
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        given = list(kwargs.get("callbacks") or [])
+        if not any(isinstance(c, kind) for c in given):
+            kwargs["callbacks"] = [*given, make()]
+        original(self, *args, **kwargs)
+
+    init._mncloud = True  # type: ignore[attr-defined]
+    trainer_cls.__init__ = init  # type: ignore[method-assign]
+
+
+def imported(name: str, module: Any) -> None:
+    """Called once `name` (one of `WATCHED`) finished importing as `module`."""
+    if name == "transformers.trainer":
+        from mncloud.train.hf import MncloudCallback
+
+        with_callback(module.Trainer, MncloudCallback, MncloudCallback)
+    elif name == "lightning.pytorch":
+        from mncloud.train.pl import MncloudCallback as LightningCallback
+
+        with_callback(module.Trainer, LightningCallback, LightningCallback)

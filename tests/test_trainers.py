@@ -1,0 +1,445 @@
+"""The trainers people already use, unchanged, through mncloud (`mncloud.train.sitehook`,
+docs/guides/trainers.md): the site hook (the Trainer's `cpu:0` map_location, the callbacks
+added), the callbacks' steps and their one-line warning, the newest `--ckpt-dir` checkpoint by
+name, and, for the Hugging Face Trainer and Lightning, a real 2-node local run preempted once
+that ends on the uninterrupted run's weights."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+
+from mncloud import constants, layout
+from mncloud.storage.frameworkdirs import Newest, entry_step, newest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _site_hook(tmp_path: Path) -> Path:
+    from mncloud.backends.local.nodes import site_hook
+
+    return site_hook(tmp_path)
+
+
+# --------------------------------------------------------------------------- fast
+
+
+@pytest.mark.parametrize(
+    ("name", "step"),
+    [
+        ("checkpoint-40", 40), ("step-7", 7), ("epoch=3-step=32.ckpt", 32),
+        ("epoch=3-step=32-v1.ckpt", 32), ("step=5.ckpt", 5), ("tmp-checkpoint-40", None),
+        ("last.ckpt", None), ("final", None), ("checkpoint-40.partial", None),
+    ],
+)  # fmt: skip
+def test_a_checkpoint_entry_is_named_by_its_step(name: str, step: int | None) -> None:
+    assert entry_step(name) == step
+
+
+def test_the_newest_entry_is_the_highest_step_not_the_last_listed() -> None:
+    keys = ["checkpoint-100/model.safetensors", "checkpoint-20/optimizer.pt", "final/x",
+            "tmp-checkpoint-120/model.safetensors", "runs/log.txt"]  # fmt: skip
+    assert newest(keys) == Newest("checkpoint-100", 100)
+    assert newest(["last.ckpt", "epoch=1-step=8.ckpt", "epoch=0-step=4.ckpt"]) == Newest(
+        "epoch=1-step=8.ckpt", 8
+    )
+    assert newest(["snapshot.pt"]) is None
+
+
+def test_the_site_hook_lets_torch_load_onto_cpu_0(tmp_path: Path) -> None:
+    """The Trainer's optimizer load on a CPU-only multi-process run: refused by torch alone,
+    restored with the local backend's site hook on the path."""
+    import torch
+
+    path = tmp_path / "opt.pt"
+    torch.save({"exp_avg": torch.ones(3)}, path)
+    with pytest.raises(RuntimeError, match="cpu:0"):
+        torch.load(path, map_location="cpu:0")
+    code = (
+        "import torch; s = torch.load(__import__('sys').argv[1], map_location='cpu:0'); "
+        "print(s['exp_avg'].sum().item())"
+    )
+    env = {**os.environ, "PYTHONPATH": str(_site_hook(tmp_path))}
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(path)], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "3.0"
+
+
+def test_the_site_hook_runs_the_sitecustomize_it_shadows(tmp_path: Path) -> None:
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "sitecustomize.py").write_text("import builtins\nbuiltins.SHADOWED = 1\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(_site_hook(tmp_path)), str(other)])}
+    code = "import sys, builtins; print(builtins.SHADOWED, type(sys.meta_path[0]).__name__)"
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert done.stdout.split() == ["1", "_AfterImport"], done.stderr
+
+
+def test_the_site_hook_gives_a_lightning_trainer_mncloud_s_callback(tmp_path: Path) -> None:
+    """Through the real import of `lightning` (its package is still initializing when its
+    trainer module ends: the hook waits for `lightning.pytorch`)."""
+    pytest.importorskip("lightning")
+    code = (
+        "import lightning as L; t = L.Trainer(logger=False, enable_progress_bar=False); "
+        "print(*[type(c).__module__ for c in t.callbacks])"
+    )
+    env = {**os.environ, "PYTHONPATH": str(_site_hook(tmp_path))}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert "site hook skipped" not in done.stderr, done.stderr
+    assert "mncloud.train.pl" in done.stdout.split(), done.stdout + done.stderr
+
+
+def test_local_nodes_get_the_site_hook_first_on_their_path(tmp_path: Path) -> None:
+    from mncloud.backends.local.nodes import node_env
+    from mncloud.backends.local.state import LocalLaunch
+
+    launch = LocalLaunch(
+        name="r", token="t", task_id="task", workdir=str(tmp_path), run="true",
+        num_nodes=1, procs_per_node=1, master_port=29500, ckpt_uri="file:///tmp/x",
+    )  # fmt: skip
+    env = node_env(launch, tmp_path, 0, metadata_url="http://127.0.0.1:1/node/0", setup=False)
+    first = Path(env["PYTHONPATH"].split(os.pathsep)[0])
+    assert first == layout.site_hook_dir(tmp_path)
+    assert (first / "sitecustomize.py").read_bytes() == layout.site_hook_source().read_bytes()
+
+
+class _Reports:
+    """`report` and `event` as the callbacks call them, recorded."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, module: Any) -> None:
+        self.steps: list[tuple[int, dict[str, Any]]] = []
+        self.events: list[tuple[str, dict[str, Any]]] = []
+        monkeypatch.setattr(module, "report", lambda s, **m: self.steps.append((s, m)))
+        monkeypatch.setattr(module, "event", lambda n, **f: self.events.append((n, f)))
+
+
+def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.getMessage().startswith("mncloud:")]
+
+
+@pytest.fixture
+def hf_trainer_module() -> Any:
+    transformers = pytest.importorskip("transformers")
+    import transformers.trainer as module
+
+    from mncloud.train import sitehook
+
+    sitehook.imported("transformers.trainer", module)  # what the site hook does
+    return transformers
+
+
+def test_the_hf_callback_reports_steps_and_warns_once_of_output_dir_outside(
+    hf_trainer_module: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    import torch
+
+    from mncloud.train import hf
+
+    transformers = hf_trainer_module
+    reports = _Reports(monkeypatch, hf)
+    monkeypatch.setenv(constants.CKPT_DIR_ENV, str(tmp_path / "ckpt"))
+    config = transformers.GPT2Config(vocab_size=16, n_positions=8, n_embd=8, n_layer=1, n_head=1)
+    ids = torch.arange(8).repeat(4, 1)
+    data = [{"input_ids": row, "labels": row} for row in ids]
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path / "elsewhere"), max_steps=3, save_steps=1, logging_steps=1,
+        per_device_train_batch_size=2, use_cpu=True, report_to=[], save_only_model=True,
+    )  # fmt: skip
+    mine = hf.MncloudCallback()
+    trainer = transformers.Trainer(
+        model=transformers.GPT2LMHeadModel(config), args=args, train_dataset=data,
+        callbacks=[mine],
+    )  # fmt: skip
+    added = [c for c in trainer.callback_handler.callbacks if isinstance(c, hf.MncloudCallback)]
+    assert added == [mine]  # the script's own: not added twice
+    with caplog.at_level(logging.WARNING):
+        trainer.train()
+    assert [s for s, _ in reports.steps if _ == {}] == [1, 2, 3]
+    assert all("loss" in m for s, m in reports.steps if m), reports.steps
+    assert [n for n, _ in reports.events] == ["start", "done"]
+    assert reports.events[0][1]["resumed_from"] == 0
+    warned = _warnings(caplog)
+    assert len(warned) == 1 and str(tmp_path / "elsewhere") in warned[0], warned
+    assert "$MNCLOUD_CKPT_DIR" in warned[0] and "\n" not in warned[0]
+    plain = transformers.Trainer(model=transformers.GPT2LMHeadModel(config), args=args)
+    assert any(isinstance(c, hf.MncloudCallback) for c in plain.callback_handler.callbacks)
+
+
+@pytest.fixture
+def lightning_module() -> Any:
+    lightning = pytest.importorskip("lightning")
+    import lightning.pytorch as module
+
+    from mncloud.train import sitehook
+
+    sitehook.imported("lightning.pytorch", module)
+    return lightning
+
+
+def test_the_lightning_callback_reports_steps_and_warns_inside_ckpt_dir_never(
+    lightning_module: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from mncloud.train import pl
+
+    sys.path.insert(0, str(REPO / "examples"))
+    try:
+        import lightning_train as example
+    finally:
+        sys.path.remove(str(REPO / "examples"))
+    reports = _Reports(monkeypatch, pl)
+    L = lightning_module
+
+    def fit(dirpath: Path) -> None:
+        trainer = L.Trainer(
+            max_steps=2, callbacks=[ModelCheckpoint(dirpath=dirpath, every_n_train_steps=1)],
+            logger=False, enable_progress_bar=False, enable_model_summary=False,
+            default_root_dir=tmp_path,
+        )  # fmt: skip
+        assert sum(isinstance(c, pl.MncloudCallback) for c in trainer.callbacks) == 1
+        loader = example.DataLoader(example.data(64), batch_size=16)
+        trainer.fit(example.Regressor(), loader)
+
+    monkeypatch.setenv(constants.CKPT_DIR_ENV, str(tmp_path / "ckpt"))
+    with caplog.at_level(logging.WARNING):
+        fit(tmp_path / "ckpt" / "sub")
+    assert [s for s, _ in reports.steps] == [1, 2]
+    assert all("loss" in m for _, m in reports.steps)
+    assert [n for n, _ in reports.events] == ["start", "done"]
+    assert _warnings(caplog) == []
+    with caplog.at_level(logging.WARNING):
+        fit(tmp_path / "elsewhere")
+    warned = _warnings(caplog)
+    assert len(warned) == 1 and str(tmp_path / "elsewhere") in warned[0], warned
+
+
+def test_a_ckpt_dir_summary_names_the_newest_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mncloud.cli import follow
+    from mncloud.records.store import load_current
+
+    uri = (tmp_path / "bucket" / "run").as_uri()
+    folder = tmp_path / "bucket" / "run" / layout.CKPT_DIR_NAME
+    for name in ("checkpoint-20", "checkpoint-40", "tmp-checkpoint-60"):
+        (folder / name).mkdir(parents=True)
+        (folder / name / "model.safetensors").write_bytes(b"w")
+
+    class Record:
+        spec: ClassVar[dict[str, Any]] = {"ckpt_dir": "/ckpt"}
+        ckpt_uri = None
+
+    monkeypatch.setattr("mncloud.records.store.load_current", lambda _name: Record())
+    assert load_current is not None
+    line = follow.ckpt_dir_line("run", uri)
+    assert line == "newest checkpoint in --ckpt-dir /ckpt: checkpoint-40 (step 40)"
+    Record.spec = {}
+    assert follow.ckpt_dir_line("run", uri) is None
+
+
+def test_goodput_without_steps_is_unknown_never_a_made_up_split(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A script that reports no steps (no callback, no `report`): goodput says so."""
+    from mncloud.cli import follow
+    from mncloud.records.goodput import StepMark, Telemetry, goodput_ledger
+    from tests.test_goodput import _record
+
+    record = _record(2, ("launch", 0.0), ("preemption", 30.0), ("recovery", 40.0),
+                     ("finish", 100.0))  # fmt: skip
+    telemetry = Telemetry(steps=None)
+    monkeypatch.setattr("mncloud.records.store.load_current", lambda _name: record)
+    monkeypatch.setattr(
+        "mncloud.operate.run_goodput", lambda rec: goodput_ledger(rec, telemetry, now=100.0)
+    )
+    line = follow.goodput_line("r")
+    assert line is not None and line.startswith("goodput unknown: the script reports no steps")
+    assert "%" not in line, line
+    telemetry = Telemetry(steps=[StepMark(t=1.0 + i, step=i + 1) for i in range(25)])
+    line = follow.goodput_line("r")
+    assert line is not None and line.startswith("goodput ") and "%" in line, line
+
+
+def _sha_of_tensors(data: bytes) -> str:
+    import torch
+
+    state = torch.load(io.BytesIO(data), weights_only=True)
+    digest = hashlib.sha256()
+    for key in sorted(state):
+        digest.update(key.encode() + state[key].numpy().tobytes())
+    return digest.hexdigest()
+
+
+# --------------------------------------------------------------------------- end to end
+
+FLAGS = ["--nodes", "2", "--gpus", "cpu:1", "--ckpt-dir", "/ckpt", "--recovery-delay", "0.5s"]
+
+
+def _bucket_keys(uri: str) -> list[str]:
+    from mncloud.storage import open_bucket
+
+    bucket, prefix = open_bucket(layout.ckpt_dir_uri(uri), retry_seconds=5)
+    base = f"{prefix}/" if prefix else ""
+    return [o.key[len(base) :] for o in bucket.list(base)]
+
+
+def _bucket_file(uri: str, path: str) -> bytes:
+    from mncloud.storage import join_key, open_bucket
+
+    bucket, prefix = open_bucket(layout.ckpt_dir_uri(uri), retry_seconds=5)
+    return bucket.get_bytes(join_key(prefix, path))
+
+
+def _preempted_once(
+    tmp_path_factory: pytest.TempPathFactory, s3_server: Any, name: str, script: Path,
+    args: list[str], ready: Any, final: str,
+) -> dict[str, Any]:  # fmt: skip
+    """`script` on 2 local nodes under `--ckpt-dir` in S3, node 1 preempted once `ready(keys)`
+    holds for the bucket's folder; then the uninterrupted reference of the same script."""
+    from mncloud.cli.follow import ckpt_dir_line, goodput_line
+    from tests.reference import reference_ckpt_dir_file
+    from tests.servers import use_s3
+    from tests.test_local import cli, run_log, run_series, up, wait_final, wait_until
+
+    home = tmp_path_factory.mktemp(f"{name}-home")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MNCLOUD_HOME", str(home))
+        use_s3(s3_server, mp)
+        bucket = s3_server.make_bucket()
+        up(name, script, *FLAGS, "--bucket", f"s3://{bucket}/exp", script_args=args)
+        uri = f"s3://{bucket}/exp/{name}"
+        wait_until(lambda: ready(_bucket_keys(uri)), 400, "a checkpoint in the bucket")
+        cli("chaos", "preempt", name, "--node", "1")
+        state = wait_final(name, timeout=400)
+        log = run_log(name)
+        starts = [e.data for e in run_series(name).events if e.event == "start"]
+        out = {
+            "state": state, "log": log, "uri": uri, "keys": _bucket_keys(uri),
+            "final": _bucket_file(uri, final) if state.state.value == "SUCCEEDED" else b"",
+            "starts": starts, "folder_line": ckpt_dir_line(name, uri),
+            "goodput_line": goodput_line(name),
+            "reference": reference_ckpt_dir_file(script, FLAGS, args, final),
+        }  # fmt: skip
+    return out
+
+
+HF_SCRIPT = REPO / "examples" / "hf_trainer.py"
+HF_ARGS = ["--max-steps", "40", "--save-steps", "20", "--compute-ms", "150"]
+
+
+def _hf_ready(keys: list[str]) -> bool:
+    need = {"model.safetensors", "optimizer.pt", "scheduler.pt", "trainer_state.json",
+            "rng_state_0.pth", "rng_state_1.pth"}  # fmt: skip
+    return need <= {k.removeprefix("checkpoint-20/") for k in keys}
+
+
+@pytest.fixture(scope="module")
+def hf_run(tmp_path_factory: pytest.TempPathFactory, s3_server: Any) -> dict[str, Any]:
+    """The Trainer example, preempted once after checkpoint-20 reached the bucket."""
+    pytest.importorskip("transformers")
+    return _preempted_once(
+        tmp_path_factory, s3_server, "hf", HF_SCRIPT, HF_ARGS, _hf_ready,
+        "final/model.safetensors",
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.catalog
+def test_hf_trainer_preempted_once_resumes_and_finishes(hf_run: dict[str, Any]) -> None:
+    """The relaunch resumes from checkpoint-20 (the Trainer's optimizer loaded onto `cpu:0`
+    through the site hook) and finishes: without the hook every attempt after the preemption
+    dies in `_load_optimizer_and_scheduler`."""
+    state = hf_run["state"]
+    assert state.state.value == "SUCCEEDED", hf_run["log"]
+    assert (state.restarts, state.preemptions) == (1, 1)
+    assert [s.get("resumed_from") for s in hf_run["starts"]][-1] == 20, hf_run["starts"]
+    assert "checkpoint-40/model.safetensors" in hf_run["keys"]
+
+
+@pytest.mark.slow
+@pytest.mark.catalog
+def test_hf_trainer_preempted_once_ends_on_the_uninterrupted_weights(
+    hf_run: dict[str, Any],
+) -> None:
+    """`set_seed(0)` before the model is built, `full_determinism=True`, `seed=0`,
+    `data_seed=0`: the same safetensors bytes."""
+    state = hf_run["state"]
+    assert state.state.value == "SUCCEEDED", hf_run["log"]
+    assert (state.restarts, state.preemptions) == (1, 1)
+    assert [s.get("resumed_from") for s in hf_run["starts"]][-1] == 20, hf_run["starts"]
+    assert hf_run["final"] == hf_run["reference"]
+
+
+@pytest.mark.slow
+@pytest.mark.catalog
+def test_hf_trainer_run_summary_names_its_folder_and_counts_its_steps(
+    hf_run: dict[str, Any],
+) -> None:
+    assert hf_run["folder_line"] == "newest checkpoint in --ckpt-dir /ckpt: checkpoint-40 (step 40)"
+    line = hf_run["goodput_line"]
+    assert line is not None and line.startswith("goodput ") and "unknown" not in line, line
+    assert "%" in line and not line.startswith("goodput 0%"), line
+
+
+PL_SCRIPT = REPO / "examples" / "lightning_train.py"
+PL_ARGS = ["--epochs", "8", "--samples", "256", "--compute-ms", "400"]
+
+
+@pytest.fixture(scope="module")
+def pl_run(tmp_path_factory: pytest.TempPathFactory, s3_server: Any) -> dict[str, Any]:
+    """The Lightning example (4 steps an epoch), preempted once a checkpoint of step 8 or later
+    reached the bucket (one file at a time: ModelCheckpoint keeps the newest epoch's)."""
+    pytest.importorskip("lightning")
+    return _preempted_once(
+        tmp_path_factory, s3_server, "pl", PL_SCRIPT, PL_ARGS,
+        lambda keys: (found := newest(keys)) is not None and found.step >= 8, "final.pt",
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.catalog
+def test_lightning_preempted_once_ends_on_the_uninterrupted_weights(
+    pl_run: dict[str, Any],
+) -> None:
+    """`seed_everything(0, workers=True)`, `deterministic=True`, checkpoints at epoch ends:
+    the same tensors (torch.save's bytes carry a fresh serialization id each time)."""
+    state = pl_run["state"]
+    assert state.state.value == "SUCCEEDED", pl_run["log"]
+    assert (state.restarts, state.preemptions) == (1, 1)
+    assert pl_run["starts"][-1].get("resumed_from", 0) >= 8, pl_run["starts"]
+    assert _sha_of_tensors(pl_run["final"]) == _sha_of_tensors(pl_run["reference"])
+    assert (
+        pl_run["folder_line"]
+        == "newest checkpoint in --ckpt-dir /ckpt: epoch=7-step=32.ckpt (step 32)"
+    )
+    assert "unknown" not in (pl_run["goodput_line"] or "unknown"), pl_run["goodput_line"]
+
+
+@pytest.mark.slow
+def test_profile_counts_the_hf_trainers_own_steps() -> None:
+    """`mncloud profile` on a Trainer script: the callback the site hook adds hands the
+    Trainer's steps to the profiler; one step's FLOPs are the model's (6 × params × tokens,
+    with attention and the LM head on top)."""
+    pytest.importorskip("transformers")
+    from mncloud.plan.profile import run_profile
+
+    profile = run_profile(HF_SCRIPT, ["--max-steps", "20"])
+    assert profile.tokens_per_step == 256 and profile.samples_per_step == 8
+    dense = 6 * profile.params * profile.tokens_per_step
+    assert dense <= profile.flops_per_step <= 2 * dense, (profile.flops_per_step, dense)
+    # AdamW: two moments a parameter, and a scalar `step` tensor each
+    assert 2 * profile.grad_bytes < profile.optimizer_bytes < 2.01 * profile.grad_bytes
+    assert profile.steps_timed >= 3
