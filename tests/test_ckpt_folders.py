@@ -21,6 +21,7 @@ from mncloud.backends.local.chaos import _saving_folders
 from mncloud.backends.local.ckptdir import NodeFolder
 from mncloud.backends.local.state import LocalLaunch
 from mncloud.cli import app
+from mncloud.operate.status import newest_ckpt_dir_entry
 from mncloud.storage import folders, open_bucket
 from mncloud.storage.foldersync import NodeSync, local_files
 from tests.servers import S3Server
@@ -146,6 +147,7 @@ def test_a_planted_partial_folder_is_never_shown_and_ls_names_it(
     row = next(line for line in listing.output.splitlines() if "checkpoint-400/" in line)
     assert "incomplete" in row and reason.split()[0] in row
     assert "yes" in next(line for line in listing.output.splitlines() if "checkpoint-200/" in line)
+    assert newest_ckpt_dir_entry(s3_uri) == ("checkpoint-200", 200)  # the summary's, not the torn
 
 
 def test_a_hash_mismatch_is_refused_with_file_and_folder_named_and_the_older_used(

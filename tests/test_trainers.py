@@ -232,11 +232,19 @@ def test_a_ckpt_dir_summary_names_the_newest_folder(
     from mncloud.cli import follow
     from mncloud.records.store import load_current
 
+    from mncloud.storage import open_bucket
+    from mncloud.storage.foldersync import NodeSync
+
     uri = (tmp_path / "bucket" / "run").as_uri()
-    folder = tmp_path / "bucket" / "run" / layout.CKPT_DIR_NAME
+    bucket, prefix = open_bucket(layout.ckpt_dir_uri(uri), retry_seconds=5)
+    node = NodeSync(tmp_path / "node", tmp_path / "node.up", bucket, prefix, 0, 1, set)
     for name in ("checkpoint-20", "checkpoint-40", "tmp-checkpoint-60"):
-        (folder / name).mkdir(parents=True)
-        (folder / name / "model.safetensors").write_bytes(b"w")
+        (node.path / name).mkdir(parents=True)
+        (node.path / name / "model.safetensors").write_bytes(b"w")
+    node.sync(), node.sync()  # committed whole: files, then the node's marker
+    torn = tmp_path / "bucket" / "run" / layout.CKPT_DIR_NAME / "checkpoint-60"
+    torn.mkdir()  # a folder a preempted save left in the bucket: files, no marker
+    (torn / "model.safetensors").write_bytes(b"w")
 
     class Record:
         spec: ClassVar[dict[str, Any]] = {"ckpt_dir": "/ckpt"}

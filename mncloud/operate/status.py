@@ -70,13 +70,12 @@ def newest_checkpoint_step(uri: str) -> int | None:
 
 def newest_ckpt_dir_entry(uri: str) -> Newest | None:
     """The newest checkpoint a framework wrote in the run's `--ckpt-dir` folder (its name and
-    step: `storage.frameworkdirs`), as the bucket holds it; None when there is none."""
-    from mncloud.storage import open_bucket
+    step: `storage.frameworkdirs`) among the units committed whole in the bucket (a torn
+    folder is never named: `storage.folders`); None when there is none."""
+    from mncloud.storage.folders import survey
     from mncloud.storage.frameworkdirs import newest
 
-    bucket, prefix = open_bucket(layout.ckpt_dir_uri(uri), retry_seconds=CKPT_LOOKUP_SECONDS)
-    base = f"{prefix}/" if prefix else ""
-    return newest(obj.key[len(base) :] for obj in bucket.list(base))
+    return newest(v.name for v in survey(uri, CKPT_LOOKUP_SECONDS) if v.committed)
 
 
 def known_run_names() -> list[str]:
