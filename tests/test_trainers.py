@@ -231,7 +231,6 @@ def test_a_ckpt_dir_summary_names_the_newest_folder(
 ) -> None:
     from mncloud.cli import follow
     from mncloud.records.store import load_current
-
     from mncloud.storage import open_bucket
     from mncloud.storage.foldersync import NodeSync
 
