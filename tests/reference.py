@@ -10,12 +10,22 @@ its result, which the same seeds make bit for bit the same. The examples' `--com
 out of the reference run: the same weights, without the sleep (30 s of 600 steps × 50 ms).
 So is the nodes' preflight (`--no-preflight`: it runs before torchrun, a few seconds a
 launch on 2 cores): the interrupted runs the reference is compared with keep theirs.
+
+Under pytest-xdist each worker is its own process: the finals are also kept as JSON files in a
+folder of the test run (`PYTEST_XDIST_TESTRUNUID`) under a file lock, so a configuration is run
+once per session whichever worker asks first, and a worker asking meanwhile waits for it.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import tempfile
 from pathlib import Path
 from typing import Any
+
+from filelock import FileLock
 
 from mncloud.backends.base import RunState
 from mncloud.backends.local.figures import read_final
@@ -29,14 +39,37 @@ def reference_final(script: Path, flags: list[str], train: list[str]) -> dict[st
     train = _without_sleep(train)
     key = (str(script), *flags, "--", *train)
     if key not in _finals:
-        name = f"ref-{len(_finals)}"
-        up(name, script, *flags, "--no-preflight", script_args=train)
-        state = wait_final(name)
-        assert state.state is RunState.SUCCEEDED, run_log(name)
-        final = read_final(state.ckpt_uri)
-        assert final is not None, f"{name} wrote no final.json"
-        _finals[key] = final
+        shared = _shared_dir()
+        if shared is None:
+            _finals[key] = _run(script, flags, train)
+        else:
+            digest = hashlib.sha256("\0".join(key).encode()).hexdigest()[:16]
+            path = shared / f"{digest}.json"
+            with FileLock(str(shared / f"{digest}.lock")):
+                if not path.exists():
+                    path.write_text(json.dumps(_run(script, flags, train)))
+                _finals[key] = json.loads(path.read_text())
     return _finals[key]
+
+
+def _run(script: Path, flags: list[str], train: list[str]) -> dict[str, Any]:
+    name = f"ref-{len(_finals)}"
+    up(name, script, *flags, "--no-preflight", script_args=train)
+    state = wait_final(name)
+    assert state.state is RunState.SUCCEEDED, run_log(name)
+    final = read_final(state.ckpt_uri)
+    assert final is not None, f"{name} wrote no final.json"
+    return final
+
+
+def _shared_dir() -> Path | None:
+    """The folder the xdist workers of this test run share (None outside xdist)."""
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if not run:
+        return None
+    folder = Path(tempfile.gettempdir()) / f"mncloud-references-{run}"
+    folder.mkdir(exist_ok=True)
+    return folder
 
 
 def _without_sleep(train: list[str]) -> list[str]:
