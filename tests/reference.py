@@ -37,19 +37,23 @@ _finals: dict[tuple[str, ...], dict[str, Any]] = {}
 def reference_final(script: Path, flags: list[str], train: list[str]) -> dict[str, Any]:
     """The final record (steps, loss, `weights_sha256`) of `script` run uninterrupted."""
     train = _without_sleep(train)
-    key = (str(script), *flags, "--", *train)
+    key = reference_key(script, flags, train)
     if key not in _finals:
-        shared = _shared_dir()
-        if shared is None:
+        path = shared_file(key)
+        if path is None:
             _finals[key] = _run(script, flags, train)
         else:
-            digest = hashlib.sha256("\0".join(key).encode()).hexdigest()[:16]
-            path = shared / f"{digest}.json"
-            with FileLock(str(shared / f"{digest}.lock")):
+            with FileLock(str(path.with_suffix(".lock"))):
                 if not path.exists():
                     path.write_text(json.dumps(_run(script, flags, train)))
                 _finals[key] = json.loads(path.read_text())
     return _finals[key]
+
+
+def reference_key(script: Path, flags: list[str], train: list[str]) -> tuple[str, ...]:
+    """What a reference run is known by: the script, its flags and its arguments less the
+    sleep."""
+    return (str(script), *flags, "--", *_without_sleep(train))
 
 
 def _run(script: Path, flags: list[str], train: list[str]) -> dict[str, Any]:
@@ -62,14 +66,14 @@ def _run(script: Path, flags: list[str], train: list[str]) -> dict[str, Any]:
     return final
 
 
-def _shared_dir() -> Path | None:
-    """The folder the xdist workers of this test run share (None outside xdist)."""
+def shared_file(key: tuple[str, ...]) -> Path | None:
+    """Where the xdist workers of this test run keep the final of `key` (None outside xdist)."""
     run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
     if not run:
         return None
     folder = Path(tempfile.gettempdir()) / f"mncloud-references-{run}"
     folder.mkdir(exist_ok=True)
-    return folder
+    return folder / f"{hashlib.sha256(chr(0).join(key).encode()).hexdigest()[:16]}.json"
 
 
 def _without_sleep(train: list[str]) -> list[str]:
