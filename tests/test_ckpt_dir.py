@@ -90,6 +90,7 @@ def _bucket_files(uri: str) -> dict[str, bytes]:
     return {o.key[len(base) :]: bucket.get_bytes(o.key) for o in bucket.list(base)}
 
 
+@pytest.mark.slow
 def test_closed_files_reach_the_bucket_and_a_new_node_reads_them(
     bucket_uri: str, tmp_path: Path
 ) -> None:

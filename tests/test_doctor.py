@@ -179,6 +179,7 @@ def test_code_hash_ignores_outputs(tmp_path: Path) -> None:
     assert not doctor.check_code_hash(before, "deadbeef", 0).ok
 
 
+@pytest.mark.slow
 def test_bucket_and_paths(bucket_uri: str) -> None:
     ok = doctor.check_bucket(bucket_uri)
     assert ok.ok, ok.detail

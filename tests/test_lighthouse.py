@@ -89,6 +89,7 @@ def test_nodes_find_the_live_lighthouse_through_the_bucket(s3_env: S3Server) -> 
     assert serve.returncode == 0, out  # stopped as told: no error for SkyPilot to retry
 
 
+@pytest.mark.slow
 def test_find_without_a_bucket_is_one_line() -> None:
     env = {k: v for k, v in os.environ.items() if k != constants.CKPT_URI_ENV}
     found = _find(env, timeout=1)
