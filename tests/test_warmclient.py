@@ -1,4 +1,5 @@
-"""A node's `PYTHON_EXEC` on a warm host (`backends/local/warmclient.py`), fast: with no host
+"""A node's `PYTHON_EXEC` on a warm host (`backends/local/warmclient.py`) and the host's
+forked child (`warmrun.py`), fast: with no host
 to hand a worker to (no socket, a stale one) or a command line the host does not run, it
 becomes the real Python and exits as it did. The warm host itself (it imports torch) is
 tests/test_local_warm.py's, slow."""
@@ -55,3 +56,28 @@ def test_without_a_host_the_worker_runs_cold_and_exits_as_it_did(tmp_path: Path)
     inline = subprocess.run([exe, "-c", "print('inline')"], capture_output=True, text=True,
                             timeout=60, cwd=tmp_path)  # fmt: skip
     assert (inline.returncode, inline.stdout) == (0, "inline\n"), inline.stderr
+
+
+DRIVER = (
+    "import sys\nfrom mncloud.backends.local import warmrun\n"
+    "code = warmrun._run(sys.argv[1:])\nprint('code', code, flush=True)\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("body", "code", "err"),
+    [("import sys\nsys.exit(258)\n", 2, ""),
+     ("import sys\nsys.exit('bad input')\n", 1, "bad input"),
+     ("raise ValueError('boom')\n", 1, "ValueError: boom"), ("print('fine')\n", 0, "")],
+)  # fmt: skip
+def test_a_worker_forked_by_the_host_exits_as_a_fresh_python_would(
+    tmp_path: Path, body: str, code: int, err: str
+) -> None:
+    """`warmrun` (the host's forked child) runs the script as `__main__` and computes its exit
+    code as the interpreter does; a traceback starts at the script's frames, not the host's."""
+    (tmp_path / "job.py").write_text(body)
+    for argv in (["job.py"], ["-m", "job"]):
+        done = subprocess.run([sys.executable, "-c", DRIVER, *argv], capture_output=True,
+                              text=True, timeout=60, cwd=tmp_path)  # fmt: skip
+        assert done.stdout.splitlines()[-1] == f"code {code}", done.stderr
+        assert err in done.stderr and "warmrun.py" not in done.stderr, done.stderr
