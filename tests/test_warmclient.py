@@ -1,8 +1,8 @@
 """A node's `PYTHON_EXEC` on a warm host (`backends/local/warmclient.py`) and the host's
-forked child (`warmrun.py`), fast: with no host
-to hand a worker to (no socket, a stale one) or a command line the host does not run, it
-becomes the real Python and exits as it did. The warm host itself (it imports torch) is
-tests/test_local_warm.py's, slow."""
+forked child (`warmrun.py`), fast. With no host to hand a worker to (no socket, a stale one)
+or a command line the host does not run, the client becomes the real Python and exits as it
+did; the child computes a script's exit code as the interpreter does. The warm host itself
+(it imports torch) is tests/test_local_warm.py's, slow."""
 
 from __future__ import annotations
 
