@@ -57,10 +57,19 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    """Say how many commands the CLI help walk covered (tests/test_help.py), when it ran."""
+    """Say how many commands the CLI help walk covered (tests/test_help.py), when it ran (under
+    pytest-xdist the workers ran it: the walk is imported here to count it)."""
+    import importlib
     import sys
 
     walk = sys.modules.get("tests.test_help")
+    ran = any(
+        getattr(report, "nodeid", "").startswith("tests/test_help.py")
+        for reports in terminalreporter.stats.values()
+        for report in reports
+    )
+    if walk is None and ran:
+        walk = importlib.import_module("tests.test_help")
     if walk is not None:
         names = ", ".join(walk.IDS)
         terminalreporter.write_line(f"help walk: {len(walk.IDS)} commands ({names})")

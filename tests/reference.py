@@ -10,12 +10,22 @@ its result, which the same seeds make bit for bit the same. The examples' `--com
 out of the reference run: the same weights, without the sleep (30 s of 600 steps × 50 ms).
 So is the nodes' preflight (`--no-preflight`: it runs before torchrun, a few seconds a
 launch on 2 cores): the interrupted runs the reference is compared with keep theirs.
+
+Under pytest-xdist each worker is its own process: the finals are also kept as JSON files in a
+folder of the test run (`PYTEST_XDIST_TESTRUNUID`) under a file lock, so a configuration is run
+once per session whichever worker asks first, and a worker asking meanwhile waits for it.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import tempfile
 from pathlib import Path
 from typing import Any
+
+from filelock import FileLock
 
 from mncloud.backends.base import RunState
 from mncloud.backends.local.figures import read_final
@@ -27,16 +37,43 @@ _finals: dict[tuple[str, ...], dict[str, Any]] = {}
 def reference_final(script: Path, flags: list[str], train: list[str]) -> dict[str, Any]:
     """The final record (steps, loss, `weights_sha256`) of `script` run uninterrupted."""
     train = _without_sleep(train)
-    key = (str(script), *flags, "--", *train)
+    key = reference_key(script, flags, train)
     if key not in _finals:
-        name = f"ref-{len(_finals)}"
-        up(name, script, *flags, "--no-preflight", script_args=train)
-        state = wait_final(name)
-        assert state.state is RunState.SUCCEEDED, run_log(name)
-        final = read_final(state.ckpt_uri)
-        assert final is not None, f"{name} wrote no final.json"
-        _finals[key] = final
+        path = shared_file(key)
+        if path is None:
+            _finals[key] = _run(script, flags, train)
+        else:
+            with FileLock(str(path.with_suffix(".lock"))):
+                if not path.exists():
+                    path.write_text(json.dumps(_run(script, flags, train)))
+                _finals[key] = json.loads(path.read_text())
     return _finals[key]
+
+
+def reference_key(script: Path, flags: list[str], train: list[str]) -> tuple[str, ...]:
+    """What a reference run is known by: the script, its flags and its arguments less the
+    sleep."""
+    return (str(script), *flags, "--", *_without_sleep(train))
+
+
+def _run(script: Path, flags: list[str], train: list[str]) -> dict[str, Any]:
+    name = f"ref-{len(_finals)}"
+    up(name, script, *flags, "--no-preflight", script_args=train)
+    state = wait_final(name)
+    assert state.state is RunState.SUCCEEDED, run_log(name)
+    final = read_final(state.ckpt_uri)
+    assert final is not None, f"{name} wrote no final.json"
+    return final
+
+
+def shared_file(key: tuple[str, ...]) -> Path | None:
+    """Where the xdist workers of this test run keep the final of `key` (None outside xdist)."""
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if not run:
+        return None
+    folder = Path(tempfile.gettempdir()) / f"mncloud-references-{run}"
+    folder.mkdir(exist_ok=True)
+    return folder / f"{hashlib.sha256(chr(0).join(key).encode()).hexdigest()[:16]}.json"
 
 
 _files: dict[tuple[str, ...], bytes] = {}

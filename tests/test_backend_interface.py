@@ -81,6 +81,7 @@ def test_only_the_named_modules_import_a_concrete_backend() -> None:
     )
 
 
+@pytest.mark.slow
 def test_backend_names_are_compared_only_in_cloud_filters() -> None:
     counts = Counter({name: name_comparisons(tree) for name, tree in _sources().items()})
     found = {name: n for name, n in counts.items() if n}

@@ -50,6 +50,7 @@ def _both(monkeypatch: pytest.MonkeyPatch, call: Any) -> tuple[Any, Any]:
     return cached, live
 
 
+@pytest.mark.slow
 def test_offers_from_the_index_equal_skypilots_for_every_accelerator(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -65,6 +66,7 @@ def test_offers_from_the_index_equal_skypilots_for_every_accelerator(
         assert cached == live, (name, count, nodes)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "kwargs",
     [
@@ -140,6 +142,7 @@ def _plan_in_child(env: dict[str, str]) -> dict[str, Any]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_a_changed_catalog_file_rebuilds_the_index(tmp_path: Path) -> None:
     snapshot = tmp_path / "catalogs"
     shutil.copytree(Path(os.environ[catalog.constants.CATALOG_DIR_ENV]), snapshot)
@@ -265,6 +268,7 @@ def _mutate(config: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
     return result
 
 
+@pytest.mark.slow
 def test_fast_task_check_agrees_with_skypilot(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

@@ -70,6 +70,7 @@ def _save(uri: str, step: int, state: dict, **kw) -> None:
         assert ckpt.save(step, state, wait=True)
 
 
+@pytest.mark.slow
 def test_round_trip(bucket_uri: str) -> None:
     torch.manual_seed(0)
     model = _model()
@@ -104,6 +105,7 @@ def test_round_trip(bucket_uri: str) -> None:
     assert {".metadata", "rank_0.pt"} <= set(manifest.files)
 
 
+@pytest.mark.slow
 def test_resume_is_bitwise_identical(bucket_uri: str) -> None:
     straight = _train(bucket_uri + "/straight", 16)
     _train(bucket_uri + "/resumed", 16, stop=8)
@@ -132,6 +134,7 @@ def _tear(store: CheckpointStore, step: int, how: str) -> None:
         b.put_bytes(key, bytes(raw))
 
 
+@pytest.mark.slow
 def test_torn_steps_are_never_loaded(bucket_uri: str, caplog) -> None:
     model = _model()
     state = {"model": model, "step": 0}
@@ -161,6 +164,7 @@ def test_torn_steps_are_never_loaded(bucket_uri: str, caplog) -> None:
         ckpt.load(target, step=4)
 
 
+@pytest.mark.slow
 def test_retention_keeps_last_k_and_cleans_torn(bucket_uri: str) -> None:
     state = {"model": _model(), "step": 0}
     with CheckpointManager(bucket_uri, keep=2) as ckpt:
@@ -190,6 +194,7 @@ def test_retention_never_drops_newest_verified(tmp_path: Path) -> None:
     assert [s.step for s in store.steps()] == [2, 3, 4]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stream", [True, False], ids=["streamed", "folder"])
 def test_failed_upload_keeps_previous_step(s3_env, caplog, stream: bool) -> None:
     """The server dies while step 2 uploads (at its second part): step 1 stays the one that

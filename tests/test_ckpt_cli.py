@@ -50,6 +50,7 @@ def filled(bucket_uri: str, tmp_path: Path) -> str:
     return bucket_uri
 
 
+@pytest.mark.slow
 def test_ls(filled: str) -> None:
     res = runner.invoke(app, ["ls", filled, "--json"])
     assert res.exit_code == 0, res.output
@@ -63,6 +64,7 @@ def test_ls(filled: str) -> None:
     assert res.exit_code == 0 and "30" in res.stdout
 
 
+@pytest.mark.slow
 def test_verify_and_corruption(filled: str) -> None:
     res = runner.invoke(app, ["verify", filled, "20"])
     assert res.exit_code == 0 and "step 20: ok" in res.stdout
@@ -79,6 +81,7 @@ def test_verify_and_corruption(filled: str) -> None:
     assert res.exit_code == 2 and "__0_0.distcp xxh3_128 differs" in res.stderr
 
 
+@pytest.mark.slow
 def test_rm(filled: str) -> None:
     res = runner.invoke(app, ["rm", filled, "10"], input="n\n")
     assert res.exit_code == 1
@@ -88,6 +91,7 @@ def test_rm(filled: str) -> None:
     assert runner.invoke(app, ["rm", filled, "99", "--yes"]).exit_code == 2
 
 
+@pytest.mark.slow
 def test_pull(filled: str, tmp_path: Path) -> None:
     dest = tmp_path / "out"
     res = runner.invoke(app, ["pull", filled, "latest", str(dest)])
@@ -100,6 +104,7 @@ def test_pull(filled: str, tmp_path: Path) -> None:
     assert res.exit_code == 2 and "COMPLETE missing" in res.stderr
 
 
+@pytest.mark.slow
 def test_ckpt_cli_does_not_import_torch() -> None:
     code = "import sys, mncloud.cli.ckpt, mncloud.storage; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -196,6 +201,7 @@ def _old_step(store: CheckpointStore, step: int, tmp: Path) -> None:
     assert json.loads(store.bucket.get_bytes(store.key(step, "manifest.json")))["files"] == entries
 
 
+@pytest.mark.slow
 def test_a_sha256_manifest_of_format_1_still_verifies(bucket_uri: str, tmp_path: Path) -> None:
     store = CheckpointStore(bucket_uri)
     _old_step(store, 7, tmp_path)

@@ -95,6 +95,7 @@ def _bucket_files(uri: str) -> dict[str, bytes]:
     }
 
 
+@pytest.mark.slow
 def test_closed_files_reach_the_bucket_and_a_new_node_reads_them(
     bucket_uri: str, tmp_path: Path
 ) -> None:

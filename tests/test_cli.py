@@ -63,6 +63,7 @@ def test_render_json_and_output_file(script: Path, tmp_path: Path) -> None:
     assert config["resources"]["accelerators"] == "A100-80GB:4"
 
 
+@pytest.mark.slow
 def test_render_flags_reach_the_task(script: Path) -> None:
     args = [
         "render",
@@ -112,6 +113,7 @@ def test_render_flags_reach_the_task(script: Path) -> None:
     assert config["file_mounts"]["/mncloud-bucket"]["source"] == "gs://team-ckpt"
 
 
+@pytest.mark.slow
 def test_render_with_plan_orders_the_cheapest_offers(script: Path) -> None:
     args = ["render", "train.py", "--gpus", "H100:8", "--nodes", "4", "--spot", "--plan"]
     result = runner.invoke(app, args)
@@ -229,6 +231,7 @@ def test_console_script_exit_code_and_stderr(script: Path) -> None:
     assert proc.stdout == ""
 
 
+@pytest.mark.slow
 def test_offline_catalog_failure_prints_only_our_line(tmp_path: Path) -> None:
     """SkyPilot's download spinner and failure line never reach the user: one line, exit 2."""
     import os

@@ -138,6 +138,7 @@ def cloud(fake_sky: FakeSky) -> Cloud:
     return model
 
 
+@pytest.mark.slow
 @pytest.mark.catalog
 def test_spot_without_capacity_goes_on_demand_and_back_when_spot_returns(
     script: Path,  # noqa: F811 - the imported fixture
@@ -271,6 +272,7 @@ def _up(train: Path, *flags: str) -> Any:
     return runner.invoke(app, [*args, *flags])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("flags", "expected"),
     [

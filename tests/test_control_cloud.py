@@ -116,6 +116,7 @@ def _fresh_vm(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, name: str) -> con
 # ------------------------------------------------------------------- restarted anywhere
 
 
+@pytest.mark.slow
 def test_a_controller_restarted_with_a_fresh_home_refinds_job_n_and_launches_nothing(
     script: Path,  # noqa: F811
     fake_sky: FakeSky,
@@ -144,6 +145,7 @@ def test_a_controller_restarted_with_a_fresh_home_refinds_job_n_and_launches_not
     assert state.phase == "finished"
 
 
+@pytest.mark.slow
 def test_a_controller_restarted_on_a_fresh_home_counts_earlier_launches_and_stops_at_the_budget(
     script: Path,  # noqa: F811
     fake_sky: FakeSky,
@@ -186,6 +188,7 @@ def test_a_controller_restarted_on_a_fresh_home_counts_earlier_launches_and_stop
     assert spent < billed <= budget
 
 
+@pytest.mark.slow
 def test_a_launch_made_but_not_recorded_is_found_by_its_run_id_not_its_name(
     script: Path,  # noqa: F811
     fake_sky: FakeSky,
@@ -255,6 +258,7 @@ def test_a_controller_restarted_as_another_api_user_still_finds_the_launch(
     assert fake_sky.live_jobs() == []
 
 
+@pytest.mark.slow
 def test_a_job_group_made_but_not_recorded_is_adopted_with_its_tasks(
     script: Path,  # noqa: F811
     fake_sky: FakeSky,
@@ -359,6 +363,7 @@ def _never(*_args: Any, **_kw: Any) -> Any:
 # ---------------------------------------------------------------- how a launch ends
 
 
+@pytest.mark.slow
 def test_no_spot_capacity_goes_on_demand_at_once(
     script: Path,  # noqa: F811
     fake_sky: FakeSky,
@@ -378,6 +383,7 @@ def test_no_spot_capacity_goes_on_demand_at_once(
     assert cost_summary(first, now=run.clock.now + 3600).total == 0.0
 
 
+@pytest.mark.slow
 def test_no_spot_capacity_in_one_place_tries_spot_in_the_next(
     script: Path,  # noqa: F811
     fake_sky: FakeSky,
@@ -407,6 +413,7 @@ def test_no_spot_capacity_in_one_place_tries_spot_in_the_next(
     assert state.place_missing_since[0] is not None and state.preemptions == 0
 
 
+@pytest.mark.slow
 def test_user_errors_are_retried_up_to_max_restarts_then_the_run_fails_with_the_count(
     script: Path,  # noqa: F811
     fake_sky: FakeSky,
@@ -427,6 +434,7 @@ def test_user_errors_are_retried_up_to_max_restarts_then_the_run_fails_with_the_
     assert all(t.max_restarts == 0 for job in fake_sky.jobs.values() for t in job.tasks)
 
 
+@pytest.mark.slow
 def test_skypilots_own_failures_are_relaunched_uncounted_and_bounded(
     script: Path,  # noqa: F811
     fake_sky: FakeSky,
@@ -460,6 +468,7 @@ def test_a_job_gone_from_the_queue_is_lost_only_after_several_looks(
     assert len(_launches(fake_sky)) == 2 and run.state.relaunches == 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("status", "phase", "words"),
     [
@@ -495,6 +504,7 @@ def test_ends_that_stop_the_run(
 # --------------------------------------------------------------------------------- down
 
 
+@pytest.mark.slow
 def test_up_deadline_then_down_cancels_the_controller_and_the_training_job(
     script: Path,  # noqa: F811
     fake_sky: FakeSky,
@@ -540,6 +550,7 @@ def test_up_deadline_then_down_cancels_the_controller_and_the_training_job(
     assert "nothing of the run was live" in " ".join(again.stdout.split())
 
 
+@pytest.mark.slow
 def test_down_finds_a_training_job_the_state_only_journaled(
     script: Path,  # noqa: F811
     fake_sky: FakeSky,
@@ -571,6 +582,7 @@ def test_down_finds_a_training_job_the_state_only_journaled(
     assert f"cancelled training job {training}" in status.detail
 
 
+@pytest.mark.slow
 def test_down_cut_off_after_the_controller_says_what_may_still_be_live(
     script: Path,  # noqa: F811
     fake_sky: FakeSky,
@@ -608,6 +620,7 @@ def test_down_cut_off_after_the_controller_says_what_may_still_be_live(
     assert _status(fake_sky, training) == "CANCELLED"
 
 
+@pytest.mark.slow
 def test_down_with_the_controller_state_unreadable_cancels_no_training_job_blind(
     script: Path,  # noqa: F811
     fake_sky: FakeSky,

@@ -36,6 +36,7 @@ def _bucket_state(tmp_path: Path) -> str:
     return Path(uri.removeprefix("file://")).read_text()
 
 
+@pytest.mark.slow
 def test_the_bucket_state_keeps_no_password_and_no_env_value(
     script: Path,  # noqa: F811
     fake_sky: FakeSky,

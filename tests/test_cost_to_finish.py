@@ -86,6 +86,7 @@ def _count(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> dict[str, Any]
     return {**counter.close(), **state_bytes(state)}
 
 
+@pytest.mark.slow
 def test_mlp_flops_and_bytes_match_the_analytic_count() -> None:
     batch, dims = 32, [64, 256, 256, 10]
     layers: list[nn.Module] = []
@@ -162,6 +163,7 @@ def test_meta_profile_of_a_model_larger_than_24_gb_counts_from_shapes() -> None:
     assert counts["optimizer_bytes"] == 8 * params + 4 * depth
 
 
+@pytest.mark.slow
 def test_profile_cli_runs_the_example_and_plan_uses_it(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     shutil.copy(EXAMPLE, script)
@@ -201,6 +203,7 @@ def test_profile_cli_runs_the_example_and_plan_uses_it(tmp_path: Path) -> None:
     assert "stale" in stale.stderr and "mncloud profile" in stale.stderr
 
 
+@pytest.mark.slow
 def test_profile_of_a_failing_script_says_its_last_error_line(tmp_path: Path) -> None:
     script = tmp_path / "bad.py"
     script.write_text("raise ValueError('no data at /nowhere')\n")
@@ -295,6 +298,7 @@ def test_bad_planning_flags_are_one_line_errors(args: list[str], message: str) -
 # ---------------------------------------------------------------------- render and dry run
 
 
+@pytest.mark.slow
 @pytest.mark.catalog
 @pytest.mark.skipif(shutil.which("rsync") is None, reason="SkyPilot's dry run needs rsync on PATH")
 def test_gpu_alternatives_render_ordered_entries_skypilot_accepts(

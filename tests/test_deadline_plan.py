@@ -105,6 +105,7 @@ def test_market_hours_meet_every_deadline() -> None:
     assert deadline.tick_seconds(10 * 24 * 3600) == 600  # at most MAX_TICKS ticks
 
 
+@pytest.mark.slow
 @pytest.mark.catalog
 def test_estimates_per_place_and_the_budget() -> None:
     from mncloud.plan import PlanRequest, make_plan
@@ -138,6 +139,7 @@ def test_estimates_per_place_and_the_budget() -> None:
         deadline.refuse_over_budget(plan, 30 * 3600, cheapest + 1)
 
 
+@pytest.mark.slow
 @pytest.mark.catalog
 def test_deadline_table_reads_at_80_columns() -> None:
     code, out, err = _run(*ARGS, "--nodes", "4", "--budget", "3000", width=80)
@@ -155,6 +157,7 @@ def test_deadline_table_reads_at_80_columns() -> None:
     assert "warning: the choice, gcp a3-highgpu-8g in us-east4" in " ".join(table.split())
 
 
+@pytest.mark.slow
 @pytest.mark.catalog
 def test_json_carries_the_deadline_figures_per_candidate() -> None:
     code, out, err = _run(*ARGS, "--json", "--top", "3")
@@ -175,6 +178,7 @@ def test_json_carries_the_deadline_figures_per_candidate() -> None:
     assert again["deadline"] == figures  # a fixed seed: the same figures every time
 
 
+@pytest.mark.slow
 @pytest.mark.catalog
 @pytest.mark.parametrize(
     ("args", "message"),
@@ -244,6 +248,7 @@ def test_the_replay_rides_a_gap_on_min_nodes_as_the_controller_would() -> None:
     assert run(short_first, 2).idle_hours == job.hours(30)  # the 30-tick gap: waited out
 
 
+@pytest.mark.slow
 @pytest.mark.catalog
 def test_plan_deadline_with_min_nodes_says_what_riding_a_gap_is_worth() -> None:
     code, out, err = _run(*ARGS, "--nodes", "4", "--min-nodes", "2", "--top", "1")
@@ -311,6 +316,7 @@ def test_up_and_render_plan_use_hazards_from(tmp_path: Path) -> None:
     assert result.stderr.strip() == f"error: trace {tmp_path}/missing.json: no such file"
 
 
+@pytest.mark.slow
 @pytest.mark.catalog
 def test_a_choice_over_the_budget_is_refused(tmp_path: Path) -> None:
     from mncloud.launch import prepare

@@ -179,6 +179,7 @@ def test_code_hash_ignores_outputs(tmp_path: Path) -> None:
     assert not doctor.check_code_hash(before, "deadbeef", 0).ok
 
 
+@pytest.mark.slow
 def test_bucket_and_paths(bucket_uri: str) -> None:
     ok = doctor.check_bucket(bucket_uri)
     assert ok.ok, ok.detail
@@ -232,3 +233,27 @@ def test_cli_doctor(tmp_path: Path) -> None:
     )
     assert result.exit_code == 1
     assert "does not exist" in result.stdout
+
+
+def test_doctor_bandwidth_of_a_one_node_local_run_checks_the_node_and_measures_nothing(
+    tmp_path: Path,
+) -> None:
+    """`backends/local/netcheck.py` (`doctor --bandwidth RUN` on a local run), fast: its node
+    processes start from the run's launch record; with one node there is no all-reduce to
+    measure (no torch), so even a `--min-bandwidth` far above loopback's passes."""
+    from mncloud import layout
+    from mncloud.backends.local import netcheck
+    from mncloud.backends.local.state import LocalLaunch, save_launch
+
+    wd = workdir(tmp_path, "wd")
+    folder = layout.run_dir("one")
+    folder.mkdir(parents=True)
+    save_launch(folder, LocalLaunch(
+        name="one", token="t", task_id="x", num_nodes=1, procs_per_node=1, master_port=1,
+        ckpt_uri=f"file://{tmp_path / 'ckpt'}", workdir=str(wd),
+        run="mncloud-preflight --expect-busbw 2.0 --fabric 'loopback (local backend)'",
+    ))  # fmt: skip
+    for minimum in (None, 1e6):
+        passed, lines = netcheck.measure("one", minimum, timeout=30)
+        assert passed, lines
+        assert len(lines) == 1 and lines[0].startswith("preflight ok on node 0/1"), lines

@@ -227,6 +227,7 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
 
 
+@pytest.mark.slow
 def test_export_to_and_from_s3(saved: Any, s3_env: Any, tmp_path: Path) -> None:
     """A checkpoint in the real S3 server, exported into another S3 folder and read back."""
     uri, weights = saved

@@ -217,6 +217,7 @@ def _files(folder: Path) -> dict[str, bytes]:
 SMALL = ["--layers", "1", "--dim", "32", "--steps", "10", "--global-batch", "4"]
 
 
+@pytest.mark.slow
 @pytest.mark.catalog
 def test_a_resume_onto_another_model_is_refused_before_launch() -> None:
     """The script's profile says what it builds (dim 32); the checkpoint under the run's name
@@ -300,6 +301,7 @@ def test_a_refusal_at_the_first_load_ends_the_run_without_a_retry() -> None:
     assert _files(folder) == before
 
 
+@pytest.mark.slow
 def test_the_profile_of_a_sharded_script_reports_memory_per_gpu_sharded() -> None:
     """`mncloud profile` of the FSDP example learns from `parallelize` that it shards: on 2
     nodes × 4 GPUs each GPU holds an eighth of the weights, gradients and optimizer state

@@ -228,6 +228,7 @@ def _nothing_started() -> None:
     assert not layout.control_state_file("fz").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
 def test_hostile_values_end_in_one_line_or_success(
     scenario: str, folder: dict[str, str], mncloud_home: Path

@@ -174,6 +174,7 @@ def test_cli_render_prints_the_job_group(script: Path, monkeypatch: pytest.Monke
     assert len(json.loads(as_json.stdout)) == 5
 
 
+@pytest.mark.slow
 def test_render_does_not_import_skypilot_or_torch(script: Path) -> None:
     """Once SkyPilot's schema is cached (the first render), rendering a job group imports
     neither SkyPilot nor torch."""
@@ -393,6 +394,7 @@ def test_down_cancels_the_whole_group(script: Path, fake_sky: FakeSky) -> None:
     assert {t.status for t in fake_sky.job(9).tasks} == {S.CANCELLED}
 
 
+@pytest.mark.slow
 def test_resume_after_a_failed_node_cancels_the_nodes_still_training(
     script: Path, fake_sky: FakeSky
 ) -> None:
@@ -449,6 +451,7 @@ def test_a_failed_node_fails_the_group_a_failed_lighthouse_warns_all_done_is_don
 # ------------------------------------------------------------------------------ dry run
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("rsync") is None, reason="SkyPilot's dry run needs rsync on PATH")
 def test_dryrun_of_a_node_task_runs_skypilot_for_real(
     script: Path,
@@ -469,6 +472,7 @@ def test_dryrun_of_a_node_task_runs_skypilot_for_real(
     assert chosen.get("instance_type")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("rsync") is None, reason="SkyPilot's dry run needs rsync on PATH")
 def test_dryrun_places_the_group_with_skypilot(
     script: Path,

@@ -319,17 +319,20 @@ def order_violations(graph: dict[str, set[str]], rooms: list[tuple[str, str]]) -
     return out
 
 
+@pytest.mark.slow
 def test_no_import_circle() -> None:
     found = circles(import_graph(ROOT, "mncloud"))
     assert not found, "import circles:\n" + "\n".join(" → ".join(c) for c in found)
 
 
+@pytest.mark.slow
 def test_every_module_has_a_room_and_the_order_holds() -> None:
     graph = import_graph(ROOT, "mncloud")
     assert unplaced(graph, ROOMS) == []
     assert order_violations(graph, ROOMS) == []
 
 
+@pytest.mark.slow
 def test_nothing_hides_an_edge() -> None:
     assert scan(ROOT, "mncloud").refused == []
 

@@ -149,6 +149,7 @@ def _ends(record: RunRecord) -> list[tuple[str, float]]:
     return [(e.kind, e.time) for e in record.events if e.kind in ("finish", "failure")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("end", [S.SUCCEEDED, S.FAILED])
 def test_a_deadline_launch_that_ended_has_one_end_event_at_skypilot_s_end(
     script: Path,  # noqa: F811

@@ -89,8 +89,30 @@ def test_nodes_find_the_live_lighthouse_through_the_bucket(s3_env: S3Server) -> 
     assert serve.returncode == 0, out  # stopped as told: no error for SkyPilot to retry
 
 
+@pytest.mark.slow
 def test_find_without_a_bucket_is_one_line() -> None:
     env = {k: v for k, v in os.environ.items() if k != constants.CKPT_URI_ENV}
     found = _find(env, timeout=1)
     assert found.returncode != 0 and "needs --bucket" in found.stderr
     assert "Traceback" not in found.stderr
+
+
+def test_find_in_process_without_a_bucket_then_on_an_empty_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`find` as the node's command runs it, in this process (fast: no interpreter to start):
+    without a bucket, the one line naming the flag; on a bucket where no lighthouse published
+    its address, exit 2 within the timeout, naming the bucket and where to look."""
+    from mncloud.train import lighthouse
+
+    monkeypatch.delenv(constants.CKPT_URI_ENV, raising=False)
+    with pytest.raises(SystemExit) as refused:
+        lighthouse.main(["find", "--timeout", "0"])
+    assert refused.value.code != 0 and "needs --bucket" in str(refused.value.code)
+    uri = f"file://{tmp_path / 'bucket'}"
+    monkeypatch.setenv(constants.CKPT_URI_ENV, uri)
+    monkeypatch.setenv(constants.RUN_ID_ENV, "r-1")
+    assert lighthouse.main(["find", "--timeout", "0"]) == 2
+    err = capsys.readouterr().err
+    assert f"no live lighthouse published its address under {uri} within 0 s" in err, err
+    assert "mncloud logs RUN" in err

@@ -158,6 +158,7 @@ def test_a_fabric_named_in_mncloud_yaml_is_one_line_exit_2(
     assert len(result.output.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("rsync") is None, reason="SkyPilot's dry run needs rsync on PATH")
 @pytest.mark.parametrize("cloud", ["aws", "gcp"])
 def test_skypilot_dry_run_passes_offline_with_network_tier_best(

@@ -349,6 +349,7 @@ def test_heal_cut_off_mid_transfer_falls_back_to_the_bucket_and_never_half_loads
     assert sorted(done) == [0, 1] and len({d["weights_sha256"] for d in done.values()}) == 1
 
 
+@pytest.mark.slow
 def test_a_step_another_replica_committed_is_never_overwritten(
     bucket_uri: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -145,6 +145,7 @@ def test_fallbacks_stay_in_the_market_and_spread_over_clouds() -> None:
     assert len({(c.cloud, c.region) for c in entries}) == len(entries)
 
 
+@pytest.mark.slow
 def test_ordered_resources_pass_skypilots_schema_and_its_optimizer_follows_them(
     sky_enabled_clouds: list[str],  # noqa: F811
 ) -> None:

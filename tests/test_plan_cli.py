@@ -149,6 +149,7 @@ def _history(tmp_path: Path, name: str, cloud: str, spot: bool, preemptions: int
     append_event(name, "finish", at=t + 1800)
 
 
+@pytest.mark.slow
 @pytest.mark.catalog
 def test_learn_feeds_observed_preemptions_into_the_plan(tmp_path: Path) -> None:
     # aws: 20 preemptions in 21 half-hour segments × 4 nodes = 42 spot node-hours.
@@ -190,6 +191,7 @@ def test_learn_feeds_observed_preemptions_into_the_plan(tmp_path: Path) -> None:
     assert "blended with the prior 0.494 at 46% weight → 0.486/node-h" in out
 
 
+@pytest.mark.slow
 @pytest.mark.catalog
 def test_up_learn_reaches_the_plan_request(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import inspect
@@ -250,6 +252,7 @@ def test_catalog_flag_checks_the_folder(tmp_path: Path) -> None:
     assert "has no v8/" in err
 
 
+@pytest.mark.slow
 @pytest.mark.catalog
 def test_catalog_flag_alone_points_skypilot_at_the_snapshot(tmp_path: Path) -> None:
     """A fresh process with only --catalog: the snapshot's clouds, nothing fetched."""
@@ -267,6 +270,7 @@ def test_catalog_flag_alone_points_skypilot_at_the_snapshot(tmp_path: Path) -> N
     assert (tmp_path / "home" / "sky-runtime").is_dir()
 
 
+@pytest.mark.slow
 @pytest.mark.catalog
 def test_a_plan_imports_neither_skypilot_nor_numpy() -> None:
     """A plan answers from the cached offers index and the measured hazard constants; numpy

@@ -128,6 +128,7 @@ def _us_east_1_spot(plan: Plan) -> list[Any]:
     return [c for c in plan.candidates if c.cloud == "aws" and c.region == "us-east-1"]
 
 
+@pytest.mark.slow
 @pytest.mark.catalog
 def test_node_recovery_keeps_the_spot_offer_gang_excludes() -> None:
     gang, node = make_plan(_request(Recovery.GANG)), make_plan(_request(Recovery.NODE))

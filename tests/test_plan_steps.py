@@ -221,6 +221,7 @@ def test_the_table_fits_80_columns_with_every_figure_whole(monkeypatch: pytest.M
     assert "…" not in steps and "network" in steps and "0.41" in steps
 
 
+@pytest.mark.slow
 def test_plan_script_steps_names_the_profiled_arguments_and_profile_profiles(
     tmp_path: Path,
 ) -> None:

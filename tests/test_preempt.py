@@ -134,6 +134,7 @@ for step in range(1, 100000):
 """
 
 
+@pytest.mark.slow
 def test_sigterm_saves_the_step_and_exits_115(tmp_path: Path) -> None:
     """A real SIGTERM: the step is saved and committed, the marker written, exit 115."""
     from mncloud.storage import CheckpointStore

@@ -73,6 +73,7 @@ def _case(rng: np.random.Generator, k: int, longest: int) -> tuple[PlacesJob, np
     return PlacesJob(job, places), rng.random((k, job.deadline_ticks)) < 0.6
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("k", "longest", "cases"), [(1, 8, 80), (2, 7, 80), (3, 6, 60)])
 def test_optimum_equals_brute_force_on_small_cases(k: int, longest: int, cases: int) -> None:
     rng = np.random.default_rng(k)

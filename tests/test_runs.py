@@ -147,6 +147,7 @@ def test_records_of_one_name_accumulate(repo: Path) -> None:
         find_record("nope")
 
 
+@pytest.mark.slow
 def test_record_in_bucket_and_bucket_failure_never_breaks(
     repo: Path, bucket_uri: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -375,6 +376,7 @@ def test_published_step_times(repo: Path, tmp_path: Path) -> None:
     assert straggler_ranks(times) == [2]
 
 
+@pytest.mark.slow
 def test_stragglers_need_a_sustained_slowdown(repo: Path, bucket_uri: str) -> None:
     """Issue #17 item 14: a healthy 2×2 demo was flagged `straggler rank 3 (2.6× median)`
     off one warm-up window. Only a slowdown over enough well-sampled windows is flagged."""
@@ -455,6 +457,7 @@ def test_status_flags_the_straggling_rank(
     assert (calm.stragglers, calm.detail) == ([], "")
 
 
+@pytest.mark.slow
 def test_status_reads_step_times_of_a_run_without_bucket(repo: Path) -> None:
     """A local run without --bucket publishes under its checkpoint folder, not a bucket."""
     from mncloud.operate import run_status
@@ -529,6 +532,7 @@ def test_cli_ls_show_cost(repo: Path) -> None:
     assert code == 2 and "no run record 'missing'" in err
 
 
+@pytest.mark.slow
 def test_cli_cost_report_across_runs(repo: Path) -> None:
     """`runs cost` without a run: a row per run (where, state, hours, cost) and the total."""
     code, out, _ = cli("runs", "cost", "--json")
@@ -593,6 +597,7 @@ def test_rerun_rebuilds_commit_diff_and_untracked(
     assert setup.launch_options == LaunchOptions()  # recorded without options: the defaults
 
 
+@pytest.mark.slow
 def test_rerun_refusals(repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(repo)
     record = create_record(make_spec(repo), "a: 1\n")
@@ -662,6 +667,7 @@ def test_rerun_cli_launches_the_recorded_spec_and_options(
     assert seen["options"] == options
 
 
+@pytest.mark.slow
 def test_rerun_keeps_every_option(
     repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, s3_env: object
 ) -> None:

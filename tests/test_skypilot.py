@@ -72,6 +72,7 @@ def _check_with_skypilot_schema(task: Any) -> dict[str, Any]:
 # ------------------------------------------------------------------------------- launch
 
 
+@pytest.mark.slow
 def test_on_demand_launch_is_a_managed_job_with_job_recovery(
     script: Path, fake_sky: FakeSky, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -185,6 +186,7 @@ def test_skypilot_errors_are_translated(make: Callable[[Any], Exception], expect
 # ------------------------------------------------------------------------------ dry run
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("rsync") is None, reason="SkyPilot's dry run needs rsync on PATH")
 @pytest.mark.parametrize("spot", [False, True])
 def test_dryrun_runs_skypilot_for_real(
@@ -211,6 +213,7 @@ def test_dryrun_runs_skypilot_for_real(
     assert not (run_dir("llm") / META_FILE).exists()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("rsync") is None, reason="SkyPilot's dry run needs rsync on PATH")
 def test_cli_up_dryrun(
     script: Path,
@@ -226,6 +229,7 @@ def test_cli_up_dryrun(
     assert "dry run passed" in result.output
 
 
+@pytest.mark.slow
 def test_cli_up_dryrun_without_credentials_shows_what_it_can(script: Path, tmp_path: Path) -> None:
     """No cloud set up (a fresh SkyPilot state): the plan and the task are still checked and
     shown, and the user learns what SkyPilot's own dry run needs. Exit 0, nothing launched."""
@@ -463,6 +467,7 @@ def test_unknown_run_has_no_record() -> None:
         SkyPilotBackend().status("never-launched")
 
 
+@pytest.mark.slow
 @pytest.mark.nodes_answer  # a real node process answers the notice: wall time
 def test_down_gives_a_running_job_a_stop_notice_and_keeps_the_step_it_saved(
     script: Path, fake_sky: FakeSky, tmp_path: Path

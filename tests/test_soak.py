@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.slow, pytest.mark.catalog]
+pytestmark = pytest.mark.catalog
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 
 
@@ -41,6 +41,7 @@ def test_draw_has_every_kind_and_is_seeded() -> None:
     assert all(5 <= f["seconds"] <= 30 and f["node"] in (0, 1) for f in many)
 
 
+@pytest.mark.slow
 def test_one_fault_of_each_kind_ends_with_the_uninterrupted_weights() -> None:
     result = soak.soak(len(soak.KINDS), seed=3, storage_s=(5, 5))
     report = soak.report(result)

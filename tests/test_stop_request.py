@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from mncloud import constants
 from mncloud.storage import CheckpointStore
 from mncloud.storage.stoprequest import (
@@ -62,6 +64,7 @@ def node_env(uri: str, tmp_path: Path) -> dict[str, str]:
     )
 
 
+@pytest.mark.slow
 def test_a_node_that_reads_a_request_saves_its_step_and_exits(
     bucket_uri: str, tmp_path: Path
 ) -> None:

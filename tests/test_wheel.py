@@ -14,6 +14,7 @@ import sys
 import sysconfig
 from pathlib import Path
 
+import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
@@ -28,6 +29,7 @@ def _run(*argv: str | Path, cwd: Path | None = None) -> str:
     return done.stdout
 
 
+@pytest.mark.slow
 def test_the_installed_wheel_renders_a_task(tmp_path: Path) -> None:
     source = tmp_path / "source"  # a copy, so the build leaves the checkout as it was
     shutil.copytree(REPO / "mncloud", source / "mncloud", ignore=shutil.ignore_patterns("__py*"))
