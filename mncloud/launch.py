@@ -137,6 +137,11 @@ def prepare(
 
     plan = None
     backend = backend_name(spec)
+    if options.preflight_always and not spec.preflight:
+        raise SpecError(
+            "--preflight-always runs the preflight at every launch and --no-preflight skips it:"
+            " give one of them"
+        )
     if not spec.is_local:
         if "local" in spec.clouds:
             raise SpecError("--cloud local runs on this machine alone; do not mix it with clouds")

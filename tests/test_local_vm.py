@@ -158,3 +158,14 @@ def test_torch_once_per_node_boot_and_the_figure_reused_on_the_same_nodes(
     assert not any("reused" in line for line in measured[2])  # node 1 is new: measured
     assert vm_run["leftover"]  # no host (nor anything of the run) outlives it
     assert not any(pid_alive(p) for n in state.nodes for p in n.pids)
+
+
+def test_preflight_always_with_no_preflight_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("print('hi')\n")
+    result = CliRunner().invoke(app, ["up", str(script), "--cloud", "local", "--gpus", "cpu:1",
+                                      "--preflight-always", "--no-preflight"])  # fmt: skip
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and "--preflight-always" in lines[0] and "--no-preflight" in lines[0]
+    assert not run_dir("train").exists()  # nothing launched
