@@ -75,6 +75,20 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.write_line(f"help walk: {len(walk.IDS)} commands ({names})")
 
 
+@pytest.fixture(autouse=True)
+def console_width_from_env() -> None:
+    """Each test's own $COLUMNS for the CLI's consoles: rich fixes a Console's width when it is
+    made if $COLUMNS is set then, so the test that first imported `mncloud.cli._common` (under
+    whatever COLUMNS it set; which one depends on the order, xdist's included) would fix it for
+    every later test in the process."""
+    import sys
+
+    common = sys.modules.get("mncloud.cli._common")
+    if common is not None:
+        for console in (common.console, common.err_console):
+            console.width = None  # type: ignore[assignment]  # rich reads $COLUMNS again
+
+
 @pytest.fixture
 def project(tmp_path: Path) -> Path:
     """A small project folder (pyproject.toml + train.py), as a user's checkout would be."""

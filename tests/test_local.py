@@ -107,13 +107,23 @@ def _is_running(proc: psutil.Process) -> bool:
 # --------------------------------------------------------------------------- fast
 
 
+def _three_sleeps(pids: list[int]) -> list[int] | None:
+    names = []
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            names.append(psutil.Process(pid).name())
+    return pids if len(pids) == 4 and names.count("sleep") == 3 else None
+
+
 def test_kill_tagged_finds_processes_in_their_own_sessions(tmp_path: Path) -> None:
     """A node's processes are found by their tag, even in new sessions and reparented."""
     env = dict(os.environ, **{constants.LOCAL_NODE_TAG_ENV: "tok/1"})
     script = "sleep 60 & setsid sleep 60 & (sleep 60 &) ; wait"
     proc = subprocess.Popen(["bash", "-c", script], env=env, start_new_session=True)
     try:
-        pids = wait_until(lambda: len(p := tagged_pids("tok", 1)) >= 4 and p, 10, "4 processes")
+        # bash and its three sleeps (the subshell of `(sleep 60 &)` is tagged too until it
+        # exits: wait for the three sleeps, not for any four processes).
+        pids = wait_until(lambda: _three_sleeps(tagged_pids("tok", 1)), 10, "4 processes")
         assert tagged_pids("tok", 0) == [] and tagged_pids("tok") == pids
         killed = kill_tagged("tok", 1)
         assert set(pids) <= set(killed)

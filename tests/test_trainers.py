@@ -344,7 +344,7 @@ def _preempted_once(
 
 
 HF_SCRIPT = REPO / "examples" / "hf_trainer.py"
-HF_ARGS = ["--max-steps", "40", "--save-steps", "20", "--compute-ms", "150"]
+HF_ARGS = ["--max-steps", "40", "--save-steps", "20", "--compute-ms", "400"]  # 8 s after ckpt 20
 
 
 def _hf_ready(keys: list[str]) -> bool:

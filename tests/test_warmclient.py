@@ -28,8 +28,8 @@ def _client(folder: Path) -> Path:
 @pytest.mark.parametrize(
     ("argv", "supported"),
     [(["-u", "train.py", "--steps", "3"], True), (["-m", "pkg.train"], True),
-     (["train.py"], True), (["-c", "print(1)"], False), (["-m"], False), ([], False),
-     (["-u", "-X", "dev", "train.py"], False)],
+     (["train.py"], True), (["-c", "print(1)"], True), (["-c"], False), (["-m"], False),
+     ([], False), (["-u", "-X", "dev", "train.py"], False)],
 )  # fmt: skip
 def test_the_host_runs_only_what_torchrun_starts(argv: list[str], supported: bool) -> None:
     assert warmclient._supported(argv) is supported
