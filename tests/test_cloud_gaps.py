@@ -236,7 +236,8 @@ def test_down_with_an_expired_login_says_so_in_one_line_and_cancels_nothing(
     result = CliRunner().invoke(app, ["down", "llm", "--now"])
     assert result.exit_code != 0 and "Traceback" not in result.output
     (line,) = result.stderr.strip().splitlines()
-    assert "sky api login" in line and fake_sky.live_jobs() == [controller]
+    assert "sky api login" in line and "nothing was done" in line
+    assert fake_sky.live_jobs() == [controller]
     fake_sky._failing.clear()  # logged in again
     assert CliRunner().invoke(app, ["down", "llm", "--now"]).exit_code == 0
     assert fake_sky.live_jobs() == []

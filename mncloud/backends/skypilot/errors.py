@@ -33,8 +33,10 @@ def translate_error(err: BaseException, action: str) -> MncloudError:
             "`sky api start` or check `sky api info`"
         )
     if isinstance(err, sx.ApiServerAuthenticationError):
-        return BackendError(
-            f"cannot {action}: SkyPilot's API server wants a login; `sky api login`"
+        return BackendError(  # the laptop cannot ask what runs: say nothing was changed
+            f"cannot {action}: SkyPilot's API server wants a login (an expired token answers "
+            "so); nothing was done and whatever runs there runs on: `sky api login`, then the "
+            "same command again"
         )
     if isinstance(err, sx.NoCloudAccessError):
         return BackendError(
