@@ -510,7 +510,10 @@ def test_fsdp_in_each_node_under_node_recovery_survives_a_lost_node() -> None:
     from tests.test_node_recovery import events_of, steps_of
 
     flags = ["--nodes", "2", "--gpus", "cpu:2", "--recovery", "node", "--provision-delay", "2s"]
-    args = ["--steps", "120", "--ckpt-interval", "20", "--samples", "240", "--log-every", "40"]
+    # 100 ms a step: node 0 trains on alone for 11 s or more, time for the replacement to boot
+    # cold (its host imports torch) and heal mid-run, whatever else shares the cores.
+    args = ["--steps", "120", "--ckpt-interval", "20", "--samples", "240", "--log-every", "40",
+            "--compute-ms", "100"]  # fmt: skip
     up("fnode", EXAMPLE, *flags, script_args=args)
     wait_until(lambda: len(steps_of("fnode", 1)) >= 10, 300, "10 steps on node 1")
     cli("chaos", "preempt", "fnode", "--node", "1")
