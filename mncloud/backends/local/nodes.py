@@ -85,9 +85,7 @@ def node_env(
     })  # fmt: skip
     # First on the workers' path: what a framework needs on CPUs and not on GPUs (the Trainer's
     # `cpu:0` map_location) and mncloud's step callbacks (`mncloud.train.sitehook`).
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(site_hook(folder)), *filter(None, [env.get("PYTHONPATH")])]
-    )
+    with_site_hook(env, folder)
     if constants.CKPT_DIR_ENV in launch.envs:  # --ckpt-dir: the node's own folder (ckptdir.py)
         env[constants.CKPT_DIR_ENV] = str(node_ckpt_dir(folder, node))
     # Local nodes can be preempted with a notice at any time: watch (unless --env says no).
@@ -96,6 +94,14 @@ def node_env(
         env["SKYPILOT_SETUP_NODE_IPS"] = ips
         env["SKYPILOT_SETUP_NODE_RANK"] = str(node)
     return env
+
+
+def with_site_hook(env: dict[str, str], folder: Path) -> None:
+    """Put the run's site hook (`site_hook`) first on `env`'s PYTHONPATH: a node's run.sh and
+    a warm host alike (a worker forked from a host starts no interpreter of its own)."""
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(site_hook(folder)), *filter(None, [env.get("PYTHONPATH")])]
+    )
 
 
 def site_hook(folder: Path) -> Path:

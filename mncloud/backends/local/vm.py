@@ -40,7 +40,7 @@ import psutil
 
 from mncloud import constants
 from mncloud.backends.local import processes
-from mncloud.backends.local.nodes import site_hook
+from mncloud.backends.local.nodes import with_site_hook
 from mncloud.backends.local.state import SUPERVISOR_LOG, LocalLaunch, node_dir, run_id_of
 from mncloud.backends.local.warmhost import SOCKET, STARTING
 
@@ -90,8 +90,7 @@ class NodeHosts:
         env.update({"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads})
         # The site hook in the host itself (`nodes.site_hook`): a forked worker never starts an
         # interpreter of its own, so the hook's torch fix and import watcher must be the host's.
-        hook = [str(site_hook(self.folder)), *filter(None, [env.get("PYTHONPATH")])]
-        env["PYTHONPATH"] = os.pathsep.join(hook)
+        with_site_hook(env, self.folder)
         env[constants.LOCAL_NODE_TAG_ENV] = processes.node_tag(self.launch.token, node)
         command = [sys.executable, "-m", processes.SUPERVISOR_MODULE, "host", str(here),
                    str(NO_IDLE_S), str(os.getpid())]  # fmt: skip

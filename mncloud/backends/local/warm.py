@@ -36,7 +36,7 @@ from pydantic import BaseModel
 
 from mncloud import constants
 from mncloud.backends.local import processes
-from mncloud.backends.local.nodes import site_hook
+from mncloud.backends.local.nodes import with_site_hook
 from mncloud.backends.local.state import SUPERVISOR_LOG, LocalLaunch, last_step, node_dir
 from mncloud.storage import write_atomic
 
@@ -88,8 +88,7 @@ def start_hosts(folder: Path, launch: LocalLaunch, idle_s: float) -> HostsRecord
         env.update({"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads})
         # The site hook in the host itself: it imports torch ahead of the workers (the `cpu:0`
         # location registered then), and the workers forked from it keep its import hook.
-        hook = [str(site_hook(folder)), *filter(None, [env.get("PYTHONPATH")])]
-        env["PYTHONPATH"] = os.pathsep.join(hook)
+        with_site_hook(env, folder)
         env[constants.LOCAL_NODE_TAG_ENV] = processes.node_tag(token, host_tag(node))
         with open(folder / SUPERVISOR_LOG, "ab") as log:
             proc = subprocess.Popen(
