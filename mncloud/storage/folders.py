@@ -43,7 +43,8 @@ file and the folder) and left out, so the framework resumes from the next older 
   after the node's ranks are done: e.g. local rank 0 after a barrier, in `on_save`).
   Without `announce()`, a folder is marked once every file of it kept still one scan (0.25 s)
   and none is open for writing: enough for a folder renamed into place, as the Trainer does.
-- `survey(ckpt_uri)` -> every unit's `Verdict` (committed or why not); `newest_committed(uri)`.
+- `survey(ckpt_uri)` -> every unit's `Verdict` (committed or why not); the newest committed
+  one by its step is `operate.status.newest_ckpt_dir_entry` (`storage.frameworkdirs`).
 """
 
 from __future__ import annotations
@@ -213,12 +214,6 @@ def survey(ckpt_uri: str, retry_seconds: float = 5.0) -> list[Verdict]:
     """A run's `--ckpt-dir` units in its bucket (`ckpt_uri` is the run's checkpoint URL)."""
     bucket, prefix = open_bucket(layout.ckpt_dir_uri(ckpt_uri), retry_seconds=retry_seconds)
     return judge(bucket, prefix)
-
-
-def newest_committed(ckpt_uri: str, retry_seconds: float = 5.0) -> str | None:
-    """The committed folder written last (by its files' time), or None."""
-    done = [v for v in survey(ckpt_uri, retry_seconds) if v.folder and v.committed]
-    return max(done, key=lambda v: v.mtime).name if done else None
 
 
 # --------------------------------------------------------------------- the training side
