@@ -247,7 +247,7 @@ def test_lost_node_is_replaced_alone_and_heals_from_a_live_peer() -> None:
 def test_a_replacement_lost_as_it_joins_does_not_hold_the_survivors() -> None:
     """Node 1's replacement is killed the moment it joins (before its first quorum, or while
     the group that includes it is being made): the survivors give up on it (within
-    `CONFIGURE_TIMEOUT_S` at worst) and go on as two, before the second replacement starts."""
+    `CONFIGURE_TIMEOUT_S` at worst) and go on as two, before the second replacement joins."""
     from mncloud.train.ft import CONFIGURE_TIMEOUT_S
 
     delay = CONFIGURE_TIMEOUT_S + 15
@@ -266,8 +266,13 @@ def test_a_replacement_lost_as_it_joins_does_not_hold_the_survivors() -> None:
     second = wait_until(lambda: node_events("rj", "node-lost")[1:], 30, "second node-lost")[0]
     wait_until(lambda: node_events("rj", "node-start")[1:], delay + 30, "second replacement")
     restarted = node_events("rj", "node-start")[1]
+    # Until the second replacement joins (it starts `delay` after the loss, then starts cold)
+    # the survivors can only have stepped as two: held by the lost one, they would show none.
+    rejoined = wait_until(
+        lambda: [r["t"] for r in events_of("rj", "join", 1) if r["t"] > restarted], 180, "rejoin"
+    )[0]
     for n in (0, 2):
-        went_on = [s for t, s in steps_of("rj", n) if second < t < restarted]
+        went_on = [s for t, s in steps_of("rj", n) if second < t < rejoined]
         assert len(went_on) >= 5 and went_on == sorted(went_on), (n, went_on)
     cli("down", "rj", "--now", "--yes")
 
