@@ -8,6 +8,7 @@ record directly, once per session, inside the test runtime folder conftest.py se
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 import pytest
 
@@ -16,8 +17,12 @@ SEEDED_CLOUDS = ["AWS", "GCP", "Lambda", "RunPod"]
 
 
 @pytest.fixture(scope="session")
-def sky_enabled_clouds() -> list[str]:
-    """Mark SEEDED_CLOUDS enabled (compute and storage) in SkyPilot's state; return them."""
+def sky_enabled_clouds() -> Iterator[list[str]]:
+    """Mark SEEDED_CLOUDS enabled (compute and storage) in SkyPilot's state; yield them.
+
+    Offline and without AWS credentials, SkyPilot's dry run asks boto3 for a client (to read
+    the image's size) and retries the missing credentials 5 times with backoff: ~50 s of
+    sleep, then the same NoCredentialsError it handles. One attempt here: the same answer."""
     if not os.environ.get("SKY_RUNTIME_DIR"):
         pytest.skip("SKY_RUNTIME_DIR is unset: refusing to seed the user's own SkyPilot state")
     from sky import check as sky_check
@@ -30,4 +35,11 @@ def sky_enabled_clouds() -> list[str]:
     )
     for capability in (cloud_lib.CloudCapability.COMPUTE, cloud_lib.CloudCapability.STORAGE):
         global_user_state.set_enabled_clouds(list(SEEDED_CLOUDS), capability, workspace)
-    return list(SEEDED_CLOUDS)
+    from sky.adaptors import aws
+
+    attempts = aws._MAX_ATTEMPT_FOR_CREATION
+    aws._MAX_ATTEMPT_FOR_CREATION = 1
+    try:
+        yield list(SEEDED_CLOUDS)
+    finally:
+        aws._MAX_ATTEMPT_FOR_CREATION = attempts

@@ -43,7 +43,7 @@ def test_draw_has_every_kind_and_is_seeded() -> None:
 
 @pytest.mark.slow
 def test_one_fault_of_each_kind_ends_with_the_uninterrupted_weights() -> None:
-    result = soak.soak(len(soak.KINDS), seed=3, storage_s=(5, 5))
+    result = soak.soak(len(soak.KINDS), seed=3, storage_s=(5, 5), reference_alongside=True)
     report = soak.report(result)
     assert result["by_kind"] == {k: 1 for k in soak.KINDS}, report
     assert result["state"] == "SUCCEEDED", report
