@@ -48,12 +48,33 @@ def mncloud_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.M
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Skip every test that needs the catalog when there is none, with the reason."""
+    """The heavy modules first (`_heavy_modules_first`); skip every test that needs the catalog
+    when there is none, with the reason."""
+    _heavy_modules_first(items)
     if HAVE_CATALOG:
         return
     for item in items:
         if item.get_closest_marker("catalog"):
             item.add_marker(needs_catalog)
+
+
+#: The modules of minutes of real local runs each (the suite's durations), heaviest first.
+HEAVY_MODULES = ("test_fsdp", "test_node_recovery", "test_trainers", "test_control_local",
+                 "test_soak", "test_elastic", "test_local", "test_control_places",
+                 "test_series", "test_runs", "test_preempt", "test_controller_crash")  # fmt: skip
+
+
+def _heavy_modules_first(items: list[pytest.Item]) -> None:
+    """Run HEAVY_MODULES first, each module's tests kept together and in order. pytest-xdist
+    (`--dist loadfile`) hands whole modules to its workers in collection order: so the heavy
+    ones start early and the run ends on short modules, not with one worker idle while the
+    other finishes minutes of real runs."""
+
+    def rank(item: pytest.Item) -> int:
+        name = Path(item.nodeid.split("::")[0]).stem
+        return HEAVY_MODULES.index(name) if name in HEAVY_MODULES else len(HEAVY_MODULES)
+
+    items.sort(key=rank)  # stable: the rest keep their order
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
