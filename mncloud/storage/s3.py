@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -53,15 +54,39 @@ def error_code(err: Any) -> str:
     return str(err.response.get("Error", {}).get("Code", ""))
 
 
+#: What a client's credentials, region and trust come from: a cached client is one made with
+#: the same values (a process whose environment changes gets a new one).
+CLIENT_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
+              "AWS_REGION", "AWS_DEFAULT_REGION", "AWS_SHARED_CREDENTIALS_FILE",
+              "AWS_CONFIG_FILE", "AWS_CA_BUNDLE")  # fmt: skip
+_MAX_CLIENTS = 32
+_clients: dict[tuple[Any, ...], Any] = {}
+_clients_lock = threading.Lock()
+
+
 def make_client(
     endpoint_url: str | None = None, *, read_timeout: float = 60, pool: int = 10
 ) -> Any:
-    """A boto3 S3 client: short SDK retries, path-style addressing for a custom endpoint."""
+    """A boto3 S3 client: short SDK retries, path-style addressing for a custom endpoint.
+
+    One per process and settings, shared (boto3's clients are thread-safe): making one costs
+    ~0.1 s of CPU (botocore loads S3's service model), which a rank writing its telemetry
+    every half second, or a loop polling a bucket, would otherwise pay each time."""
+    endpoint_url = endpoint_url or os.environ.get("AWS_ENDPOINT_URL") or None
+    key = (os.getpid(), endpoint_url, read_timeout, pool, *map(os.environ.get, CLIENT_ENV))
+    with _clients_lock:
+        if key not in _clients:
+            if len(_clients) >= _MAX_CLIENTS:
+                _clients.clear()
+            _clients[key] = _new_client(endpoint_url, read_timeout, pool)
+        return _clients[key]
+
+
+def _new_client(endpoint_url: str | None, read_timeout: float, pool: int) -> Any:
     import boto3
     from botocore.config import Config
 
     isolate_sdk_random("s3")
-    endpoint_url = endpoint_url or os.environ.get("AWS_ENDPOINT_URL") or None
     config = Config(
         retries={"mode": "standard", "total_max_attempts": SDK_ATTEMPTS},
         max_pool_connections=pool,
