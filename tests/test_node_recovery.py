@@ -38,6 +38,10 @@ SLOW_NODES = [*NODES[:-1], "8s"]
 # lost at ~step 130, it joined at step 1100 on 2 busy cores (load 6).
 STEPS = 2000
 TRAIN = ["--steps", str(STEPS), "--ckpt-interval", "50", "--log-every", "500"]
+# Test 2's survivors step at >= 30 ms (`--compute-ms`, an idle wait): they leave the cores to
+# the replacements' cold starts. (Not test 1's: paced to 800 steps, its replacement, 55 s cold
+# at load 14, joined after the survivors ended; a fixed step count cannot end at the join.)
+PACE = ["--compute-ms", "30"]
 
 
 _read: dict[str, tuple[SeriesTail, Series]] = {}
@@ -254,7 +258,7 @@ def test_a_replacement_lost_as_it_joins_does_not_hold_the_survivors() -> None:
     configure timeout (held by the lost one, they would never step and the wait fails)."""
     from mncloud.train.ft import CONFIGURE_TIMEOUT_S
 
-    up("rj", EXAMPLE, *NODES, script_args=["--steps", "6000", "--ckpt-interval", "100"])
+    up("rj", EXAMPLE, *NODES, script_args=["--steps", "6000", "--ckpt-interval", "100", *PACE])
     wait_until(lambda: all_three_stepping("rj"), 180, "a quorum of all three, stepping")
     cli("chaos", "preempt", "rj", "--node", "1")
     lost_at = wait_until(
