@@ -215,20 +215,33 @@ def _files(folder: Path) -> dict[str, bytes]:
 
 
 SMALL = ["--layers", "1", "--dim", "32", "--steps", "10", "--global-batch", "4"]
+SIZED = ["--gpus-per-node", "4", "--nodes", "2"]
+
+
+@pytest.fixture(scope="module")
+def small_profile() -> Any:
+    """`mncloud profile --json` of the example with SMALL on 2 nodes × 4 GPUs, run once (a
+    process that imports torch and trains): the profile test reads its answer, the refused
+    resume saves the profile it printed."""
+    from mncloud.cli import app
+    from tests.test_local import runner
+
+    return runner.invoke(app, ["profile", str(EXAMPLE), *SIZED, "--json", "--", *SMALL])
 
 
 @pytest.mark.slow
 @pytest.mark.catalog
-def test_a_resume_onto_another_model_is_refused_before_launch() -> None:
+def test_a_resume_onto_another_model_is_refused_before_launch(small_profile: Any) -> None:
     """The script's profile says what it builds (dim 32); the checkpoint under the run's name
     was written by dim 16: `up --resume` names the first difference, exit 2, launches
     nothing, and leaves the checkpoint as it was."""
     from mncloud import layout
     from mncloud.cli import app
-    from mncloud.plan.profile import run_profile, save
+    from mncloud.plan.profile import StepProfile, save
     from tests.test_local import runner, state_of
 
-    save(run_profile(EXAMPLE, SMALL))
+    assert small_profile.exit_code == 0, small_profile.output
+    save(StepProfile.model_validate(json.loads(small_profile.stdout)))  # run_profile's answer
     folder = layout.local_ckpt_dir("other")
     _save_checkpoint(folder.as_uri(), ["--layers", "1", "--dim", "16"])
     before = _files(folder)
@@ -302,7 +315,7 @@ def test_a_refusal_at_the_first_load_ends_the_run_without_a_retry() -> None:
 
 
 @pytest.mark.slow
-def test_the_profile_of_a_sharded_script_reports_memory_per_gpu_sharded() -> None:
+def test_the_profile_of_a_sharded_script_reports_memory_per_gpu_sharded(small_profile: Any) -> None:
     """`mncloud profile` of the FSDP example learns from `parallelize` that it shards: on 2
     nodes × 4 GPUs each GPU holds an eighth of the weights, gradients and optimizer state
     (a node's quarter under hsdp), plus the activations; the same script run as ddp holds a
@@ -311,8 +324,7 @@ def test_the_profile_of_a_sharded_script_reports_memory_per_gpu_sharded() -> Non
     from mncloud.plan.profile import StepProfile, find
     from tests.test_local import runner
 
-    sized = ["--gpus-per-node", "4", "--nodes", "2"]
-    result = runner.invoke(app, ["profile", str(EXAMPLE), *sized, "--json", "--", *SMALL])
+    result = small_profile
     assert result.exit_code == 0, result.output
     fsdp = json.loads(result.stdout)
     state = fsdp["weight_bytes"] + fsdp["grad_bytes"] + fsdp["optimizer_bytes"]
@@ -324,7 +336,7 @@ def test_the_profile_of_a_sharded_script_reports_memory_per_gpu_sharded() -> Non
     assert need == pytest.approx(state / 4 + fsdp["activation_bytes"]) and "÷ 4 GPUs" in how
 
     ddp_args = [*SMALL, "--parallel", "ddp"]
-    text = runner.invoke(app, ["profile", str(EXAMPLE), *sized, "--", *ddp_args]).output
+    text = runner.invoke(app, ["profile", str(EXAMPLE), *SIZED, "--", *ddp_args]).output
     ddp, _ = find(EXAMPLE, ddp_args)
     assert ddp is not None and ddp.parallel == "ddp"
     whole = ddp.weight_bytes + ddp.grad_bytes + ddp.optimizer_bytes + ddp.activation_bytes
@@ -333,7 +345,7 @@ def test_the_profile_of_a_sharded_script_reports_memory_per_gpu_sharded() -> Non
 
     # --meta (fake parameters: `model.to(device)` swaps them, the checkpoint's staging is not
     # warmed) counts the same model: the same work and state, sharded the same way.
-    meta_run = runner.invoke(app, ["profile", "--meta", str(EXAMPLE), *sized, "--json", "--",
+    meta_run = runner.invoke(app, ["profile", "--meta", str(EXAMPLE), *SIZED, "--json", "--",
                                    *SMALL])  # fmt: skip
     assert meta_run.exit_code == 0, meta_run.output
     meta = json.loads(meta_run.stdout)
