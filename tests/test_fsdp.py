@@ -370,10 +370,14 @@ def _hash(tensors: dict[str, Any]) -> str:
 FLAGS = ["--gpus", "cpu:2", "--recovery-delay", "0.5s"]
 
 
-def _train_args(parallel: str, steps: int = 30) -> list[str]:
-    """The script's arguments of a run on 240 samples: with 30 steps, the tests below share
+STEPS, SAMPLES, EPOCH = 15, 120, 5
+"""The reference runs' steps, on SAMPLES samples: a global batch of 24, 5 steps an epoch."""
+
+
+def _train_args(parallel: str, steps: int = STEPS) -> list[str]:
+    """The script's arguments of a run on 120 samples: with 15 steps, the tests below share
     one uninterrupted reference per layout (`tests/reference.py`)."""
-    return ["--steps", str(steps), "--samples", "240", "--ckpt-interval", "5",
+    return ["--steps", str(steps), "--samples", str(SAMPLES), "--ckpt-interval", "5",
             "--parallel", parallel]  # fmt: skip
 
 
@@ -404,11 +408,11 @@ def test_fsdp_preempted_once_ends_on_the_uninterrupted_weights(s3_env: Any, tmp_
     assert state.preemptions == 1
     final = read_final(state.ckpt_uri)
     reference = reference_final(EXAMPLE, ["--nodes", "2", *FLAGS], args)  # after: no load
-    assert reference["steps"] == 30
+    assert reference["steps"] == STEPS
     assert final is not None and final["weights_sha256"] == reference["weights_sha256"]
 
     # Each rank wrote only its own shard: ≤ 0.6 × the model-and-optimizer bytes at world 4.
-    manifest = store.read_manifest(30)
+    manifest = store.read_manifest(STEPS)
     assert manifest.world_size == 4
     assert manifest.extra["mesh"] == {"shape": [4], "dims": ["shard"], "placements": ["S(0)"]}
     model = _example().make_model(_example_args())
@@ -446,16 +450,16 @@ def _steps_trained(folder: Path) -> dict[int, list[int]]:
 def test_resumed_on_3_nodes_then_1_every_sample_once_per_epoch(
     parallel: str, tmp_path: Path
 ) -> None:
-    """Stopped at 2 nodes after step 7, resumed on 3 nodes to step 19, then on 1 to step 30:
-    240 samples, a global batch of 24 (10 steps an epoch)."""
+    """Stopped at 2 nodes after step 4, resumed on 3 nodes to step 9, then on 1 to step 15:
+    120 samples, a global batch of 24 (5 steps an epoch; each leg ends mid-epoch)."""
     from mncloud.backends.base import RunState
     from mncloud.backends.local.figures import read_final
     from tests.reference import reference_final
     from tests.test_local import run_log, up, wait_final
 
     samples = tmp_path / "samples"
-    for nodes, steps in ((2, 7), (3, 19), (1, 30)):
-        resume = ["--resume"] if steps > 7 else []
+    for nodes, steps in ((2, 4), (3, 9), (1, STEPS)):
+        resume = ["--resume"] if nodes != 2 else []
         up("elastic", EXAMPLE, "--nodes", str(nodes), *FLAGS, *resume,
            script_args=[*_train_args(parallel, steps), "--sample-log", str(samples)])  # fmt: skip
         leg = wait_final("elastic", timeout=400)
@@ -465,10 +469,11 @@ def test_resumed_on_3_nodes_then_1_every_sample_once_per_epoch(
         assert final["world_size"] == 2 * nodes
     assert final is not None
     trained = _steps_trained(samples)
-    assert sorted(trained) == list(range(1, 31))
-    for epoch in range(3):
-        ids = [i for step in range(10 * epoch + 1, 10 * epoch + 11) for i in trained[step]]
-        assert sorted(ids) == list(range(240)), f"epoch {epoch}"
+    assert sorted(trained) == list(range(1, STEPS + 1))
+    for epoch in range(STEPS // EPOCH):
+        first = EPOCH * epoch + 1
+        ids = [i for step in range(first, first + EPOCH) for i in trained[step]]
+        assert sorted(ids) == list(range(SAMPLES)), f"epoch {epoch}"
     reference = reference_final(EXAMPLE, ["--nodes", "2", *FLAGS], _train_args(parallel))
     assert abs(final["final_loss"] - reference["final_loss"]) <= 0.01 * reference["final_loss"]
     # The export of the last checkpoint (saved by 2 ranks) is the gathered model, bit for bit.
