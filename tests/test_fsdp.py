@@ -215,20 +215,33 @@ def _files(folder: Path) -> dict[str, bytes]:
 
 
 SMALL = ["--layers", "1", "--dim", "32", "--steps", "10", "--global-batch", "4"]
+SIZED = ["--gpus-per-node", "4", "--nodes", "2"]
+
+
+@pytest.fixture(scope="module")
+def small_profile() -> Any:
+    """`mncloud profile --json` of the example with SMALL on 2 nodes × 4 GPUs, run once (a
+    process that imports torch and trains): the profile test reads its answer, the refused
+    resume saves the profile it printed."""
+    from mncloud.cli import app
+    from tests.test_local import runner
+
+    return runner.invoke(app, ["profile", str(EXAMPLE), *SIZED, "--json", "--", *SMALL])
 
 
 @pytest.mark.slow
 @pytest.mark.catalog
-def test_a_resume_onto_another_model_is_refused_before_launch() -> None:
+def test_a_resume_onto_another_model_is_refused_before_launch(small_profile: Any) -> None:
     """The script's profile says what it builds (dim 32); the checkpoint under the run's name
     was written by dim 16: `up --resume` names the first difference, exit 2, launches
     nothing, and leaves the checkpoint as it was."""
     from mncloud import layout
     from mncloud.cli import app
-    from mncloud.plan.profile import run_profile, save
+    from mncloud.plan.profile import StepProfile, save
     from tests.test_local import runner, state_of
 
-    save(run_profile(EXAMPLE, SMALL))
+    assert small_profile.exit_code == 0, small_profile.output
+    save(StepProfile.model_validate(json.loads(small_profile.stdout)))  # run_profile's answer
     folder = layout.local_ckpt_dir("other")
     _save_checkpoint(folder.as_uri(), ["--layers", "1", "--dim", "16"])
     before = _files(folder)
@@ -302,7 +315,7 @@ def test_a_refusal_at_the_first_load_ends_the_run_without_a_retry() -> None:
 
 
 @pytest.mark.slow
-def test_the_profile_of_a_sharded_script_reports_memory_per_gpu_sharded() -> None:
+def test_the_profile_of_a_sharded_script_reports_memory_per_gpu_sharded(small_profile: Any) -> None:
     """`mncloud profile` of the FSDP example learns from `parallelize` that it shards: on 2
     nodes × 4 GPUs each GPU holds an eighth of the weights, gradients and optimizer state
     (a node's quarter under hsdp), plus the activations; the same script run as ddp holds a
@@ -311,8 +324,7 @@ def test_the_profile_of_a_sharded_script_reports_memory_per_gpu_sharded() -> Non
     from mncloud.plan.profile import StepProfile, find
     from tests.test_local import runner
 
-    sized = ["--gpus-per-node", "4", "--nodes", "2"]
-    result = runner.invoke(app, ["profile", str(EXAMPLE), *sized, "--json", "--", *SMALL])
+    result = small_profile
     assert result.exit_code == 0, result.output
     fsdp = json.loads(result.stdout)
     state = fsdp["weight_bytes"] + fsdp["grad_bytes"] + fsdp["optimizer_bytes"]
@@ -324,7 +336,7 @@ def test_the_profile_of_a_sharded_script_reports_memory_per_gpu_sharded() -> Non
     assert need == pytest.approx(state / 4 + fsdp["activation_bytes"]) and "÷ 4 GPUs" in how
 
     ddp_args = [*SMALL, "--parallel", "ddp"]
-    text = runner.invoke(app, ["profile", str(EXAMPLE), *sized, "--", *ddp_args]).output
+    text = runner.invoke(app, ["profile", str(EXAMPLE), *SIZED, "--", *ddp_args]).output
     ddp, _ = find(EXAMPLE, ddp_args)
     assert ddp is not None and ddp.parallel == "ddp"
     whole = ddp.weight_bytes + ddp.grad_bytes + ddp.optimizer_bytes + ddp.activation_bytes
@@ -333,7 +345,7 @@ def test_the_profile_of_a_sharded_script_reports_memory_per_gpu_sharded() -> Non
 
     # --meta (fake parameters: `model.to(device)` swaps them, the checkpoint's staging is not
     # warmed) counts the same model: the same work and state, sharded the same way.
-    meta_run = runner.invoke(app, ["profile", "--meta", str(EXAMPLE), *sized, "--json", "--",
+    meta_run = runner.invoke(app, ["profile", "--meta", str(EXAMPLE), *SIZED, "--json", "--",
                                    *SMALL])  # fmt: skip
     assert meta_run.exit_code == 0, meta_run.output
     meta = json.loads(meta_run.stdout)
@@ -358,10 +370,14 @@ def _hash(tensors: dict[str, Any]) -> str:
 FLAGS = ["--gpus", "cpu:2", "--recovery-delay", "0.5s"]
 
 
-def _train_args(parallel: str, steps: int = 30) -> list[str]:
-    """The script's arguments of a run on 240 samples: with 30 steps, the tests below share
+STEPS, SAMPLES, EPOCH = 15, 120, 5
+"""The reference runs' steps, on SAMPLES samples: a global batch of 24, 5 steps an epoch."""
+
+
+def _train_args(parallel: str, steps: int = STEPS) -> list[str]:
+    """The script's arguments of a run on 120 samples: with 15 steps, the tests below share
     one uninterrupted reference per layout (`tests/reference.py`)."""
-    return ["--steps", str(steps), "--samples", "240", "--ckpt-interval", "5",
+    return ["--steps", str(steps), "--samples", str(SAMPLES), "--ckpt-interval", "5",
             "--parallel", parallel]  # fmt: skip
 
 
@@ -392,11 +408,11 @@ def test_fsdp_preempted_once_ends_on_the_uninterrupted_weights(s3_env: Any, tmp_
     assert state.preemptions == 1
     final = read_final(state.ckpt_uri)
     reference = reference_final(EXAMPLE, ["--nodes", "2", *FLAGS], args)  # after: no load
-    assert reference["steps"] == 30
+    assert reference["steps"] == STEPS
     assert final is not None and final["weights_sha256"] == reference["weights_sha256"]
 
     # Each rank wrote only its own shard: ≤ 0.6 × the model-and-optimizer bytes at world 4.
-    manifest = store.read_manifest(30)
+    manifest = store.read_manifest(STEPS)
     assert manifest.world_size == 4
     assert manifest.extra["mesh"] == {"shape": [4], "dims": ["shard"], "placements": ["S(0)"]}
     model = _example().make_model(_example_args())
@@ -434,16 +450,16 @@ def _steps_trained(folder: Path) -> dict[int, list[int]]:
 def test_resumed_on_3_nodes_then_1_every_sample_once_per_epoch(
     parallel: str, tmp_path: Path
 ) -> None:
-    """Stopped at 2 nodes after step 7, resumed on 3 nodes to step 19, then on 1 to step 30:
-    240 samples, a global batch of 24 (10 steps an epoch)."""
+    """Stopped at 2 nodes after step 4, resumed on 3 nodes to step 9, then on 1 to step 15:
+    120 samples, a global batch of 24 (5 steps an epoch; each leg ends mid-epoch)."""
     from mncloud.backends.base import RunState
     from mncloud.backends.local.figures import read_final
     from tests.reference import reference_final
     from tests.test_local import run_log, up, wait_final
 
     samples = tmp_path / "samples"
-    for nodes, steps in ((2, 7), (3, 19), (1, 30)):
-        resume = ["--resume"] if steps > 7 else []
+    for nodes, steps in ((2, 4), (3, 9), (1, STEPS)):
+        resume = ["--resume"] if nodes != 2 else []
         up("elastic", EXAMPLE, "--nodes", str(nodes), *FLAGS, *resume,
            script_args=[*_train_args(parallel, steps), "--sample-log", str(samples)])  # fmt: skip
         leg = wait_final("elastic", timeout=400)
@@ -453,10 +469,11 @@ def test_resumed_on_3_nodes_then_1_every_sample_once_per_epoch(
         assert final["world_size"] == 2 * nodes
     assert final is not None
     trained = _steps_trained(samples)
-    assert sorted(trained) == list(range(1, 31))
-    for epoch in range(3):
-        ids = [i for step in range(10 * epoch + 1, 10 * epoch + 11) for i in trained[step]]
-        assert sorted(ids) == list(range(240)), f"epoch {epoch}"
+    assert sorted(trained) == list(range(1, STEPS + 1))
+    for epoch in range(STEPS // EPOCH):
+        first = EPOCH * epoch + 1
+        ids = [i for step in range(first, first + EPOCH) for i in trained[step]]
+        assert sorted(ids) == list(range(SAMPLES)), f"epoch {epoch}"
     reference = reference_final(EXAMPLE, ["--nodes", "2", *FLAGS], _train_args(parallel))
     assert abs(final["final_loss"] - reference["final_loss"]) <= 0.01 * reference["final_loss"]
     # The export of the last checkpoint (saved by 2 ranks) is the gathered model, bit for bit.
@@ -510,9 +527,11 @@ def test_fsdp_in_each_node_under_node_recovery_survives_a_lost_node() -> None:
     from tests.test_node_recovery import events_of, steps_of
 
     flags = ["--nodes", "2", "--gpus", "cpu:2", "--recovery", "node", "--provision-delay", "2s"]
-    # 100 ms a step: node 0 trains on alone for 11 s or more, time for the replacement to boot
-    # cold (its host imports torch) and heal mid-run, whatever else shares the cores.
-    args = ["--steps", "120", "--ckpt-interval", "20", "--samples", "240", "--log-every", "40",
+    # 300 ms a step or more (3 micro-batches of 100 ms, an idle wait): node 0 trains on alone
+    # for 24 s or more, time for the replacement to boot cold (its host imports torch) and
+    # heal mid-run, whatever else shares the cores: it healed at step 25 at load 7 (120 steps
+    # left 95 after it); at load 14 it took 57 s, while node 0 stepped once a second.
+    args = ["--steps", "90", "--ckpt-interval", "20", "--samples", "240", "--log-every", "20",
             "--compute-ms", "100"]  # fmt: skip
     up("fnode", EXAMPLE, *flags, script_args=args)
     wait_until(lambda: len(steps_of("fnode", 1)) >= 10, 300, "10 steps on node 1")
@@ -527,7 +546,7 @@ def test_fsdp_in_each_node_under_node_recovery_survives_a_lost_node() -> None:
     # The replacement healed from node 0's sharded state mid-run and trained beside it: the
     # equal weights below come from averaging the shards across nodes, not from a late copy.
     healed = [h for h in events_of("fnode", "heal", 1) if h["t"] > killed_at]
-    assert healed and healed[0]["step"] < 120, healed
+    assert healed and healed[0]["step"] < 90, healed
     done = {r["node"]: r for r in events_of("fnode", "done")}
-    assert sorted(done) == [0, 1] and {d["steps"] for d in done.values()} == {120}
+    assert sorted(done) == [0, 1] and {d["steps"] for d in done.values()} == {90}
     assert len({d["weights_sha256"] for d in done.values()}) == 1  # the same replica, twice
