@@ -94,6 +94,9 @@ class SeriesWriter:
         self._wake = threading.Event()
         self._closed = False
         self._thread: threading.Thread | None = None
+        self._bucket: tuple[Any, str] | None = None
+        """The bucket and key prefix, opened on the first write and kept: an S3 client is a
+        boto3 session of its own (tens of ms of CPU each), not one per segment."""
         if background:
             self._thread = threading.Thread(target=self._loop, name="mncloud-series", daemon=True)
             self._thread.start()
@@ -134,7 +137,9 @@ class SeriesWriter:
         try:
             from mncloud.storage import join_key, open_bucket
 
-            bucket, prefix = open_bucket(self.uri, retry_seconds=2.0)
+            if self._bucket is None:
+                self._bucket = open_bucket(self.uri, retry_seconds=2.0)
+            bucket, prefix = self._bucket
             bucket.put_bytes(join_key(prefix, name), body.encode())
         except Exception as err:  # telemetry must never break training
             log.warning("telemetry segment not written (kept for the next try): %s", err)
