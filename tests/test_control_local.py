@@ -19,19 +19,22 @@ from mncloud.cli import app
 from mncloud.layout import local_ckpt_dir
 from mncloud.records.ledger import cost_summary
 from mncloud.records.store import find_record
-from tests.reference import reference_final
+from tests.reference import start_reference
 from tests.test_local import EXAMPLE, run_log, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.catalog]
 runner = CliRunner()
 NODES = ["--nodes", "2", "--gpus", "cpu:2", "--recovery", "gang"]
-SCALE = 12  # a 60 s tick of the trace passes in 5 s
+SCALE = 24  # a 60 s tick of the trace passes in 2.5 s
 # Long enough that the trace's spot capacity goes away mid-training: steps of known length
-# (≥ 30 s in all), so a fast machine cannot finish on spot before the trace takes it at 25 s.
-TRAIN = ["--steps", "600", "--ckpt-interval", "20", "--log-every", "200", "--compute-ms", "50"]
-# Run time paced by the training (`control/pacing.py`): `--hours` is TRAIN's 600 steps, and a
+# (≥ 15 s in all), so a fast machine cannot finish on spot before the trace takes it at 12.5 s.
+TRAIN = ["--steps", "300", "--ckpt-interval", "10", "--log-every", "100", "--compute-ms", "50"]
+# The nodes' preflight (a few seconds a launch on 2 cores) is not what these runs prove:
+# tests/test_controller_crash.py's rehearsal keeps it.
+QUICK_START = ["--no-preflight"]
+# Run time paced by the training (`control/pacing.py`): `--hours` is TRAIN's 300 steps, and a
 # tick of work passes only when its steps are done, so a slow machine meets the deadline too.
-PACED = ["--pace-steps", "600"]
+PACED = ["--pace-steps", "300"]
 
 
 def _trace(folder: Path, data: list[int]) -> Path:
@@ -43,7 +46,8 @@ def _trace(folder: Path, data: list[int]) -> Path:
 def _deadline_up(name: str, trace: Path, *flags: str, steps: list[str]) -> None:
     args = ["up", str(EXAMPLE), "--cloud", "local", "--name", name, "--yes", *NODES,
             "--spot-trace", str(trace), "--time-scale", str(SCALE), "--spot-price", "1",
-            "--on-demand-price", "3", "--recovery-minutes", "4", *flags, "--", *steps]  # fmt: skip
+            "--on-demand-price", "3", "--recovery-minutes", "4", *QUICK_START, *flags, "--",
+            *steps]  # fmt: skip
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     assert "deadline controller started" in result.stdout
@@ -66,6 +70,9 @@ def test_spot_lost_then_on_demand_meets_the_deadline_with_the_same_weights(
 ) -> None:
     """Spot for 5 ticks, then none: preempted, switched to on-demand, done by the deadline."""
     trace = _trace(tmp_path, [2] * 5 + [0] * 60)
+    # The uninterrupted run beside this one: its load only slows the training, which the
+    # paced run time waits for (`--pace-steps`).
+    uninterrupted = start_reference(EXAMPLE, NODES, TRAIN)
     _deadline_up("dl", trace, "--deadline", "18m", "--hours", "0.15", *PACED, steps=TRAIN)
     state = _wait_controller("dl", 900)  # a bound on a hang only: slow is fine
     assert state.phase == "finished", (state.detail, run_log("dl"))
@@ -89,15 +96,15 @@ def test_spot_lost_then_on_demand_meets_the_deadline_with_the_same_weights(
     assert status["state"] == "SUCCEEDED" and status["deadline"]["mode"] == "finished"
     assert status["deadline"]["on_demand_cost"] > 0 and status["deadline"]["preemptions"] >= 1
 
-    reference = reference_final(EXAMPLE, NODES, TRAIN)  # uninterrupted, after: no load on timing
-    final = read_final(f"file://{local_ckpt_dir('dl')}")
+    reference, final = uninterrupted(), read_final(f"file://{local_ckpt_dir('dl')}")
     assert reference and final and final["weights_sha256"] == reference["weights_sha256"]
 
 
 def test_budget_stops_the_run_cleanly_and_keeps_its_checkpoint(tmp_path: Path) -> None:
     trace = _trace(tmp_path, [2] * 200)
-    long_run = ["--steps", "100000", "--ckpt-interval", "20", "--log-every", "1000"]
-    # 2 nodes × $1/h of run time: $0.033 a tick; the budget lasts ~9 ticks (45 s).
+    # A checkpoint every 5 steps: the first comes early in the budget's wall time.
+    long_run = ["--steps", "100000", "--ckpt-interval", "5", "--log-every", "1000"]
+    # 2 nodes × $1/h of run time: $0.033 a tick; the budget lasts ~9 ticks (22.5 s).
     _deadline_up("pay", trace, "--deadline", "3h", "--hours", "1", "--budget", "0.3",
                  steps=long_run)  # fmt: skip
     state = _wait_controller("pay", 240)
@@ -108,7 +115,7 @@ def test_budget_stops_the_run_cleanly_and_keeps_its_checkpoint(tmp_path: Path) -
     status = json.loads(runner.invoke(app, ["status", "pay", "--json"]).stdout)[0]
     assert status["state"] == "CANCELLED" and "budget" in status["detail"]
     # The newest complete checkpoint is kept and named; the budget is wall time here, so a
-    # machine too slow to save one within the budget's 45 s keeps none and says nothing.
+    # machine too slow to save one within the budget's 22.5 s keeps none and says nothing.
     step = status["ckpt_step"]
     kept = f"checkpoint step {step} kept"
     assert (kept in state.detail) if step else ("kept" not in state.detail), state.detail
@@ -118,9 +125,10 @@ def test_a_node_lost_while_spot_is_offered_is_launched_again(tmp_path: Path) -> 
     """A spot node killed outside the trace (spot still offered): the held gang is taken as
     preempted and launched again on spot from its checkpoint, and the run finishes."""
     trace = _trace(tmp_path, [2] * 200)
-    # TRAIN without its 50 ms steps: no tick here waits on the training (spot throughout, the
-    # deadline far), so idle steps would only make the relaunch 30 s longer.
-    quick = ["--steps", "600", "--ckpt-interval", "20", "--log-every", "200"]
+    # No tick here waits on the training (spot throughout, the deadline far): few steps, each
+    # ≥ 60 ms so that a fast machine cannot end the run between its first checkpoint (step 10)
+    # and the kill: 90 steps, ≥ 5.4 s.
+    quick = ["--steps", "100", "--ckpt-interval", "10", "--log-every", "50", "--compute-ms", "60"]
     _deadline_up("held", trace, "--deadline", "2h", "--hours", "0.2", steps=quick)
     first = wait_until(lambda: (s := control.load_state("held")).run_ids and s, 120, "a launch")
     wait_until(lambda: any(local_ckpt_dir("held").rglob("COMPLETE")), 120, "a checkpoint")

@@ -30,7 +30,7 @@ from mncloud.records.store import find_record, list_records
 from mncloud.request import build_spec
 from mncloud.spec.launch import LaunchOptions
 from tests.fakesky import FakeSky
-from tests.reference import reference_final
+from tests.reference import start_reference
 from tests.test_control import Cloud, FakeClock, train  # noqa: F401 - a fixture
 from tests.test_local import EXAMPLE, run_log, wait_until
 from tests.test_skypilot import script  # noqa: F401 - a fixture
@@ -38,10 +38,10 @@ from tests.ticking import ticker
 
 runner = CliRunner()
 NODES = ["--nodes", "2", "--gpus", "cpu:2", "--recovery", "gang"]
-SCALE = 12  # a 60 s tick of the trace passes in 5 s
-# Steps of known length (≥ 30 s in all): the run cannot finish in `east` before its trace
-# takes spot away at 25 s, however fast the machine.
-TRAIN = ["--steps", "600", "--ckpt-interval", "20", "--log-every", "200", "--compute-ms", "50"]
+SCALE = 24  # a 60 s tick of the trace passes in 2.5 s
+# Steps of known length (≥ 15 s in all): the run cannot finish in `east` before its trace
+# takes spot away at 12.5 s, however fast the machine.
+TRAIN = ["--steps", "300", "--ckpt-interval", "10", "--log-every", "100", "--compute-ms", "50"]
 
 
 def _trace(folder: Path, name: str, data: list[int], gap: int = 60) -> Path:
@@ -61,11 +61,14 @@ def test_a_run_moves_to_the_place_with_spot_and_meets_the_deadline(tmp_path: Pat
     paced by the training (`--pace-steps`), so on a slow machine too."""
     east = _trace(tmp_path, "east", [2] * 5 + [0] * 60)
     west = _trace(tmp_path, "west", [0] * 3 + [2] * 62)
+    # The uninterrupted run beside this one: its load only slows the training, which the
+    # paced run time waits for. The nodes' preflight is not what this run proves (skipped).
+    uninterrupted = start_reference(EXAMPLE, NODES, TRAIN)
     args = ["up", str(EXAMPLE), "--cloud", "local", "--name", "dl", "--yes", *NODES,
             "--spot-trace", str(east), "--spot-trace", str(west), "--time-scale", str(SCALE),
             "--spot-price", "1", "--spot-price", "1.5", "--on-demand-price", "3",
             "--recovery-minutes", "2", "--deadline", "18m", "--hours", "0.15",
-            "--pace-steps", "600", "--", *TRAIN]  # fmt: skip
+            "--pace-steps", "300", "--no-preflight", "--", *TRAIN]  # fmt: skip
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     assert "spot in any of east (spot $1), west (spot $1.5); on-demand in east" in result.stdout
@@ -96,8 +99,7 @@ def test_a_run_moves_to_the_place_with_spot_and_meets_the_deadline(tmp_path: Pat
     shown = runner.invoke(app, ["status", "dl"]).stdout
     assert "by place: east $" in shown
 
-    reference = reference_final(EXAMPLE, NODES, TRAIN)  # uninterrupted, after: no load on timing
-    final = read_final(f"file://{local_ckpt_dir('dl')}")
+    reference, final = uninterrupted(), read_final(f"file://{local_ckpt_dir('dl')}")
     assert reference and final and final["weights_sha256"] == reference["weights_sha256"]
 
 

@@ -105,6 +105,24 @@ def test_a_non_finite_metric_is_dropped_with_one_warning(
     assert set(series.metrics) == {"loss"} and len(series.metrics["loss"]) == 3
 
 
+def test_a_writer_opens_its_bucket_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every segment through the one bucket (an S3 client is a boto3 session: tens of ms of
+    CPU a rank each time it was made again, every 0.2 s in the tests' runs)."""
+    from mncloud import storage
+
+    opened: list[str] = []
+    real = storage.open_bucket
+    monkeypatch.setattr(
+        storage, "open_bucket", lambda uri, **kw: opened.append(uri) or real(uri, **kw)
+    )
+    uri = f"file://{tmp_path / 'b'}/series"
+    w = _writer(uri)
+    for step in (1, 2, 3):
+        w.add({"k": "step", "t": float(step), "step": step})
+        assert w.flush()
+    assert opened == [uri] and read_series(uri).segments == 3
+
+
 def test_a_failing_bucket_never_raises_and_keeps_the_records(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("")  # a file where the bucket's folder would be: every write fails
@@ -121,13 +139,18 @@ STEPS, EVERY = 40, 10
 UP = ["up", "train.py", "--gpus", "H100:8", "--nodes", "2", "--cloud", "aws", "--spot",
       "--recovery", "gang", "--name", "cl", "--yes", "--detach", "--no-preflight"]  # fmt: skip
 FAST_TELEMETRY = {constants.TELEMETRY_INTERVAL_ENV: "0.2"}  # segments every 0.2 s, not 30
-ARGS = ["--", "--steps", str(STEPS), "--ckpt-interval", str(EVERY), "--compute-ms", "100"]
+# Steps of ≥ 150 ms: the nodes are killed past step 15, ≥ 3.7 s before the run could end.
+ARGS = ["--", "--steps", str(STEPS), "--ckpt-interval", str(EVERY), "--compute-ms", "150"]
 
 
 def _wait_for_step(uri: str, step: int, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
+    """Until a rank's step `step` is in the bucket; each look fetches only the segments
+    written since the last (`SeriesTail`), not all of them (4 ranks write 20 a second)."""
+    from mncloud.telemetry.seriestail import SeriesTail
+
+    tail, deadline = SeriesTail(uri), time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if any(r.step >= step for r in read_series(uri).steps):
+        if any(r.step >= step for r in tail.read().steps):
             return
         time.sleep(0.2)
     raise AssertionError(f"step {step} never reached the bucket")
@@ -257,7 +280,7 @@ def _metrics_cli_shows_both_launches(kept: int) -> None:
     assert by_launch[1][0] == 1 and by_launch[2] == list(range(kept + 1, STEPS + 1))
     assert set(by_launch[1]) & set(by_launch[2])  # redone steps show in both launches
     assert set(view["step_time"]) == {"node 0", "node 1"}
-    assert all(0.09 < p["value"] < 5 for p in view["step_time"]["node 0"])  # 100 ms compute
+    assert all(0.09 < p["value"] < 5 for p in view["step_time"]["node 0"])  # 150 ms compute
     assert [m["launch"] for m in view["launches"]] == [1, 2]
     lines = CliRunner().invoke(app, ["metrics", "cl"]).output.splitlines()
     assert lines[0].startswith("launch 1  step       1  loss ")

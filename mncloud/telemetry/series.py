@@ -95,6 +95,9 @@ class SeriesWriter:
         self._closed = False
         self._bucket: tuple[Any, str] | None = None  # opened once: an S3 client costs ~0.1 s CPU
         self._thread: threading.Thread | None = None
+        self._bucket: tuple[Any, str] | None = None
+        """The bucket and key prefix, opened on the first write and kept: an S3 client is a
+        boto3 session of its own (tens of ms of CPU each), not one per segment."""
         if background:
             self._thread = threading.Thread(target=self._loop, name="mncloud-series", daemon=True)
             self._thread.start()
