@@ -93,7 +93,6 @@ class SeriesWriter:
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._closed = False
-        self._bucket: tuple[Any, str] | None = None  # opened once: an S3 client costs ~0.1 s CPU
         self._thread: threading.Thread | None = None
         self._bucket: tuple[Any, str] | None = None
         """The bucket and key prefix, opened on the first write and kept: an S3 client is a
