@@ -10,6 +10,7 @@ import socket
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -81,3 +82,29 @@ def test_a_worker_forked_by_the_host_exits_as_a_fresh_python_would(
                               text=True, timeout=60, cwd=tmp_path)  # fmt: skip
         assert done.stdout.splitlines()[-1] == f"code {code}", done.stderr
         assert err in done.stderr and "warmrun.py" not in done.stderr, done.stderr
+
+
+def test_a_warm_host_forks_the_worker_and_ends_when_idle(tmp_path: Path) -> None:
+    """The host itself (`warmhost.serve`, one torch import: a few seconds): the client hands
+    it a `-c` worker, which the host forks and whose output and exit code come back as a
+    fresh Python's would; the host ends after its idle time with no worker."""
+    node = tmp_path / "node-0"
+    node.mkdir()
+    exe = _client(node)
+    host = subprocess.Popen([sys.executable, "-m", "mncloud.backends.local", "host", str(node),
+                             "3"], stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while not (node / warmclient.SOCKET).exists():  # listening (before: the client goes cold)
+            assert host.poll() is None and time.monotonic() < deadline, "the host never listened"
+            time.sleep(0.05)
+        code = "import os, sys, torch; print('worker', os.getppid()); sys.exit(3)"
+        done = subprocess.run([str(exe), "-c", code], capture_output=True, text=True,
+                              timeout=120, cwd=tmp_path)  # fmt: skip
+        assert done.returncode == 3, done.stderr
+        assert done.stdout.split() == ["worker", str(host.pid)], done.stdout  # forked by it
+        assert host.wait(timeout=60) == 0, host.stderr.read() if host.stderr else ""
+        assert not (node / warmclient.SOCKET).exists()  # it took its socket with it
+    finally:
+        if host.poll() is None:
+            host.kill()

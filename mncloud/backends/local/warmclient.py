@@ -75,8 +75,11 @@ def main() -> None:
         _cold(argv)
         return
     request = json.dumps({"argv": argv, "env": dict(os.environ), "cwd": cwd}).encode()
-    socket.send_fds(sock, [request], [0, 1, 2])
-    reply = sock.recv(256).decode().split()
+    try:
+        socket.send_fds(sock, [request], [0, 1, 2])
+        reply = sock.recv(256).decode().split()
+    except OSError:  # the host closed as we connected (it was ending): nothing was forked
+        reply = []
     if len(reply) != 2 or reply[0] != "pid":  # the host ended before it forked: run cold
         sock.close()
         _cold(argv)

@@ -115,8 +115,8 @@ def _serve(idle_s: float, parent: int | None) -> int:
                 idle_since = time.monotonic()
                 if not _own_socket(inode):
                     return 0
-            elif time.monotonic() - idle_since >= idle_s:
-                return 0
+            elif time.monotonic() - idle_since >= idle_s and not sel.select(timeout=0):
+                return 0  # idle, and nobody connected meanwhile (during the later imports)
     finally:
         for job in jobs.values():
             with contextlib.suppress(ProcessLookupError):
