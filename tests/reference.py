@@ -149,9 +149,7 @@ def start_reference_ckpt_dir_file(
     key = (str(script), *flags, "--", *train, "::", path)
     if key in _files:
         return lambda: _files[key]
-    name = f"ref-file-{next(_names)}"
-    up(name, script, *flags, "--no-preflight", script_args=train)
-    folder = run_dir(name)
+    folder = _start(script, flags, train)
 
     def file() -> bytes:
         if key not in _files:

@@ -351,10 +351,6 @@ def test_heal_cut_off_mid_transfer_falls_back_to_the_bucket_and_never_half_loads
     node 0 freezes (a partition) and then dies, so the heal is cut off before or during the
     transfer. Node 1 must not apply a partial state: it trains on from the bucket's step alone
     (or, if the heal won the race, from the peer's), and both nodes end on the same bits."""
-    import psutil
-
-    from mncloud.backends.local.processes import tagged_pids
-
     flags = ["--nodes", "2", "--gpus", "cpu:1", "--recovery", "node", "--provision-delay", "1s"]
     args = ["--steps", "1500", "--ckpt-interval", "50", "--hidden", "1024"]  # a heal of ~13 MB
     up("cut", EXAMPLE, *flags, script_args=args)
@@ -368,16 +364,9 @@ def test_heal_cut_off_mid_transfer_falls_back_to_the_bucket_and_never_half_loads
     while not [r for r in events_of("cut", "join", 1) if r["t"] > lost_at]:  # poll fast: the
         assert time.monotonic() < deadline, "node 1's replacement never joined"  # heal is short
         time.sleep(0.005)
-    frozen = [psutil.Process(p) for p in tagged_pids(token, 0)]
-    for proc in frozen:  # the peer stops answering mid-heal, as behind a partition
-        proc.suspend()
-    try:
+    with frozen(token, 0):  # the peer stops answering mid-heal, as behind a partition
         time.sleep(1.0)  # the frozen peer holds the transfer (or the quorum) for a second
-    finally:
         cli("chaos", "preempt", "cut", "--node", "0")
-        for proc in frozen:
-            with contextlib.suppress(psutil.Error):
-                proc.resume()
     final = wait_final("cut", 300)
     assert final.state is RunState.SUCCEEDED, run_log("cut")
     assert (final.attempt, final.restarts) == (1, 0), run_log("cut")  # never a gang relaunch

@@ -1,8 +1,9 @@
 """A node's `PYTHON_EXEC` on a warm host (`backends/local/warmclient.py`) and the host's
 forked child (`warmrun.py`), fast. With no host to hand a worker to (no socket, a stale one)
 or a command line the host does not run, the client becomes the real Python and exits as it
-did; the child computes a script's exit code as the interpreter does. The warm host itself
-(it imports torch) is tests/test_local_warm.py's, slow."""
+did; the child computes a script's exit code as the interpreter does. One test starts a warm
+host itself (one torch import, the only fast test that makes one: every module of `mncloud/`
+has a fast test); its real runs are tests/test_local_warm.py's, slow."""
 
 from __future__ import annotations
 

@@ -95,8 +95,8 @@ class SeriesWriter:
         self._closed = False
         self._thread: threading.Thread | None = None
         self._bucket: tuple[Any, str] | None = None
-        """The bucket and key prefix, opened on the first write and kept: an S3 client is a
-        boto3 session of its own (tens of ms of CPU each), not one per segment."""
+        """The bucket and key prefix, opened on the first write and kept for every segment
+        (its S3 client is the process's: `storage.s3.make_client`)."""
         if background:
             self._thread = threading.Thread(target=self._loop, name="mncloud-series", daemon=True)
             self._thread.start()
