@@ -22,7 +22,7 @@ from mncloud.backends.local.ckptdir import NodeFolder
 from mncloud.backends.local.state import LocalLaunch
 from mncloud.cli import app
 from mncloud.operate.status import newest_ckpt_dir_entry
-from mncloud.storage import folders, open_bucket
+from mncloud.storage import folders, join_key, open_bucket
 from mncloud.storage.foldersync import NodeSync, local_files
 from tests.servers import S3Server
 from tests.test_local import wait_until
@@ -214,7 +214,7 @@ def test_announced_folders_wait_for_saved_and_a_crash_leaves_them_uncommitted(
     (node.path / "step-10").mkdir()
     (node.path / "step-10" / "__0_0.distcp").write_bytes(b"shard")
     c.settle()
-    assert node.pending() == ["step-10"]
+    assert node.pending() == ["step-10/"]
     assert c.verdict("step-10").reason.startswith("no commit marker")
     (node.path / "step-10" / ".metadata").write_bytes(b"meta")
     folders.saved(node.path / "step-10", node.path)
@@ -253,13 +253,79 @@ def test_a_local_node_says_which_folder_it_is_saving(s3_uri: str, tmp_path: Path
     node.restore()
     (node.path / "tmp-checkpoint-5").mkdir()
     node.sync()
-    assert _saving_folders(folder, 1) == ["tmp-checkpoint-5"]
+    assert _saving_folders(folder, 1) == ["tmp-checkpoint-5/"]
     os.replace(node.path / "tmp-checkpoint-5", node.path / "checkpoint-5")
     (node.path / "checkpoint-5" / "rng_state_1.pth").write_bytes(b"r")
+    (node.path / "epoch=0-step=5.ckpt").write_bytes(b"lightning")  # a plain file: one upload
     node.sync()
-    assert _saving_folders(folder, 1) == ["checkpoint-5"]  # written, not yet committed
+    assert _saving_folders(folder, 1) == ["checkpoint-5/", "epoch=0-step=5.ckpt"]
     node.sync()
     assert _saving_folders(folder, 1) == []
+    (node.path / "epoch=0-step=5.ckpt").write_bytes(b"lightning, saved again")
+    node.sync()
+    assert _saving_folders(folder, 1) == ["epoch=0-step=5.ckpt"]
+
+
+def _tagged_sleeper(token: str, node: int) -> subprocess.Popen[bytes]:
+    """A process of `node` of a local run, found by its env tag as the node's ranks are."""
+    from mncloud.backends.local.processes import node_tag
+
+    env = {**os.environ, constants.LOCAL_NODE_TAG_ENV: node_tag(token, node)}
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], env=env)
+
+
+def test_a_preempted_local_node_loses_its_disk_with_it(s3_uri: str, tmp_path: Path) -> None:
+    """chaos's kill and the node's folder vanish together: what the node had not uploaded by
+    then never reaches the bucket (a VM's disk), until the next attempt's fresh folder."""
+    from mncloud.backends.local.chaos import preempt_node
+    from mncloud.backends.local.state import save_launch
+
+    token = f"t{uuid.uuid4().hex[:8]}"
+    launch = LocalLaunch(
+        name="r", token=token, task_id="task", workdir=str(tmp_path), run="true",
+        num_nodes=2, procs_per_node=1, master_port=29500, ckpt_uri=s3_uri,
+    )  # fmt: skip
+    folder = tmp_path / "run"
+    folder.mkdir()
+    save_launch(folder, launch)
+    bucket, prefix = open_bucket(layout.ckpt_dir_uri(s3_uri), retry_seconds=5)
+    node = NodeFolder(folder, launch, 1, bucket, prefix)
+    node.restore()
+    (node.path / "checkpoint-5").mkdir()
+    (node.path / "checkpoint-5" / "rng_state_1.pth").write_bytes(b"r")
+    node.sync()  # seen once: the next scan would upload and commit it
+    rank = _tagged_sleeper(token, 1)
+    record = preempt_node(folder, 1, during_save=True, save_timeout=30)
+    assert rank.wait(timeout=30) == -signal.SIGKILL
+    assert record["pids"] == [rank.pid] and record["during_save_step"] == "checkpoint-5/"
+    assert "while it saved checkpoint-5/ (SIGKILL)" in record["message"], record
+    assert node.sync() == [] and node.sync() == []
+    assert not bucket.exists(join_key(prefix, "checkpoint-5/rng_state_1.pth"))
+    node.restore()  # the next attempt: a fresh disk that syncs again
+    (node.path / "snapshot.pt").write_bytes(b"s")
+    node.sync()
+    assert node.sync() == ["snapshot.pt"]
+
+
+def test_preempting_a_node_with_nothing_running_keeps_its_disk(s3_uri: str, tmp_path: Path) -> None:
+    """A node that had already ended is not lost: its folder still flushes."""
+    from mncloud.backends.local.chaos import preempt_node
+    from mncloud.backends.local.state import save_launch
+
+    launch = LocalLaunch(
+        name="r", token=f"t{uuid.uuid4().hex[:8]}", task_id="task", workdir=str(tmp_path),
+        run="true", num_nodes=1, procs_per_node=1, master_port=29500, ckpt_uri=s3_uri,
+    )  # fmt: skip
+    folder = tmp_path / "run"
+    folder.mkdir()
+    save_launch(folder, launch)
+    bucket, prefix = open_bucket(layout.ckpt_dir_uri(s3_uri), retry_seconds=5)
+    node = NodeFolder(folder, launch, 0, bucket, prefix)
+    node.restore()
+    (node.path / "snapshot.pt").write_bytes(b"s")
+    assert preempt_node(folder, 0)["pids"] == []
+    node.sync()
+    assert node.sync() == ["snapshot.pt"]
 
 
 # --------------------------------------------------------------------------- the cloud

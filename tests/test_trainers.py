@@ -10,6 +10,7 @@ import hashlib
 import io
 import logging
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +19,7 @@ from typing import Any, ClassVar
 import pytest
 
 from mncloud import constants, layout
+from mncloud.storage.folders import COMMITS
 from mncloud.storage.frameworkdirs import Newest, entry_step, newest
 
 REPO = Path(__file__).resolve().parents[1]
@@ -310,14 +312,31 @@ def _bucket_file(uri: str, path: str) -> bytes:
     return bucket.get_bytes(join_key(prefix, path))
 
 
+def _at_kill(uri: str) -> dict[str, Any]:
+    """The bucket's `--ckpt-dir` as the preempted node left it: the newest committed unit and
+    the step of `last.ckpt` (Lightning's), read before the relaunch can save anything."""
+    import torch
+
+    from mncloud.storage.folders import survey
+
+    verdicts = survey(uri)
+    committed = [v.name for v in verdicts if v.committed]
+    last = None
+    if "last.ckpt" in committed:
+        data = torch.load(io.BytesIO(_bucket_file(uri, "last.ckpt")), weights_only=False)
+        last = int(data["global_step"])
+    return {"newest": newest(committed), "last_step": last,
+            "names": {v.name: v.committed for v in verdicts}}  # fmt: skip
+
+
 def _preempted_once(
     tmp_path_factory: pytest.TempPathFactory, s3_server: Any, name: str, script: Path,
-    args: list[str], ready: Any, final: str,
+    args: list[str], ready: Any, final: str, chaos: tuple[str, ...] = ("--node", "1"),
 ) -> dict[str, Any]:  # fmt: skip
-    """`script` on 2 local nodes under `--ckpt-dir` in S3, node 1 preempted once `ready(keys)`
-    holds for the bucket's folder; the uninterrupted reference of the same script runs beside
-    the relaunch (started after the preemption: it puts no load on the race to preempt the
-    run before it ends)."""
+    """`script` on 2 local nodes under `--ckpt-dir` in S3, preempted once (`chaos preempt` with
+    `chaos`) when `ready(keys)` holds for the bucket's folder; the uninterrupted reference of
+    the same script runs beside the relaunch (started after the preemption: it puts no load on
+    the race to preempt the run before it ends)."""
     from mncloud.cli.follow import ckpt_dir_line, goodput_line
     from tests.reference import start_reference_ckpt_dir_file
     from tests.servers import use_s3
@@ -331,7 +350,8 @@ def _preempted_once(
         up(name, script, *FLAGS, "--bucket", f"s3://{bucket}/exp", script_args=args)
         uri = f"s3://{bucket}/exp/{name}"
         wait_until(lambda: ready(_bucket_keys(uri)), 400, "a checkpoint in the bucket")
-        cli("chaos", "preempt", name, "--node", "1")
+        said = cli("chaos", "preempt", name, *chaos).output
+        at_kill = _at_kill(uri)
         reference = start_reference_ckpt_dir_file(script, FLAGS, args, final)
         state = wait_final(name, timeout=400)
         log = run_log(name)
@@ -340,6 +360,7 @@ def _preempted_once(
             "state": state, "log": log, "uri": uri, "keys": _bucket_keys(uri),
             "final": _bucket_file(uri, final) if state.state.value == "SUCCEEDED" else b"",
             "starts": starts, "folder_line": ckpt_dir_line(name, uri),
+            "chaos": said, "at_kill": at_kill,
             "goodput_line": goodput_line(name),
             "reference": reference(),
         }  # fmt: skip
@@ -347,7 +368,7 @@ def _preempted_once(
 
 
 HF_SCRIPT = REPO / "examples" / "hf_trainer.py"
-HF_ARGS = ["--max-steps", "40", "--save-steps", "20", "--compute-ms", "400"]  # 8 s after ckpt 20
+HF_ARGS = ["--max-steps", "60", "--save-steps", "20", "--compute-ms", "200"]  # 8 s after ckpt 20
 
 
 def _hf_ready(keys: list[str]) -> bool:
@@ -376,7 +397,7 @@ def test_hf_trainer_preempted_once_resumes_and_finishes(hf_run: dict[str, Any]) 
     assert state.state.value == "SUCCEEDED", hf_run["log"]
     assert (state.restarts, state.preemptions) == (1, 1)
     assert [s.get("resumed_from") for s in hf_run["starts"]][-1] == 20, hf_run["starts"]
-    assert "checkpoint-40/model.safetensors" in hf_run["keys"]
+    assert "checkpoint-60/model.safetensors" in hf_run["keys"]
 
 
 @pytest.mark.slow
@@ -398,14 +419,53 @@ def test_hf_trainer_preempted_once_ends_on_the_uninterrupted_weights(
 def test_hf_trainer_run_summary_names_its_folder_and_counts_its_steps(
     hf_run: dict[str, Any],
 ) -> None:
-    assert hf_run["folder_line"] == "newest checkpoint in --ckpt-dir /ckpt: checkpoint-40 (step 40)"
+    assert hf_run["folder_line"] == "newest checkpoint in --ckpt-dir /ckpt: checkpoint-60 (step 60)"
     line = hf_run["goodput_line"]
     assert line is not None and line.startswith("goodput ") and "unknown" not in line, line
     assert "%" in line and not line.startswith("goodput 0%"), line
 
 
+@pytest.fixture(scope="module")
+def hf_save_run(tmp_path_factory: pytest.TempPathFactory, s3_server: Any) -> dict[str, Any]:
+    """The Trainer example, node 1 preempted while it saves a checkpoint folder after
+    checkpoint-20 was committed (at 40 or 60: the processes are still running at the last
+    save); its reference is `hf_run`'s (the same arguments)."""
+    pytest.importorskip("transformers")
+    markers = {f"{COMMITS}/checkpoint-20/node-{n}.json" for n in (0, 1)}  # both nodes' shares
+
+    return _preempted_once(
+        tmp_path_factory, s3_server, "hfsave", HF_SCRIPT, HF_ARGS,
+        lambda keys: markers <= set(keys),
+        "final/model.safetensors", chaos=("--node", "1", "--during-save"),
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.catalog
+def test_hf_trainer_preempted_during_a_save_resumes_from_the_folder_before_it(
+    hf_save_run: dict[str, Any],
+) -> None:
+    """The real Trainer's `checkpoint-N/` lost with node 1 while written or uploaded: the
+    relaunch restores only the committed folders, the Trainer resumes from the one before
+    (never from N, never from a torn copy of it) and ends on the uninterrupted weights."""
+    run = hf_save_run
+    struck = re.search(r"while it saved (?:tmp-)?checkpoint-(\d+)/", run["chaos"])
+    assert struck is not None, run["chaos"]
+    torn = int(struck[1])
+    before = run["at_kill"]["newest"]
+    assert before is not None and before.step < torn, (run["at_kill"], run["chaos"])
+    state = run["state"]
+    assert state.state.value == "SUCCEEDED", run["log"]
+    assert (state.restarts, state.preemptions) == (1, 1)
+    assert [s.get("resumed_from") for s in run["starts"]][-1] == before.step, run["starts"]
+    if f"checkpoint-{torn}" in run["at_kill"]["names"]:  # part of it had reached the bucket
+        assert not run["at_kill"]["names"][f"checkpoint-{torn}"], run["at_kill"]
+        assert f"checkpoint-{torn} kept aside in the bucket, never restored" in run["log"]
+    assert run["final"] == run["reference"]
+
+
 PL_SCRIPT = REPO / "examples" / "lightning_train.py"
-PL_ARGS = ["--epochs", "8", "--samples", "256", "--compute-ms", "400"]
+PL_ARGS = ["--epochs", "10", "--samples", "256", "--compute-ms", "250"]
 
 
 @pytest.fixture(scope="module")
@@ -433,7 +493,7 @@ def test_lightning_preempted_once_ends_on_the_uninterrupted_weights(
     assert _sha_of_tensors(pl_run["final"]) == _sha_of_tensors(pl_run["reference"])
     assert (
         pl_run["folder_line"]
-        == "newest checkpoint in --ckpt-dir /ckpt: epoch=7-step=32.ckpt (step 32)"
+        == "newest checkpoint in --ckpt-dir /ckpt: epoch=9-step=40.ckpt (step 40)"
     )
     assert "unknown" not in (pl_run["goodput_line"] or "unknown"), pl_run["goodput_line"]
 
@@ -453,3 +513,38 @@ def test_profile_counts_the_hf_trainers_own_steps() -> None:
     # AdamW: two moments a parameter, and a scalar `step` tensor each
     assert 2 * profile.grad_bytes < profile.optimizer_bytes < 2.01 * profile.grad_bytes
     assert profile.steps_timed >= 3
+
+
+@pytest.fixture(scope="module")
+def pl_save_run(tmp_path_factory: pytest.TempPathFactory, s3_server: Any) -> dict[str, Any]:
+    """The Lightning example, node 0 (the one that saves: global rank 0) preempted while a
+    `.ckpt` file it saved is not yet in the bucket, once a checkpoint of step 8 is there; its
+    reference is `pl_run`'s (the same arguments)."""
+    pytest.importorskip("lightning")
+    return _preempted_once(
+        tmp_path_factory, s3_server, "plsave", PL_SCRIPT, PL_ARGS,
+        lambda keys: (found := newest(keys)) is not None and found.step >= 8, "final.pt",
+        chaos=("--node", "0", "--during-save"),
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.catalog
+def test_lightning_preempted_during_a_save_resumes_from_the_last_ckpt_in_the_bucket(
+    pl_save_run: dict[str, Any],
+) -> None:
+    """The `.ckpt` being saved is lost with node 0: `ckpt_path="last"` resumes from the
+    `last.ckpt` the bucket held whole when the node vanished, and the run ends on the
+    uninterrupted weights."""
+    run = pl_save_run
+    struck = re.search(r"while it saved (\S+\.ckpt) ", run["chaos"])
+    assert struck is not None, run["chaos"]
+    last = run["at_kill"]["last_step"]
+    assert last is not None and last >= 8, run["at_kill"]
+    saving = entry_step(struck[1])
+    assert saving is None or saving > last, (struck[1], last)  # None: last.ckpt itself
+    state = run["state"]
+    assert state.state.value == "SUCCEEDED", run["log"]
+    assert (state.restarts, state.preemptions) == (1, 1)
+    assert run["starts"][-1].get("resumed_from") == last, run["starts"]
+    assert _sha_of_tensors(run["final"]) == _sha_of_tensors(run["reference"])

@@ -250,12 +250,23 @@ class NodeSync:
             self._marked.add(unit)
 
     def pending(self) -> list[str]:
-        """Folders this node is writing or has not committed yet (chaos's `--during-save`)."""
+        """Units this node is writing or has not put in the bucket as they are now (chaos's
+        `--during-save`): folders (named with a trailing `/`) under a temporary name or not
+        committed by this node, and top-level files under a temporary name or not uploaded."""
         if not self.path.is_dir():
             return []
-        names = {p.name for p in self.path.iterdir() if p.is_dir() and p.name != folders.HINTS}
-        temporary = {n for n in names if folders.is_temporary(n)}
-        return sorted(temporary | (names - temporary - self._marked))
+        found = []
+        for entry in os.scandir(self.path):
+            name, temporary = entry.name, folders.is_temporary(entry.name)
+            if name.startswith(".mncloud"):
+                continue
+            if entry.is_dir(follow_symlinks=False):
+                new = temporary or name not in self._marked
+                found += [name + "/"] if new else []
+            elif entry.is_file(follow_symlinks=False):
+                new = temporary or self._sig(name) != _signature(Path(entry.path))
+                found += [name] if new else []
+        return sorted(found)
 
     def _upload(self, rel: str) -> bool:
         """Copy the file aside, check it did not change meanwhile, hash and upload the copy."""

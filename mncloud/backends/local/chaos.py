@@ -28,7 +28,7 @@ from typing import Any
 
 import psutil
 
-from mncloud.backends.local.ckptdir import saving_path
+from mncloud.backends.local.ckptdir import lose_disk, saving_path
 from mncloud.backends.local.processes import kill_tagged, listener_pid
 from mncloud.backends.local.state import (
     CHAOS_FILE,
@@ -52,7 +52,8 @@ def _staging_steps(folder: Path, node: int) -> list[int]:
 
 
 def _saving_folders(folder: Path, node: int) -> list[str]:
-    """`--ckpt-dir` folders `node` is writing or uploading right now (`ckptdir.py` says)."""
+    """`--ckpt-dir` units `node` is writing or uploading right now (`ckptdir.py` says;
+    folders end with `/`)."""
     try:
         return [str(name) for name in json.loads(saving_path(folder, node).read_text())]
     except (OSError, ValueError):
@@ -81,7 +82,7 @@ def _wait_for_save(folder: Path, node: int, timeout: float) -> int | str:
 def _while(step: int | str | None) -> str:
     if step is None:
         return ""
-    return f" while it saved step {step}" if isinstance(step, int) else f" while it saved {step}/"
+    return f" while it saved step {step}" if isinstance(step, int) else f" while it saved {step}"
 
 
 def preempt_node(
@@ -94,19 +95,30 @@ def preempt_node(
 ) -> dict[str, Any]:
     """SIGKILL every process of `node`, like a spot VM vanishing; return the chaos record.
 
-    With `during_save`, wait until a rank of that node is writing a checkpoint (its staging
-    folder holds a step, or a `--ckpt-dir` folder of it is not committed yet) and kill it
-    then, leaving that step (or folder) torn.
+    The node's `--ckpt-dir` folder is lost with it (`ckptdir.lose_disk`): nothing of it
+    reaches the bucket after the kill. With `during_save`, wait until a rank of that node is
+    writing a checkpoint (its staging folder holds a step, or a `--ckpt-dir` unit of it is not
+    in the bucket yet) and kill it then, leaving that step (or folder) torn.
     """
     launch = load_launch(folder)
-    step = _wait_for_save(folder, node, save_timeout) if during_save else None
-    record: dict[str, Any] = {"t": time.time(), "action": "preempt", "node": node, "by": by}
-    where = _while(step)
-    record["message"] = f"{by}: preempting node {node}{where} (SIGKILL)"
-    record["during_save_step"] = step
-    append_jsonl(folder / CHAOS_FILE, record)
-    record["pids"] = kill_tagged(launch.token, node)
-    return record
+    deadline = time.monotonic() + save_timeout
+    while True:
+        step = _wait_for_save(folder, node, deadline - time.monotonic()) if during_save else None
+        with lose_disk(folder, node) as keep_disk:
+            if isinstance(step, str):  # a --ckpt-dir unit: still not in the bucket?
+                if not (names := _saving_folders(folder, node)):
+                    keep_disk()
+                    continue  # its upload ended meanwhile: strike at the next save
+                step = names[-1]
+            record: dict[str, Any] = {"t": time.time(), "action": "preempt", "node": node,
+                                      "by": by}  # fmt: skip
+            record["message"] = f"{by}: preempting node {node}{_while(step)} (SIGKILL)"
+            record["during_save_step"] = step
+            append_jsonl(folder / CHAOS_FILE, record)
+            record["pids"] = kill_tagged(launch.token, node)
+            if not record["pids"]:
+                keep_disk()  # nothing ran there: the node had ended (its folder flushes)
+            return record
 
 
 def notify_node(

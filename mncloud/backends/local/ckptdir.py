@@ -24,16 +24,22 @@ uploads it by 10.6. Node 1 is preempted at 10.55: the relaunch reads the snapsho
 only if its upload had finished, else the previous one, whole either way. A Trainer's
 `checkpoint-400/` on 2 nodes counts once both nodes' markers are up (see `storage/folders.py`).
 
-While a node has a folder not yet committed, `nodes/node-N/ckpt-dir.saving` names it, so `chaos
-preempt --during-save` can strike then.
+While a node has a unit not yet in the bucket as it is now (a folder not committed, a plain file
+not uploaded), `nodes/node-N/ckpt-dir.saving` names it, so `chaos preempt --during-save` can
+strike then. Each sync pass of a node holds `nodes/node-N/ckpt-dir.lock`; chaos takes it to
+preempt the node (`lose_disk`): no upload or marker of that node runs between its look at
+`.saving` and the kill, and none after it (`ckpt-dir.lost`), as when a VM and its disk vanish.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+
+from filelock import FileLock
 
 from mncloud import layout
 from mncloud.backends.local.processes import tagged_processes
@@ -46,11 +52,30 @@ from mncloud.storage.foldersync import CLEAN_EXITS, SCAN_S, NodeSync, open_for_w
 RETRY_S = 5.0
 """How long one bucket operation retries before the file waits for the next scan."""
 SAVING_FILE = "ckpt-dir.saving"
-"""In a node's folder: the `--ckpt-dir` folders it is writing or uploading (for chaos)."""
+"""In a node's folder: the `--ckpt-dir` units it is writing or uploading (for chaos)."""
+LOST_FILE = "ckpt-dir.lost"
+"""In a node's folder: the node was preempted; its disk is gone until the next attempt."""
 
 
 def saving_path(folder: Path, node: int) -> Path:
     return node_dir(folder, node) / SAVING_FILE
+
+
+def sync_lock(folder: Path, node: int) -> FileLock:
+    """Held by each sync pass of `node` (and by chaos while it preempts the node)."""
+    return FileLock(node_dir(folder, node) / "ckpt-dir.lock")
+
+
+@contextlib.contextmanager
+def lose_disk(folder: Path, node: int) -> Iterator[Callable[[], None]]:
+    """Preempt `node`'s disk: inside the block no sync pass of the node runs; from its start
+    the node's folder is never synced again this attempt, unless the block calls the function
+    it yields (the node turned out to have nothing to lose, e.g. it had already exited)."""
+    lost = node_dir(folder, node) / LOST_FILE
+    with sync_lock(folder, node):
+        lost.parent.mkdir(parents=True, exist_ok=True)
+        lost.touch()
+        yield lambda: lost.unlink(missing_ok=True)
 
 
 class NodeFolder(NodeSync):
@@ -67,8 +92,12 @@ class NodeFolder(NodeSync):
             bucket, prefix, node, launch.num_nodes, writers,
         )  # fmt: skip
         self._saving = saving_path(folder, node)
+        self._lost = node_dir(folder, node) / LOST_FILE
+        self.lock = sync_lock(folder, node)
 
     def sync(self, *, final: bool = False, commit: bool = True) -> list[str]:
+        if self._lost.exists():  # preempted: its disk is gone, nothing more reaches the bucket
+            return []
         uploaded = super().sync(final=final, commit=commit)
         pending = self.pending()
         if pending:
@@ -81,6 +110,7 @@ class NodeFolder(NodeSync):
         super().drop()
         if hasattr(self, "_saving"):
             self._saving.unlink(missing_ok=True)
+            self._lost.unlink(missing_ok=True)
 
 
 class CkptDirSync:
@@ -140,7 +170,7 @@ class CkptDirSync:
 
     def _guarded(self, n: int, sync: Callable[[], object]) -> None:
         """Run one sync; a failing bucket is said once and retried at the next scan."""
-        with self._lock:
+        with self._lock, self.nodes[n].lock:
             try:
                 sync()
             except Exception as err:  # a bucket outage must not stop supervision
