@@ -59,7 +59,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 #: The modules of minutes of real local runs each (the suite's durations), heaviest first.
-HEAVY_MODULES = ("test_fsdp", "test_node_recovery", "test_trainers", "test_control_local",
+HEAVY_MODULES = ("test_fsdp", "test_node_recovery", "test_trainers", "test_torchtitan",
+                 "test_control_local",
                  "test_soak", "test_elastic", "test_local", "test_control_places",
                  "test_series", "test_runs", "test_preempt", "test_controller_crash")  # fmt: skip
 

@@ -307,6 +307,41 @@ def test_a_preempted_local_node_loses_its_disk_with_it(s3_uri: str, tmp_path: Pa
     assert node.sync() == ["snapshot.pt"]
 
 
+def test_a_replaced_node_gets_its_folder_afresh_from_the_bucket(
+    s3_uri: str, tmp_path: Path
+) -> None:
+    """Node recovery: the preempted node's disk is gone; its replacement (a new VM) starts from
+    the bucket's committed folders and syncs again."""
+    from mncloud.backends.local.ckptdir import CkptDirSync, lose_disk
+    from mncloud.backends.local.state import save_launch
+
+    launch = LocalLaunch(
+        name="r", token=f"t{uuid.uuid4().hex[:8]}", task_id="task", workdir=str(tmp_path),
+        run="true", num_nodes=2, procs_per_node=1, master_port=29500, ckpt_uri=s3_uri,
+    )  # fmt: skip
+    folder = tmp_path / "run"
+    folder.mkdir()
+    save_launch(folder, launch)
+    sync = CkptDirSync(folder, launch, lambda _line: None)
+    for node in sync.nodes:
+        node.restore()
+        (node.path / "checkpoint-5").mkdir()
+        (node.path / "checkpoint-5" / f"rng_state_{node.node}.pth").write_bytes(b"r")
+        node.sync(), node.sync()
+    replaced = sync.nodes[1]
+    with lose_disk(folder, 1):
+        pass  # preempted
+    (replaced.path / "stray.pt").write_bytes(b"never uploaded")
+    assert replaced.sync() == [] and replaced.sync() == []
+    sync.replace_node(1)
+    assert sorted(os.listdir(replaced.path / "checkpoint-5")) == ["rng_state_0.pth",
+                                                                   "rng_state_1.pth"]  # fmt: skip
+    assert not (replaced.path / "stray.pt").exists()
+    (replaced.path / "snapshot.pt").write_bytes(b"s")
+    replaced.sync()
+    assert replaced.sync() == ["snapshot.pt"]
+
+
 def test_preempting_a_node_with_nothing_running_keeps_its_disk(s3_uri: str, tmp_path: Path) -> None:
     """A node that had already ended is not lost: its folder still flushes."""
     from mncloud.backends.local.chaos import preempt_node

@@ -161,9 +161,15 @@ def shapes_of(state: Mapping[str, Any] | None) -> dict[str, list[int]]:
 
     from mncloud.train.state import model_shapes
 
+    def named(module: torch.nn.Module) -> dict[str, Any]:
+        try:
+            return get_model_state_dict(module)
+        except AttributeError:  # a state-dict hook renames keys (torchtitan's fused QKV)
+            return module.state_dict()
+
     state = dict(state or {})
     modules = {k: v for k, v in state.items() if isinstance(v, torch.nn.Module)}
-    return model_shapes(state, {k: get_model_state_dict(v) for k, v in modules.items()})
+    return model_shapes(state, {k: named(v) for k, v in modules.items()})
 
 
 def batch_sizes(batch: Any) -> dict[str, int]:
@@ -314,6 +320,9 @@ def main(argv: list[str]) -> None:
     meta = fake_parameters() if os.environ.get(PROFILE_META_ENV) else contextlib.nullcontext()
     with meta:
         runpy.run_path(script, run_name="__main__")
+    done = sys.modules.get("mncloud.train.profiler", sys.modules[__name__])._session
+    if done is not None and os.path.isfile(done.out):  # (this module may run as __main__)
+        raise SystemExit(0)  # the profile's SystemExit was swallowed (torch's `@record` does)
     raise SystemExit(
         "the script ended before mncloud.train saw its steps: the profile needs a loop over "
         "Replicas.steps or CheckpointManager.maybe_save, and at least "

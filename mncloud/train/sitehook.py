@@ -6,6 +6,8 @@ backend and in `mncloud profile`, never on a cloud: `layout.site_hook_source`):
 
     transformers.trainer  every `Trainer(...)` gets `hf.MncloudCallback`
     lightning.pytorch     every `Trainer(...)` gets `pl.MncloudCallback`
+    torchtitan.*          its trainer's steps reported; on a CPU-only node what it needs
+                          there (`titan.py`); `importing(name)` runs around those imports
 
 A callback the script passed itself (the one line a cloud run needs) is not added twice.
 The hook also lets `torch.load` restore onto `cpu:0` (the Trainer's `map_location` on a
@@ -14,12 +16,15 @@ CPU-only multi-process run, which torch refuses) by itself: that needs nothing o
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Callable
 from typing import Any
 
+from mncloud.train import titan
+
 #: The modules `imported` acts on (the site hook watches these, and torch).
-WATCHED = ("transformers.trainer", "lightning.pytorch")
+WATCHED = ("transformers.trainer", "lightning.pytorch", *titan.PATCHED, *titan.NEEDS_TRITON)
 
 
 def with_callback(trainer_cls: type, make: Callable[[], Any], kind: type) -> None:
@@ -40,9 +45,16 @@ def with_callback(trainer_cls: type, make: Callable[[], Any], kind: type) -> Non
     trainer_cls.__init__ = init  # type: ignore[method-assign]
 
 
+def importing(name: str) -> contextlib.AbstractContextManager[None]:
+    """Entered while `name` (one of `WATCHED`) imports."""
+    return titan.importing(name) if name in titan.NEEDS_TRITON else contextlib.nullcontext()
+
+
 def imported(name: str, module: Any) -> None:
     """Called once `name` (one of `WATCHED`) finished importing as `module`."""
-    if name == "transformers.trainer":
+    if name in titan.PATCHED:
+        titan.imported(name, module)
+    elif name == "transformers.trainer":
         from mncloud.train.hf import MncloudCallback
 
         with_callback(module.Trainer, MncloudCallback, MncloudCallback)

@@ -146,6 +146,10 @@ class CkptDirSync:
         self._thread = threading.Thread(target=self._loop, name="mncloud-ckpt-dir", daemon=True)
         self._thread.start()
 
+    def replace_node(self, n: int) -> None:
+        """Node recovery: node `n` comes back on a new VM, its folder afresh from the bucket."""
+        self._guarded(n, self.nodes[n].restore)
+
     def end_attempt(self, exited: dict[int, int]) -> None:
         """Flush the nodes that ended on their own (`exited`: node -> exit code), committing
         their folders after a clean exit; drop the others' folders."""

@@ -158,6 +158,8 @@ class Supervisor:
         # Alone: its preflight has no gang to meet (the fabric was measured at the start).
         replacement = {constants.REPLACEMENT_ENV: "1"}
         self._vms.drop(node)  # a new VM: its replacement starts cold
+        if self._ckpt_dir is not None:
+            self._ckpt_dir.replace_node(node)  # and its --ckpt-dir folder comes from the bucket
         proc = self._procs[node] = self._start(node, "run.sh", "", replacement)
         record = self.state.nodes[node]
         record.launcher_pid, record.pids, record.started_at = proc.pid, [proc.pid], time.time()
