@@ -79,13 +79,41 @@ def test_torchtitan_on_a_cpu_node_through_the_site_hook(tmp_path: Path) -> None:
         "print(utils.device_type, utils.device_module.current_device(), "
         "fsdp.disable_fsdp_gradient_division.__code__.co_filename.endswith('titan.py'), "
         "attention.FlexAttention._compiled_flex_attn is t.dense_flex_attention, "
-        "Trainer.train_step._mncloud, hasattr(d, 'set_timeout'))"
+        "Trainer.train_step._mncloud, hasattr(d, 'set_timeout'), "
+        "__import__('torchtitan.components.checkpointer.dcp').components.checkpointer.dcp."
+        "CheckpointManager.save._mncloud)"
     )
     env = {"PYTHONPATH": str(site_hook(tmp_path)), "PATH": "/usr/bin:/bin"}
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert "site hook skipped" not in done.stderr, done.stderr
-    assert done.stdout.split() == ["cpu", "0", "True", "True", "True", "True"]
+    assert done.stdout.split() == ["cpu", "0", "True", "True", "True", "True", "True"]
+
+
+def test_a_first_save_outside_the_ckpt_dir_is_warned_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """torchtitan's `CheckpointManager.save` as the hook wraps it (it returns whether it saved;
+    `folder` is its `checkpoint.folder`): one line at the first save, none before or after."""
+    import logging
+
+    from mncloud.constants import CKPT_DIR_ENV
+
+    class Manager:
+        folder = str(tmp_path / "elsewhere")
+
+        def save(self, curr_step: int, last_step: bool = False) -> bool:
+            return curr_step % 5 == 0 or last_step
+
+    titan._check_first_save(Manager)
+    titan._check_first_save(Manager)  # wrapped once
+    monkeypatch.setenv(CKPT_DIR_ENV, str(tmp_path / "ckpt"))
+    manager = Manager()
+    with caplog.at_level(logging.WARNING):
+        assert [manager.save(step) for step in (1, 5, 10)] == [False, True, True]
+    warned = [r.getMessage() for r in caplog.records if r.getMessage().startswith("mncloud:")]
+    assert len(warned) == 1 and str(tmp_path / "elsewhere") in warned[0], warned
+    assert "--checkpoint.folder" in warned[0] and "\n" not in warned[0]
 
 
 def test_the_example_points_torchtitan_at_the_ckpt_dir_and_tiny_assets(

@@ -17,7 +17,8 @@ torch sees no CUDA device (on GPUs nothing here runs):
 And everywhere (CPU or GPU, when `mncloud.train.titan` is reached through the site hook): its
 `Trainer.train_step` reports each step to the run's telemetry (`report`), and the start (with
 the step it resumed from) and the end are events of rank 0, so the goodput ledger counts
-torchtitan's own steps. Under `mncloud profile` each step goes to the profiler too (the first
+torchtitan's own steps; at the first save, a `checkpoint.folder` outside `--ckpt-dir` is
+warned of in one line. Under `mncloud profile` each step goes to the profiler too (the first
 model part, its optimizer, a batch of `local_batch_size` × `seq_len` tokens), in a world of
 one rank (torchrun's variables, set when the trainer's module imports).
 """
@@ -46,6 +47,7 @@ PATCHED = (
     "torchtitan.distributed.fsdp",
     "torchtitan.distributed.utils",
     "torchtitan.trainer",
+    "torchtitan.components.checkpointer.dcp",
 )
 
 
@@ -99,7 +101,9 @@ def importing(name: str) -> Iterator[None]:
 
 def imported(name: str, module: Any) -> None:
     """Patch `module` (one of `PATCHED`) once it has imported."""
-    if name == "torchtitan.trainer":
+    if name == "torchtitan.components.checkpointer.dcp":
+        _check_first_save(module.CheckpointManager)
+    elif name == "torchtitan.trainer":
         _report_steps(module.Trainer)
         if _profile() is not None:  # before its trainer starts a process group
             for key, value in _one_rank_world().items():
@@ -191,6 +195,27 @@ def _set_timeout(_utils: Any) -> None:
         from torch.distributed.distributed_c10d import _set_pg_timeout
 
         dist.set_timeout = _set_pg_timeout  # type: ignore[attr-defined]
+
+
+def _check_first_save(manager_cls: type) -> None:
+    """At its first save, one warning line when `--ckpt-dir` is set and torchtitan's
+    `checkpoint.folder` lies outside it (`frameworks.SaveCheck`)."""
+    if getattr(manager_cls.save, "_mncloud", False):
+        return
+    from mncloud.train.frameworks import SaveCheck
+
+    check = SaveCheck("torchtitan trainer", "--checkpoint.folder")
+    save_once = manager_cls.save  # type: ignore[attr-defined]
+
+    @functools.wraps(save_once)
+    def save(self: Any, *args: Any, **kwargs: Any) -> Any:
+        saved = save_once(self, *args, **kwargs)
+        if saved:
+            check.first_save(self.folder, os.environ.get("RANK", "0") == "0")
+        return saved
+
+    save._mncloud = True  # type: ignore[attr-defined]
+    manager_cls.save = save  # type: ignore[attr-defined]
 
 
 def _report_steps(trainer_cls: type) -> None:
