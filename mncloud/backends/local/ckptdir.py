@@ -39,7 +39,7 @@ import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from filelock import FileLock
+from filelock import FileLock, Timeout
 
 from mncloud import layout
 from mncloud.backends.local.processes import tagged_processes
@@ -53,6 +53,8 @@ RETRY_S = 5.0
 """How long one bucket operation retries before the file waits for the next scan."""
 SAVING_FILE = "ckpt-dir.saving"
 """In a node's folder: the `--ckpt-dir` units it is writing or uploading (for chaos)."""
+LOCK_WAIT_S = 10.0
+"""How long chaos waits for a node's sync pass before it kills the node anyway."""
 LOST_FILE = "ckpt-dir.lost"
 """In a node's folder: the node was preempted; its disk is gone until the next attempt."""
 
@@ -72,10 +74,16 @@ def lose_disk(folder: Path, node: int) -> Iterator[Callable[[], None]]:
     the node's folder is never synced again this attempt, unless the block calls the function
     it yields (the node turned out to have nothing to lose, e.g. it had already exited)."""
     lost = node_dir(folder, node) / LOST_FILE
-    with sync_lock(folder, node):
+    lock = sync_lock(folder, node)
+    with contextlib.suppress(Timeout):  # a pass stuck on an unreachable bucket: kill anyway
+        lock.acquire(timeout=LOCK_WAIT_S)
+    try:
         lost.parent.mkdir(parents=True, exist_ok=True)
         lost.touch()
         yield lambda: lost.unlink(missing_ok=True)
+    finally:
+        if lock.is_locked:
+            lock.release()
 
 
 class NodeFolder(NodeSync):
