@@ -290,7 +290,9 @@ def test_preempted_twice_ends_with_the_uninterrupted_weights(s3_env: Any) -> Non
         resumed, steps = fig.resumed_from[k], fig.steps_per_attempt[k]
         # Resumed from the newest checkpoint complete when the nodes went down.
         assert resumed == (failures[k - 1].data["latest_checkpoint"] or 0)
-        assert resumed <= max(fig.steps_per_attempt[k - 1], default=0)
+        # The previous attempt trained and the resume point moved on (its own telemetry may
+        # lack its last steps: a SIGKILLed rank's unwritten segment is lost with it).
+        assert fig.steps_per_attempt[k - 1] and resumed >= fig.resumed_from[k - 1]
         # Past the resume point each step is trained exactly once, in order.
         assert steps == list(range(resumed + 1, resumed + 1 + len(steps)))
     assert fig.resumed_from[2] > 0  # the second resume used a real checkpoint

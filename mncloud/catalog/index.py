@@ -220,8 +220,25 @@ def quiet_sky() -> Iterator[None]:
     """
     from sky import sky_logging
 
+    object_strings()
     with sky_logging.silent(), _descriptors_to_devnull(1, 2):
         yield
+
+
+def object_strings() -> None:
+    """Let pandas read SkyPilot's catalogs as SkyPilot 0.14.1 expects: strings as `object`
+    columns. pandas 3 infers its `str` dtype, backed by pyarrow once pyarrow is installed (as
+    it is beside `datasets`), and SkyPilot's `list_accelerators_impl` divides GCP's GpuInfo
+    memory by 1024.0 on such a column: a TypeError that left GCP out of every plan. For this
+    process, and before SkyPilot first reads (and caches) a catalog; a no-op where pandas has
+    no such option."""
+    import warnings
+
+    import pandas as pd
+
+    with warnings.catch_warnings(), contextlib.suppress(Exception):
+        warnings.simplefilter("ignore")  # deprecated in pandas 3 (removed in 4)
+        pd.set_option("future.infer_string", False)
 
 
 @contextlib.contextmanager

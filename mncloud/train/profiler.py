@@ -320,9 +320,8 @@ def main(argv: list[str]) -> None:
     meta = fake_parameters() if os.environ.get(PROFILE_META_ENV) else contextlib.nullcontext()
     with meta:
         runpy.run_path(script, run_name="__main__")
-    done = sys.modules.get("mncloud.train.profiler", sys.modules[__name__])._session
-    if done is not None and os.path.isfile(done.out):  # (this module may run as __main__)
-        raise SystemExit(0)  # the profile's SystemExit was swallowed (torch's `@record` does)
+    if os.path.isfile(os.environ.get(PROFILE_OUT_ENV, "")):  # the profile was written, and
+        raise SystemExit(0)  # its SystemExit swallowed (torch's `@record` does)
     raise SystemExit(
         "the script ended before mncloud.train saw its steps: the profile needs a loop over "
         "Replicas.steps or CheckpointManager.maybe_save, and at least "
