@@ -138,19 +138,27 @@ def test_close_commits_a_final_step_staged_behind_a_slow_upload(tmp_path: Path) 
     state = {"model": torch.nn.Linear(64, 64), "step": 0}
     assert ckpt.maybe_save(INTERVAL, state)
     assert ckpt.maybe_save(2 * INTERVAL, state)  # staged behind the slow one, returns at once
-    assert ckpt.last_stall_s < 0.5
+    assert ckpt.stats.blocked == 0  # it waited for no slot (no clock read)
     ckpt.close()
     assert [s for _, s in bucket.commits] == [INTERVAL, 2 * INTERVAL]  # in step order
 
 
-def test_first_save_stalls_no_longer_than_later_ones(tmp_path: Path) -> None:
-    """The buffers are allocated in the background from load on (model) and after the first
-    step (optimizer state), so the first interval save costs what later ones do."""
+def test_the_first_save_finds_its_buffers_allocated(tmp_path: Path) -> None:
+    """The buffers are allocated in the background from load on, for the whole state (Adam's
+    moments included), so the first interval save stages into buffers that exist, as later
+    ones do (the stall figures: bench/ckpt.py; no clock here)."""
+    from mncloud.train.staging import count_tensors
+    from mncloud.train.state import tensor_state
+
     model = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(8)])  # 33 MB
     opt = torch.optim.Adam(model.parameters())
     state = {"model": model, "optimizer": opt}
     ckpt = CheckpointManager(f"file://{tmp_path / 'b'}", interval_steps=INTERVAL, keep=2)
     ckpt.load(state)
+    ckpt._slots.wait_warm()
+    whole = count_tensors(tensor_state(state))
+    assert whole > 2 * len(list(model.parameters()))  # the moments too
+    assert ckpt._slots.warmed_tensors == whole
     stalls = []
     for step in range(1, 3 * INTERVAL + 1):
         model(torch.randn(4, 1024)).sum().backward()
@@ -159,7 +167,7 @@ def test_first_save_stalls_no_longer_than_later_ones(tmp_path: Path) -> None:
             stalls.append(ckpt.last_stall_s)
             ckpt.wait()
         elif step == 1:
-            ckpt._slots.wait_warm()  # the background warm-up ran during the next steps
+            ckpt._slots.wait_warm()  # a warm-up after the first step, if any, is over
+            assert ckpt._slots.warmed_tensors == count_tensors(tensor_state(state)) == whole
     ckpt.close()
     assert len(stalls) == 3 and ckpt.stats.first_stall_s == stalls[0]
-    assert stalls[0] <= 2 * max(stalls[1:]) + 0.02, stalls
