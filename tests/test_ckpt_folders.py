@@ -266,6 +266,20 @@ def test_a_local_node_says_which_folder_it_is_saving(s3_uri: str, tmp_path: Path
     assert _saving_folders(folder, 1) == ["epoch=0-step=5.ckpt"]
 
 
+def _local_run(tmp_path: Path, s3_uri: str, nodes: int) -> tuple[Path, LocalLaunch]:
+    """A local run's folder (its launch saved, as `up` leaves it) over `s3_uri`."""
+    from mncloud.backends.local.state import save_launch
+
+    launch = LocalLaunch(
+        name="r", token=f"t{uuid.uuid4().hex[:8]}", task_id="task", workdir=str(tmp_path),
+        run="true", num_nodes=nodes, procs_per_node=1, master_port=29500, ckpt_uri=s3_uri,
+    )  # fmt: skip
+    folder = tmp_path / "run"
+    folder.mkdir()
+    save_launch(folder, launch)
+    return folder, launch
+
+
 def _tagged_sleeper(token: str, node: int) -> subprocess.Popen[bytes]:
     """A process of `node` of a local run, found by its env tag as the node's ranks are."""
     from mncloud.backends.local.processes import node_tag
@@ -278,23 +292,15 @@ def test_a_preempted_local_node_loses_its_disk_with_it(s3_uri: str, tmp_path: Pa
     """chaos's kill and the node's folder vanish together: what the node had not uploaded by
     then never reaches the bucket (a VM's disk), until the next attempt's fresh folder."""
     from mncloud.backends.local.chaos import preempt_node
-    from mncloud.backends.local.state import save_launch
 
-    token = f"t{uuid.uuid4().hex[:8]}"
-    launch = LocalLaunch(
-        name="r", token=token, task_id="task", workdir=str(tmp_path), run="true",
-        num_nodes=2, procs_per_node=1, master_port=29500, ckpt_uri=s3_uri,
-    )  # fmt: skip
-    folder = tmp_path / "run"
-    folder.mkdir()
-    save_launch(folder, launch)
+    folder, launch = _local_run(tmp_path, s3_uri, 2)
     bucket, prefix = open_bucket(layout.ckpt_dir_uri(s3_uri), retry_seconds=5)
     node = NodeFolder(folder, launch, 1, bucket, prefix)
     node.restore()
     (node.path / "checkpoint-5").mkdir()
     (node.path / "checkpoint-5" / "rng_state_1.pth").write_bytes(b"r")
     node.sync()  # seen once: the next scan would upload and commit it
-    rank = _tagged_sleeper(token, 1)
+    rank = _tagged_sleeper(launch.token, 1)
     record = preempt_node(folder, 1, during_save=True, save_timeout=30)
     assert rank.wait(timeout=30) == -signal.SIGKILL
     assert record["pids"] == [rank.pid] and record["during_save_step"] == "checkpoint-5/"
@@ -313,15 +319,8 @@ def test_a_replaced_node_gets_its_folder_afresh_from_the_bucket(
     """Node recovery: the preempted node's disk is gone; its replacement (a new VM) starts from
     the bucket's committed folders and syncs again."""
     from mncloud.backends.local.ckptdir import CkptDirSync, lose_disk
-    from mncloud.backends.local.state import save_launch
 
-    launch = LocalLaunch(
-        name="r", token=f"t{uuid.uuid4().hex[:8]}", task_id="task", workdir=str(tmp_path),
-        run="true", num_nodes=2, procs_per_node=1, master_port=29500, ckpt_uri=s3_uri,
-    )  # fmt: skip
-    folder = tmp_path / "run"
-    folder.mkdir()
-    save_launch(folder, launch)
+    folder, launch = _local_run(tmp_path, s3_uri, 2)
     sync = CkptDirSync(folder, launch, lambda _line: None)
     for node in sync.nodes:
         node.restore()
@@ -345,15 +344,8 @@ def test_a_replaced_node_gets_its_folder_afresh_from_the_bucket(
 def test_preempting_a_node_with_nothing_running_keeps_its_disk(s3_uri: str, tmp_path: Path) -> None:
     """A node that had already ended is not lost: its folder still flushes."""
     from mncloud.backends.local.chaos import preempt_node
-    from mncloud.backends.local.state import save_launch
 
-    launch = LocalLaunch(
-        name="r", token=f"t{uuid.uuid4().hex[:8]}", task_id="task", workdir=str(tmp_path),
-        run="true", num_nodes=1, procs_per_node=1, master_port=29500, ckpt_uri=s3_uri,
-    )  # fmt: skip
-    folder = tmp_path / "run"
-    folder.mkdir()
-    save_launch(folder, launch)
+    folder, launch = _local_run(tmp_path, s3_uri, 1)
     bucket, prefix = open_bucket(layout.ckpt_dir_uri(s3_uri), retry_seconds=5)
     node = NodeFolder(folder, launch, 0, bucket, prefix)
     node.restore()
