@@ -33,11 +33,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-WORDS = str.split(
+VOCABULARY = (
     "the of and to in a is that for it as was with be by on not this are or from at which but "
     "have an they you were there been one all we their has would when if so no will more can "
     "about out up what said some time model train data node cloud step loss gradient resume"
 )
+WORDS = VOCABULARY.split()
 
 
 def _write(path: Path, text: str) -> None:
