@@ -312,20 +312,30 @@ def _bucket_file(uri: str, path: str) -> bytes:
     return bucket.get_bytes(join_key(prefix, path))
 
 
+def _last_step(uri: str) -> int | None:
+    """The step of the `last.ckpt` (Lightning's) the bucket holds, None without one."""
+    import torch
+
+    if "last.ckpt" not in _bucket_keys(uri):
+        return None
+    data = torch.load(io.BytesIO(_bucket_file(uri, "last.ckpt")), weights_only=False)
+    return int(data["global_step"])
+
+
+def _last_ckpt_from_step_8(uri: str) -> bool:
+    """`ckpt_path="last"` would resume from step 8 or later (the newest `epoch=…` file
+    reaches the bucket before the `last.ckpt` Lightning writes after it)."""
+    return (_last_step(uri) or 0) >= 8
+
+
 def _at_kill(uri: str) -> dict[str, Any]:
     """The bucket's `--ckpt-dir` as the preempted node left it: the newest committed unit and
     the step of `last.ckpt` (Lightning's), read before the relaunch can save anything."""
-    import torch
-
     from mncloud.storage.folders import survey
 
     verdicts = survey(uri)
     committed = [v.name for v in verdicts if v.committed]
-    last = None
-    if "last.ckpt" in committed:
-        data = torch.load(io.BytesIO(_bucket_file(uri, "last.ckpt")), weights_only=False)
-        last = int(data["global_step"])
-    return {"newest": newest(committed), "last_step": last,
+    return {"newest": newest(committed), "last_step": _last_step(uri),
             "names": {v.name: v.committed for v in verdicts}}  # fmt: skip
 
 
@@ -334,7 +344,7 @@ def _preempted_once(
     args: list[str], ready: Any, final: str, chaos: tuple[str, ...] = ("--node", "1"),
 ) -> dict[str, Any]:  # fmt: skip
     """`script` on 2 local nodes under `--ckpt-dir` in S3, preempted once (`chaos preempt` with
-    `chaos`) when `ready(keys)` holds for the bucket's folder; the uninterrupted reference of
+    `chaos`) when `ready(uri)` holds for the run's bucket; the uninterrupted reference of
     the same script runs beside the relaunch (started after the preemption: it puts no load on
     the race to preempt the run before it ends)."""
     from mncloud.cli.follow import ckpt_dir_line, goodput_line
@@ -349,7 +359,7 @@ def _preempted_once(
         bucket = s3_server.make_bucket()
         up(name, script, *FLAGS, "--bucket", f"s3://{bucket}/exp", script_args=args)
         uri = f"s3://{bucket}/exp/{name}"
-        wait_until(lambda: ready(_bucket_keys(uri)), 400, "a checkpoint in the bucket")
+        wait_until(lambda: ready(uri), 400, "a checkpoint in the bucket")
         said = cli("chaos", "preempt", name, *chaos).output
         at_kill = _at_kill(uri)
         reference = start_reference_ckpt_dir_file(script, FLAGS, args, final)
@@ -371,7 +381,8 @@ HF_SCRIPT = REPO / "examples" / "hf_trainer.py"
 HF_ARGS = ["--max-steps", "60", "--save-steps", "20", "--compute-ms", "200"]  # 8 s after ckpt 20
 
 
-def _hf_ready(keys: list[str]) -> bool:
+def _hf_ready(uri: str) -> bool:
+    keys = _bucket_keys(uri)
     need = {"model.safetensors", "optimizer.pt", "scheduler.pt", "trainer_state.json",
             "rng_state_0.pth", "rng_state_1.pth"}  # fmt: skip
     return need <= {k.removeprefix("checkpoint-20/") for k in keys}
@@ -435,7 +446,7 @@ def hf_save_run(tmp_path_factory: pytest.TempPathFactory, s3_server: Any) -> dic
 
     return _preempted_once(
         tmp_path_factory, s3_server, "hfsave", HF_SCRIPT, HF_ARGS,
-        lambda keys: markers <= set(keys),
+        lambda uri: markers <= set(_bucket_keys(uri)),
         "final/model.safetensors", chaos=("--node", "1", "--during-save"),
     )  # fmt: skip
 
@@ -470,12 +481,12 @@ PL_ARGS = ["--epochs", "10", "--samples", "256", "--compute-ms", "250"]
 
 @pytest.fixture(scope="module")
 def pl_run(tmp_path_factory: pytest.TempPathFactory, s3_server: Any) -> dict[str, Any]:
-    """The Lightning example (4 steps an epoch), preempted once a checkpoint of step 8 or later
-    reached the bucket (one file at a time: ModelCheckpoint keeps the newest epoch's)."""
+    """The Lightning example (4 steps an epoch), preempted once the bucket's `last.ckpt` is of
+    step 8 or later (one file at a time: ModelCheckpoint keeps the newest epoch's)."""
     pytest.importorskip("lightning")
     return _preempted_once(
         tmp_path_factory, s3_server, "pl", PL_SCRIPT, PL_ARGS,
-        lambda keys: (found := newest(keys)) is not None and found.step >= 8, "final.pt",
+        _last_ckpt_from_step_8, "final.pt",
     )  # fmt: skip
 
 
@@ -518,12 +529,12 @@ def test_profile_counts_the_hf_trainers_own_steps() -> None:
 @pytest.fixture(scope="module")
 def pl_save_run(tmp_path_factory: pytest.TempPathFactory, s3_server: Any) -> dict[str, Any]:
     """The Lightning example, node 0 (the one that saves: global rank 0) preempted while a
-    `.ckpt` file it saved is not yet in the bucket, once a checkpoint of step 8 is there; its
-    reference is `pl_run`'s (the same arguments)."""
+    `.ckpt` file it saved is not yet in the bucket, once the bucket's `last.ckpt` is of step 8
+    or later; its reference is `pl_run`'s (the same arguments)."""
     pytest.importorskip("lightning")
     return _preempted_once(
         tmp_path_factory, s3_server, "plsave", PL_SCRIPT, PL_ARGS,
-        lambda keys: (found := newest(keys)) is not None and found.step >= 8, "final.pt",
+        _last_ckpt_from_step_8, "final.pt",
         chaos=("--node", "0", "--during-save"),
     )  # fmt: skip
 
