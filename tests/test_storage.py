@@ -17,6 +17,7 @@ from mncloud.storage import (
     BucketURL,
     LocalBucket,
     ObjectNotFoundError,
+    ShortReadError,
     delete_prefix,
     join_key,
     open_bucket,
@@ -79,6 +80,13 @@ def test_bucket_operations(bucket_uri: str, tmp_path: Path) -> None:
     out = tmp_path / "down" / "big"
     bucket.get_file(k("a/big"), out)
     assert out.read_bytes() == big.read_bytes()
+    data = big.read_bytes()
+    for start, length in ((0, 1), (5, 300), (16 * 2**20 - 3, 7), (len(data) - 9, 9), (42, 0)):
+        assert bucket.get_range(k("a/big"), start, length) == data[start : start + length]
+    with pytest.raises(ShortReadError, match=r"bytes .* returned 9 of 20"):
+        bucket.get_range(k("a/big"), len(data) - 9, 20)  # past the end: named, not retried
+    with pytest.raises(ObjectNotFoundError):
+        bucket.get_range(k("a/missing"), 0, 4)
     with pytest.raises(ObjectNotFoundError):
         bucket.get_bytes(k("a/missing"))
     with pytest.raises(ObjectNotFoundError):

@@ -13,7 +13,13 @@ import os
 from typing import Any
 
 from mncloud.errors import StorageError
-from mncloud.storage.buckets import ObjectInfo, ObjectNotFoundError, RetryingBucket, atomic_path
+from mncloud.storage.buckets import (
+    ObjectInfo,
+    ObjectNotFoundError,
+    RetryingBucket,
+    atomic_path,
+    checked_range,
+)
 from mncloud.storage.retry import (
     DEFAULT_RETRY_SECONDS,
     error_chain,
@@ -138,6 +144,18 @@ class GCSBucket(RetryingBucket):
         """Read a whole object."""
         bucket = self.bucket
         return self._call("read of", lambda: bucket.blob(key).download_as_bytes(retry=None), key)
+
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        """Read `length` bytes from offset `start`: one ranged GET."""
+        if length == 0:
+            return b""
+        bucket = self.bucket
+        end = start + length - 1  # inclusive, as the API takes it
+
+        def op() -> bytes:
+            return bytes(bucket.blob(key).download_as_bytes(start=start, end=end, retry=None))
+
+        return checked_range(self.url, key, start, length, self._call("read of", op, key))
 
     def list(self, prefix: str = "") -> list[ObjectInfo]:
         """Every object whose key starts with `prefix`, sorted by key."""

@@ -16,7 +16,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from mncloud.storage.buckets import ObjectInfo, ObjectNotFoundError, RetryingBucket, atomic_path
+from mncloud.storage.buckets import (
+    ObjectInfo,
+    ObjectNotFoundError,
+    RetryingBucket,
+    atomic_path,
+    checked_range,
+)
 from mncloud.storage.retry import (
     DEFAULT_RETRY_SECONDS,
     error_chain,
@@ -271,6 +277,19 @@ class S3Bucket(RetryingBucket):
         return self._call(
             "read of", lambda: client.get_object(Bucket=self.name, Key=key)["Body"].read(), key
         )
+
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        """Read `length` bytes from offset `start`: one ranged GET."""
+        if length == 0:
+            return b""
+        client = self.client
+        span = f"bytes={start}-{start + length - 1}"
+
+        def op() -> bytes:
+            body = client.get_object(Bucket=self.name, Key=key, Range=span)["Body"]
+            return bytes(body.read())
+
+        return checked_range(self.url, key, start, length, self._call("read of", op, key))
 
     def list(self, prefix: str = "") -> list[ObjectInfo]:
         """Every object whose key starts with `prefix`, sorted by key."""
