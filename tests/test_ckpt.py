@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import random
+import re
 import subprocess
 import sys
 import textwrap
@@ -127,41 +128,48 @@ def _tear(store: CheckpointStore, step: int, how: str) -> None:
         entry = m.files["__0_0.distcp"]
         m.files["__0_0.distcp"] = dataclasses.replace(entry, size=entry.size + 1)
         store.commit(m)  # a consistent COMPLETE, but the manifest lies about a size
-    elif how == "corrupt-bytes":  # same size, different content: only the hash sees it
-        key = store.key(step, "rank_0.pt")
+    elif how in ("corrupt-bytes", "corrupt-shard"):  # same size, other content: hashes see it
+        key = store.key(step, "rank_0.pt" if how == "corrupt-bytes" else "__0_0.distcp")
         raw = bytearray(b.get_bytes(key))
-        raw[-1] ^= 0xFF
+        raw[len(raw) // 2] ^= 0xFF
         b.put_bytes(key, bytes(raw))
 
 
 @pytest.mark.slow
 def test_torn_steps_are_never_loaded(bucket_uri: str, caplog) -> None:
+    """Every kind of torn step is skipped with its reason, the next older one loaded. A flipped
+    byte is seen without `verify_sha256`: the extras by their hash, a shard's bytes by the
+    chunk hash of the range a rank reads (the file and bytes named)."""
     model = _model()
     state = {"model": model, "step": 0}
-    for step in (1, 2, 3, 4, 5):
+    for step in (1, 2, 3, 4, 5, 6):
         with torch.no_grad():
             for p in model.parameters():
                 p.fill_(step)
-        _save(bucket_uri, step, state)
+        _save(bucket_uri, step, state, keep=10)
     store = CheckpointStore(bucket_uri)
-    _tear(store, 5, "no-complete")
-    _tear(store, 4, "truncated-shard")
-    _tear(store, 3, "lying-manifest")
-    _tear(store, 2, "corrupt-bytes")
+    _tear(store, 6, "no-complete")
+    _tear(store, 5, "truncated-shard")
+    _tear(store, 4, "lying-manifest")
+    _tear(store, 3, "corrupt-bytes")
+    _tear(store, 2, "corrupt-shard")
 
     target = {"model": _model(), "step": -1}
     with caplog.at_level(logging.WARNING), CheckpointManager(bucket_uri) as ckpt:
-        assert ckpt.load(target) == 2  # size checks only: step 2's flipped byte goes unseen
-    assert "step 5 skipped: COMPLETE missing" in caplog.text
+        assert ckpt.load(target) == 1
+    assert "step 6 skipped: COMPLETE missing" in caplog.text
+    assert "step 5 skipped: __0_0.distcp is" in caplog.text
     assert "step 4 skipped: __0_0.distcp is" in caplog.text
-    assert "step 3 skipped: __0_0.distcp is" in caplog.text
-    assert all(float(p.detach().flatten()[0]) == 2.0 for p in target["model"].parameters())
+    assert "step 3 skipped: rank 0: rank_0.pt xxh3_128 differs from the manifest" in caplog.text
+    assert re.search(r"step 2 skipped: rank 0: __0_0.distcp bytes \d+-\d+ fail their xxh3_128",
+                     caplog.text), caplog.text  # fmt: skip
+    assert all(float(p.detach().flatten()[0]) == 1.0 for p in target["model"].parameters())
 
     with CheckpointManager(bucket_uri, verify_sha256=True) as ckpt:
         assert ckpt.load(target) == 1
     assert all(float(p.detach().flatten()[0]) == 1.0 for p in target["model"].parameters())
     with CheckpointManager(bucket_uri) as ckpt, pytest.raises(CheckpointError):
-        ckpt.load(target, step=4)
+        ckpt.load(target, step=5)
 
 
 @pytest.mark.slow

@@ -55,12 +55,13 @@ ROOMS: list[tuple[str, str]] = [
     ("mncloud.redact", ""),
     ("mncloud.catalog", "cache clouds gpus index skyconfig"),
     ("mncloud.storage", "buckets checkpoints factory gcs lighthouse names prepare retry s3 "
-                        "stoprequest url final shapes folders foldersync frameworkdirs"),
+                        "stoprequest url final shapes folders foldersync frameworkdirs chunks "
+                        "rangeread"),
     ("mncloud.telemetry", "series seriestail steps curves"),
     ("mncloud.export", "convert model run source target"),
     ("mncloud.train", "ckpt collectives dist emergency ft lighthouse preempt profiler progress "
                       "parallel sampler saving staging state steptime streaming frameworks hf "
-                      "pl sitehook titan"),
+                      "pl sitehook titan fetchplan reader resume"),
     ("mncloud.doctor", "__main__ bandwidth checks gang meeting mesh node"),
     ("mncloud.spec", "launch"),
     ("mncloud.request", ""),

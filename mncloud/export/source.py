@@ -10,9 +10,8 @@ from pathlib import Path
 
 from mncloud.errors import CheckpointError
 from mncloud.export.model import ExportError
-from mncloud.storage.checkpoints import MANIFEST, CheckpointStore, Manifest
+from mncloud.storage.checkpoints import DCP_METADATA, MANIFEST, CheckpointStore, Manifest
 
-DCP_METADATA = ".metadata"
 """DCP's index of every rank's shards (which file, which bytes)."""
 
 

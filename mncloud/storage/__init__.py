@@ -8,6 +8,8 @@ local directory, bucket preparation before a launch, and the checkpoint layout.
     retry.py        retrying transient failures (tenacity) within a time budget
     prepare.py      before `up`: does the bucket exist, where, create it, egress warning
     checkpoints.py  step folders, manifest, COMPLETE, verification, retention, pull
+    chunks.py       per-chunk hashes of a step's shard files (sidecars): a range checked alone
+    rangeread.py    verified ranged reads of a step's files: what a resume fetches
     folders.py      `--ckpt-dir`'s checkpoint folders committed whole: markers, verdicts, hints
     foldersync.py   one node's `--ckpt-dir` synced, folders committed (a process on cloud VMs)
     names.py        SkyPilot's bucket-name rules, restated so a check imports nothing

@@ -50,6 +50,8 @@ Note = TypeVar("Note", bound=BaseModel)
 
 MANIFEST = "manifest.json"
 COMPLETE = "COMPLETE"
+DCP_METADATA = ".metadata"
+"""DCP's metadata file of a step (which item of which shard file holds what)."""
 FORMAT_VERSION = 2
 """1: files hashed with sha256; 2: with xxh3_128."""
 HASH = "xxh3_128"

@@ -9,6 +9,9 @@ returns).
     staging.py      staging slots: the CPU copies a checkpoint is written from
     streaming.py    checkpoint files streamed from DCP into S3 multipart uploads
     state.py        what a checkpoint holds of a training state, and how it goes back
+    resume.py       `load`: the newest step that verifies, restored in place on every rank
+    reader.py       DCP's reader over the bucket: a resume reads only its ranks' byte ranges
+    fetchplan.py    who fetches which item of a resume (each once), and the exchange rounds
     collectives.py  the checkpoint's own gloo groups and the ranks' agreements
     emergency.py    the emergency save on a preemption notice
     preempt.py      preemption notices, learnt early enough to checkpoint

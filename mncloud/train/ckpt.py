@@ -25,9 +25,14 @@ runs on the training process group from another thread. Example sequence (2 rank
               worker writes manifest.json, then COMPLETE, then applies keep-last-K.
     step 150  preempted. Step 100 is complete; a half-uploaded step would lack COMPLETE.
     restart   load(): rank 0 lists the bucket, verifies steps newest first (COMPLETE matches the
-              manifest, every file present with its size; content hashes on request), skipping torn
-              ones with the reason; every rank downloads and checks the files, DCP restores the
-              tensors in place, then the per-rank extras and, last, the RNG states.
+              manifest, every file present with its size), skipping torn ones with the reason,
+              and reads the step's DCP metadata once for every rank; DCP plans what each rank
+              loads, and the bucket reader (`reader.py`) fetches each saved item once, by one
+              of the ranks that need it, as ranged reads checked against the chunk hashes
+              written at save (`storage/chunks.py`), then hands it to the other ranks that need
+              it. Only once every rank's reads verified are the tensors restored in place, then
+              the per-rank extras and, last, the RNG states; a range that fails refuses the
+              step (file and bytes named) and the next older one is tried.
 
 If an upload fails (bucket down for longer than the storage retry budget), the ranks learn it
 at the agreement, the step stays uncommitted, the failure is logged, and the next interval
@@ -65,16 +70,13 @@ import contextlib
 import logging
 import math
 import os
-import shutil
 import time
 from collections.abc import MutableMapping
-from pathlib import Path
 from typing import Any
 
 from mncloud.constants import CKPT_STAGING_ENV, CKPT_URI_ENV, PREEMPTION_WATCH_ENV
 from mncloud.errors import CheckpointError, MncloudError
-from mncloud.storage.checkpoints import CheckpointStore, Manifest
-from mncloud.storage.shapes import SHAPES_KEY
+from mncloud.storage.checkpoints import CheckpointStore
 from mncloud.train import profiler
 from mncloud.train.collectives import Collectives
 from mncloud.train.emergency import (
@@ -85,9 +87,10 @@ from mncloud.train.emergency import (
 )
 from mncloud.train.ft import Replicas
 from mncloud.train.preempt import Notice, Preempted, PreemptionWatcher
+from mncloud.train.resume import Resume
 from mncloud.train.saving import PendingSave, SavePipeline
 from mncloud.train.staging import SaveStats, StagingSlots
-from mncloud.train.state import ModelMismatch, restore_state, rng_state, set_rng_state
+from mncloud.train.state import rng_state, set_rng_state
 from mncloud.train.steptime import report
 
 __all__ = ["CheckpointManager", "rng_state", "set_rng_state"]
@@ -99,8 +102,10 @@ class CheckpointManager:
     """Save training state every `interval_steps` to a bucket; load the newest verified step.
 
     `uri` defaults to `$MNCLOUD_CKPT_URI`. `keep` (≥ 2) verified steps are retained.
-    `verify_sha256` makes `load` hash every downloaded file and compare it with the manifest
-    (xxh3_128; sha256 for steps saved by mncloud before format 2); sizes are always checked.
+    `load` checks every byte it reads against the step's hashes: each range of a shard file
+    against its chunk hashes, the small files whole. `verify_sha256` matters only for steps
+    saved before chunk hashes existed: it reads each shard file a rank needs whole and checks
+    its whole-file hash (else their ranges are checked by size).
     `async_upload=False` makes every save block until committed (for comparison or tests).
     `staging_dir` holds the local copy before upload (default `$MNCLOUD_CKPT_STAGING` or a
     temporary directory). `staging_slots` (≥ 1) CPU copies of the state may exist at once: one
@@ -396,84 +401,13 @@ class CheckpointManager:
         """
         if self._pending is not None:
             raise CheckpointError("load() while a save is in progress; call wait() first")
-        for cand in self._candidates(step):
-            local = self.staging_dir / f"load_{cand}"
-            try:
-                error = None
-                own_rng = True
-                try:
-                    manifest, own_rng = self._pull(cand, local)
-                except MncloudError as err:
-                    error = str(err)
-                gathered = self._ranks.all_gather(error)
-                errors = [f"rank {r}: {e}" for r, e in enumerate(gathered) if e]
-                if errors:
-                    log.warning("checkpoint step %d skipped: %s", cand, "; ".join(errors))
-                    continue
-                try:
-                    restore_state(state, local, manifest.step, pg=self._ranks.dcp_pg,
-                                  distributed=self.distributed, own_rng=own_rng,
-                                  saved_shapes=_saved_shapes(manifest))  # fmt: skip
-                except ModelMismatch as err:  # every rank: the same manifest, the same model
-                    if self.rank == 0:
-                        log.error("%s", err)
-                    err.leave_marker()
-                    raise
-            finally:
-                shutil.rmtree(local, ignore_errors=True)
-            self._saving.floor = cand
-            self._saving.last_committed = cand
-            log.info("resumed from checkpoint step %d at %s", cand, self.uri)
-            self._saving.warm(state, background=True)
-            return cand
-        log.info("no usable checkpoint at %s; starting from scratch", self.uri)
+        loaded = Resume(self.store, self._ranks, verify_sha256=self.verify_sha256,
+                        spill_dir=self.staging_dir).load(state, step)  # fmt: skip
+        if loaded is not None:
+            self._saving.floor = loaded
+            self._saving.last_committed = loaded
         self._saving.warm(state, background=True)
-        return None
-
-    def _candidates(self, step: int | None) -> list[int]:
-        """Rank 0 lists the verified steps (newest first; only `step` if given) for every
-        rank; CheckpointError on every rank when listing fails or `step` does not verify."""
-        candidates: list[int] | str = []
-        if self.rank == 0:
-            try:
-                good, skipped = self.store.candidates()
-                for v in skipped:
-                    log.warning("checkpoint step %d skipped: %s", v.step, v.reason)
-                if step is not None:
-                    good = [step] if step in good else []
-                    if not good:
-                        candidates = f"step {step} at {self.uri} does not verify"
-                if isinstance(candidates, list):
-                    candidates = good
-            except MncloudError as err:
-                candidates = str(err)
-        candidates = self._ranks.broadcast(candidates)
-        if isinstance(candidates, str):
-            raise CheckpointError(candidates)
-        return candidates
-
-    def _pull(self, step: int, local: Path) -> tuple[Manifest, bool]:
-        """Download `step`'s shared files and this rank's extras into `local`; also whether
-        they are this rank's own. A rank the saving world did not have (resumed on more
-        ranks) takes rank 0's extras: the sampler's cursor and other values every rank shares
-        (its RNG states stay its own, see `restore_state`). DCP reshards the tensors."""
-        manifest = self.store.read_manifest(step)
-        own = f"rank_{self.rank}.pt"
-        mine = own in manifest.files
-        if not mine:
-            log.info("step %d was saved by %d ranks; rank %d takes rank 0's extras and keeps "
-                     "its own RNG states", step, manifest.world_size, self.rank)  # fmt: skip
-            own = "rank_0.pt"
-        names = [n for n in manifest.files if not n.startswith("rank_")] + [own]
-        self.store.pull(step, local, names=names, content=self.verify_sha256)
-        (local / "extras.pt").symlink_to(local / own)
-        return manifest, mine
-
-
-def _saved_shapes(manifest: Manifest) -> dict[str, list[int]] | None:
-    """The model tensors' shapes the manifest records (None: saved before they were)."""
-    shapes = manifest.extra.get(SHAPES_KEY)
-    return shapes if isinstance(shapes, dict) and shapes else None
+        return loaded
 
 
 def _checked_uri(

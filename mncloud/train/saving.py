@@ -35,6 +35,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from mncloud.errors import MncloudError, StorageError
+from mncloud.storage import chunks
 from mncloud.storage.checkpoints import CheckpointStore, FileEntry, Manifest
 from mncloud.storage.s3 import S3Bucket
 from mncloud.storage.shapes import SHAPES_KEY
@@ -423,6 +424,8 @@ class SavePipeline:
             files.update(rank_entries or {})
         bytes_per_rank = [sum(e.size for e in (r or {}).values()) for r in per_rank]
         mesh = {"mesh": self.mesh} if self.mesh else {}
+        sidecars = all(n + chunks.SUFFIX in files for n in files if chunks.chunked(n))
+        hashed = {chunks.CHUNKS_KEY: chunks.manifest_extra()} if sidecars else {}
         return Manifest(
             step=step,
             world_size=self.ranks.world_size,
@@ -432,6 +435,7 @@ class SavePipeline:
                 "upload_s": round(self.last_save_s, 3),
                 "bytes_per_rank": bytes_per_rank,
                 **mesh,
+                **hashed,
                 SHAPES_KEY: self.shapes,
                 **extra,
             },

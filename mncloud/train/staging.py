@@ -26,7 +26,8 @@ from typing import Any
 
 import torch
 
-from mncloud.storage.checkpoints import FileEntry, new_hash
+from mncloud.storage.checkpoints import FileEntry
+from mncloud.storage.chunks import SUFFIX, FileHasher, chunked
 
 log = logging.getLogger(__name__)
 
@@ -164,12 +165,13 @@ class StagingSlots:
 
 
 class _HashingStream(io.RawIOBase):
-    """A binary file that hashes (xxh3_128) what is written through it."""
+    """A binary file that hashes (xxh3_128) what is written through it, per chunk too when
+    `chunks` (a shard file: `storage.chunks`)."""
 
-    def __init__(self, raw: Any) -> None:
+    def __init__(self, raw: Any, *, chunks: bool) -> None:
         super().__init__()
         self._raw = raw
-        self._hash = new_hash()
+        self.hasher = FileHasher(chunks=chunks)
         self.size = 0
 
     def writable(self) -> bool:
@@ -178,7 +180,7 @@ class _HashingStream(io.RawIOBase):
     def write(self, data: Any) -> int:  # type: ignore[override]
         view = memoryview(data).cast("B")
         n = self._raw.write(view)
-        self._hash.update(view[:n])
+        self.hasher.update(view[:n])
         self.size += n
         return n
 
@@ -193,12 +195,13 @@ class _HashingStream(io.RawIOBase):
 
     def entry(self) -> FileEntry:
         """The size and hash of everything written so far."""
-        return FileEntry.of(self.size, self._hash.hexdigest())
+        return FileEntry.of(self.size, self.hasher.hexdigest())
 
 
 def hashing_filesystem() -> Any:
     """A DCP `FileSystem` that hashes each file while writing it: `.digests[name]` is its
-    `FileEntry`, so the upload need not read the files a second time to hash them."""
+    `FileEntry`, so the upload need not read the files a second time to hash them. A shard
+    file's chunk hashes are written beside it as its sidecar (`storage.chunks`)."""
     from torch.distributed.checkpoint.filesystem import FileSystem
 
     class HashingFileSystem(FileSystem):
@@ -212,10 +215,13 @@ def hashing_filesystem() -> Any:
                 with super().create_stream(path, mode) as stream:
                     yield stream
                 return
+            name = Path(path).name
             with open(path, mode) as raw:
-                stream = _HashingStream(raw)
+                stream = _HashingStream(raw, chunks=chunked(name))
                 yield stream
-            self.digests[Path(path).name] = stream.entry()
+            self.digests[name] = stream.entry()
+            if chunked(name):
+                Path(path).with_name(name + SUFFIX).write_bytes(stream.hasher.sidecar())
 
         def rename(self, path: Any, new_path: Any) -> None:
             super().rename(path, new_path)

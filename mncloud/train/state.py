@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
     get_optimizer_state_dict,
@@ -41,11 +42,11 @@ _RNG_KEY = "__rng__"
 _VALUE, _STATEFUL = "value", "stateful"
 
 
-class ModelMismatch(SystemExit):
-    """The checkpoint was written by a different model (`mncloud.storage.shapes`): nothing is
-    loaded. Uncaught, it ends the process with exit code 2 (bad input, not a fault to recover
-    from); `CheckpointManager.load` logs its one line on rank 0 first and leaves it in the
-    node's refusal marker (`leave_marker`), so the run ends failed instead of retrying."""
+class Refusal(SystemExit):
+    """A load that must not be retried, with one line saying why: nothing is loaded.
+    Uncaught, it ends the process with exit code 2 (bad input, not a fault to recover from);
+    `CheckpointManager.load` logs its one line on rank 0 first and leaves it in the node's
+    refusal marker (`leave_marker`), so the run ends failed instead of retrying."""
 
     def __init__(self, line: str) -> None:
         super().__init__(2)
@@ -61,6 +62,10 @@ class ModelMismatch(SystemExit):
         if marker:
             with contextlib.suppress(OSError):
                 Path(marker).write_text(self.line + "\n", encoding="utf-8")
+
+
+class ModelMismatch(Refusal):
+    """The checkpoint was written by a different model (`mncloud.storage.shapes`)."""
 
 
 def rng_state() -> dict[str, Any]:
@@ -162,7 +167,8 @@ def split_state(state: MutableMapping[str, Any]) -> tuple[dict[str, Any], dict[s
 
 def restore_state(
     state: MutableMapping[str, Any],
-    local: Path,
+    reader: Any,
+    extras: dict[str, Any],
     step: int,
     *,
     pg: Any,
@@ -170,12 +176,12 @@ def restore_state(
     own_rng: bool = True,
     saved_shapes: dict[str, list[int]] | None = None,
 ) -> None:
-    """Load step `step`'s files in `local` into `state` in place: DCP's tensors (collectives on
-    `pg`), then this rank's extras (`local/extras.pt`), the RNG states last. `own_rng=False`
-    (a rank the saving world did not have, whose extras are another rank's): the RNG states
-    stay this process's own, so no two ranks draw the same numbers. `saved_shapes` (the
-    manifest's, when it has them): ModelMismatch, before anything is read, when they are not
-    this model's."""
+    """Load step `step` into `state` in place: DCP's tensors through `reader` (a DCP
+    `StorageReader`; collectives on `pg`), then this rank's `extras` (its `rank_N.pt`, loaded),
+    the RNG states last. `own_rng=False` (a rank the saving world did not have, whose extras
+    are another rank's): the RNG states stay this process's own, so no two ranks draw the same
+    numbers. `saved_shapes` (the manifest's, when it has them): ModelMismatch, before anything
+    is read, when they are not this model's."""
     modules = [v for v in state.values() if isinstance(v, torch.nn.Module)]
     targets = tensor_state(state)
     if saved_shapes is not None:
@@ -188,18 +194,17 @@ def restore_state(
             warnings.filterwarnings("ignore", message=NO_DIST_WARNING)
             dcp.load(
                 targets,
-                storage_reader=dcp.FileSystemReader(str(local)),
+                storage_reader=reader,
                 process_group=pg,
                 no_dist=not distributed,
             )
-    except Exception as err:
+    except (Exception, CheckpointException) as err:  # DCP's is a BaseException
         raise CheckpointError(f"step {step} does not fit this model/optimizer: {err}") from err
     for key, val in state.items():
         if isinstance(val, torch.nn.Module):
             set_model_state_dict(val, targets[key])
         elif isinstance(val, torch.optim.Optimizer):
             set_optimizer_state_dict(_owner(val, modules, key), val, targets[key])
-    extras = torch.load(local / "extras.pt", weights_only=False)
     for key, (kind, value) in extras.items():
         if key == _RNG_KEY:
             continue

@@ -30,7 +30,8 @@ from typing import Any
 from torch.distributed.checkpoint.filesystem import FileSystemBase
 
 from mncloud.errors import StorageError
-from mncloud.storage.checkpoints import FileEntry, hash_bytes, new_hash
+from mncloud.storage.checkpoints import FileEntry, hash_bytes
+from mncloud.storage.chunks import SUFFIX, FileHasher, chunked
 from mncloud.storage.s3 import S3Bucket
 
 
@@ -72,13 +73,14 @@ class _Upload:
 
 
 class _PartStream(io.RawIOBase):
-    """A write-only binary stream that hashes its bytes and hands full parts to `fs`."""
+    """A write-only binary stream that hashes its bytes (a shard file's chunks too) and hands
+    full parts to `fs`."""
 
-    def __init__(self, fs: S3StreamFileSystem, upload: _Upload) -> None:
+    def __init__(self, fs: S3StreamFileSystem, upload: _Upload, name: str) -> None:
         super().__init__()
         self._fs = fs
         self._upload = upload
-        self._hash = new_hash()
+        self.hasher = FileHasher(chunks=chunked(name))
         self._buf: bytearray | None = None
         self._fill = 0
         self.size = 0
@@ -92,7 +94,7 @@ class _PartStream(io.RawIOBase):
     def write(self, data: Any) -> int:  # type: ignore[override]
         view = memoryview(data).cast("B")
         t0 = time.perf_counter()
-        self._hash.update(view)  # both hashes release the GIL on large buffers
+        self.hasher.update(view)  # xxhash releases the GIL on large buffers
         self._fs.hash_s += time.perf_counter() - t0
         if self._upload.held is not None:
             self._upload.held += view
@@ -122,7 +124,7 @@ class _PartStream(io.RawIOBase):
         if self._buf is not None:
             self._fs.buffers.give(self._buf)
             self._buf = None
-        return rest, FileEntry.of(self.size, self._hash.hexdigest())
+        return rest, FileEntry.of(self.size, self.hasher.hexdigest())
 
     def discard(self) -> None:
         """Give the buffer back without sending it."""
@@ -188,9 +190,12 @@ class S3StreamFileSystem(FileSystemBase):
                 self.buffers.give(body)
 
     def _close(self, name: str, stream: _PartStream) -> None:
-        """A file is written: send what is left, or hold it until it is renamed."""
+        """A file is written: send what is left, or hold it until it is renamed; a shard file's
+        chunk hashes follow it as its sidecar (`storage.chunks`)."""
         rest, entry = stream.finish()
         self.entries[name] = entry
+        if chunked(name):
+            self.put(name + SUFFIX, stream.hasher.sidecar())
         upload = self._uploads[name]
         if upload.upload_id is not None:
             if rest:
@@ -241,7 +246,7 @@ class S3StreamFileSystem(FileSystemBase):
         name = PurePosixPath(str(path)).name
         held = bytearray() if name.endswith(".tmp") else None  # renamed later: not sent yet
         self._uploads[name] = _Upload(self.key_of(name), held)
-        stream = _PartStream(self, self._uploads[name])
+        stream = _PartStream(self, self._uploads[name], name)
         try:
             yield stream
         except BaseException:
