@@ -47,6 +47,8 @@ class Resume:
         self.ranks = ranks
         self.verify_sha256 = verify_sha256
         self.spill_dir = spill_dir
+        self.stats: dict[str, float] = {}
+        """What this rank's read of the loaded step cost (`BucketReader.stats`)."""
 
     def load(self, state: MutableMapping[str, Any], step: int | None) -> int | None:
         """The step restored into `state` (the newest that verifies, or `step`), or None."""
@@ -73,6 +75,7 @@ class Resume:
                 continue
             except Refusal as err:  # every rank: the same manifest, the same model
                 self._refuse(err)
+            self.stats = reader.stats
             log.info("resumed from checkpoint step %d at %s (%s)", cand, self.store.uri,
                      _read_figures(reader.stats, manifest))  # fmt: skip
             return cand
