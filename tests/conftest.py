@@ -62,7 +62,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 HEAVY_MODULES = ("test_fsdp", "test_node_recovery", "test_trainers", "test_torchtitan",
                  "test_control_local",
                  "test_soak", "test_elastic", "test_local", "test_control_places",
-                 "test_series", "test_runs", "test_preempt", "test_controller_crash")  # fmt: skip
+                 "test_series", "test_runs", "test_preempt", "test_controller_crash",
+                 "test_resume_reads")  # fmt: skip
 
 
 def _heavy_modules_first(items: list[pytest.Item]) -> None:

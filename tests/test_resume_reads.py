@@ -3,19 +3,24 @@ ranged reads (real S3, GCS and folder buckets), and who fetches which item (each
 
 from __future__ import annotations
 
+import logging
 import os
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 import xxhash
 
+from mncloud.constants import REFUSED_MARKER_ENV
 from mncloud.storage import CheckpointStore, Manifest
 from mncloud.storage.checkpoints import FileEntry
 from mncloud.storage.chunks import CHUNK_SIZE, CHUNKS_KEY, ChunkDigests, FileHasher
 from mncloud.storage.chunks import manifest_extra as chunks_extra
 from mncloud.storage.rangeread import RangeRefused, StepFiles
+from mncloud.train import CheckpointManager
 from mncloud.train.fetchplan import Share, assign
 from tests.servers import ByteCountingProxy
 
@@ -205,7 +210,7 @@ def test_a_preempted_fsdp_run_reads_its_checkpoint_once(
     from tests.reference import reference_final
     from tests.test_local import cli, run_log, steps_since, up, wait_final, wait_until
 
-    args = [*BIG, "--steps", "6"]
+    args = [*BIG, "--steps", "4"]
     bucket = s3_env.make_bucket()
     with ByteCountingProxy(s3_env.port) as proxy:
         monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
@@ -224,7 +229,7 @@ def test_a_preempted_fsdp_run_reads_its_checkpoint_once(
         served = proxy.served
         assert state.state is RunState.SUCCEEDED, run_log("bigread")
         assert _resumed_step(run_log("bigread")) >= 2
-        resumed = store.read_manifest(6)  # the resumed step is gone (keep-last-K): same size
+        resumed = store.read_manifest(4)  # the resumed step may be gone (keep-last-K): same size
     monkeypatch.setenv("AWS_ENDPOINT_URL", s3_env.endpoint)
     assert state.preemptions == 1
     assert resumed.total_size >= 400e6 and resumed.world_size == 4
@@ -267,3 +272,70 @@ def test_a_resume_on_three_times_the_nodes_reads_its_checkpoint_once(
     assert finals[0] is not None and finals[1] is not None
     assert finals[1]["world_size"] == 6 and finals[1]["steps"] == 2
     assert finals[1]["weights_sha256"] == finals[0]["weights_sha256"]
+
+
+# --------------------------------------------------------------------------- room for a share
+
+
+def _saved_model(uri: str) -> tuple[torch.nn.Module, int]:
+    """A 4 MB model saved at step 3; the model and the step's bytes."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.Linear(1024, 8))
+    with CheckpointManager(uri) as ckpt:
+        assert ckpt.save(3, {"model": model}, wait=True)
+    return model, CheckpointStore(uri).read_manifest(3).total_size
+
+
+def _short_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This machine's memory as a node with 1 MB free would report it (nothing else can
+    shrink a host's memory for one test)."""
+    from mncloud.train import reader
+
+    real = reader.psutil.virtual_memory()
+    monkeypatch.setattr(reader.psutil, "virtual_memory", lambda: real._replace(available=2**20))
+
+
+def test_a_share_that_memory_cannot_hold_is_staged_on_disk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    uri = f"file://{tmp_path / 'bucket'}"
+    model, _ = _saved_model(uri)
+    _short_memory(monkeypatch)
+    fresh = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.Linear(1024, 8))
+    with caplog.at_level(logging.INFO), CheckpointManager(uri, staging_dir=tmp_path / "st") as c:
+        assert c.load({"model": fresh}) == 3
+    assert "staged on disk at" in caplog.text
+    for a, b in zip(model.parameters(), fresh.parameters(), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_a_node_without_room_for_its_share_says_so_once_and_fetches_nothing(
+    s3_env: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Memory and disk both short: one line with the sizes and the folder, exit code 2 (the
+    refusal marker says so: nothing retries it), the state untouched, no shard fetched."""
+    from mncloud.train import reader
+
+    bucket = s3_env.make_bucket()
+    _, size = _saved_model(f"s3://{bucket}/x")
+    _short_memory(monkeypatch)
+    real = shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(reader.shutil, "disk_usage", lambda _p: real._replace(free=2**20))
+    marker = tmp_path / "refused"
+    monkeypatch.setenv(REFUSED_MARKER_ENV, str(marker))
+    fresh = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.Linear(1024, 8))
+    before = [p.detach().clone() for p in fresh.parameters()]
+    with ByteCountingProxy(s3_env.port) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+        ckpt = CheckpointManager(f"s3://{bucket}/x", staging_dir=tmp_path / "st")
+        with pytest.raises(SystemExit) as refused:
+            ckpt.load({"model": fresh})
+        served = proxy.served
+    assert refused.value.code == 2
+    line = str(refused.value)
+    assert re.fullmatch(r"resuming step 3 needs 0\.00 GB for each of this node's 1 rank\(s\): "
+                        r"0\.00 GB of memory free and 0\.00 GB free at \S+/st/rank_0; free "
+                        r"some, or resume on more nodes", line), line  # fmt: skip
+    assert marker.read_text().strip() == line
+    assert served < size / 4, (served, size)  # the manifest, DCP's metadata, the extras
+    assert all(torch.equal(a, b) for a, b in zip(before, fresh.parameters(), strict=True))

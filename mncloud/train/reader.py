@@ -196,7 +196,8 @@ class BucketReader(StorageReader):
             return lambda n: memoryview(bytearray(n))
         self.spill_dir.mkdir(parents=True, exist_ok=True)
         free_disk = shutil.disk_usage(self.spill_dir).free
-        if ranks_here * need + _MARGIN > free_disk or ranks_here * exchange + _MARGIN > free_ram:
+        short_ram = bool(exchange) and ranks_here * exchange + _MARGIN > free_ram
+        if short_ram or ranks_here * need + _MARGIN > free_disk:
             raise NoRoom(
                 f"resuming step {self.files.manifest.step} needs {need / 1e9:.2f} GB for each "
                 f"of this node's {ranks_here} rank(s): {free_ram / 1e9:.2f} GB of memory free "
