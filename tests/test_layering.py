@@ -61,7 +61,7 @@ ROOMS: list[tuple[str, str]] = [
     ("mncloud.export", "convert model run source target"),
     ("mncloud.train", "ckpt collectives dist emergency ft lighthouse preempt profiler progress "
                       "parallel sampler saving staging state steptime streaming frameworks hf "
-                      "pl sitehook titan fetchplan reader resume"),
+                      "pl sitehook titan fetchplan reader resume itembytes"),
     ("mncloud.doctor", "__main__ bandwidth checks gang meeting mesh node"),
     ("mncloud.spec", "launch"),
     ("mncloud.request", ""),

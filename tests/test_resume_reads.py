@@ -3,6 +3,7 @@ ranged reads (real S3, GCS and folder buckets), and who fetches which item (each
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import re
@@ -339,3 +340,34 @@ def test_a_node_without_room_for_its_share_says_so_once_and_fetches_nothing(
     assert marker.read_text().strip() == line
     assert served < size / 4, (served, size)  # the manifest, DCP's metadata, the extras
     assert all(torch.equal(a, b) for a, b in zip(before, fresh.parameters(), strict=True))
+
+
+# --------------------------------------------------------------------------- items in place
+
+
+@pytest.mark.parametrize("shift", [0, 1, 3])
+def test_a_saved_tensor_is_viewed_where_its_bytes_lie(shift: int) -> None:
+    """What DCP wrote with `torch.save`, read without a copy: any dtype, a strided view, a
+    scalar, an empty tensor, at any alignment in the fetched buffer; anything else is left to
+    `torch.load` (None)."""
+    from mncloud.train.itembytes import ViewFile, tensor_in_place
+
+    def saved(obj: Any) -> memoryview:
+        buf = io.BytesIO()
+        torch.save(obj, buf)
+        return memoryview(bytearray(shift) + bytearray(buf.getvalue()))[shift:]
+
+    for tensor in (torch.randn(64, 33), torch.arange(10, dtype=torch.int64),
+                   torch.ones(7, dtype=torch.bfloat16), torch.randn(6, 10).t(),
+                   torch.tensor(3.5), torch.empty(0, 4)):  # fmt: skip
+        data = saved(tensor)
+        view = tensor_in_place(data)
+        assert view is not None and view.dtype == tensor.dtype
+        assert view.shape == tensor.shape and view.stride() == tensor.stride()
+        assert torch.equal(view, tensor)
+        if tensor.numel():  # a view of the fetched bytes, not a copy
+            base = torch.frombuffer(data, dtype=torch.uint8).data_ptr()
+            assert base <= view.data_ptr() < base + len(data)
+    for other in ({"a": torch.ones(2)}, [torch.ones(2), torch.ones(3)], 7):
+        assert tensor_in_place(saved(other)) is None
+        torch.load(ViewFile(saved(other)), weights_only=True)  # the fallback reads it

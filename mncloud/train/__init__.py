@@ -11,6 +11,7 @@ returns).
     state.py        what a checkpoint holds of a training state, and how it goes back
     resume.py       `load`: the newest step that verifies, restored in place on every rank
     reader.py       DCP's reader over the bucket: a resume reads only its ranks' byte ranges
+    itembytes.py    a saved tensor viewed where its fetched bytes lie (no copy before DCP's)
     fetchplan.py    who fetches which item of a resume (each once), and the exchange rounds
     collectives.py  the checkpoint's own gloo groups and the ranks' agreements
     emergency.py    the emergency save on a preemption notice

@@ -45,8 +45,9 @@ from torch.distributed.checkpoint.storage import StorageReader
 from torch.futures import Future
 
 from mncloud.errors import CheckpointError
-from mncloud.storage.rangeread import Range, RangeRefused, StepFiles
+from mncloud.storage.rangeread import Range, RangeRefused, StepFiles, memory
 from mncloud.train.fetchplan import ROUND_BYTES, Exchange, Share, assign
+from mncloud.train.itembytes import ViewFile, tensor_in_place
 from mncloud.train.state import Refusal
 
 log = logging.getLogger("mncloud.train.ckpt")
@@ -193,7 +194,7 @@ class BucketReader(StorageReader):
         ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
         free_ram = psutil.virtual_memory().available
         if ranks_here * (need + exchange) + _MARGIN <= free_ram:
-            return lambda n: memoryview(bytearray(n))
+            return memory
         self.spill_dir.mkdir(parents=True, exist_ok=True)
         free_disk = shutil.disk_usage(self.spill_dir).free
         short_ram = bool(exchange) and ranks_here * exchange + _MARGIN > free_ram
@@ -243,23 +244,25 @@ class BucketReader(StorageReader):
         return got
 
     def _load(self, data: Any, reqs: list[ReadItem], planner: LoadPlanner) -> None:
-        """One saved item's bytes into every slice of this rank's state that reads from it."""
+        """One saved item's bytes into every slice of this rank's state that reads from it:
+        a tensor viewed where its bytes lie (`itembytes`), else as DCP's own reader does."""
         info = self.storage_data[reqs[0].storage_index]
-        stream: Any = io.BytesIO(data)
         if info.transform_descriptors:
             if self._transforms is None:
                 raise RangeRefused(f"{info.relative_path}: this torch cannot undo its "
                                    f"transforms {info.transform_descriptors}")  # fmt: skip
             stream = self._transforms.transform_load_stream(
-                reqs[0], info.transform_descriptors, stream
+                reqs[0], info.transform_descriptors, ViewFile(data)
             )
-            stream = io.BytesIO(stream.read(-1))
+            data = memoryview(stream.read(-1))
         if reqs[0].type == LoadItemType.BYTE_IO:
-            raw = stream.read(-1)
+            raw = bytes(data)
             for req in reqs:
                 planner.load_bytes(req, io.BytesIO(raw))
             return
-        tensor = torch.load(stream, map_location="cpu", weights_only=True)
+        tensor = tensor_in_place(data)
+        if tensor is None:
+            tensor = torch.load(ViewFile(data), map_location="cpu", weights_only=True)
         for req in reqs:
             piece = narrow_tensor_by_index(tensor, req.storage_offsets, req.lengths)
             target = planner.resolve_tensor(req).detach()
