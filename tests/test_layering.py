@@ -56,7 +56,7 @@ ROOMS: list[tuple[str, str]] = [
     ("mncloud.catalog", "cache clouds gpus index skyconfig"),
     ("mncloud.storage", "buckets checkpoints factory gcs lighthouse names prepare retry s3 "
                         "stoprequest url final shapes folders foldersync frameworkdirs"),
-    ("mncloud.telemetry", "series seriestail steps curves"),
+    ("mncloud.telemetry", "segments rollup series seriestail steps curves"),
     ("mncloud.export", "convert model run source target"),
     ("mncloud.train", "ckpt collectives dist emergency ft lighthouse preempt profiler progress "
                       "parallel sampler saving staging state steptime streaming frameworks hf "
