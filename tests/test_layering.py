@@ -68,7 +68,7 @@ ROOMS: list[tuple[str, str]] = [
                      "stepmodel timing traces"),
     ("mncloud.deadline", "places policy pricing replay replay_places"),
     ("mncloud.render", "bandwidth jobgroup network schema"),
-    ("mncloud.records", "model lineage store ledger goodput rerun"),
+    ("mncloud.records", "model lineage index store ledger goodput rerun"),
     ("mncloud.backends", "base"),
     ("mncloud.backends.local", "__main__ backend chaos ckptdir execute figures lifecycle metadata "
                                "netcheck nodes processes recordwriter replacing state supervisor "
