@@ -20,8 +20,9 @@ A segment is never rewritten (the launch tag is the process's start time and pid
 number counts up), so a preempted rank's last segment is at worst missing, never half a
 replacement. Each writer also keeps its process's rollup (`telemetry.rollup`: step rows and
 metric points thinned to a bounded number, exact step-time windows, events), written as
-`rollup/r00003-<launch>.json` before its first segment, after every `ROLLUP_EVERY` and at its
-end: `ROLLUP_EVERY` + 1 objects per rank where it wrote `ROLLUP_EVERY` before.
+`rollup/r00003-<launch>.json` before its first segment and after it, after every
+`ROLLUP_EVERY` and at its end: `ROLLUP_EVERY` + 1 objects per rank where it wrote
+`ROLLUP_EVERY` before.
 
 `read_summary` is what `status`, `metrics`, goodput and the web view read: the rollups and the
 segments written since each (bounded by ranks × launches, not by the run's length), or every
@@ -108,10 +109,12 @@ class SeriesWriter:
         interval: float = FLUSH_INTERVAL_S,
         background: bool = True,
         rollup: bool = True,
+        launch: str | None = None,
     ) -> None:
         self.uri, self.rank, self.node, self.interval = uri, rank, node, interval
         self.t0 = _process_start()
-        self.launch = f"{int(self.t0 * 1000):x}-{os.getpid():x}"
+        self.launch = launch or f"{int(self.t0 * 1000):x}-{os.getpid():x}"
+        """This process's tag: its start time and pid (`launch` names another, in tests)."""
         self.segments = 0
         self.rollup = Rollup(rank, self.launch, node, self.t0) if rollup else None
         """This process's rollup (`telemetry.rollup`); None writes segments only (as a writer
@@ -179,7 +182,7 @@ class SeriesWriter:
                 self.rollup.take(body)
             except Exception as err:  # never: but then readers read every segment
                 self.rollup.irregular = f"not folded: {type(err).__name__}"
-            if self.segments - self._rolled >= ROLLUP_EVERY or self._closed:
+            if self.segments - self._rolled >= ROLLUP_EVERY or self._rolled == 0 or self._closed:
                 self.write_rollup()
         return True
 
