@@ -161,7 +161,7 @@ def _status(name: str) -> dict[str, Any]:
 
 def test_status_opens_as_much_of_a_600_step_run_as_of_a_10_step_one(tmp_path: Path) -> None:
     """`status NAME` of 16 ranks: the same files of the run's bucket opened whatever its
-    length (its ranks' rollups, twice: stragglers and goodput; the final model's and the
+    length (its ranks' rollups, once for stragglers and goodput; the final model's and the
     bandwidth's notes); its stragglers those of every record, its goodput the full read's to
     the percent it shows."""
     _status_reads_the_same(tmp_path, 600)
@@ -192,8 +192,9 @@ def _status_reads_the_same(tmp_path: Path, long: int) -> None:
         ledger = run_goodput(record)
         assert ledger.goodput == pytest.approx(expected, abs=5e-4)
     kinds = [Counter(_kind(path) for path in seen) for seen in opened]
-    # Each of 2 reads: 16 rollups, and the segment after each (none: the run is over).
-    assert kinds[0] == kinds[1] == {"rollup": 32, "segment": 32, "other": 2}
+    # One read (stragglers and goodput share it): 16 rollups, and the segment after each
+    # (none: the run is over).
+    assert kinds[0] == kinds[1] == {"rollup": 16, "segment": 16, "other": 2}
     assert not any(Path(p).exists() for p in opened[1] if _kind(p) == "segment")
     assert rows[1]["stragglers"] == [5] and "straggler rank 5" in rows[1]["detail"]
 

@@ -9,7 +9,7 @@ answers through `Backend`."""
 from __future__ import annotations
 
 import itertools
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from mncloud import layout
 from mncloud.backends.base import Backend, RunStatus
@@ -62,7 +62,7 @@ def run_telemetry(
         uri = uri or backend.ckpt_uri_of(record.name, record.run_id)
     on_disk = steps is not None and uri is not None and uri.startswith("file://")
     if series is None and uri is not None and (bucket or on_disk):
-        series = run_series(record, uri)
+        series = run_series(record, uri, metrics=False)
     if series is not None and series.steps:
         steps = _series_marks(series)
     steps = steps or None  # a script that reports no steps: the split is unknown, not 0 %
@@ -87,7 +87,7 @@ def run_goodput(
     its backend made without recording them are read off its telemetry (`with_relaunches`)."""
     from mncloud.records.goodput import goodput_ledger
 
-    series = run_series(record) if bucket else None
+    series = run_series(record, metrics=False) if bucket else None
     backend = _backend(record)
     if series is not None and not (backend is not None and backend.records_own_events):
         record = with_relaunches(record, series)
@@ -121,11 +121,12 @@ def with_relaunches(record: RunRecord, series: Series) -> RunRecord:
 
 
 def run_series(
-    record: RunRecord, ckpt_uri: str | None = None, *, raw: bool = False
+    record: RunRecord, ckpt_uri: str | None = None, *, raw: bool = False, metrics: bool = True
 ) -> Series | None:
     """A run's telemetry (`telemetry.series`) under its checkpoint URI, `ckpt_uri` or where
-    its backend keeps this launch's checkpoints: through its rollups (`read_summary`), or
-    with `raw` every segment; None when none is known or the bucket cannot be read."""
+    its backend keeps this launch's checkpoints: through its rollups (`read_summary`; its
+    metric points only with `metrics`), or with `raw` every segment; None when none is known
+    or the bucket cannot be read."""
     from mncloud.telemetry.series import read_series, read_summary
 
     uri = record.ckpt_uri or ckpt_uri
@@ -136,15 +137,23 @@ def run_series(
         return None
     series_uri = layout.series_uri(uri, record.run_id)
     try:
-        return read_series(series_uri) if raw else read_summary(series_uri)
+        return read_series(series_uri) if raw else read_summary(series_uri, metrics=metrics)
     except (MncloudError, OSError, ValueError):
         return None
 
 
 def _series_marks(series: Series) -> list[StepMark]:
+    """The goodput ledger's step marks: one per step of each of the series' launches (the
+    earliest rank's time, the largest stall, the most steps a thinned row stands for), as
+    the ledger merges them, so that it handles one rank's rows, not every rank's."""
     from mncloud.records.goodput import StepMark
 
-    return [StepMark(t=r.t, step=r.step, ckpt_s=r.ckpt_s, n=r.n) for r in series.steps]
+    group = {tag: k for k, launch in enumerate(series.launches()) for tag in launch.tags}
+    best: dict[tuple[int, int], list[Any]] = {}
+    for r in series.steps:  # by time: the first of a step is its earliest
+        seen = best.setdefault((group.get(r.launch, -1), r.step), [r.t, r.step, r.ckpt_s, r.n])
+        seen[2], seen[3] = max(seen[2], r.ckpt_s), max(seen[3], r.n)
+    return [StepMark(t=t, step=step, ckpt_s=c, n=n) for t, step, c, n in best.values()]
 
 
 def status_goodput(status: RunStatus) -> float | None:

@@ -33,7 +33,10 @@ The parts, in node-seconds and dollars, add up to the ledger's total:
   clusters, a node being provisioned) costs nothing: `unbilled_node_seconds` counts it;
 - idle: after the last step until the launch ended (final save, exit, teardown);
 - unknown: billed time no telemetry explains (a cloud run without per-step telemetry).
-Goodput = useful ÷ total node-seconds; and dollars per 1,000 useful steps.
+Goodput = useful ÷ total node-seconds; and dollars per 1,000 useful steps. A step mark may
+stand for several steps (`StepMark.n`: a thinned row of a rank's telemetry rollup): its steps
+are counted, and its time split between parts by its steps where the kept step or a redone
+range falls inside it.
 """
 
 from __future__ import annotations

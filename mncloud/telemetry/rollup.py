@@ -226,9 +226,9 @@ def _thinned(rows: list[list[Any]], stride: int) -> list[list[Any]]:
     return out
 
 
-def series_of(rollups: list[Rollup]) -> Series:
+def series_of(rollups: list[Rollup], metrics: bool = True) -> Series:
     """The series the rollups stand for (ordered as `series.read_series` orders a full read),
-    its rows and points thinned, each rank's windows exact."""
+    its rows and points thinned (no points without `metrics`), each rank's windows exact."""
     rollups = sorted(rollups, key=lambda r: (r.rank, r.launch))
     out = Series(windows={})
     rows: list[StepRow] = []
@@ -242,7 +242,7 @@ def series_of(rollups: list[Rollup]) -> Series:
         rows += mine
         if mine and (roll.rank not in newest or (mine[-1].t, k) >= newest[roll.rank][:2]):
             newest[roll.rank] = (mine[-1].t, k, roll)
-        for name, (_, _, points) in roll.metrics.items():
+        for name, (_, _, points) in roll.metrics.items() if metrics else ():
             out.metrics.setdefault(name, []).extend(
                 Point(t, step, value, roll.launch, roll.rank) for _, t, step, value in points
             )
@@ -261,7 +261,9 @@ def series_of(rollups: list[Rollup]) -> Series:
     return out
 
 
-def read_rollups(uri: str, retry_seconds: float) -> tuple[Series | None, int]:
+def read_rollups(
+    uri: str, retry_seconds: float, *, metrics: bool = True
+) -> tuple[Series | None, int]:
     """The series under `uri` read through its rollups and their tails, with the objects
     fetched; None when it has no rollups or they cannot stand for it: then read every segment
     (`series.read_series`). An older reader's compaction (every segment merged into one
@@ -294,6 +296,6 @@ def read_rollups(uri: str, retry_seconds: float) -> tuple[Series | None, int]:
     if not rollups:
         return None, fetched
     try:
-        return series_of(rollups), fetched
+        return series_of(rollups, metrics), fetched
     except (ValueError, KeyError, TypeError, ArithmeticError):  # not a rollup we wrote
         return None, fetched

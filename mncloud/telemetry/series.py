@@ -38,6 +38,7 @@ training thread and its errors logged.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import hashlib
 import json
 import logging
@@ -45,7 +46,8 @@ import math
 import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextvars import ContextVar
 from typing import Any
 
 from mncloud import constants, layout
@@ -65,7 +67,7 @@ from mncloud.telemetry.segments import (
 
 __all__ = [
     "SUFFIX", "EventRow", "Launch", "Point", "Series", "SeriesWriter", "StepRow",
-    "finite_metrics", "read_series", "read_summary", "writer_from_env",
+    "finite_metrics", "read_series", "read_summary", "reads_shared", "writer_from_env",
 ]  # fmt: skip
 
 log = logging.getLogger(__name__)
@@ -116,7 +118,7 @@ class SeriesWriter:
         self.launch = launch or f"{int(self.t0 * 1000):x}-{os.getpid():x}"
         """This process's tag: its start time and pid (`launch` names another, in tests)."""
         self.segments = 0
-        self.rollup = Rollup(rank, self.launch, node, self.t0) if rollup else None
+        self.rollup = Rollup(rank, self.launch, node) if rollup else None
         """This process's rollup (`telemetry.rollup`); None writes segments only (as a writer
         before rollups did)."""
         self._rolled = -1
@@ -259,13 +261,39 @@ def writer_from_env(environ: Mapping[str, str] | None = None) -> SeriesWriter | 
     )
 
 
-def read_summary(uri: str) -> Series:
+_shared: ContextVar[dict[str, tuple[Series, bool]] | None] = ContextVar(
+    "mncloud_series", default=None
+)
+
+
+@contextlib.contextmanager
+def reads_shared() -> Iterator[None]:
+    """In the block, `read_summary` reads each series once (a command that asks twice for
+    it: `status`'s stragglers, then its goodput; a run's page)."""
+    token = _shared.set({})
+    try:
+        yield
+    finally:
+        _shared.reset(token)
+
+
+def read_summary(uri: str, *, metrics: bool = True) -> Series:
     """What `status`, `metrics`, goodput and the web view read of a series: its rollups and
     the segments written since each (`telemetry.rollup`: rows and points thinned, each rank's
-    step-time windows exact), or every segment when it has no rollups or they cannot stand
-    for it (a series written before rollups, a rank whose steps went back)."""
-    found, _fetched = read_rollups(uri, READ_RETRY_SECONDS)
-    return found if found is not None else read_series(uri, compact=True)
+    step-time windows exact; no metric points without `metrics`), or every segment when it
+    has no rollups or they cannot stand for it (a series written before rollups, a rank
+    whose steps went back). Inside `reads_shared`, a series is read once."""
+    shared = _shared.get()
+    seen = None if shared is None else shared.get(uri)
+    if seen is not None and (seen[1] or not metrics):
+        return seen[0]
+    found, _fetched = read_rollups(uri, READ_RETRY_SECONDS, metrics=metrics)
+    whole = found is None
+    if found is None:
+        found = read_series(uri, compact=True)
+    if shared is not None:
+        shared[uri] = (found, metrics or whole)
+    return found
 
 
 def read_series(uri: str, *, compact: bool = False) -> Series:

@@ -66,7 +66,7 @@ def read_steps(series_uri: str) -> dict[int, RankSteps]:
     """Each rank's step-time windows under a series URI (`layout.series_uri`), by rank."""
     from mncloud.telemetry.series import read_summary
 
-    return from_series(read_summary(series_uri))
+    return from_series(read_summary(series_uri, metrics=False))
 
 
 def from_series(series: Series, window: int = WINDOW) -> dict[int, RankSteps]:

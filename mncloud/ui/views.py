@@ -117,8 +117,10 @@ def _market(spot: bool | None) -> str:
 def run_rows() -> list[RunRow]:
     """The runs table: every run `status` lists, an unreadable one with its reason."""
     from mncloud.operate import all_statuses
+    from mncloud.telemetry.series import reads_shared
 
-    return [_row(status, _goodput(status, _newest(status.name))) for status in all_statuses()]
+    with reads_shared():
+        return [_row(s, _goodput(s, _newest(s.name))) for s in all_statuses()]
 
 
 def _newest(name: str) -> RunRecord | None:
@@ -331,7 +333,15 @@ def _metrics(record: Any, uri: str | None, errors: list[str]) -> Any:
 
 def run_page(name: str) -> dict[str, Any]:
     """Everything a run's page shows; each part that cannot be read becomes an error line.
-    RunNotFoundError for a run neither `status` nor the records know."""
+    RunNotFoundError for a run neither `status` nor the records know. Its telemetry is read
+    once (`telemetry.series.reads_shared`)."""
+    from mncloud.telemetry.series import reads_shared
+
+    with reads_shared():
+        return _run_page(name)
+
+
+def _run_page(name: str) -> dict[str, Any]:
     from mncloud.operate import run_goodput, run_status
     from mncloud.records.store import load_current
 
