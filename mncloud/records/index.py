@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -59,10 +60,10 @@ def summary_of(data: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def stat_of(path: Path) -> list[int] | None:
+def stat_of(path: str | Path) -> list[int] | None:
     """What tells a record file's versions apart: mtime (ns), size, inode; None if missing."""
     try:
-        st = path.stat()
+        st = os.stat(path)
     except OSError:
         return None
     return [st.st_mtime_ns, st.st_size, st.st_ino]
@@ -73,25 +74,38 @@ def entry_of(data: Mapping[str, Any], stat: list[int]) -> Entry:
             "summary": summary_of(data)}  # fmt: skip
 
 
-def _read(path: Path, stat: list[int]) -> Entry:
+def _read(path: str | Path, stat: list[int]) -> Entry:
     """A record file's entry, read now (`bad` when it is not a readable record)."""
     try:
-        data = json.loads(path.read_bytes())
+        data = json.loads(Path(path).read_bytes())
         RunRecord.model_validate(data)
     except (OSError, ValueError, TypeError):
         return {"stat": stat, "bad": True}
     return entry_of(data, stat)
 
 
+_loaded: dict[str, tuple[list[int], dict[str, Entry]]] = {}
+
+
 def _load() -> dict[str, Entry]:
-    """The index's entries; none when it is missing, torn or of another version."""
+    """The index's entries (a copy); none when it is missing, torn or of another version.
+    Parsed once a process for each version of the file (its stat)."""
+    path = layout.records_index()
+    stat = stat_of(path)
+    seen = _loaded.get(str(path))
+    if stat is not None and seen is not None and seen[0] == stat:
+        return dict(seen[1])
+    entries: dict[str, Entry] = {}
     try:
-        raw = json.loads(layout.records_index().read_bytes())
+        raw = json.loads(path.read_bytes())
         if raw.get("v") == VERSION and isinstance(raw.get("entries"), dict):
-            return raw["entries"]
+            entries = raw["entries"]
     except (OSError, ValueError, AttributeError):
         pass
-    return {}
+    if stat is not None:
+        _loaded.clear()
+        _loaded[str(path)] = (stat, entries)
+    return dict(entries)
 
 
 def _update(fresh: Mapping[str, Entry], keep: set[str] | None = None) -> None:
@@ -110,14 +124,14 @@ def _update(fresh: Mapping[str, Entry], keep: set[str] | None = None) -> None:
         log.debug("record index not updated: %s", err)
 
 
-def note(run_id: str, path: Path, data: Mapping[str, Any]) -> None:
+def note(run_id: str, path: str | Path, data: Mapping[str, Any]) -> None:
     """A record just written to `path` (its JSON `data`) into the index."""
     stat = stat_of(path)
     if stat is not None:
         _update({run_id: entry_of(data, stat)})
 
 
-def entries(files: Mapping[str, Path], *, complete: bool = False) -> dict[str, Entry]:
+def entries(files: Mapping[str, str], *, complete: bool = False) -> dict[str, Entry]:
     """Each record folder's entry (folder → its run.json), fresh: the index's while the
     file's stat is the one it holds, else read now; entries read now are written back
     (`complete`: `files` is every record, so entries of removed folders are dropped)."""

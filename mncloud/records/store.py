@@ -206,7 +206,7 @@ def list_summaries(limit: int | None = None) -> tuple[list[RunRecord], int]:
     root = layout.records_root()
     if not root.is_dir():
         return [], 0
-    files = {f: root / f / RECORD_FILE for f in _folders_of(root, None)}
+    files = {f: f"{root}/{f}/{RECORD_FILE}" for f in _folders_of(root, None)}
     found = index.entries(files, complete=True)
     order = index.readable(found)
     picked = order[-limit:] if limit else order
@@ -326,12 +326,12 @@ def load_current(name: str, *, before: float | None = None) -> RunRecord:
     (`records.index`), the one record parsed."""
     root = layout.records_root()
     if root.is_dir():
-        files = {f: root / f / RECORD_FILE for f in _folders_of(root, name)}
+        files = {f: f"{root}/{f}/{RECORD_FILE}" for f in _folders_of(root, name)}
         found = index.entries(files)
         for created, run_id in reversed(index.readable(found)):
             if before is None or created < before:
                 with contextlib.suppress(RecordError):
-                    return _load_file(files[run_id])
+                    return _load_file(Path(files[run_id]))
     raise RunNotFoundError(f"run {name!r} has no record on this machine")
 
 
