@@ -184,7 +184,7 @@ class SeriesWriter:
                 self.rollup.take(body)
             except Exception as err:  # never: but then readers read every segment
                 self.rollup.irregular = f"not folded: {type(err).__name__}"
-            if self.segments - self._rolled >= ROLLUP_EVERY or self._rolled == 0 or self._closed:
+            if self.segments - self._rolled >= ROLLUP_EVERY or self._rolled == 0:
                 self.write_rollup()
         return True
 
