@@ -47,9 +47,14 @@ Entry = dict[str, Any]
 
 
 def summary_of(data: Mapping[str, Any]) -> dict[str, Any]:
-    """A record's summary from its JSON (as written: redacted): what listings show."""
-    heavy = {"packages", "task_yaml", "launch_options", "plan", "spec"}
-    out = {k: v for k, v in data.items() if k not in heavy}
+    """A record's summary from its JSON (as written: redacted): what listings show, without
+    the values a record has by default (each `null`, each event's)."""
+    heavy = {"packages", "task_yaml", "launch_options", "plan", "spec", "events"}
+    out = {k: v for k, v in data.items() if k not in heavy and v not in (None, {}, [])}
+    out["events"] = [
+        {k: v for k, v in e.items() if v is not None and v != ""} if isinstance(e, dict) else e
+        for e in data.get("events") or []
+    ]
     spec = data.get("spec") or {}
     out["spec"] = {k: spec[k] for k in SPEC_KEYS if k in spec}
     out["task_yaml"] = ""
@@ -119,7 +124,8 @@ def _update(fresh: Mapping[str, Entry], keep: set[str] | None = None) -> None:
             entries.update(fresh)
             if keep is not None:
                 entries = {k: v for k, v in entries.items() if k in keep}
-            write_atomic(layout.records_index(), json.dumps({"v": VERSION, "entries": entries}))
+            text = json.dumps({"v": VERSION, "entries": entries}, separators=(",", ":"))
+            write_atomic(layout.records_index(), text)
     except (OSError, Timeout) as err:
         log.debug("record index not updated: %s", err)
 
