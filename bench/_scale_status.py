@@ -5,7 +5,9 @@ under load, and what a 512-rank run's telemetry costs in a bucket.
 
 `figures()` (what `bench/scale.py` calls) returns, each a ratio of medians of the same
 command run alternately (`python -m mncloud`, a fresh interpreter each time, as a user runs
-it), first on a quiet machine, then with a CPU-burning process per core:
+it), first on a quiet machine, then with a CPU-burning process per core; each of wall time
+(`*_ratio_*`) and of the command's CPU time (`*_cpu_ratio_*`: its user + system seconds, what
+the machine's load moves least), with the medians' seconds (`*_s_*`):
 
 - `status NAME` of a run of 16 ranks × `--steps` steps ÷ of a 10-step run of 16 ranks, both
   live (each rank's rollup a few segments behind: the reader folds the tail), in a `file://`
@@ -29,6 +31,7 @@ import argparse
 import contextlib
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -53,23 +56,37 @@ RANKS, PER_NODE, HOURS = 512, 8, 72
 TREE = ROOT
 
 
-def _mncloud(home: Path, *args: str) -> float:
-    """Seconds one `mncloud ARGS` takes in a fresh interpreter (its output discarded)."""
+def _mncloud(home: Path, *args: str) -> tuple[float, float]:
+    """Wall and CPU seconds one `mncloud ARGS` takes in a fresh interpreter (output dropped)."""
     env = {**os.environ, "MNCLOUD_HOME": str(home), "PYTHONPATH": str(TREE)}
+    cpu = resource.getrusage(resource.RUSAGE_CHILDREN)
     began = time.perf_counter()
     subprocess.run([sys.executable, "-m", "mncloud", *args], env=env, check=True,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-    return time.perf_counter() - began
+    wall = time.perf_counter() - began
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, after.ru_utime + after.ru_stime - cpu.ru_utime - cpu.ru_stime
 
 
-def _ratio(repeats: int, big: tuple[Path, list[str]], small: tuple[Path, list[str]]) -> float:
-    """Median of `big`'s times ÷ median of `small`'s, run alternately (a warm-up each first)."""
+def _ratios(
+    repeats: int, key: str, big: tuple[Path, list[str]], small: tuple[Path, list[str]]
+) -> dict[str, float]:
+    """`big` ÷ `small`, run alternately (a warm-up each first): the medians' ratios of wall
+    and CPU time, and the medians' wall seconds; `key` names them (`status_name_load`)."""
     _mncloud(big[0], *big[1]), _mncloud(small[0], *small[1])
-    times: dict[str, list[float]] = {"big": [], "small": []}
+    runs: dict[str, list[tuple[float, float]]] = {"big": [], "small": []}
     for _ in range(repeats):
-        times["big"].append(_mncloud(big[0], *big[1]))
-        times["small"].append(_mncloud(small[0], *small[1]))
-    return statistics.median(times["big"]) / statistics.median(times["small"])
+        runs["big"].append(_mncloud(big[0], *big[1]))
+        runs["small"].append(_mncloud(small[0], *small[1]))
+    wall = {k: statistics.median(w for w, _ in v) for k, v in runs.items()}
+    cpu = {k: statistics.median(c for _, c in v) for k, v in runs.items()}
+    what, label = key.rsplit("_", 1)
+    return {
+        f"{what}_ratio_{label}": wall["big"] / wall["small"],
+        f"{what}_cpu_ratio_{label}": cpu["big"] / cpu["small"],
+        f"{what}_s_{label}": wall["big"],
+        f"{what}_s_one_{label}": wall["small"],
+    }
 
 
 @contextlib.contextmanager
@@ -173,15 +190,13 @@ def figures(repeats: int = 7, steps: int = 20_000, records: int = 1000) -> dict[
         out: dict[str, float] = {}
         for label, ctx in (("quiet", contextlib.nullcontext()), ("load", _load())):
             with ctx:
-                out[f"status_name_ratio_{label}"] = _ratio(
-                    repeats, (tele, ["status", "long"]), (tele, ["status", "short"])
+                long, short = (tele, ["status", "long"]), (tele, ["status", "short"])
+                out.update(_ratios(repeats, f"status_name_{label}", long, short))
+                out.update(
+                    _ratios(repeats, f"status_all_{label}", (many, ["status"]), (one, ["status"]))
                 )
-                out[f"status_all_ratio_{label}"] = _ratio(
-                    repeats, (many, ["status"]), (one, ["status"])
-                )
-                out[f"runs_ls_ratio_{label}"] = _ratio(
-                    repeats, (many, ["runs", "ls"]), (one, ["runs", "ls"])
-                )
+                ls = ["runs", "ls"]
+                out.update(_ratios(repeats, f"runs_ls_{label}", (many, ls), (one, ls)))
         out.update(cost_512(segment, rollup))
         return {k: round(float(v), 4) for k, v in out.items()}
     finally:
