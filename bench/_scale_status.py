@@ -159,12 +159,13 @@ def cost_512(segment_bytes: int, rollup_bytes: int) -> dict[str, float]:
     segments = RANKS * per_rank_hour * HOURS
     puts_node_hour = PER_NODE * per_rank_hour * (1 + 1 / ROLLUP_EVERY)
     gb = (segments * segment_bytes + RANKS * rollup_bytes) / 1e9
-    # A status reads twice (stragglers, goodput): a LIST of the rollups, each rollup, the
-    # segments since it (on average half of ROLLUP_EVERY - 1 behind), one GET that misses.
+    # A status reads once (its stragglers and goodput share the read): a LIST of the rollups,
+    # each rollup, the segments since it (a live rank's rollup 0 to ROLLUP_EVERY - 1 behind),
+    # one GET that misses, and a HEAD of its last covered segment when it has no tail.
     tail = (ROLLUP_EVERY - 1) / 2
-    status_gets = 2 * RANKS * (2 + tail)
-    status_lists = 2 * -(-RANKS // 1000)
-    old_gets, old_lists = 2 * segments, 2 * -(-segments // 1000)
+    status_gets = RANKS * (1 + tail + 1 + 1 / ROLLUP_EVERY)
+    status_lists = -(-RANKS // 1000)
+    old_gets, old_lists = 2 * segments, 2 * -(-segments // 1000)  # it read them twice
     return {
         "telemetry_objects_512x72h": segments + RANKS,
         "telemetry_gb_512x72h": round(gb, 3),
