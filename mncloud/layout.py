@@ -99,6 +99,11 @@ def record_dir(run_id: str) -> Path:
     return records_root() / run_id
 
 
+def records_index() -> Path:
+    """The summary of every record here (`records.index`): one file, beside the records."""
+    return records_root() / ".index.json"
+
+
 def record_locks_dir() -> Path:
     """Lock files that serialise writers of the record store."""
     return records_root() / LOCKS_DIR

@@ -57,7 +57,7 @@ ROOMS: list[tuple[str, str]] = [
     ("mncloud.storage", "buckets checkpoints factory gcs lighthouse names prepare retry s3 "
                         "stoprequest url final shapes folders foldersync frameworkdirs chunks "
                         "rangeread"),
-    ("mncloud.telemetry", "series seriestail steps curves"),
+    ("mncloud.telemetry", "segments rollup series seriestail steps curves"),
     ("mncloud.export", "convert model run source target"),
     ("mncloud.train", "ckpt collectives dist emergency ft lighthouse preempt profiler progress "
                       "parallel sampler saving staging state steptime streaming frameworks hf "
@@ -69,7 +69,7 @@ ROOMS: list[tuple[str, str]] = [
                      "stepmodel timing traces"),
     ("mncloud.deadline", "places policy pricing replay replay_places"),
     ("mncloud.render", "bandwidth jobgroup network schema"),
-    ("mncloud.records", "model lineage store ledger goodput rerun"),
+    ("mncloud.records", "model lineage index store ledger goodput rerun"),
     ("mncloud.backends", "base"),
     ("mncloud.backends.local", "__main__ backend chaos ckptdir execute figures lifecycle metadata "
                                "netcheck nodes processes recordwriter replacing state supervisor "

@@ -147,8 +147,7 @@ def write_attempts(folder: Path, attempts: list[list[dict[str, Any]]]) -> None:
     uri = series_uri(folder)
     assert uri is not None
     for k, lines in enumerate(attempts):
-        writer = SeriesWriter(uri, 0, node=0, background=False)
-        writer.launch = f"attempt-{k}"
+        writer = SeriesWriter(uri, 0, node=0, background=False, launch=f"attempt-{k}")
         for line in lines:
             writer.add({"k": "event" if "event" in line else "step", **line})
         assert writer.flush()

@@ -32,6 +32,7 @@ from mncloud.spec import Accelerator, JobSpec, Parallel, Recovery
 from mncloud.spec.launch import LaunchOptions
 from mncloud.storage import open_bucket
 from mncloud.telemetry import steps as telemetry
+from mncloud.telemetry.series import SeriesWriter
 from mncloud.telemetry.steps import step_times, straggler_note, straggler_ranks
 
 # Planted secrets: each must appear in no file written under MNCLOUD_HOME or the bucket.
@@ -328,7 +329,7 @@ FULL = telemetry.MIN_SAMPLES
 
 #: Steps a window of `telemetry.from_series` spans (what `status` reads).
 WINDOW = 50
-_written: dict[tuple[str, int, str], tuple[int, float, int]] = {}
+_written: dict[tuple[str, int, str], tuple[int, float, SeriesWriter]] = {}
 
 
 def publish_windows(
@@ -338,13 +339,10 @@ def publish_windows(
     bare number is a full window (`WINDOW` steps that many seconds apart); (seconds, steps) a
     window that timed that many steps. A rank's windows go on in its `launch`; a new launch
     starts afresh (`status` reads each rank's newest launch)."""
-    from mncloud.telemetry.series import SeriesWriter
-
     uri = layout.series_uri(env[constants.CKPT_URI_ENV], env[constants.RUN_ID_ENV])
     for rank, windows in by_rank.items():
-        step, t, segment = _written.get((uri, rank, launch), (0, 1000.0, 0))
-        writer = SeriesWriter(uri, rank, background=False)
-        writer.launch, writer.segments = launch, segment
+        step, t, writer = _written.get((uri, rank, launch), (0, 1000.0, None))
+        writer = writer or SeriesWriter(uri, rank, background=False, launch=launch)
         if step == 0:
             writer.add({"k": "step", "t": t, "step": 0})
         for window in windows:
@@ -353,7 +351,7 @@ def publish_windows(
                 step, t = step + 1, t + secs
                 writer.add({"k": "step", "t": t, "step": step})
         assert writer.flush()
-        _written[(uri, rank, launch)] = (step, t, writer.segments)
+        _written[(uri, rank, launch)] = (step, t, writer)
 
 
 def run_env(record: RunRecord, ckpt_uri: str | None = None) -> dict[str, str]:

@@ -49,9 +49,12 @@ def test_segments_round_trip_and_are_never_overwritten(bucket_uri: str) -> None:
     assert w0.flush() and w1.flush()
     assert not w0.flush()  # nothing buffered: no empty segment
     bucket, prefix = open_bucket(uri)
-    names = sorted(o.key.rsplit("/", 1)[-1] for o in bucket.list(f"{prefix}/" if prefix else ""))
+    keys = [o.key for o in bucket.list(f"{prefix}/" if prefix else "")]
+    names = sorted(k.rsplit("/", 1)[-1] for k in keys if k.endswith(".jsonl"))
     assert len(names) == len(set(names)) == 4
-    assert all(n.startswith(("r00000-", "r00001-")) and n.endswith(".jsonl") for n in names)
+    assert all(n.startswith(("r00000-", "r00001-")) for n in names)
+    rollups = sorted(k.rsplit("/", 2)[-2:] for k in keys if not k.endswith(".jsonl"))
+    assert rollups == [["rollup", f"r0000{w.rank}-{w.launch}.json"] for w in (w0, w1)]
     series = read_series(uri)
     assert series.segments == 4 and series.skipped == 0
     assert [(r.rank, r.step) for r in series.steps] == [(0, 1), (1, 1), (0, 2), (1, 2), (0, 3),
@@ -391,12 +394,13 @@ def test_two_runs_of_a_lineage_share_the_loss_chart(tmp_path: Path) -> None:
 
 
 def test_a_read_compacts_many_segments_into_one(tmp_path: Path) -> None:
-    """Reads merge many small segments into one object; what they say is unchanged, a torn
-    one stays and is still counted, and a second compaction merges the first's output."""
+    """Reads merge many small segments (of a series written before rollups) into one object;
+    what they say is unchanged, a torn one stays and is still counted, and a second
+    compaction merges the first's output."""
     from mncloud.telemetry import series as series_mod
 
     uri = f"file://{tmp_path / 'b'}/series"
-    writers = [_writer(uri, rank) for rank in (0, 1)]
+    writers = [SeriesWriter(uri, rank, node=0, background=False, rollup=False) for rank in (0, 1)]
     for step in range(1, series_mod.COMPACT_AT + 1):
         for w in writers:
             w.add({"k": "step", "t": step + w.rank / 10, "step": step, "m": {"loss": 1 / step}})

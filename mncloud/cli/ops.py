@@ -78,12 +78,14 @@ def status_command(
 def _show_status(name: str | None, as_json: bool, *, one_line_json: bool = False) -> None:
     """Print the status of one run, or of all (a run that cannot be read: one row)."""
     from mncloud.operate import UnreadableRun, all_statuses, run_status, status_goodput
+    from mncloud.telemetry.series import reads_shared
 
-    shown = [run_status(name)] if name else all_statuses()
-    statuses = [s for s in shown if not isinstance(s, UnreadableRun)]
-    folders = {s.name: _ckpt_dir_files(s) for s in statuses}
-    units = {s.name: _ckpt_dir_units(s, bool(folders[s.name])) for s in statuses}
-    goodput = {s.name: status_goodput(s) for s in statuses}
+    with reads_shared():  # a run's telemetry read once: its stragglers, then its goodput
+        shown = [run_status(name)] if name else all_statuses()
+        statuses = [s for s in shown if not isinstance(s, UnreadableRun)]
+        folders = {s.name: _ckpt_dir_files(s) for s in statuses}
+        units = {s.name: _ckpt_dir_units(s, bool(folders[s.name])) for s in statuses}
+        goodput = {s.name: status_goodput(s) for s in statuses}
     if as_json:
         data = [
             {

@@ -24,6 +24,18 @@ BucketOpt = Annotated[
     typer.Option("--bucket", help="Also look in this bucket (s3://…, gs://…, file://…)."),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
+#: Records `runs ls` lists unless told (the newest).
+LS_LIMIT = 50
+LimitOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--limit",
+        min=0,
+        show_default=False,
+        help=f"List the newest N records (default {LS_LIMIT}, with --json every one); "
+        "0 lists every one.",
+    ),
+]
 BreakdownOpt = Annotated[
     bool,
     typer.Option(
@@ -43,16 +55,18 @@ def register(main: typer.Typer) -> None:
     doctor_cli.register(main)
 
 
-def _all_records(bucket: str | None) -> list[RunRecord]:
-    """The run records on this machine and, with `bucket`, in it; oldest first."""
-    from mncloud.records.store import list_bucket_records, list_records
+def _all_records(bucket: str | None, limit: int = 0) -> tuple[list[RunRecord], int]:
+    """The run records on this machine (their summaries: `records.index`) and, with
+    `bucket`, in it; oldest first; with `limit`, the newest `limit`; and how many there are."""
+    from mncloud.records.store import list_bucket_records, list_summaries
 
-    records = list_records()
-    if bucket:
-        known = {r.run_id for r in records}
-        records += [r for r in list_bucket_records(bucket) if r.run_id not in known]
-        records.sort(key=lambda r: r.created_at)
-    return records
+    if not bucket:
+        return list_summaries(limit or None)
+    records = list_summaries()[0]
+    known = {r.run_id for r in records}
+    records += [r for r in list_bucket_records(bucket) if r.run_id not in known]
+    records.sort(key=lambda r: r.created_at)
+    return (records[-limit:] if limit else records), len(records)
 
 
 def _when(ts: float | None) -> str:
@@ -67,11 +81,12 @@ def _money(value: float | None) -> str:
 
 @app.command("ls")
 @handle_errors
-def ls_command(bucket: BucketOpt = None, as_json: JsonOpt = False) -> None:
-    """List run records on this machine (and in --bucket)."""
+def ls_command(bucket: BucketOpt = None, as_json: JsonOpt = False, limit: LimitOpt = None) -> None:
+    """List run records on this machine (and in --bucket), the newest --limit of them."""
     from mncloud.records.ledger import cost_summary
 
-    records = _all_records(bucket)
+    shown = (0 if as_json else LS_LIMIT) if limit is None else limit
+    records, total = _all_records(bucket, shown)
     if as_json:
         print_json(
             [
@@ -109,6 +124,8 @@ def ls_command(bucket: BucketOpt = None, as_json: JsonOpt = False) -> None:
             _money(cost_summary(r).total),
         )
     console.print(table)
+    if total > len(records):
+        console.print(f"the newest {len(records)} of {total:,} records; --limit 0 lists all")
 
 
 @app.command("show")
@@ -204,7 +221,7 @@ def cost_command(
     if ref is None:
         if breakdown:
             raise fail("--breakdown needs a run: mncloud runs cost RUN --breakdown")
-        _cost_report(_all_records(bucket), as_json)
+        _cost_report(_all_records(bucket)[0], as_json)
         return
     record = find_record(ref, bucket)
     if breakdown:

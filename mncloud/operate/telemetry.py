@@ -1,13 +1,15 @@
 """What a run did, read off its telemetry: the steps its ranks published (the telemetry
-segments in its bucket, `telemetry.series`), its goodput ledger (`records.goodput`), its
-metrics' curves (`telemetry.curves`), and the relaunches a backend made by itself that its
-record does not hold. Where a backend keeps more than the record says (a local run's default
-checkpoint folder, its steps from before the segments), it answers through `Backend`."""
+segments in its bucket, read through each process's rollup: `telemetry.series.read_summary`,
+in a time that does not grow with the run's length), its goodput ledger (`records.goodput`),
+its metrics' curves (`telemetry.curves`; every record with `raw`), and the relaunches a
+backend made by itself that its record does not hold. Where a backend keeps more than the
+record says (a local run's default checkpoint folder, its steps from before the segments), it
+answers through `Backend`."""
 
 from __future__ import annotations
 
 import itertools
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from mncloud import layout
 from mncloud.backends.base import Backend, RunStatus
@@ -60,7 +62,7 @@ def run_telemetry(
         uri = uri or backend.ckpt_uri_of(record.name, record.run_id)
     on_disk = steps is not None and uri is not None and uri.startswith("file://")
     if series is None and uri is not None and (bucket or on_disk):
-        series = run_series(record, uri)
+        series = run_series(record, uri, metrics=False)
     if series is not None and series.steps:
         steps = _series_marks(series)
     steps = steps or None  # a script that reports no steps: the split is unknown, not 0 %
@@ -85,7 +87,7 @@ def run_goodput(
     its backend made without recording them are read off its telemetry (`with_relaunches`)."""
     from mncloud.records.goodput import goodput_ledger
 
-    series = run_series(record) if bucket else None
+    series = run_series(record, metrics=False) if bucket else None
     backend = _backend(record)
     if series is not None and not (backend is not None and backend.records_own_events):
         record = with_relaunches(record, series)
@@ -118,11 +120,14 @@ def with_relaunches(record: RunRecord, series: Series) -> RunRecord:
     return record.model_copy(update={"events": [*record.events, *added]})
 
 
-def run_series(record: RunRecord, ckpt_uri: str | None = None) -> Series | None:
-    """A run's telemetry segments, merged and compacted in the bucket (`telemetry.series`),
-    under its checkpoint URI, `ckpt_uri` or where its backend keeps this launch's
-    checkpoints; None when none is known or the bucket cannot be read."""
-    from mncloud.telemetry.series import read_series
+def run_series(
+    record: RunRecord, ckpt_uri: str | None = None, *, raw: bool = False, metrics: bool = True
+) -> Series | None:
+    """A run's telemetry (`telemetry.series`) under its checkpoint URI, `ckpt_uri` or where
+    its backend keeps this launch's checkpoints: through its rollups (`read_summary`; its
+    metric points only with `metrics`), or with `raw` every segment; None when none is known
+    or the bucket cannot be read."""
+    from mncloud.telemetry.series import read_series, read_summary
 
     uri = record.ckpt_uri or ckpt_uri
     backend = _backend(record) if uri is None else None
@@ -130,16 +135,25 @@ def run_series(record: RunRecord, ckpt_uri: str | None = None) -> Series | None:
         uri = backend.ckpt_uri_of(record.name, record.run_id)
     if uri is None:
         return None
+    series_uri = layout.series_uri(uri, record.run_id)
     try:
-        return read_series(layout.series_uri(uri, record.run_id), compact=True)
+        return read_series(series_uri) if raw else read_summary(series_uri, metrics=metrics)
     except (MncloudError, OSError, ValueError):
         return None
 
 
 def _series_marks(series: Series) -> list[StepMark]:
+    """The goodput ledger's step marks: one per step of each of the series' launches (the
+    earliest rank's time, the largest stall, the most steps a thinned row stands for), as
+    the ledger merges them, so that it handles one rank's rows, not every rank's."""
     from mncloud.records.goodput import StepMark
 
-    return [StepMark(t=r.t, step=r.step, ckpt_s=r.ckpt_s) for r in series.steps]
+    group = {tag: k for k, launch in enumerate(series.launches()) for tag in launch.tags}
+    best: dict[tuple[int, int], list[Any]] = {}
+    for r in series.steps:  # by time: the first of a step is its earliest
+        seen = best.setdefault((group.get(r.launch, -1), r.step), [r.t, r.step, r.ckpt_s, r.n])
+        seen[2], seen[3] = max(seen[2], r.ckpt_s), max(seen[3], r.n)
+    return [StepMark(t=t, step=step, ckpt_s=c, n=n) for t, step, c, n in best.values()]
 
 
 def status_goodput(status: RunStatus) -> float | None:
@@ -158,17 +172,18 @@ def status_goodput(status: RunStatus) -> float | None:
         return None
 
 
-def run_metrics(run_name: str) -> MetricsView:
+def run_metrics(run_name: str, *, raw: bool = False) -> MetricsView:
     """The curves of a run's newest record (`telemetry.curves`): its reported metrics over
-    steps, step time per node, its launches. Raises when the run or its bucket is unknown."""
+    steps, step time per node, its launches; thinned to a bounded number of points, or with
+    `raw` every record of every segment. Raises when the run or its bucket is unknown."""
     from mncloud.records.store import load_current
-    from mncloud.telemetry.curves import metrics_view
+    from mncloud.telemetry.curves import MAX_POINTS, metrics_view
 
     record = load_current(run_name)
-    series = run_series(record)
+    series = run_series(record, raw=raw)
     if series is None:
         raise MncloudError(
             f"run {run_name!r} has no readable telemetry: it needs a bucket (--bucket) or a "
             f"local checkpoint folder, and the bucket must be reachable"
         )
-    return metrics_view(record.run_id, series)
+    return metrics_view(record.run_id, series, None if raw else MAX_POINTS)

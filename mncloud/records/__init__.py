@@ -5,6 +5,7 @@ create_record`): the package itself exports nothing, so every import names its r
 
     model.py      RunRecord, Event, GitInfo: the record itself (pydantic)
     lineage.py    git capture (commit, diff hash and copy, untracked files), packages
+    index.py      one file summarising every record here: newest of a run, listings
     store.py      the locked record store (this machine + the bucket copy), events
     ledger.py     billed segments, cost summary, spot hazards learned for `plan --learn`
     goodput.py    the goodput ledger: billed node-seconds and dollars split by what they bought

@@ -33,13 +33,17 @@ The parts, in node-seconds and dollars, add up to the ledger's total:
   clusters, a node being provisioned) costs nothing: `unbilled_node_seconds` counts it;
 - idle: after the last step until the launch ended (final save, exit, teardown);
 - unknown: billed time no telemetry explains (a cloud run without per-step telemetry).
-Goodput = useful ÷ total node-seconds; and dollars per 1,000 useful steps.
+Goodput = useful ÷ total node-seconds; and dollars per 1,000 useful steps. A step mark may
+stand for several steps (`StepMark.n`: a thinned row of a rank's telemetry rollup): its steps
+are counted, and its time split between parts by its steps where the kept step or a redone
+range falls inside it.
 """
 
 from __future__ import annotations
 
 import bisect
 import itertools
+import math
 import statistics
 import time
 from collections.abc import Iterable, Iterator
@@ -71,13 +75,17 @@ class StepMark(BaseModel):
     step: int
     ckpt_s: float = 0.0
     """Seconds this step blocked on saving a checkpoint (0 when not reported)."""
+    n: int = 1
+    """The steps it stands for: itself and the `n - 1` before it (a thinned rollup's row,
+    `telemetry.rollup`), their stalls summed in `ckpt_s`."""
 
 
 class Telemetry(BaseModel):
     """What the run's scripts and bucket say beyond the record's events."""
 
     steps: list[StepMark] | None = None
-    """Every finished step, all launches; None when the run has no per-step telemetry."""
+    """Every finished step, all launches (or marks that stand for several: `StepMark.n`);
+    None when the run has no per-step telemetry."""
     checkpoints: list[int] | None = None
     """Complete checkpoint steps now in the bucket; None when unknown."""
     final_step: int | None = None
@@ -204,28 +212,69 @@ def _unmeasured(telemetry: Telemetry, kept: int | None, notes: list[str]) -> lis
 
 
 def _by_launch(steps: Iterable[StepMark], starts: list[float]) -> list[list[StepMark]]:
-    """The marks of each launch (by time), one per step (the earliest), in time order."""
+    """The marks of each launch (by time), one per step (the earliest), in time order. Marks
+    that stand for several steps (`StepMark.n`) stand, once merged, for the steps their
+    launch's marks cover since the mark before (no step counted twice)."""
     out: list[dict[int, StepMark]] = [{} for _ in starts]
+    claims: list[list[Span]] = [[] for _ in starts]
     for mark in sorted(steps, key=lambda m: m.t):
         k = max((i for i, s in enumerate(starts) if s <= mark.t), default=None)
         if k is None:
             continue
+        claims[k].append((mark.step - mark.n + 1, mark.step))
         seen = out[k].get(mark.step)
         if seen is None:
             out[k][mark.step] = mark
         elif mark.ckpt_s > seen.ckpt_s:  # node recovery: several replicas report a step
             out[k][mark.step] = seen.model_copy(update={"ckpt_s": mark.ckpt_s})
-    return [sorted(d.values(), key=lambda m: m.t) for d in out]
+    found = []
+    for marks, claimed in zip(out, claims, strict=True):
+        if any(m.n != 1 for m in marks.values()):
+            covered, low = _union(claimed), None
+            for step in sorted(marks):
+                n = _count(covered, covered[0][0] if low is None else low + 1, step)
+                marks[step], low = marks[step].model_copy(update={"n": max(1, n)}), step
+        found.append(sorted(marks.values(), key=lambda m: m.t))
+    return found
 
 
-def _retrained(marks: list[list[StepMark]]) -> list[set[int]]:
+Span = tuple[int, int]
+
+
+def _union(spans: Iterable[Span]) -> list[Span]:
+    """Disjoint, sorted inclusive step ranges covering `spans`."""
+    out: list[Span] = []
+    for lo, hi in sorted(spans):
+        if out and lo <= out[-1][1] + 1:
+            out[-1] = (out[-1][0], max(out[-1][1], hi))
+        else:
+            out.append((lo, hi))
+    return out
+
+
+def _count(spans: list[Span], lo: int, hi: int) -> int:
+    """Steps of [lo, hi] the disjoint sorted `spans` cover."""
+    return sum(max(0, min(b, hi) - max(a, lo) + 1) for a, b in spans if a <= hi and b >= lo)
+
+
+def _covers(spans: list[Span], step: int) -> bool:
+    i = bisect.bisect_right(spans, (step, math.inf)) - 1
+    return i >= 0 and spans[i][0] <= step <= spans[i][1]
+
+
+def _steps_of(marks: list[StepMark]) -> list[Span]:
+    return _union((m.step - m.n + 1, m.step) for m in marks)
+
+
+def _retrained(marks: list[list[StepMark]]) -> list[list[Span]]:
     """Per launch, the steps a later launch trained again."""
-    later: set[int] = set()
-    out: list[set[int]] = []
+    later: list[Span] = []
+    out: list[list[Span]] = []
     for launch in reversed(marks):
-        steps = {m.step for m in launch}
-        out.append(steps & later)
-        later |= steps
+        steps = _steps_of(launch)
+        out.append(_union((max(a, c), min(b, d)) for a, b in steps for c, d in later
+                          if max(a, c) <= min(b, d)))  # fmt: skip
+        later = _union([*later, *steps])
     return out[::-1]
 
 
@@ -234,7 +283,7 @@ def _unreported(marks: list[list[StepMark]]) -> list[range]:
     those up to the step the next launch resumed after (it loaded them from a checkpoint this
     launch saved), their marks lost with the nodes (a kill before the telemetry's last
     segment was written)."""
-    reported = {m.step for launch in marks for m in launch}
+    reported = _union(span for launch in marks for span in _steps_of(launch))
     out = []
     for k, launch in enumerate(marks):
         later = next((nxt[0].step for nxt in marks[k + 1 :] if nxt), None)
@@ -243,14 +292,50 @@ def _unreported(marks: list[list[StepMark]]) -> list[range]:
             out.append(range(0))
             continue
         steps = range(top + 1, later)
-        out.append(steps if not reported.intersection(steps) else range(0))
+        out.append(steps if not _count(reported, top + 1, later - 1) else range(0))
     return out
 
 
-def _step_part(step: int, retrained: set[int], kept: int | None) -> PartName:
-    if step in retrained:
+def _step_part(step: int, retrained: list[Span], kept: int | None) -> PartName:
+    if _covers(retrained, step):
         return "redone"
     return "useful" if kept is None or step <= kept else "unsaved"
+
+
+def _pieces(mark: StepMark, retrained: list[Span], kept: int | None) -> list[tuple[int, PartName]]:
+    """The steps a mark stands for, in step order, as (steps, part) runs."""
+    lo, hi = mark.step - mark.n + 1, mark.step
+    if lo == hi:
+        return [(1, _step_part(hi, retrained, kept))]
+    cuts = {lo, hi + 1} | {x for a, b in retrained for x in (a, b + 1) if lo < x <= hi}
+    if kept is not None and lo <= kept < hi:
+        cuts.add(kept + 1)
+    out: list[tuple[int, PartName]] = []
+    for a, b in itertools.pairwise(sorted(cuts)):
+        part = _step_part(a, retrained, kept)
+        if out and out[-1][1] == part:
+            out[-1] = (out[-1][0] + b - a, part)
+        else:
+            out.append((b - a, part))
+    return out
+
+
+def _step_seconds(marks: list[StepMark]) -> float:
+    """The median step's seconds: of the gaps between marks, each per step of the steps it
+    stands for (weighted by them)."""
+    gaps = [((b.t - a.t) / b.n, b.n) for a, b in itertools.pairwise(marks)]
+    if all(w == 1 for _, w in gaps):
+        return statistics.median(g for g, _ in gaps) if gaps else 0.0
+    ordered, total = sorted(gaps), sum(w for _, w in gaps)
+
+    def at(i: int) -> float:
+        for value, weight in ordered:
+            if i < weight:
+                return value
+            i -= weight
+        return ordered[-1][0]
+
+    return (at((total - 1) // 2) + at(total // 2)) / 2
 
 
 def _launch_stretches(
@@ -259,7 +344,7 @@ def _launch_stretches(
     ended_by: str | None,
     is_open: bool,
     marks: list[StepMark],
-    retrained: set[int],
+    retrained: list[Span],
     kept: int | None,
     final: int | None,
     parts: dict[str, Part],
@@ -272,16 +357,20 @@ def _launch_stretches(
     median step."""
     if not marks:
         return [(start, end, "recovery")]
-    gaps = [b.t - a.t for a, b in itertools.pairwise(marks)]
-    step_s = statistics.median(gaps) if gaps else 0.0
+    step_s = _step_seconds(marks)
     first = max(start, marks[0].t - step_s)
     out: list[Stretch] = [(start, first, "recovery")]
     prev = first
     for mark in marks:
-        part = _step_part(mark.step, retrained, kept)
-        parts[part].steps += 1
+        pieces = _pieces(mark, retrained, kept)
         stall = min(max(0.0, mark.ckpt_s), max(0.0, mark.t - prev))
-        out += [(prev, mark.t - stall, part), (mark.t - stall, mark.t, "checkpoint_stall")]
+        at, done = prev, mark.t - stall
+        for k, (steps, part) in enumerate(pieces):
+            parts[part].steps += steps
+            upto = done if k == len(pieces) - 1 else at + (done - prev) * steps / mark.n
+            out.append((at, upto, part))
+            at = upto
+        out.append((mark.t - stall, mark.t, "checkpoint_stall"))
         prev = mark.t
     for step in unreported:
         part = _step_part(step, retrained, kept)

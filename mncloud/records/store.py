@@ -11,7 +11,10 @@ again, and the record of the earlier run must survive it. Run ids are
 
 Writers of one run's record (the CLI, a backend's supervisor thread, several processes) take
 a file lock (`filelock`) under `layout.record_locks_dir()` around read-modify-write. Secrets
-never reach a record: every string is scrubbed (`redact.py`) when it is written.
+never reach a record: every string is scrubbed (`redact.py`) when it is written. Every write
+also updates the record's entry in the index (`records.index`), through which a run's newest
+record (`load_current`), a record by id or name (`find_record`) and the listings
+(`list_summaries`) are found without parsing every record.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from filelock import FileLock
 
 from mncloud import layout
 from mncloud.errors import MncloudError, RunNotFoundError
+from mncloud.records import index
 from mncloud.records.lineage import capture_git, installed_packages
 from mncloud.records.model import OPENS_SEGMENT, Event, EventKind, RecordError, RunRecord
 from mncloud.redact import spec_redactor
@@ -132,9 +136,12 @@ def create_record(
     return record
 
 
+def _scrubbed(record: RunRecord) -> dict[str, Any]:
+    return spec_redactor(record.spec).scrub_obj(record.model_dump(mode="json"))
+
+
 def _serialize(record: RunRecord) -> bytes:
-    data = spec_redactor(record.spec).scrub_obj(record.model_dump(mode="json"))
-    return (json.dumps(data, indent=2) + "\n").encode()
+    return (json.dumps(_scrubbed(record), indent=2) + "\n").encode()
 
 
 @contextlib.contextmanager
@@ -149,8 +156,10 @@ def _locked(name: str) -> Iterator[None]:
 def save_record(record: RunRecord, *, diff: bytes | None = None) -> None:
     """Write the record (and `diff`) locally, atomically, then to the bucket (best effort)."""
     folder = layout.record_dir(record.run_id)
-    payload = _serialize(record)
+    data = _scrubbed(record)
+    payload = (json.dumps(data, indent=2) + "\n").encode()
     write_atomic(folder / RECORD_FILE, payload)
+    index.note(record.run_id, folder / RECORD_FILE, data)
     if diff:
         write_atomic(folder / DIFF_FILE, diff)
     if record.bucket_uri:
@@ -188,6 +197,20 @@ def list_records(name: str | None = None) -> list[RunRecord]:
             with contextlib.suppress(RecordError):
                 records.append(_load_file(path))
     return sorted(records, key=lambda r: (r.created_at, r.run_id))
+
+
+def list_summaries(limit: int | None = None) -> tuple[list[RunRecord], int]:
+    """The summaries (`records.index`: no packages, task or options) of the records on this
+    machine, oldest first; with `limit`, of the newest `limit` only; and how many records
+    there are. The index answers for each record whose file it knows unchanged."""
+    root = layout.records_root()
+    if not root.is_dir():
+        return [], 0
+    files = {f: f"{root}/{f}/{RECORD_FILE}" for f in _folders_of(root, None)}
+    found = index.entries(files, complete=True)
+    order = index.readable(found)
+    picked = order[-limit:] if limit else order
+    return index.summaries(found, [run_id for _, run_id in picked]), len(order)
 
 
 def _folders_of(root: Path, name: str | None) -> Iterator[str]:
@@ -241,7 +264,9 @@ def fetch_record(ckpt_uri: str, run_id: str) -> RunRecord | None:
     except Exception as err:  # missing or unreadable: the caller goes on without it
         log.warning("run record %s not read from %s: %s", run_id, ckpt_uri, err)
         return None
-    write_atomic(layout.record_dir(record.run_id) / RECORD_FILE, payload)
+    path = layout.record_dir(record.run_id) / RECORD_FILE
+    write_atomic(path, payload)
+    index.note(record.run_id, path, json.loads(payload))
     return record
 
 
@@ -250,6 +275,15 @@ def find_record(ref: str, bucket: str | None = None) -> RunRecord:
 
     Looks on this machine, then under `bucket` when given.
     """
+    if bucket is None:  # by id or by name: the one record, not every record parsed
+        path = layout.records_root() / ref / RECORD_FILE
+        if ref.strip(".") and "/" not in ref and path.is_file():
+            with contextlib.suppress(RecordError):
+                return _load_file(path)
+        with contextlib.suppress(RunNotFoundError):
+            found = load_current(ref)
+            if found.name == ref:
+                return found
     records = list_records()
     if bucket:
         known = {r.run_id for r in records}
@@ -286,12 +320,19 @@ def load_diff(record: RunRecord) -> bytes:
     raise RecordError(f"the diff of run {record.run_id} is missing locally and in the bucket")
 
 
-def load_current(name: str) -> RunRecord:
-    """The newest record of run `name` on this machine (the run `up` launched last)."""
-    found = list_records(name)
-    if not found:
-        raise RunNotFoundError(f"run {name!r} has no record on this machine")
-    return found[-1]
+def load_current(name: str, *, before: float | None = None) -> RunRecord:
+    """The newest record of run `name` on this machine (the run `up` launched last), or the
+    newest created `before` a time (the previous run of its lineage): found through the index
+    (`records.index`), the one record parsed."""
+    root = layout.records_root()
+    if root.is_dir():
+        files = {f: f"{root}/{f}/{RECORD_FILE}" for f in _folders_of(root, name)}
+        found = index.entries(files)
+        for created, run_id in reversed(index.readable(found)):
+            if before is None or created < before:
+                with contextlib.suppress(RecordError):
+                    return _load_file(Path(files[run_id]))
+    raise RunNotFoundError(f"run {name!r} has no record on this machine")
 
 
 def _record_of(name: str, run_id: str) -> RunRecord:

@@ -172,6 +172,11 @@ class RetryingBucket:
         )
 
 
+def _may_match(folder: str, prefix: str) -> bool:
+    """Whether keys under `folder` (ending in "/") may start with `prefix`."""
+    return folder.startswith(prefix) or prefix.startswith(folder)
+
+
 class LocalBucket(RetryingBucket):
     """A directory that behaves like a bucket; writes are atomic (temporary file + rename)."""
 
@@ -251,16 +256,18 @@ class LocalBucket(RetryingBucket):
         if not base.is_dir():
             return []
         out = []
-        for dirpath, _dirs, files in os.walk(base):
+        for dirpath, dirs, files in os.walk(base):
+            # Only into folders that may hold a match (a checkpoint listing, `step_`, never
+            # walks a run's thousands of telemetry segments).
+            at = Path(dirpath).relative_to(self.root).as_posix()
+            here = "" if at == "." else f"{at}/"
+            dirs[:] = [d for d in dirs if _may_match(f"{here}{d}/", prefix)]
             for f in files:
-                if f.endswith(".part") or f == STORAGE_OUTAGE_MARKER:
-                    continue
-                full = Path(dirpath) / f
-                key = full.relative_to(self.root).as_posix()
-                if not key.startswith(prefix):
+                key = here + f  # a string test first: a folder may hold thousands
+                if f.endswith(".part") or f == STORAGE_OUTAGE_MARKER or not key.startswith(prefix):
                     continue
                 try:
-                    st = full.stat()
+                    st = os.stat(os.path.join(dirpath, f))
                 except FileNotFoundError:
                     continue
                 out.append(ObjectInfo(key, st.st_size, st.st_mtime))

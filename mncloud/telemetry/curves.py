@@ -1,6 +1,7 @@
 """A run's telemetry as the curves `mncloud metrics` prints and the web view draws.
 
-Pure: a compacted `telemetry.series.Series` in, a `MetricsView` out. Each metric is one curve
+Pure: a `telemetry.series.Series` in (its rollups' thinned one, or every record for
+`metrics --raw`), a `MetricsView` out. Each metric is one curve
 over steps across launches (each point says its launch, so a relaunch and the steps it redid
 show: launch 2 starts again at step 21 after launch 1 reached 27); step time is one line per
 node over wall time (the node's lowest rank, mean seconds per step between its reports,
@@ -50,8 +51,8 @@ class MetricsView(BaseModel):
     """The run before it in its rerun lineage (the same name's previous record), if any."""
 
 
-def _thin(points: list[CurvePoint], most: int = MAX_POINTS) -> list[CurvePoint]:
-    if len(points) <= most:
+def _thin(points: list[CurvePoint], most: int | None = MAX_POINTS) -> list[CurvePoint]:
+    if most is None or len(points) <= most:
         return points
     stride = (len(points) - 1) / (most - 1)
     return [points[round(i * stride)] for i in range(most)]
@@ -67,8 +68,9 @@ def _step_times(rows: list[StepRow], launch_no: dict[str, int]) -> list[CurvePoi
     return out
 
 
-def metrics_view(run_id: str, series: Series) -> MetricsView:
-    """The curves of one run's telemetry (module docstring)."""
+def metrics_view(run_id: str, series: Series, most: int | None = MAX_POINTS) -> MetricsView:
+    """The curves of one run's telemetry (module docstring), each thinned to `most` points
+    (None: every one)."""
     launches = series.launches()
     launch_no = {tag: k + 1 for k, launch in enumerate(launches) for tag in launch.tags}
     view = MetricsView(run_id=run_id, segments=series.segments, skipped=series.skipped)
@@ -81,13 +83,13 @@ def metrics_view(run_id: str, series: Series) -> MetricsView:
             CurvePoint(step=p.step, value=p.value, t=p.t, launch=launch_no.get(p.launch, 1))
             for p in series.curve(name)
         ]
-        view.metrics[name] = _thin(curve)
+        view.metrics[name] = _thin(curve, most)
     by_node: dict[int, list[StepRow]] = {}
     for row in series.steps:
         by_node.setdefault(row.node if row.node is not None else row.rank, []).append(row)
     for node, rows in sorted(by_node.items()):
         low = min(r.rank for r in rows)
         view.step_time[f"node {node}"] = _thin(
-            _step_times([r for r in rows if r.rank == low], launch_no)
+            _step_times([r for r in rows if r.rank == low], launch_no), most
         )
     return view

@@ -1,4 +1,4 @@
-"""Training telemetry through the bucket: ranks append JSONL segments; readers compact them.
+"""Training telemetry through the bucket: ranks append JSONL segments and keep rollups of them.
 
 One mechanism for every backend (a cloud bucket or a local run's `file://` one). Each rank
 buffers small records in memory and a daemon thread writes them, at most every
@@ -18,7 +18,16 @@ A record of a kind this code does not know is skipped, not an error.
 
 A segment is never rewritten (the launch tag is the process's start time and pid, the sequence
 number counts up), so a preempted rank's last segment is at worst missing, never half a
-replacement. Reading lists every segment, skips a torn or malformed one (counted in
+replacement. Each writer also keeps its process's rollup (`telemetry.rollup`: step rows and
+metric points thinned to a bounded number, exact step-time windows, events), written as
+`rollup/r00003-<launch>.json` before its first segment and after it, after every
+`ROLLUP_EVERY` and at its end: `ROLLUP_EVERY` + 1 objects per rank where it wrote
+`ROLLUP_EVERY` before.
+
+`read_summary` is what `status`, `metrics`, goodput and the web view read: the rollups and the
+segments written since each (bounded by ranks × launches, not by the run's length), or every
+segment for a series written before rollups. `read_series` reads every segment (`metrics
+--raw`, the local backend's recovery figures), skips a torn or malformed one (counted in
 `Series.skipped`) and merges them into one `Series`: steps with their times per rank and
 launch, the metrics over steps, the events, and each launch's first step. A live reader
 polls with `SeriesTail` (`telemetry.seriestail`), which fetches only the segments it has not
@@ -29,6 +38,7 @@ training thread and its errors logged.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import hashlib
 import json
 import logging
@@ -36,11 +46,29 @@ import math
 import os
 import threading
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Mapping
+from contextvars import ContextVar
 from typing import Any
 
 from mncloud import constants, layout
+from mncloud.telemetry.rollup import ROLLUP_DIR, ROLLUP_EVERY, Rollup, read_rollups, rollup_name
+from mncloud.telemetry.segments import (
+    SUFFIX,
+    EventRow,
+    Launch,
+    Point,
+    Series,
+    StepRow,
+    blocks,
+    merged,
+    parse,
+    segment_name,
+)
+
+__all__ = [
+    "SUFFIX", "EventRow", "Launch", "Point", "Series", "SeriesWriter", "StepRow",
+    "finite_metrics", "read_series", "read_summary", "reads_shared", "writer_from_env",
+]  # fmt: skip
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +80,6 @@ MAX_BUFFER = 200_000
 COMPACT_AT = 16
 #: Reads of the segments give up after this long.
 READ_RETRY_SECONDS = 5.0
-SUFFIX = ".jsonl"
 
 
 def finite_metrics(metrics: Mapping[str, object]) -> tuple[dict[str, float], list[str]]:
@@ -83,11 +110,19 @@ class SeriesWriter:
         node: int | None = None,
         interval: float = FLUSH_INTERVAL_S,
         background: bool = True,
+        rollup: bool = True,
+        launch: str | None = None,
     ) -> None:
         self.uri, self.rank, self.node, self.interval = uri, rank, node, interval
         self.t0 = _process_start()
-        self.launch = f"{int(self.t0 * 1000):x}-{os.getpid():x}"
+        self.launch = launch or f"{int(self.t0 * 1000):x}-{os.getpid():x}"
+        """This process's tag: its start time and pid (`launch` names another, in tests)."""
         self.segments = 0
+        self.rollup = Rollup(rank, self.launch, node) if rollup else None
+        """This process's rollup (`telemetry.rollup`); None writes segments only (as a writer
+        before rollups did)."""
+        self._rolled = -1
+        """Segments the rollup in the bucket covers (-1: none written yet)."""
         self._stepped = False
         self._buffer: list[dict[str, Any]] = []
         self._lock = threading.Lock()
@@ -133,21 +168,50 @@ class SeriesWriter:
                 "t0": self.t0}  # fmt: skip
         lines = (json.dumps(r, separators=(",", ":"), default=str) for r in [head, *records])
         body = "\n".join(lines) + "\n"
-        name = f"r{self.rank:05d}-{self.launch}-{self.segments:05d}{SUFFIX}"
         try:
-            from mncloud.storage import join_key, open_bucket
-
-            if self._bucket is None:
-                self._bucket = open_bucket(self.uri, retry_seconds=2.0)
-            bucket, prefix = self._bucket
-            bucket.put_bytes(join_key(prefix, name), body.encode())
+            if self._rolled < 0 and self.rollup is not None:  # no segment without a rollup
+                self._put(rollup_name(self.rank, self.launch), self.rollup.to_json())
+                self._rolled = 0
+            self._put(segment_name(self.rank, self.launch, self.segments), body.encode())
         except Exception as err:  # telemetry must never break training
             log.warning("telemetry segment not written (kept for the next try): %s", err)
             with self._lock:
                 self._buffer[:0] = records
             return False
         self.segments += 1
+        if self.rollup is not None:
+            try:
+                self.rollup.take(body)
+            except Exception as err:  # never: but then readers read every segment
+                self.rollup.irregular = f"not folded: {type(err).__name__}"
+            if self.segments - self._rolled >= ROLLUP_EVERY or self._rolled == 0:
+                self.write_rollup()
         return True
+
+    def write_rollup(self) -> None:
+        """Write the rollup if it is behind the segments (best effort: a reader folds the
+        segments it does not cover)."""
+        if self.rollup is None or self._rolled == self.segments:
+            return
+        try:
+            self._put(rollup_name(self.rank, self.launch), self.rollup.to_json())
+            self._rolled = self.segments
+        except Exception as err:
+            log.warning("telemetry rollup not written: %s", err)
+
+    def _open(self) -> tuple[Any, str]:
+        """The bucket and key prefix, opened once (its S3 client is the process's)."""
+        if self._bucket is None:
+            from mncloud.storage import open_bucket
+
+            self._bucket = open_bucket(self.uri, retry_seconds=2.0)
+        return self._bucket
+
+    def _put(self, name: str, data: bytes) -> None:
+        from mncloud.storage import join_key
+
+        bucket, prefix = self._open()
+        bucket.put_bytes(join_key(prefix, name), data)
 
     def close(self, timeout: float = 10.0) -> None:
         """Write what is buffered and stop the thread (at exit; bounded)."""
@@ -159,6 +223,7 @@ class SeriesWriter:
             self._thread.join(timeout)
         else:
             self.flush()
+            self.write_rollup()
 
     def _loop(self) -> None:
         while not self._closed:
@@ -166,6 +231,7 @@ class SeriesWriter:
             self._wake.clear()
             self.flush()
         self.flush()
+        self.write_rollup()
 
 
 def _process_start() -> float:
@@ -195,171 +261,39 @@ def writer_from_env(environ: Mapping[str, str] | None = None) -> SeriesWriter | 
     )
 
 
-@dataclass(frozen=True)
-class StepRow:
-    """One finished step of one rank in one launch."""
-
-    t: float
-    step: int
-    rank: int
-    node: int | None
-    launch: str
-    ckpt_s: float = 0.0
+_shared: ContextVar[dict[str, tuple[Series, bool]] | None] = ContextVar(
+    "mncloud_series", default=None
+)
 
 
-@dataclass(frozen=True)
-class EventRow:
-    """One event of one rank (module docstring): its name and its other fields in `data`."""
-
-    t: float
-    event: str
-    rank: int
-    node: int | None
-    launch: str
-    data: dict[str, Any] = field(default_factory=dict, compare=False)
-
-
-@dataclass(frozen=True)
-class Point:
-    """One reported value of a metric."""
-
-    t: float
-    step: int
-    value: float
-    launch: str
-    rank: int = 0
+@contextlib.contextmanager
+def reads_shared() -> Iterator[None]:
+    """In the block, `read_summary` reads each series once (a command that asks twice for
+    it: `status`'s stragglers, then its goodput; a run's page)."""
+    token = _shared.set({})
+    try:
+        yield
+    finally:
+        _shared.reset(token)
 
 
-@dataclass(frozen=True)
-class Launch:
-    """One launch of the gang: its ranks' processes (tags), their start, their steps' span."""
-
-    tags: frozenset[str]
-    t0: float
-    first_t: float
-    last_t: float
-    first_step: int
-    last_step: int
-
-
-def _group_launches(rows: dict[str, list[StepRow]], starts: dict[str, float]) -> list[Launch]:
-    """Processes grouped into launches: a gang's ranks all start before any of them finishes
-    a step (they meet first), so a process started after its group's first step is the start
-    of the next launch. Example: ranks 0, 1 start at t=0, 0.3, first step t=5; rank 0 and 1
-    start again at t=60, 60.2: two launches."""
-    spans = sorted(((starts.get(tag, r[0].t), tag, r) for tag, r in rows.items()))
-    groups: list[list[tuple[float, str, list[StepRow]]]] = []
-    for span in spans:
-        if groups and span[0] < min(r[0].t for _, _, r in groups[-1]):
-            groups[-1].append(span)
-        else:
-            groups.append([span])
-    out = []
-    for group in groups:
-        low = min(group, key=lambda g: g[2][0].rank)[2]
-        out.append(Launch(
-            frozenset(tag for _, tag, _ in group), min(t for t, _, _ in group),
-            min(r[0].t for _, _, r in group), max(r[-1].t for _, _, r in group),
-            low[0].step, max(row.step for _, _, r in group for row in r),
-        ))  # fmt: skip
-    return out
-
-
-@dataclass
-class Series:
-    """Every rank's telemetry of a run, compacted: rows sorted by time."""
-
-    steps: list[StepRow] = field(default_factory=list)
-    metrics: dict[str, list[Point]] = field(default_factory=dict)
-    events: list[EventRow] = field(default_factory=list)
-    starts: dict[str, float] = field(default_factory=dict)
-    """Each launch tag's process start time (from its segments' head lines)."""
-    segments: int = 0
-    skipped: int = 0
-    """Segments that were torn or malformed and left out."""
-
-    def curve(self, name: str) -> list[Point]:
-        """A metric as one record per run (ClearML-style): at each step of each launch the
-        value of the lowest rank that reported it (each rank reports its own; one rank's
-        last segment may be lost to a preemption), in time order."""
-        group = {tag: k for k, launch in enumerate(self.launches()) for tag in launch.tags}
-        best: dict[tuple[int, int], Point] = {}
-        for point in self.metrics.get(name, []):
-            key = (group.get(point.launch, 0), point.step)
-            if key not in best or point.rank < best[key].rank:
-                best[key] = point
-        return sorted(best.values(), key=lambda p: p.t)
-
-    def launches(self) -> list[Launch]:
-        """The gang's launches in time order (`_group_launches`)."""
-        rows: dict[str, list[StepRow]] = {}
-        for row in self.steps:
-            rows.setdefault(row.launch, []).append(row)
-        return _group_launches(rows, self.starts)
-
-
-def _blocks(text: str) -> list[tuple[str, list[str]]]:
-    """A segment's (head line, record lines) blocks (a compacted one holds several); raises
-    ValueError when it is torn or does not start with a head line."""
-    lines = text.splitlines()
-    if not text.endswith("\n") or not lines:
-        raise ValueError("torn segment")
-    blocks: list[tuple[str, list[str]]] = []
-    for line in lines:
-        if json.loads(line).get("k") == "head":
-            blocks.append((line, []))
-        elif not blocks:
-            raise ValueError("no head line")
-        else:
-            blocks[-1][1].append(line)
-    return blocks
-
-
-def _parse(text: str, series: Series) -> None:
-    """Add one segment's records to `series`; raises ValueError/KeyError/TypeError when torn."""
-    steps: list[StepRow] = []
-    points: list[tuple[str, Point]] = []
-    events: list[EventRow] = []
-    starts: dict[str, float] = {}
-    for head_line, lines in _blocks(text):
-        head = json.loads(head_line)
-        rank, node, launch = int(head["rank"]), head.get("node"), str(head["launch"])
-        if head.get("t0"):
-            starts[launch] = float(head["t0"])
-        for line in lines:
-            rec = json.loads(line)
-            if rec.get("k") == "event":
-                data = {k: v for k, v in rec.items() if k not in ("k", "t", "event")}
-                at = data.get("node", node)
-                events.append(EventRow(float(rec["t"]), str(rec["event"]), rank,
-                                       None if at is None else int(at), launch, data))  # fmt: skip
-                continue
-            if rec.get("k") != "step":
-                continue
-            t, step = float(rec["t"]), int(rec["step"])
-            steps.append(StepRow(t, step, rank, node, launch, float(rec.get("ckpt_s") or 0.0)))
-            for name, value in (rec.get("m") or {}).items():
-                if math.isfinite(float(value)):
-                    points.append((name, Point(t, step, float(value), launch, rank)))
-    series.steps += steps
-    series.events += events
-    for launch, t0 in starts.items():
-        series.starts.setdefault(launch, t0)
-    for name, point in points:
-        series.metrics.setdefault(name, []).append(point)
-
-
-def _merged(rows: list[StepRow]) -> list[StepRow]:
-    """One row per (launch, rank, step): the earliest, with the largest stall; by time."""
-    best: dict[tuple[str, int, int], StepRow] = {}
-    for row in sorted(rows, key=lambda r: r.t):
-        key = (row.launch, row.rank, row.step)
-        seen = best.get(key)
-        if seen is None:
-            best[key] = row
-        elif row.ckpt_s > seen.ckpt_s:
-            best[key] = StepRow(seen.t, seen.step, seen.rank, seen.node, seen.launch, row.ckpt_s)
-    return sorted(best.values(), key=lambda r: (r.t, r.rank))
+def read_summary(uri: str, *, metrics: bool = True) -> Series:
+    """What `status`, `metrics`, goodput and the web view read of a series: its rollups and
+    the segments written since each (`telemetry.rollup`: rows and points thinned, each rank's
+    step-time windows exact; no metric points without `metrics`), or every segment when it
+    has no rollups or they cannot stand for it (a series written before rollups, a rank
+    whose steps went back). Inside `reads_shared`, a series is read once."""
+    shared = _shared.get()
+    seen = None if shared is None else shared.get(uri)
+    if seen is not None and (seen[1] or not metrics):
+        return seen[0]
+    found, _fetched = read_rollups(uri, READ_RETRY_SECONDS, metrics=metrics)
+    whole = found is None
+    if found is None:
+        found = read_series(uri, compact=True)
+    if shared is not None:
+        shared[uri] = (found, metrics or whole)
+    return found
 
 
 def read_series(uri: str, *, compact: bool = False) -> Series:
@@ -367,15 +301,19 @@ def read_series(uri: str, *, compact: bool = False) -> Series:
 
     With `compact`, once `COMPACT_AT` readable segments are there they are written again as
     one (`_compact`) and removed, so later reads list and fetch one object where there were
-    many. A segment removed by another reader's compaction between the listing and its
-    fetch makes the read start over (its content is in that reader's compacted segment)."""
+    many; never in a series with rollups (their readers fold the segments after the ones
+    each covers: they must stay). A segment removed by another reader's compaction between
+    the listing and its fetch makes the read start over (its content is in that reader's
+    compacted segment)."""
     from mncloud.storage import ObjectNotFoundError, open_bucket
 
     bucket, prefix = open_bucket(uri, retry_seconds=READ_RETRY_SECONDS)
+    rolled = f"{prefix}/{ROLLUP_DIR}/" if prefix else f"{ROLLUP_DIR}/"
     for attempt in range(3):
         series, texts = Series(), dict[str, str]()
         try:
             for obj in bucket.list(f"{prefix}/" if prefix else ""):
+                compact = compact and not obj.key.startswith(rolled)
                 if obj.key.endswith(SUFFIX):
                     series.segments += 1
                     texts[obj.key] = bucket.get_bytes(obj.key).decode(errors="replace")
@@ -387,12 +325,12 @@ def read_series(uri: str, *, compact: bool = False) -> Series:
     good: dict[str, str] = {}
     for key, text in texts.items():
         try:
-            _parse(text, series)
+            parse(text, series)
             good[key] = text
-        except (ValueError, KeyError, TypeError) as err:
+        except (ValueError, KeyError, TypeError, ArithmeticError) as err:
             log.warning("telemetry segment %s skipped: %s", key, err)
             series.skipped += 1
-    series.steps = _merged(series.steps)
+    series.steps = merged(series.steps)
     once = {(e.launch, e.rank, e.t, e.event): e for e in series.events}  # compactions overlap
     series.events = sorted(once.values(), key=lambda e: e.t)
     for points in series.metrics.values():
@@ -409,11 +347,11 @@ def _compact(bucket: Any, prefix: str, texts: dict[str, str]) -> None:
     every read (one row per launch, rank and step) and by the next compaction."""
     from mncloud.storage import join_key
 
-    blocks: dict[str, dict[str, None]] = {}
+    heads: dict[str, dict[str, None]] = {}
     for text in texts.values():
-        for head, lines in _blocks(text):
-            blocks.setdefault(head, {}).update(dict.fromkeys(lines))
-    body = "".join(head + "\n" + "".join(f"{x}\n" for x in lines) for head, lines in blocks.items())
+        for head, lines in blocks(text):
+            heads.setdefault(head, {}).update(dict.fromkeys(lines))
+    body = "".join(head + "\n" + "".join(f"{x}\n" for x in lines) for head, lines in heads.items())
     digest = hashlib.sha256("\n".join(sorted(texts)).encode()).hexdigest()[:20]
     try:
         bucket.put_bytes(join_key(prefix, f"c-{digest}{SUFFIX}"), body.encode())

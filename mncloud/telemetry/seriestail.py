@@ -22,7 +22,7 @@ import logging
 import os
 from typing import Any
 
-from mncloud.telemetry.series import SUFFIX, Series, _parse
+from mncloud.telemetry.segments import SUFFIX, Series, parse
 
 log = logging.getLogger(__name__)
 
@@ -95,8 +95,8 @@ class SeriesTail:
         """Add one segment's records that are newer than those read before to `out`."""
         part = Series()
         try:
-            _parse(text, part)
-        except (ValueError, KeyError, TypeError) as err:
+            parse(text, part)
+        except (ValueError, KeyError, TypeError, ArithmeticError) as err:
             log.warning("telemetry segment %s skipped: %s", key, err)
             self.skipped += 1
             return

@@ -2,8 +2,10 @@
 
 Torch-free and light (the standard library and `mncloud.layout`; the bucket code is imported
 on the first read). Ranks publish nothing of their own for this: every step they report is in
-their segments, and `from_series` cuts each rank's newest launch into windows of `window`
-steps, as (mean seconds per step, steps timed), the last `SUSTAINED_WINDOWS` kept.
+their segments, and `from_series` cuts each rank's newest launch into windows of `WINDOW`
+step gaps, as (mean seconds per step, steps timed), the last `SUSTAINED_WINDOWS` kept; each
+rank's rollup keeps the same windows as its steps come (`telemetry.rollup`), so `status`
+reads them without reading every step.
 
 A straggler is a *sustained* slowdown, never one window: a rank is compared only once its last
 `SUSTAINED_WINDOWS` windows each timed at least `MIN_SAMPLES` steps, and then with the fastest
@@ -26,6 +28,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from mncloud import layout
+from mncloud.telemetry.segments import SUSTAINED_WINDOWS, WINDOW
 
 if TYPE_CHECKING:
     from mncloud.telemetry.series import Series, StepRow
@@ -34,8 +37,7 @@ log = logging.getLogger(__name__)
 
 #: A rank at least this many times slower than the median step time is a straggler.
 STRAGGLER_FACTOR = 1.5
-#: Windows a rank must have been slow in, in a row, to be flagged.
-SUSTAINED_WINDOWS = 3
+#: Windows a rank must have been slow in, in a row, to be flagged: `SUSTAINED_WINDOWS` (3).
 #: Steps a window must have timed to count (the first windows include warm-up).
 MIN_SAMPLES = 10
 
@@ -62,16 +64,21 @@ class RankSteps:
 
 def read_steps(series_uri: str) -> dict[int, RankSteps]:
     """Each rank's step-time windows under a series URI (`layout.series_uri`), by rank."""
-    from mncloud.telemetry.series import read_series
+    from mncloud.telemetry.series import read_summary
 
-    return from_series(read_series(series_uri, compact=True))
+    return from_series(read_summary(series_uri, metrics=False))
 
 
-def from_series(series: Series, window: int = 50) -> dict[int, RankSteps]:
+def from_series(series: Series, window: int = WINDOW) -> dict[int, RankSteps]:
     """Each rank's step-time windows from its telemetry segments: its newest launch's steps
     cut into windows of `window` steps, the last `SUSTAINED_WINDOWS` kept; its newest seconds
     per step is the mean over its last `window` steps (as `mncloud.train.StepTimer` keeps it),
-    never a last window of a step or two."""
+    never a last window of a step or two. A series read through rollups brings them cut."""
+    if series.windows is not None:
+        return {
+            rank: RankSteps(rank, w.seconds_per_step, w.step, w.windows)
+            for rank, w in series.windows.items()
+        }
     rows: dict[int, list[StepRow]] = {}
     for row in series.steps:
         rows.setdefault(row.rank, []).append(row)

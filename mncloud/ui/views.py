@@ -117,13 +117,21 @@ def _market(spot: bool | None) -> str:
 def run_rows() -> list[RunRow]:
     """The runs table: every run `status` lists, an unreadable one with its reason."""
     from mncloud.operate import all_statuses
-    from mncloud.records.store import list_records
+    from mncloud.telemetry.series import reads_shared
 
-    try:  # read once: newest record per name (as `status_goodput` picks it), not once a row
-        newest = {record.name: record for record in list_records()}
+    with reads_shared():
+        return [_row(s, _goodput(s, _newest(s.name))) for s in all_statuses()]
+
+
+def _newest(name: str) -> RunRecord | None:
+    """A run's newest record (as `status_goodput` picks it; found through the record index,
+    not every record parsed), or None."""
+    from mncloud.records.store import load_current
+
+    try:
+        return load_current(name)
     except READ_ERRORS:
-        newest = {}
-    return [_row(status, _goodput(status, newest.get(status.name))) for status in all_statuses()]
+        return None
 
 
 def _goodput(status: RunView | UnreadableRun, record: RunRecord | None) -> float | None:
@@ -280,12 +288,9 @@ def _yaml(data: Any) -> str:
 def known(name: str) -> bool:
     """Whether `status` lists the run or a record of it exists here."""
     from mncloud.operate import known_run_names
-    from mncloud.records.store import list_records
 
     try:
-        if name in known_run_names():
-            return True
-        return bool(list_records(name))
+        return name in known_run_names() or _newest(name) is not None
     except READ_ERRORS:
         return False
 
@@ -303,29 +308,40 @@ def _metrics(record: Any, uri: str | None, errors: list[str]) -> Any:
     """The run's telemetry curves (`telemetry.curves`) with the previous run of its lineage (the
     same name's record before it) for comparison, or None without telemetry."""
     from mncloud.operate import run_series
-    from mncloud.records.store import list_records
+    from mncloud.records.store import load_current
     from mncloud.telemetry.curves import metrics_view
 
     if record is None:
         return None
     try:
         series = run_series(record, uri)
-        earlier = [r for r in list_records(record.name) if r.created_at < record.created_at]
-        before = run_series(earlier[-1]) if earlier else None
+        try:
+            earlier = load_current(record.name, before=record.created_at)
+        except RunNotFoundError:
+            earlier = None
+        before = run_series(earlier) if earlier is not None else None
     except READ_ERRORS as err:
         errors.append(f"telemetry: {err}")
         return None
     if series is None:
         return None
     view = metrics_view(record.run_id, series)
-    if before is not None and before.steps:
-        view.previous = metrics_view(earlier[-1].run_id, before)
+    if earlier is not None and before is not None and before.steps:
+        view.previous = metrics_view(earlier.run_id, before)
     return view
 
 
 def run_page(name: str) -> dict[str, Any]:
     """Everything a run's page shows; each part that cannot be read becomes an error line.
-    RunNotFoundError for a run neither `status` nor the records know."""
+    RunNotFoundError for a run neither `status` nor the records know. Its telemetry is read
+    once (`telemetry.series.reads_shared`)."""
+    from mncloud.telemetry.series import reads_shared
+
+    with reads_shared():
+        return _run_page(name)
+
+
+def _run_page(name: str) -> dict[str, Any]:
     from mncloud.operate import run_goodput, run_status
     from mncloud.records.store import load_current
 
