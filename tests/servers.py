@@ -5,6 +5,8 @@
 - `gcs_server`: gcp-storage-emulator, in memory.
 - `bucket_uri`: parametrized over s3, gs and file; a fresh, empty bucket URL (with a prefix) and
   the environment set so `mncloud.storage.open_bucket` reaches the local servers.
+- `ByteCountingProxy`: a TCP proxy in front of a server that counts the bytes it served, so a
+  test or a bench measures what a reader fetched outside the code under test.
 
 Each server offers `endpoint`, `env()` (the variables a client needs) and `make_bucket(name)`.
 """
@@ -20,6 +22,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -238,6 +241,81 @@ class GCSServer:
                 os.kill(self._proc.pid, signal.SIGKILL)
             self._proc.wait(timeout=30)
             self._proc = None
+
+
+class ByteCountingProxy:
+    """A TCP proxy on 127.0.0.1 in front of `port`, counting the bytes each way.
+
+        with ByteCountingProxy(s3_server.port) as proxy:
+            env = {**s3_server.env(), "AWS_ENDPOINT_URL": proxy.endpoint}
+            ...  # a reader through the proxy
+            proxy.served  # bytes the server sent to its clients (bodies and headers)
+
+    One thread per direction of each connection; `reset()` zeroes the counts."""
+
+    def __init__(self, port: int) -> None:
+        self.target = ("127.0.0.1", port)
+        self.served = 0
+        """Bytes from the server to the clients."""
+        self.received = 0
+        """Bytes from the clients to the server."""
+        self._lock = threading.Lock()
+        self._sockets: list[socket.socket] = []
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = int(self._listener.getsockname()[1])
+        threading.Thread(target=self._accept, name="proxy-accept", daemon=True).start()
+
+    @property
+    def endpoint(self) -> str:
+        """The proxy's URL, for a client to use instead of the server's."""
+        return f"http://127.0.0.1:{self.port}"
+
+    def reset(self) -> None:
+        with self._lock:
+            self.served = self.received = 0
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+                upstream = socket.create_connection(self.target)
+            except OSError:
+                return  # closed
+            with self._lock:
+                self._sockets += [client, upstream]
+            for src, dst, served in ((upstream, client, True), (client, upstream, False)):
+                threading.Thread(target=self._pump, args=(src, dst, served), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket, served: bool) -> None:
+        buf = bytearray(1 << 20)
+        try:
+            while n := src.recv_into(buf):
+                dst.sendall(memoryview(buf)[:n])
+                with self._lock:
+                    if served:
+                        self.served += n
+                    else:
+                        self.received += n
+            dst.shutdown(socket.SHUT_WR)
+        except OSError:
+            for sock in (src, dst):
+                with contextlib.suppress(OSError):
+                    sock.close()
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accepting thread
+        self._listener.close()
+        with self._lock:
+            for sock in self._sockets:
+                with contextlib.suppress(OSError):
+                    sock.close()
+
+    def __enter__(self) -> ByteCountingProxy:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
 
 
 @pytest.fixture(scope="session")

@@ -119,15 +119,16 @@ def human(n: float) -> str:
     return f"{n:.1f} TB"
 
 
-def ensure_room(root: Path, need: int, what: str) -> None:
+def ensure_room(
+    root: Path, need: int, what: str, remedy: str = "give the nodes more disk (--disk-size)"
+) -> None:
     """NoRoom (one line: both sizes and the path) unless `root`'s file system has `need`
     bytes free and `RESERVE` to spare."""
     free = shutil.disk_usage(root).free
     if free < need + RESERVE:
         raise NoRoom(
             f"--ckpt-dir {root} has {human(free)} free: too little to restore {human(need)} "
-            f"({what}) with {human(RESERVE)} to spare; nothing was downloaded. Give the nodes "
-            "more disk (--disk-size)"
+            f"({what}) with {human(RESERVE)} to spare; nothing was downloaded: {remedy}"
         )
 
 

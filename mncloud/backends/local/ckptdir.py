@@ -140,6 +140,7 @@ class CkptDirSync:
             NodeFolder(folder, launch, n, bucket, prefix) for n in range(launch.num_nodes)
         ]
         self._log = log
+        self._disk = node_dir(folder, 0).parent  # every node's folder is on this disk
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -154,11 +155,10 @@ class CkptDirSync:
         for node in self.nodes:
             node.drop()
         first = folderrestore.first_choice(self._bucket, self._prefix, verdicts)
-        if self.nodes:
-            self.nodes[0].path.parent.mkdir(parents=True, exist_ok=True)
-            need = folderrestore.landed_bytes(first) * len(self.nodes)
-            what = f"{folderrestore.describe(first)} on each of {len(self.nodes)} local node(s)"
-            folderrestore.ensure_room(self.nodes[0].path.parent, need, what)
+        self._disk.mkdir(parents=True, exist_ok=True)
+        need = folderrestore.landed_bytes(first) * len(self.nodes)
+        what = f"{folderrestore.describe(first)} on each of {len(self.nodes)} local node(s)"
+        folderrestore.ensure_room(self._disk, need, what, "free space on this machine's disk")
         counts = [node.restore(verdicts) for node in self.nodes]
         line = restored_line(self.nodes[0], counts[0], aside=False)
         line = line.removeprefix("--ckpt-dir restored ")
