@@ -28,7 +28,7 @@ from mncloud.cli import app
 from mncloud.storage import folders, join_key, open_bucket
 from mncloud.storage.foldersync import NodeSync, restored_line
 from mncloud.storage.s3 import S3Bucket
-from mncloud.storage.transfer import BadObject, fetch, put_stream
+from mncloud.storage.transfer import PART, BadObject, fetch, put_stream
 from tests.servers import ByteCountingProxy, S3Server
 
 runner = CliRunner()
@@ -281,7 +281,7 @@ def test_a_folder_file_streams_to_s3_in_parts_hashed_as_read(
     bucket, _ = open_bucket(f"s3://{s3_env.make_bucket()}", retry_seconds=5)
     assert isinstance(bucket, S3Bucket)
     path = tmp_path / "shard"
-    path.write_bytes(os.urandom(2 * bucket.chunk_size + 12345))  # three parts
+    path.write_bytes(os.urandom(2 * PART + 12345))  # three parts
     fd = os.open(path, os.O_RDONLY)
     try:
         digest = put_stream(bucket, "shard", fd, path.stat().st_size, workers=2)

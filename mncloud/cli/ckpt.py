@@ -180,7 +180,7 @@ def ls(uri: UriArg, json_out: JsonOpt = False) -> None:
         for u in units:
             done = "yes" if u.committed else f"[yellow]incomplete[/]: {escape(u.reason)}"
             if u.name in left:
-                done += f", in the bucket, not restored (a restore brings {left[u.name]})"
+                done += f", in the bucket, not restored (a restore brings {escape(left[u.name])})"
             count = str(len(u.files)) if u.committed or not u.folder else "?"
             kind = "/" if u.folder else ""
             folder.add_row(f"{u.name}{kind}", done, count, _human(u.size), _age(u.mtime))

@@ -15,9 +15,9 @@ and the range (a short read, an object gone meanwhile); a file whose bytes fail 
 marker gives is reported by the caller from the digests `fetch` returns. Anything else (the
 bucket unreachable after its retries, the local disk) is raised as it is: not the unit's fault.
 
-**Upload** (`put_stream`, S3): the file is read once, part by part, from an open descriptor;
-each part is hashed, then sent (`WORKERS` parts in flight, as a multipart upload), so upload
-and hash are one pass and nothing is copied aside.
+**Upload** (`put_stream`, S3): the file is read once, part by part (`PART`), from an open
+descriptor; each part is hashed, then sent (`WORKERS` parts in flight, as a multipart upload),
+so upload and hash are one pass and nothing is copied aside.
 """
 
 from __future__ import annotations
@@ -44,6 +44,9 @@ WORKERS = 16
 """Ranged reads (or parts of an upload) in flight at once."""
 WINDOW = 8
 """Ranges read ahead of the one a file's hash waits for, beyond `WORKERS`."""
+PART = 8 * MiB
+"""Bytes of one part of an upload (more for a file over 10,000 of them: S3's limit)."""
+MAX_PARTS = 10_000
 
 
 class BadObject(StorageError):
@@ -186,8 +189,8 @@ def _read(fd: int, length: int, at: int) -> bytes:
 
 def put_stream(bucket: S3Bucket, key: str, fd: int, size: int, *, workers: int = WORKERS) -> str:
     """Upload `size` bytes of the open file `fd` to `key`, hashed as they are read; return
-    the xxh3_128. One PUT up to the bucket's part size, else a multipart upload."""
-    part = bucket.chunk_size
+    the xxh3_128. One PUT up to `PART`, else a multipart upload of `PART`-sized parts."""
+    part = max(PART, -(-size // MAX_PARTS // MiB) * MiB)
     hasher = xxhash.xxh3_128()
     if size <= part:
         data = _read(fd, size, 0)
