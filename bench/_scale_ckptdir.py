@@ -234,6 +234,20 @@ class Raw:
         return took
 
 
+def _ratios(name: str, times: dict[str, list[float]], size: int) -> dict[str, float]:
+    """Each of our runs against the mean of the raw runs around it: median, min, max; and the
+    raw copy's speed."""
+    raw, ours = times[f"{name}_raw"], times[name]
+    ratios = [(raw[2 * i] + raw[2 * i + 1]) / 2 / t for i, t in enumerate(ours)]
+    what = {"up": "upload", "down": "restore"}[name]
+    return {
+        f"ckptdir_{what}_vs_raw": statistics.median(ratios),
+        f"ckptdir_{what}_vs_raw_min": min(ratios),
+        f"ckptdir_{what}_vs_raw_max": max(ratios),
+        f"ckptdir_{what}_raw_mb_s": size / MB / statistics.median(raw),
+    }
+
+
 def speed_figures(server: S3Server, work: Path, gb: float, repeats: int) -> dict[str, float]:
     """Part 2: one `gb` unit's restore and upload against the transfer manager's best."""
     name = server.make_bucket()
@@ -257,41 +271,33 @@ def speed_figures(server: S3Server, work: Path, gb: float, repeats: int) -> dict
         vacuum(server)
         return took
 
+    def restore_ours() -> float:
+        fresh = node(work / "restored", bucket, prefix)
+        took = _timed(fresh.restore)
+        shutil.rmtree(fresh.path)
+        return took
+
     best_up = min(RAW_CONFIGS, key=lambda c: upload_raw(*c))
     best_down = min(RAW_CONFIGS, key=lambda c: raw.download(*c, work / "raw"))
-    ups: list[float] = []
-    downs: list[float] = []
-    raw_up: list[float] = []
-    raw_down: list[float] = []
-    cpu: dict[str, list[float]] = {"up": [], "up_raw": [], "down": [], "down_raw": []}
-    for r in range(repeats):
-        raw_up += [upload_raw(*best_up)]
-        cpu["up_raw"].append(CPU[-1])
-        ours = upload_ours()
-        cpu["up"].append(CPU[-1])
-        raw_up += [upload_raw(*best_up)]
-        ups.append((raw_up[-2] + raw_up[-1]) / 2 / ours)
-        raw_down += [raw.download(*best_down, work / "raw")]
-        cpu["down_raw"].append(CPU[-1])
-        fresh = node(work / f"restored-{r}", bucket, prefix)
-        ours = _timed(fresh.restore)
-        cpu["down"].append(CPU[-1])
-        shutil.rmtree(fresh.path)
-        raw_down += [raw.download(*best_down, work / "raw")]
-        downs.append((raw_down[-2] + raw_down[-1]) / 2 / ours)
-    per_gb = {f"ckptdir_{k}_cpu_s_per_gb": statistics.median(v) / (size / 1e9)
-              for k, v in cpu.items()}  # fmt: skip
+    arms: dict[str, Callable[[], float]] = {
+        "up_raw": lambda: upload_raw(*best_up),
+        "up": upload_ours,
+        "down_raw": lambda: raw.download(*best_down, work / "raw"),
+        "down": restore_ours,
+    }  # fmt: skip
+    times: dict[str, list[float]] = {k: [] for k in arms}
+    cpu: dict[str, list[float]] = {k: [] for k in arms}
+    for _ in range(repeats):  # raw, ours, raw: a drift of the machine's load hits both
+        for arm in ("up_raw", "up", "up_raw", "down_raw", "down", "down_raw"):
+            times[arm].append(arms[arm]())
+            cpu[arm].append(CPU[-1])
     return {
-        **per_gb,
+        **{
+            f"ckptdir_{k}_cpu_s_per_gb": statistics.median(v) / (size / 1e9) for k, v in cpu.items()
+        },
         "ckptdir_unit_gb": size / 1e9,
-        "ckptdir_upload_vs_raw": statistics.median(ups),
-        "ckptdir_upload_vs_raw_min": min(ups),
-        "ckptdir_upload_vs_raw_max": max(ups),
-        "ckptdir_restore_vs_raw": statistics.median(downs),
-        "ckptdir_restore_vs_raw_min": min(downs),
-        "ckptdir_restore_vs_raw_max": max(downs),
-        "ckptdir_upload_raw_mb_s": size / MB / statistics.median(raw_up),
-        "ckptdir_restore_raw_mb_s": size / MB / statistics.median(raw_down),
+        **_ratios("up", times, size),
+        **_ratios("down", times, size),
         "ckptdir_raw_upload_concurrency": best_up[0],
         "ckptdir_raw_upload_part_mib": best_up[1],
         "ckptdir_raw_restore_concurrency": best_down[0],
