@@ -68,6 +68,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--max-steps", type=int, default=200)
     p.add_argument("--save-steps", type=int, default=20)
+    p.add_argument("--save-total-limit", type=int, default=2,
+                   help="checkpoints the Trainer keeps (0: every one)")  # fmt: skip
     p.add_argument("--batch-size", type=int, default=8, help="sequences per process per step")
     p.add_argument("--output-dir", default=os.environ.get("MNCLOUD_CKPT_DIR", "hf-out"))
     p.add_argument("--compute-ms", type=float, default=0.0, help="sleep per step (a stand-in)")
@@ -77,7 +79,7 @@ def main() -> None:
         output_dir=args.output_dir,
         max_steps=args.max_steps,
         save_steps=args.save_steps,
-        save_total_limit=2,
+        save_total_limit=args.save_total_limit or None,
         per_device_train_batch_size=args.batch_size,
         learning_rate=1e-3,
         logging_steps=10,

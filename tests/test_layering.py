@@ -55,8 +55,8 @@ ROOMS: list[tuple[str, str]] = [
     ("mncloud.redact", ""),
     ("mncloud.catalog", "cache clouds gpus index skyconfig"),
     ("mncloud.storage", "buckets checkpoints factory gcs lighthouse names prepare retry s3 "
-                        "stoprequest url final shapes folders foldersync frameworkdirs chunks "
-                        "rangeread"),
+                        "stoprequest url final shapes folders foldersync frameworkdirs "
+                        "folderrestore transfer chunks rangeread"),
     ("mncloud.telemetry", "segments rollup series seriestail steps curves"),
     ("mncloud.export", "convert model run source target"),
     ("mncloud.train", "ckpt collectives dist emergency ft lighthouse preempt profiler progress "

@@ -85,6 +85,8 @@ def test_bucket_operations(bucket_uri: str, tmp_path: Path) -> None:
         assert bucket.get_range(k("a/big"), start, length) == data[start : start + length]
     with pytest.raises(ShortReadError, match=r"bytes .* returned 9 of 20"):
         bucket.get_range(k("a/big"), len(data) - 9, 20)  # past the end: named, not retried
+    with pytest.raises(ShortReadError, match=r"bytes .* returned 0 of 4"):
+        bucket.get_range(k("a/big"), len(data) + 10, 4)  # starts past it (S3 says 416)
     with pytest.raises(ObjectNotFoundError):
         bucket.get_range(k("a/missing"), 0, 4)
     with pytest.raises(ObjectNotFoundError):

@@ -347,7 +347,9 @@ def _preempted_once(
     `chaos`) when `ready(uri)` holds for the run's bucket; the uninterrupted reference of
     the same script runs beside the relaunch (started after the preemption: it puts no load on
     the race to preempt the run before it ends)."""
+    from mncloud.backends.local.state import node_ckpt_dir
     from mncloud.cli.follow import ckpt_dir_line, goodput_line
+    from mncloud.layout import run_dir
     from tests.reference import start_reference_ckpt_dir_file
     from tests.servers import use_s3
     from tests.test_local import cli, run_log, run_series, up, wait_final, wait_until
@@ -372,28 +374,31 @@ def _preempted_once(
             "starts": starts, "folder_line": ckpt_dir_line(name, uri),
             "chaos": said, "at_kill": at_kill,
             "goodput_line": goodput_line(name),
+            "node_dirs": {n: sorted(os.listdir(node_ckpt_dir(run_dir(name), n)))
+                          for n in (0, 1)},
             "reference": reference(),
         }  # fmt: skip
     return out
 
 
 HF_SCRIPT = REPO / "examples" / "hf_trainer.py"
-HF_ARGS = ["--max-steps", "60", "--save-steps", "20", "--compute-ms", "200"]  # 8 s after ckpt 20
+# Every checkpoint kept: 5 committed by the preemption, 7.5 s of steps after it.
+HF_ARGS = ["--max-steps", "80", "--save-steps", "10", "--save-total-limit", "0",
+           "--compute-ms", "250"]  # fmt: skip
 
 
-def _hf_ready(uri: str) -> bool:
-    keys = _bucket_keys(uri)
-    need = {"model.safetensors", "optimizer.pt", "scheduler.pt", "trainer_state.json",
-            "rng_state_0.pth", "rng_state_1.pth"}  # fmt: skip
-    return need <= {k.removeprefix("checkpoint-20/") for k in keys}
+def _committed(step: int) -> Any:
+    markers = {f"{COMMITS}/checkpoint-{step}/node-{n}.json" for n in (0, 1)}  # both shares
+    return lambda uri: markers <= set(_bucket_keys(uri))
 
 
 @pytest.fixture(scope="module")
 def hf_run(tmp_path_factory: pytest.TempPathFactory, s3_server: Any) -> dict[str, Any]:
-    """The Trainer example, preempted once after checkpoint-20 reached the bucket."""
+    """The Trainer example, preempted once after checkpoint-10 … checkpoint-50 were
+    committed."""
     pytest.importorskip("transformers")
     return _preempted_once(
-        tmp_path_factory, s3_server, "hf", HF_SCRIPT, HF_ARGS, _hf_ready,
+        tmp_path_factory, s3_server, "hf", HF_SCRIPT, HF_ARGS, _committed(50),
         "final/model.safetensors",
     )  # fmt: skip
 
@@ -401,14 +406,38 @@ def hf_run(tmp_path_factory: pytest.TempPathFactory, s3_server: Any) -> dict[str
 @pytest.mark.slow
 @pytest.mark.catalog
 def test_hf_trainer_preempted_once_resumes_and_finishes(hf_run: dict[str, Any]) -> None:
-    """The relaunch resumes from checkpoint-20 (the Trainer's optimizer loaded onto `cpu:0`
-    through the site hook) and finishes: without the hook every attempt after the preemption
-    dies in `_load_optimizer_and_scheduler`."""
+    """The relaunch resumes from the newest committed checkpoint (the Trainer's optimizer
+    loaded onto `cpu:0` through the site hook) and finishes: without the hook every attempt
+    after the preemption dies in `_load_optimizer_and_scheduler`."""
     state = hf_run["state"]
     assert state.state.value == "SUCCEEDED", hf_run["log"]
     assert (state.restarts, state.preemptions) == (1, 1)
-    assert [s.get("resumed_from") for s in hf_run["starts"]][-1] == 20, hf_run["starts"]
-    assert "checkpoint-60/model.safetensors" in hf_run["keys"]
+    newest = hf_run["at_kill"]["newest"]
+    assert [s.get("resumed_from") for s in hf_run["starts"]][-1] == newest.step, hf_run["starts"]
+    assert "checkpoint-80/model.safetensors" in hf_run["keys"]
+
+
+@pytest.mark.slow
+@pytest.mark.catalog
+def test_hf_trainer_with_5_committed_checkpoints_restores_the_newest_only_on_each_node(
+    hf_run: dict[str, Any],
+) -> None:
+    """#57's acceptance: 5 (or more) committed `checkpoint-N/` when preempted; each node of
+    the relaunch gets the newest only (the example names no best), the Trainer resumes from
+    it, the older ones stay in the bucket, listed, never deleted; the final weights are the
+    uninterrupted run's (`test_hf_trainer_preempted_once_ends_on_the_uninterrupted_weights`)."""
+    run = hf_run
+    newest = run["at_kill"]["newest"]
+    older = [f"checkpoint-{s}" for s in range(10, newest.step, 10)]
+    assert newest.step >= 50 and all(run["at_kill"]["names"][u] for u in older), run["at_kill"]
+    said = f"left in the bucket, not restored: {', '.join(older)} (older than {newest.name}"
+    assert said in run["log"], run["log"]
+    for n, entries in run["node_dirs"].items():  # what each node held at the end
+        got = sorted((e for e in entries if e.startswith("checkpoint-")), key=entry_step)
+        assert got == [f"checkpoint-{s}" for s in range(newest.step, 90, 10)], (n, entries)
+    for unit in older:
+        assert {f"{COMMITS}/{unit}/node-{n}.json" for n in (0, 1)} <= set(run["keys"]), unit
+    assert run["final"] == run["reference"]
 
 
 @pytest.mark.slow
@@ -421,7 +450,8 @@ def test_hf_trainer_preempted_once_ends_on_the_uninterrupted_weights(
     state = hf_run["state"]
     assert state.state.value == "SUCCEEDED", hf_run["log"]
     assert (state.restarts, state.preemptions) == (1, 1)
-    assert [s.get("resumed_from") for s in hf_run["starts"]][-1] == 20, hf_run["starts"]
+    newest = hf_run["at_kill"]["newest"]
+    assert [s.get("resumed_from") for s in hf_run["starts"]][-1] == newest.step, hf_run["starts"]
     assert hf_run["final"] == hf_run["reference"]
 
 
@@ -430,7 +460,7 @@ def test_hf_trainer_preempted_once_ends_on_the_uninterrupted_weights(
 def test_hf_trainer_run_summary_names_its_folder_and_counts_its_steps(
     hf_run: dict[str, Any],
 ) -> None:
-    assert hf_run["folder_line"] == "newest checkpoint in --ckpt-dir /ckpt: checkpoint-60 (step 60)"
+    assert hf_run["folder_line"] == "newest checkpoint in --ckpt-dir /ckpt: checkpoint-80 (step 80)"
     line = hf_run["goodput_line"]
     assert line is not None and line.startswith("goodput ") and "unknown" not in line, line
     assert "%" in line and not line.startswith("goodput 0%"), line
@@ -439,14 +469,11 @@ def test_hf_trainer_run_summary_names_its_folder_and_counts_its_steps(
 @pytest.fixture(scope="module")
 def hf_save_run(tmp_path_factory: pytest.TempPathFactory, s3_server: Any) -> dict[str, Any]:
     """The Trainer example, node 1 preempted while it saves a checkpoint folder after
-    checkpoint-20 was committed (at 40 or 60: the processes are still running at the last
+    checkpoint-20 was committed (at 30 to 80: the processes are still running at the last
     save); its reference is `hf_run`'s (the same arguments)."""
     pytest.importorskip("transformers")
-    markers = {f"{COMMITS}/checkpoint-20/node-{n}.json" for n in (0, 1)}  # both nodes' shares
-
     return _preempted_once(
-        tmp_path_factory, s3_server, "hfsave", HF_SCRIPT, HF_ARGS,
-        lambda uri: markers <= set(_bucket_keys(uri)),
+        tmp_path_factory, s3_server, "hfsave", HF_SCRIPT, HF_ARGS, _committed(20),
         "final/model.safetensors", chaos=("--node", "1", "--during-save"),
     )  # fmt: skip
 

@@ -103,6 +103,19 @@ def ckpt_dir_units(ckpt_uri: str, retry_seconds: float = 5.0) -> list[Verdict]:
     return survey(ckpt_uri, retry_seconds)
 
 
+def ckpt_dir_left(
+    ckpt_uri: str, units: list[Verdict], retry_seconds: float = 5.0
+) -> dict[str, str]:
+    """The committed folders a restore leaves in the bucket → the newer one it brings
+    (`storage/folderrestore.py`: the framework resumes from the newest)."""
+    from mncloud import layout
+    from mncloud.storage import open_bucket
+    from mncloud.storage.folderrestore import left_in_bucket
+
+    bucket, prefix = open_bucket(layout.ckpt_dir_uri(ckpt_uri), retry_seconds=retry_seconds)
+    return left_in_bucket(bucket, prefix, units)
+
+
 def describe_incomplete(units: list[Verdict]) -> str:
     """`checkpoint-600 (no marker from node 1 (of 2))` for one line of `status`; "" if none."""
     return "; ".join(f"{u.name} ({u.reason})" for u in units if not u.committed)
@@ -163,8 +176,11 @@ def ls(uri: UriArg, json_out: JsonOpt = False) -> None:
             "name", "committed", "files", "size", "age", title="--ckpt-dir folder",
             title_justify="left",
         )  # fmt: skip
+        left = ckpt_dir_left(store.uri, units)
         for u in units:
             done = "yes" if u.committed else f"[yellow]incomplete[/]: {escape(u.reason)}"
+            if u.name in left:
+                done += f", in the bucket, not restored (a restore brings {escape(left[u.name])})"
             count = str(len(u.files)) if u.committed or not u.folder else "?"
             kind = "/" if u.folder else ""
             folder.add_row(f"{u.name}{kind}", done, count, _human(u.size), _age(u.mtime))

@@ -12,6 +12,8 @@ local directory, bucket preparation before a launch, and the checkpoint layout.
     rangeread.py    verified ranged reads of a step's files: what a resume fetches
     folders.py      `--ckpt-dir`'s checkpoint folders committed whole: markers, verdicts, hints
     foldersync.py   one node's `--ckpt-dir` synced, folders committed (a process on cloud VMs)
+    folderrestore.py  what a node's `--ckpt-dir` restore brings (the newest), the disk checked
+    transfer.py     a unit's files moved at the storage's speed: parallel ranges, hashed in passing
     names.py        SkyPilot's bucket-name rules, restated so a check imports nothing
     lighthouse.py   where a cloud run's nodes find torchft's lighthouse
     stoprequest.py  a stop request in the bucket: `down`'s notice to a cloud run

@@ -7,14 +7,21 @@ cloud VM, as a process of its own started by the run script beside the launcher:
         --node 1 --nodes 2 --watch $$ --rc-file F --ready R &
 
 It first restores (`restore` alone does only that), touches R (the run script starts the
-launcher then), and syncs until SIGTERM. Restoring fills an empty folder with the bucket's
-committed units (`folders.judge`), each file's size and xxh3_128 checked against its markers;
-a folder that fails is left out, reported (`refused.json` beside its markers, shown by
-`ckpt ls`) and never deleted. `run` scans every
+launcher then), and syncs until SIGTERM. Restoring fills an empty folder with what the
+framework resumes from (`folderrestore.py`): of the committed units (`folders.judge`) the
+newest `checkpoint-N/` or `step-N/` (and the Trainer's best), every other unit as it is, each
+file's size and xxh3_128 checked against its markers, many ranges at once; a folder that fails
+is left out, reported (`refused.json` beside its markers, shown by `ckpt ls`) and never
+deleted, and the next older one is restored instead. Too little disk for it: one line, exit 2,
+nothing fetched (the run script's node then refuses: `REFUSED_MARKER_ENV`). `run` scans every
 0.25 s: a file changed since the last upload, still for one scan and open for writing by no
-process under `--watch`, is copied aside, checked unchanged and uploaded; a folder whose files
-are all uploaded is committed by this node's marker (`folders.write_marker`), deleted first
-whenever one of its files changes or goes. SIGTERM ends it: everything is uploaded, and marked
+process under `--watch`, is uploaded (a folder's file on S3 straight from the disk, hashed as it
+is read and counted only if it did not change meanwhile; any other copied aside first); a
+folder whose files are all uploaded is committed by this node's marker
+(`folders.write_marker`), deleted first whenever one of its files changes or goes. A folder the
+framework deletes (its rotation) is deleted from the bucket, and with it the older ones of its
+family that the restore left there: the framework would have deleted them first. Nothing else
+absent from the node is ever deleted. SIGTERM ends it: everything is uploaded, and marked
 if the run script's exit code (read from `--rc-file`) says the node ended cleanly (0, or the
 preemption notice's 115): a node that crashed mid-save leaves its last folder uncommitted.
 """
@@ -23,24 +30,24 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import shutil
 import signal
 import sys
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 
-from mncloud.constants import PREEMPTED_EXIT_CODE
+from mncloud.constants import PREEMPTED_EXIT_CODE, REFUSED_MARKER_ENV
 from mncloud.errors import MncloudError, StorageError
-from mncloud.storage import folders
-from mncloud.storage.buckets import Bucket
+from mncloud.storage import folderrestore, folders, transfer
+from mncloud.storage.buckets import Bucket, delete_prefix
 from mncloud.storage.factory import open_bucket
+from mncloud.storage.frameworkdirs import rotated
+from mncloud.storage.s3 import S3Bucket
 from mncloud.storage.url import join_key
 
 SCAN_S = 0.25
@@ -69,6 +76,11 @@ def _signature(path: Path) -> Signature | None:
         st = path.stat()
     except OSError:
         return None
+    return (st.st_size, st.st_mtime_ns)
+
+
+def _fd_signature(fd: int) -> Signature:
+    st = os.fstat(fd)
     return (st.st_size, st.st_mtime_ns)
 
 
@@ -121,7 +133,8 @@ class NodeSync:
         self._synced: dict[str, Synced] = {}
         self._seen: dict[str, Signature] = {}
         self._marked: set[str] = set()  # folders whose marker from this node is current
-        self.aside: dict[str, str] = {}  # folders restore left out -> why
+        self.aside: dict[str, str] = {}  # units restore left out -> why
+        self.left: dict[str, str] = {}  # older folders left in the bucket -> the one restored
 
     def _key(self, rel: str) -> str:
         return join_key(self._prefix, rel)
@@ -129,57 +142,25 @@ class NodeSync:
     # ------------------------------------------------------------------ restore
 
     def restore(self, verdicts: list[folders.Verdict] | None = None) -> tuple[int, int]:
-        """A fresh folder holding the bucket's committed units; return (folders, files)."""
+        """A fresh folder holding what the framework resumes from (`folderrestore`); return
+        the (folders, files) placed. `NoRoom` before a byte is fetched if it cannot fit."""
         self.drop()
         self.path.mkdir(parents=True, exist_ok=True)
         (self.path / STAMP).touch()
         verdicts = folders.judge(self._bucket, self._prefix) if verdicts is None else verdicts
-        placed = [0, 0]
-        for v in verdicts:
-            if not v.committed:
-                self.aside[v.name] = v.reason
-            elif not v.folder:
-                self._fetch(v.name, None)
-                placed[1] += 1
-            elif (why := self._restore_folder(v)) is not None:
-                self.aside[v.name] = why
-                self._refuse(v.name, why)
-            else:
-                placed[0] += 1
-        return placed[0], placed[1]
-
-    def _fetch(self, rel: str, want: tuple[int, set[str]] | None) -> str | None:
-        """Download one file; with `want` (size, hashes), check it; return why it fails."""
-        target = self.path / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        self._bucket.get_file(self._key(rel), target)
-        sig = _signature(target)
-        assert sig is not None
-        digest = folders.hash_file(target) if want is not None else ""
-        if want is not None and sig[0] != want[0]:
-            return f"{rel} is {sig[0]} B, its marker says {want[0]} B"
-        if want is not None and digest not in want[1]:
-            return f"{rel} fails its content hash (xxh3_128 {digest})"
-        self._synced[rel] = Synced(sig, sig[0], digest)
-        return None
-
-    def _restore_folder(self, v: folders.Verdict) -> str | None:
-        for rel, want in sorted(v.files.items()):
-            why = self._fetch(f"{v.name}/{rel}", want)
-            if why is not None:
-                shutil.rmtree(self.path / v.name, ignore_errors=True)
-                inside = v.name + "/"
-                self._synced = {r: s for r, s in self._synced.items() if not r.startswith(inside)}
-                return f"refused: {v.name}/{why.removeprefix(v.name + '/')}"
-        if self._bucket.exists(folders.marker_key(self._prefix, v.name, self.node)):
-            self._marked.add(v.name)
-        return None
-
-    def _refuse(self, unit: str, why: str) -> None:
-        """Record a refusal beside the folder's markers (`ckpt ls` shows it); delete nothing."""
-        body = json.dumps({"reason": why, "t": time.time(), "node": self.node}).encode()
-        with contextlib.suppress(MncloudError):
-            self._bucket.put_bytes(folders.refused_key(self._prefix, unit), body)
+        done = folderrestore.restore_units(
+            self._bucket, self._prefix, self.path, verdicts, self.node
+        )
+        for rel, (size, digest) in done.files.items():
+            sig = _signature(self.path / rel)
+            assert sig is not None
+            self._synced[rel] = Synced(sig, size, digest)
+        for v in done.units:
+            mine = folders.marker_key(self._prefix, v.name, self.node)
+            if v.folder and self._bucket.exists(mine):
+                self._marked.add(v.name)
+        self.aside, self.left = done.aside, done.left
+        return done.counts()
 
     def check_own(self) -> None:
         """Refuse a folder that holds files mncloud did not put there (a restore empties it)."""
@@ -196,7 +177,8 @@ class NodeSync:
         self._synced.clear()
         self._seen.clear()
         self._marked.clear()
-        self.aside.clear()
+        self.aside = {}
+        self.left = {}
 
     # ------------------------------------------------------------------ sync
 
@@ -212,6 +194,9 @@ class NodeSync:
         for unit in {folders.unit_of(r)[0] for r in changed + removed} & self._marked:
             self._bucket.delete(folders.marker_key(self._prefix, unit, self.node))
             self._marked.discard(unit)
+        for unit in {folders.unit_of(r)[0] for r in changed} & self.left.keys():
+            self._bucket.delete(folders.marker_key(self._prefix, unit, self.node))
+            del self.left[unit]  # written anew here (its old marker from this node gone first)
         ready = [rel for rel in changed if final or self._seen.get(rel) == current[rel]]
         self._seen = {rel: current[rel] for rel in changed}
         writers = self._writers() if ready and not final else set()
@@ -222,9 +207,25 @@ class NodeSync:
         for rel in removed:
             self._bucket.delete(self._key(rel))
             del self._synced[rel]
+        self._follow_rotation({u for u, folder in map(folders.unit_of, removed) if folder})
         if commit:
             self._commit(current)
         return uploaded
+
+    def _follow_rotation(self, removed: set[str]) -> None:
+        """The framework deleted these folders: those of their family it never saw here, older
+        (left in the bucket by the restore), would have gone first; delete them now (markers
+        first). A folder that is merely absent here is never deleted for that alone."""
+        for unit in removed:
+            passed = rotated(unit)
+            if passed is None or (self.path / unit).exists():
+                continue
+            for name in sorted(self.left):
+                older = rotated(name)
+                if older is not None and older.family == passed.family and older.step < passed.step:
+                    delete_prefix(self._bucket, join_key(self._prefix, folders.COMMITS, name))
+                    delete_prefix(self._bucket, join_key(self._prefix, name))
+                    del self.left[name]
 
     def _sig(self, rel: str) -> Signature | None:
         entry = self._synced.get(rel)
@@ -269,7 +270,12 @@ class NodeSync:
         return sorted(found)
 
     def _upload(self, rel: str) -> bool:
-        """Copy the file aside, check it did not change meanwhile, hash and upload the copy."""
+        """Upload one file as it is now; False if it changed meanwhile (the next scan tries
+        again). A folder's file on S3 goes straight from the disk, hashed as it is read (its
+        marker covers it); any other is copied aside first and the copy uploaded: a one-file
+        unit has no marker to say it is whole."""
+        if folders.unit_of(rel)[1] and transfer.streams(self._bucket):
+            return self._stream(rel, self._bucket)
         source = self.path / rel
         before = _signature(source)
         try:
@@ -282,9 +288,31 @@ class NodeSync:
         digest = folders.hash_file(self._staging)
         self._bucket.put_file(self._key(rel), self._staging)
         self._staging.unlink(missing_ok=True)
-        self._synced[rel] = Synced(before, before[0], digest)
-        self._seen.pop(rel, None)
+        self._uploaded(rel, before, digest)
         return True
+
+    def _stream(self, rel: str, bucket: S3Bucket) -> bool:
+        try:
+            fd = os.open(self.path / rel, os.O_RDONLY)
+        except OSError:
+            return False
+        try:
+            before = _fd_signature(fd)
+            if before != _signature(self.path / rel):
+                return False  # replaced between the look and the open
+            digest = transfer.put_stream(bucket, self._key(rel), fd, before[0])
+            if _fd_signature(fd) != before:
+                return False  # written in place while it was read: not marked, sent again
+        except transfer.Changed:
+            return False
+        finally:
+            os.close(fd)
+        self._uploaded(rel, before, digest)
+        return True
+
+    def _uploaded(self, rel: str, sig: Signature, digest: str) -> None:
+        self._synced[rel] = Synced(sig, sig[0], digest)
+        self._seen.pop(rel, None)
 
     def close(self, *, commit: bool) -> None:
         """The node ended on its own: upload everything; with `commit`, mark what is whole and
@@ -315,10 +343,29 @@ def _node_sync(args: argparse.Namespace) -> NodeSync:
     )
 
 
+def restored_line(node: NodeSync, placed: tuple[int, int], *, aside: bool = True) -> str:
+    """What a restore placed, what it left in the bucket and what it kept aside, one line."""
+    left: dict[str, list[str]] = {}
+    for name, newer in node.left.items():
+        left.setdefault(newer, []).append(name)
+    said = "".join(
+        f"; left in the bucket, not restored: {', '.join(sorted(names, key=_step))} (older "
+        f"than {newer}, which the framework resumes from)"
+        for newer, names in sorted(left.items())
+    )
+    kept = "".join(f"; kept aside: {n} ({why})" for n, why in sorted(node.aside.items()))
+    return f"--ckpt-dir restored {placed[0]} folder(s), {placed[1]} file(s){said}" + (
+        kept if aside else ""
+    )
+
+
+def _step(name: str) -> int:
+    found = rotated(name)
+    return found.step if found else 0
+
+
 def _say_restored(node: NodeSync, placed: tuple[int, int]) -> None:
-    aside = "".join(f"; kept aside: {n} ({why})" for n, why in sorted(node.aside.items()))
-    print(f"mncloud: --ckpt-dir restored {placed[0]} folder(s), {placed[1]} file(s){aside}",
-          file=sys.stderr, flush=True)  # fmt: skip
+    print(f"mncloud: {restored_line(node, placed)}", file=sys.stderr, flush=True)
 
 
 def _run(node: NodeSync, rc_file: str | None, ready: str | None) -> None:
@@ -360,6 +407,13 @@ def main(argv: list[str] | None = None) -> int:
             _say_restored(node, node.restore())
         else:
             _run(node, args.rc_file, args.ready)
+    except folderrestore.NoRoom as err:  # the same disk next time: the node refuses
+        print(f"mncloud: {err}", file=sys.stderr)
+        marker = os.environ.get(REFUSED_MARKER_ENV)
+        if marker:
+            with contextlib.suppress(OSError):
+                Path(marker).write_text(f"{err}\n", encoding="utf-8")
+        return 2
     except MncloudError as err:
         print(f"mncloud: --ckpt-dir: {err}", file=sys.stderr)
         return 1

@@ -7,8 +7,11 @@ file by file and cannot say when a folder is whole. A local node gets a plain fo
 (`MNCLOUD_CKPT_DIR`, `nodes/node-N/ckpt-dir`) that the supervisor syncs with the same
 `NodeSync`, in one thread for all nodes:
 
-    attempt starts  every node's folder is made afresh and filled with the bucket's committed
-                    units (a new VM); the others are kept aside in the bucket and logged
+    attempt starts  every node's folder is made afresh and filled with what the framework
+                    resumes from (a new VM; `storage/folderrestore.py`): the newest committed
+                    checkpoint folder, every other committed unit; older folders stay in the
+                    bucket, torn ones are kept aside there, both logged. Too little disk for
+                    every node: the run fails with one line, nothing fetched, not retried
     every 0.25 s    a file that changed, has kept its size and mtime for one scan, and that no
                     process of its node holds open for writing is copied aside, checked
                     unchanged, and uploaded; a file gone from the folder is deleted; a folder
@@ -44,10 +47,16 @@ from filelock import FileLock, Timeout
 from mncloud import layout
 from mncloud.backends.local.processes import tagged_processes
 from mncloud.backends.local.state import LocalLaunch, node_ckpt_dir, node_dir
-from mncloud.storage import open_bucket
+from mncloud.storage import folderrestore, open_bucket
 from mncloud.storage.buckets import Bucket
 from mncloud.storage.folders import judge
-from mncloud.storage.foldersync import CLEAN_EXITS, SCAN_S, NodeSync, open_for_writing
+from mncloud.storage.foldersync import (
+    CLEAN_EXITS,
+    SCAN_S,
+    NodeSync,
+    open_for_writing,
+    restored_line,
+)
 
 RETRY_S = 5.0
 """How long one bucket operation retries before the file waits for the next scan."""
@@ -131,6 +140,7 @@ class CkptDirSync:
             NodeFolder(folder, launch, n, bucket, prefix) for n in range(launch.num_nodes)
         ]
         self._log = log
+        self._disk = node_dir(folder, 0).parent  # every node's folder is on this disk
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -138,14 +148,21 @@ class CkptDirSync:
         self._failing: set[int] = set()
 
     def start_attempt(self) -> None:
-        """Fresh folders from the bucket for every node, then sync them until `end_attempt`."""
+        """Fresh folders from the bucket for every node, then sync them until `end_attempt`.
+        `NoRoom` (nothing fetched) when the nodes' disk, one for all, cannot hold them all."""
         self.stop()
         verdicts = judge(self._bucket, self._prefix)
+        for node in self.nodes:
+            node.drop()
+        first = folderrestore.first_choice(self._bucket, self._prefix, verdicts)
+        self._disk.mkdir(parents=True, exist_ok=True)
+        need = folderrestore.landed_bytes(first) * len(self.nodes)
+        what = f"{folderrestore.describe(first)} on each of {len(self.nodes)} local node(s)"
+        folderrestore.ensure_room(self._disk, need, what, "free space on this machine's disk")
         counts = [node.restore(verdicts) for node in self.nodes]
-        self._log(
-            f"--ckpt-dir: every node starts with the bucket's {counts[0][0]} committed "
-            f"folder(s) and {counts[0][1]} file(s)"
-        )
+        line = restored_line(self.nodes[0], counts[0], aside=False)
+        line = line.removeprefix("--ckpt-dir restored ")
+        self._log(f"--ckpt-dir: every node starts with the bucket's {line}")
         aside = {name: why for node in self.nodes for name, why in node.aside.items()}
         for name, why in sorted(aside.items()):
             self._log(f"--ckpt-dir: {name} kept aside in the bucket, never restored: {why}")

@@ -67,6 +67,7 @@ from mncloud.backends.local.state import (
     save_state,
 )
 from mncloud.backends.local.vm import NodeHosts
+from mncloud.storage.folderrestore import NoRoom
 from mncloud.telemetry.seriestail import SeriesTail
 
 POLL_S = 0.1
@@ -326,7 +327,10 @@ class Supervisor:
 
     def _attempt(self) -> tuple[str, str]:
         """One launch of all nodes; returns (succeeded|preempted|refused|error|stopped, message)."""
-        started = self._launch_nodes()
+        try:
+            started = self._launch_nodes()
+        except NoRoom as err:  # the same disk at every retry: refused, one line
+            return "refused", str(err)
         codes = self._watch(started)
         if codes is None:
             self._end_ckpt_dir(self._stopped_codes())
