@@ -234,17 +234,64 @@ class Raw:
         return took
 
 
-def _ratios(name: str, times: dict[str, list[float]], size: int) -> dict[str, float]:
+def _ratios(name: str, times: dict[str, list[float]], size: int, prefix: str) -> dict[str, float]:
     """Each of our runs against the mean of the raw runs around it: median, min, max; and the
     raw copy's speed."""
     raw, ours = times[f"{name}_raw"], times[name]
     ratios = [(raw[2 * i] + raw[2 * i + 1]) / 2 / t for i, t in enumerate(ours)]
     what = {"up": "upload", "down": "restore"}[name]
     return {
-        f"ckptdir_{what}_vs_raw": statistics.median(ratios),
-        f"ckptdir_{what}_vs_raw_min": min(ratios),
-        f"ckptdir_{what}_vs_raw_max": max(ratios),
-        f"ckptdir_{what}_raw_mb_s": size / MB / statistics.median(raw),
+        f"{prefix}_{what}_vs_raw": statistics.median(ratios),
+        f"{prefix}_{what}_vs_raw_min": min(ratios),
+        f"{prefix}_{what}_vs_raw_max": max(ratios),
+        f"{prefix}_{what}_raw_mb_s": size / MB / statistics.median(raw),
+    }
+
+
+def race(
+    server: S3Server,
+    raw: Raw,
+    ours: dict[str, Callable[[], float]],
+    *,
+    scratch: Path,
+    repeats: int,
+    size: int,
+    prefix: str,
+) -> dict[str, float]:
+    """Our upload and restore (`ours["up"]`, `ours["down"]`: each returns its `_timed`
+    seconds) against the transfer manager's best copy of the same bytes (`raw`), in rounds of
+    raw, ours, raw; figures named `<prefix>_…`."""
+
+    def upload_raw(conc: int, part: int) -> float:
+        took = raw.upload(conc, part)
+        vacuum(server)  # what the upload overwrote, reclaimed outside the timed part
+        return took
+
+    best_up = min(RAW_CONFIGS, key=lambda c: upload_raw(*c))
+    best_down = min(RAW_CONFIGS, key=lambda c: raw.download(*c, scratch))
+    arms: dict[str, Callable[[], float]] = {
+        "up_raw": lambda: upload_raw(*best_up),
+        "up": ours["up"],
+        "down_raw": lambda: raw.download(*best_down, scratch),
+        "down": ours["down"],
+    }  # fmt: skip
+    times: dict[str, list[float]] = {k: [] for k in arms}
+    cpu: dict[str, list[float]] = {k: [] for k in arms}
+    for _ in range(repeats):  # raw, ours, raw: a drift of the machine's load hits both
+        for arm in ("up_raw", "up", "up_raw", "down_raw", "down", "down_raw"):
+            times[arm].append(arms[arm]())
+            cpu[arm].append(CPU[-1])
+    return {
+        **{
+            f"{prefix}_{k}_cpu_s_per_gb": statistics.median(v) / (size / 1e9)
+            for k, v in cpu.items()
+        },
+        **_ratios("up", times, size, prefix),
+        **_ratios("down", times, size, prefix),
+        f"{prefix}_raw_upload_concurrency": best_up[0],
+        f"{prefix}_raw_upload_part_mib": best_up[1],
+        f"{prefix}_raw_restore_concurrency": best_down[0],
+        f"{prefix}_raw_restore_part_mib": best_down[1],
     }
 
 
@@ -259,12 +306,6 @@ def speed_figures(server: S3Server, work: Path, gb: float, repeats: int) -> dict
         "optimizer.pt": 0.3 * mb, "optimizer-extra.pt": 0.1 * mb, "trainer_state.json": 0.001,
     })  # fmt: skip
     size = sum(p.stat().st_size for p in src.rglob("*") if p.is_file())
-    raw = Raw(server, name, src)
-
-    def upload_raw(conc: int, part: int) -> float:
-        took = raw.upload(conc, part)
-        vacuum(server)  # what the upload overwrote, reclaimed outside the timed part
-        return took
 
     def upload_ours() -> float:
         took = _timed(lambda: node(src, bucket, prefix).sync(final=True))
@@ -277,31 +318,18 @@ def speed_figures(server: S3Server, work: Path, gb: float, repeats: int) -> dict
         shutil.rmtree(fresh.path)
         return took
 
-    best_up = min(RAW_CONFIGS, key=lambda c: upload_raw(*c))
-    best_down = min(RAW_CONFIGS, key=lambda c: raw.download(*c, work / "raw"))
-    arms: dict[str, Callable[[], float]] = {
-        "up_raw": lambda: upload_raw(*best_up),
-        "up": upload_ours,
-        "down_raw": lambda: raw.download(*best_down, work / "raw"),
-        "down": restore_ours,
-    }  # fmt: skip
-    times: dict[str, list[float]] = {k: [] for k in arms}
-    cpu: dict[str, list[float]] = {k: [] for k in arms}
-    for _ in range(repeats):  # raw, ours, raw: a drift of the machine's load hits both
-        for arm in ("up_raw", "up", "up_raw", "down_raw", "down", "down_raw"):
-            times[arm].append(arms[arm]())
-            cpu[arm].append(CPU[-1])
+    ours = {"up": upload_ours, "down": restore_ours}
     return {
-        **{
-            f"ckptdir_{k}_cpu_s_per_gb": statistics.median(v) / (size / 1e9) for k, v in cpu.items()
-        },
         "ckptdir_unit_gb": size / 1e9,
-        **_ratios("up", times, size),
-        **_ratios("down", times, size),
-        "ckptdir_raw_upload_concurrency": best_up[0],
-        "ckptdir_raw_upload_part_mib": best_up[1],
-        "ckptdir_raw_restore_concurrency": best_down[0],
-        "ckptdir_raw_restore_part_mib": best_down[1],
+        **race(
+            server,
+            Raw(server, name, src),
+            ours,
+            scratch=work / "raw",
+            repeats=repeats,
+            size=size,
+            prefix="ckptdir",
+        ),
     }
 
 

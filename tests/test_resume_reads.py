@@ -348,21 +348,26 @@ def test_a_node_without_room_for_its_share_says_so_once_and_fetches_nothing(
 @pytest.mark.parametrize("shift", [0, 1, 3])
 def test_a_saved_tensor_is_viewed_where_its_bytes_lie(shift: int) -> None:
     """What DCP wrote with `torch.save`, read without a copy: any dtype, a strided view, a
-    scalar, an empty tensor, at any alignment in the fetched buffer; anything else is left to
-    `torch.load` (None)."""
+    scalar, an empty tensor, a Parameter, with or without the archive's CRCs (a checkpoint's
+    have none), at any alignment in the fetched buffer; anything else is left to `torch.load`
+    (None)."""
     from mncloud.train.itembytes import ViewFile, tensor_in_place
+
+    from torch.utils.serialization import config
 
     def saved(obj: Any) -> memoryview:
         buf = io.BytesIO()
-        torch.save(obj, buf)
+        with config.patch({"save.compute_crc32": shift != 0}):  # checkpoints save without
+            torch.save(obj, buf)
         return memoryview(bytearray(shift) + bytearray(buf.getvalue()))[shift:]
 
     for tensor in (torch.randn(64, 33), torch.arange(10, dtype=torch.int64),
                    torch.ones(7, dtype=torch.bfloat16), torch.randn(6, 10).t(),
-                   torch.tensor(3.5), torch.empty(0, 4)):  # fmt: skip
+                   torch.tensor(3.5), torch.empty(0, 4),
+                   torch.nn.Parameter(torch.randn(4, 5))):  # fmt: skip
         data = saved(tensor)
         view = tensor_in_place(data)
-        assert view is not None and view.dtype == tensor.dtype
+        assert isinstance(view, torch.Tensor) and view.dtype == tensor.dtype
         assert view.shape == tensor.shape and view.stride() == tensor.stride()
         assert torch.equal(view, tensor)
         if tensor.numel():  # a view of the fetched bytes, not a copy

@@ -83,6 +83,11 @@ def test_bucket_operations(bucket_uri: str, tmp_path: Path) -> None:
     data = big.read_bytes()
     for start, length in ((0, 1), (5, 300), (16 * 2**20 - 3, 7), (len(data) - 9, 9), (42, 0)):
         assert bucket.get_range(k("a/big"), start, length) == data[start : start + length]
+    into = memoryview(bytearray(40))
+    bucket.read_range_into(k("a/big"), 16 * 2**20 - 3, into[5:30])
+    assert bytes(into[5:30]) == data[16 * 2**20 - 3 : 16 * 2**20 + 22] and not any(into[:5])
+    with pytest.raises(ShortReadError, match=r"returned 9 of 20"):
+        bucket.read_range_into(k("a/big"), len(data) - 9, into[:20])
     with pytest.raises(ShortReadError, match=r"bytes .* returned 9 of 20"):
         bucket.get_range(k("a/big"), len(data) - 9, 20)  # past the end: named, not retried
     with pytest.raises(ShortReadError, match=r"bytes .* returned 0 of 4"):

@@ -49,11 +49,16 @@ class ShortReadError(StorageError):
 
 def checked_range(url: str, key: str, start: int, length: int, data: bytes) -> bytes:
     """`data` when it is `length` bytes long; ShortReadError naming the range otherwise."""
-    if len(data) != length:
-        raise ShortReadError(
-            f"{url}/{key}: bytes {start}-{start + length - 1} returned {len(data)} of {length}"
-        )
+    check_length(url, key, start, length, len(data))
     return data
+
+
+def check_length(url: str, key: str, start: int, length: int, got: int) -> None:
+    """ShortReadError naming the range when `got` bytes of `length` came."""
+    if got != length:
+        raise ShortReadError(
+            f"{url}/{key}: bytes {start}-{start + length - 1} returned {got} of {length}"
+        )
 
 
 @dataclass(frozen=True)
@@ -80,6 +85,7 @@ class Bucket(Protocol):
     def put_bytes(self, key: str, data: bytes) -> None: ...
     def get_bytes(self, key: str) -> bytes: ...
     def get_range(self, key: str, start: int, length: int) -> bytes: ...
+    def read_range_into(self, key: str, start: int, out: memoryview) -> None: ...
     def list(self, prefix: str = "") -> list[ObjectInfo]: ...
     def delete(self, key: str) -> None: ...
     def exists(self, key: str) -> bool: ...
@@ -245,6 +251,18 @@ class LocalBucket(RetryingBucket):
                 return os.pread(f.fileno(), length, start) if length else b""
 
         return checked_range(self.url, key, start, length, self._call("read of", op, key))
+
+    def read_range_into(self, key: str, start: int, out: memoryview) -> None:
+        """Read `len(out)` bytes from offset `start` straight into `out`."""
+
+        def op() -> int:
+            got = 0
+            with open(self._path(key), "rb") as f:
+                while got < len(out) and (n := os.preadv(f.fileno(), [out[got:]], start + got)):
+                    got += n
+            return got
+
+        check_length(self.url, key, start, len(out), self._call("read of", op, key))
 
     def list(self, prefix: str = "") -> list[ObjectInfo]:
         """Every object whose key starts with `prefix`, sorted by key (temporary files hidden)."""

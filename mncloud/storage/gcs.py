@@ -162,6 +162,11 @@ class GCSBucket(RetryingBucket):
 
         return checked_range(self.url, key, start, length, self._call("read of", op, key))
 
+    def read_range_into(self, key: str, start: int, out: memoryview) -> None:
+        """Read `len(out)` bytes from offset `start` into `out` (the client gives bytes)."""
+        data = self.get_range(key, start, len(out)) if len(out) else b""
+        out[: len(data)] = data
+
     def list(self, prefix: str = "") -> list[ObjectInfo]:
         """Every object whose key starts with `prefix`, sorted by key."""
         bucket = self.bucket

@@ -159,10 +159,10 @@ class StepFiles:
 
         def fetch(job: tuple[_Run, int, int]) -> str | None:
             run, at, n = job
-            data = self._get(run.name, at, n)
-            buffers[run][at - run.start : at - run.start + n] = data
+            into = buffers[run][at - run.start : at - run.start + n]
+            self._get_into(run.name, at, into)
             if run.name in digests:
-                return digests[run.name].check(at, data)
+                return digests[run.name].check(at, into)
             return None
 
         with ThreadPoolExecutor(max(1, self.workers), thread_name_prefix="mncloud-range") as pool:
@@ -182,6 +182,16 @@ class StepFiles:
             entry = self.manifest.files[run.name]
             if hash_bytes(buf, entry.algo) != entry.digest:
                 raise RangeRefused(f"{run.name} {entry.algo} differs from the manifest")
+
+    def _get_into(self, name: str, start: int, into: memoryview) -> None:
+        """One ranged GET straight into `into`; StorageError becomes RangeRefused."""
+        key = self.store.key(self.manifest.step, name)
+        try:
+            self.store.bucket.read_range_into(key, start, into)
+        except StorageError as err:
+            raise RangeRefused(f"{name} bytes {start}-{start + len(into) - 1}: {err}") from err
+        with self._count:
+            self.fetched_bytes += len(into)
 
     def _get(self, name: str, start: int, length: int) -> bytes:
         """One ranged GET; StorageError becomes RangeRefused naming the file and the bytes."""

@@ -21,6 +21,7 @@ from mncloud.storage.buckets import (
     ObjectNotFoundError,
     RetryingBucket,
     atomic_path,
+    check_length,
     checked_range,
 )
 from mncloud.storage.retry import (
@@ -297,6 +298,32 @@ class S3Bucket(RetryingBucket):
             return bytes(body.read())
 
         return checked_range(self.url, key, start, length, self._call("read of", op, key))
+
+    def read_range_into(self, key: str, start: int, out: memoryview) -> None:
+        """Read `len(out)` bytes from offset `start` straight into `out`: one ranged GET whose
+        body is read into the buffer (no bytes object in between)."""
+        length = len(out)
+        if length == 0:
+            return
+        client = self.client
+        span = f"bytes={start}-{start + length - 1}"
+
+        def op() -> int:
+            from botocore.exceptions import ClientError
+
+            try:
+                body = client.get_object(Bucket=self.name, Key=key, Range=span)["Body"]
+            except ClientError as err:
+                if error_code(err) in ("InvalidRange", "416"):  # starts past the end
+                    return 0
+                raise
+            got = 0
+            with contextlib.closing(body):
+                while got < length and (n := body.readinto(out[got:])):
+                    got += n
+            return got
+
+        check_length(self.url, key, start, length, self._call("read of", op, key))
 
     def list(self, prefix: str = "") -> list[ObjectInfo]:
         """Every object whose key starts with `prefix`, sorted by key."""

@@ -91,6 +91,8 @@ class _Describe(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) == ("torch._utils", "_rebuild_tensor_v2"):
             return _rebuild
+        if (module, name) == ("torch._utils", "_rebuild_parameter"):  # a Parameter: its data
+            return lambda data, *_rest: data
         if (module, name) == ("collections", "OrderedDict"):
             return dict
         if module == "torch" and name.endswith("Storage"):
@@ -104,6 +106,18 @@ class _Describe(pickle.Unpickler):
         return _Storage(str(key), dtype, int(numel))
 
 
+def _record(view: memoryview, info: zipfile.ZipInfo) -> memoryview | None:
+    """A stored record's bytes where they lie (read past zipfile: `torch.save` may leave the
+    CRC out, which zipfile's reader would refuse); None when its local header is not one."""
+    head = _LOCAL_HEADER.unpack_from(view, info.header_offset)
+    start = info.header_offset + _LOCAL_HEADER.size + head[9] + head[10]
+    if head[0] != b"PK\x03\x04" or info.compress_type != zipfile.ZIP_STORED:
+        return None
+    if start + info.file_size > len(view):
+        return None
+    return view[start : start + info.file_size]
+
+
 def tensor_in_place(data: Any) -> torch.Tensor | None:
     """The tensor `torch.save` wrote into `data`, viewing `data`'s bytes; None when the
     archive is not one this reader knows (the caller then uses `torch.load`)."""
@@ -111,27 +125,24 @@ def tensor_in_place(data: Any) -> torch.Tensor | None:
         return None
     view = memoryview(data).cast("B")
     try:
-        with zipfile.ZipFile(ViewFile(view)) as archive:
-            names = archive.namelist()
-            prefix = names[0].split("/", 1)[0] + "/"
-            if archive.read(prefix + "byteorder").strip() != b"little":
-                return None
-            spec = _Describe(io.BytesIO(archive.read(prefix + "data.pkl"))).load()
-            record = archive.getinfo(f"{prefix}data/{spec.storage.key}")
-    except (KeyError, ValueError, IndexError, TypeError, AttributeError, zipfile.BadZipFile,
-            pickle.UnpicklingError, EOFError):  # fmt: skip
-        return None
-    if not isinstance(spec, _Spec) or record.compress_type != zipfile.ZIP_STORED:
+        with zipfile.ZipFile(ViewFile(view)) as archive:  # its directory only
+            infos = {i.filename: i for i in archive.infolist()}
+        prefix = next(iter(infos)).split("/", 1)[0] + "/"
+        order = _record(view, infos[prefix + "byteorder"])
+        pickled = _record(view, infos[prefix + "data.pkl"])
+        if order is None or bytes(order).strip() != b"little" or pickled is None:
+            return None
+        spec = _Describe(io.BytesIO(pickled)).load()
+        if not isinstance(spec, _Spec):
+            return None
+        storage = _record(view, infos[f"{prefix}data/{spec.storage.key}"])
+    except (KeyError, ValueError, IndexError, TypeError, AttributeError, StopIteration,
+            struct.error, zipfile.BadZipFile, pickle.UnpicklingError, EOFError):  # fmt: skip
         return None
     itemsize = torch.empty((), dtype=spec.storage.dtype).element_size()
-    if record.file_size != spec.storage.numel * itemsize:
-        return None
-    head = _LOCAL_HEADER.unpack_from(view, record.header_offset)
-    start = record.header_offset + _LOCAL_HEADER.size + head[9] + head[10]
-    if head[0] != b"PK\x03\x04" or start + record.file_size > len(view):
+    if storage is None or len(storage) != spec.storage.numel * itemsize:
         return None
     if spec.storage.numel == 0:
         return torch.empty(spec.size, dtype=spec.storage.dtype)
-    flat = torch.frombuffer(view, dtype=spec.storage.dtype, count=spec.storage.numel,
-                            offset=start)  # fmt: skip
+    flat = torch.frombuffer(storage, dtype=spec.storage.dtype)
     return flat.as_strided(spec.size, spec.stride, spec.offset)
