@@ -351,9 +351,9 @@ def test_a_saved_tensor_is_viewed_where_its_bytes_lie(shift: int) -> None:
     scalar, an empty tensor, a Parameter, with or without the archive's CRCs (a checkpoint's
     have none), at any alignment in the fetched buffer; anything else is left to `torch.load`
     (None)."""
-    from mncloud.train.itembytes import ViewFile, tensor_in_place
-
     from torch.utils.serialization import config
+
+    from mncloud.train.itembytes import ViewFile, tensor_in_place
 
     def saved(obj: Any) -> memoryview:
         buf = io.BytesIO()
