@@ -112,6 +112,23 @@ def test_a_range_that_cannot_be_read_whole_refuses_the_step(
         assert bytes(next(iter(head.values()))) == data[:100]
 
 
+def test_a_bucket_that_does_not_answer_is_not_a_bad_step(tmp_path: Path) -> None:
+    """An outage (here `chaos storage-outage`'s, on a folder bucket) outlasting the retries is
+    the bucket's `StorageError`, not `RangeRefused`: a resume then fails and is retried,
+    instead of taking an older step (or none) for a torn one."""
+    from mncloud.errors import StorageError
+    from mncloud.storage import set_simulated_outage
+
+    root = tmp_path / "bucket"
+    store = _step_with_a_shard(f"file://{root}", tmp_path, os.urandom(3 * CHUNK_SIZE))
+    manifest = store.read_manifest(1)
+    store.bucket.retry_seconds = 0.3
+    set_simulated_outage(f"file://{root}", True)
+    with pytest.raises(StorageError) as err:
+        StepFiles(store, manifest).read([("__0_0.distcp", 0, 10)])
+    assert not isinstance(err.value, RangeRefused) and "unavailable" in str(err.value)
+
+
 def test_a_step_without_sidecars_reads_ranges_checked_by_size(tmp_path: Path) -> None:
     """Saved before chunk hashes: ranges by size; `whole_files` checks each whole file."""
     data = os.urandom(3 * CHUNK_SIZE)

@@ -24,7 +24,8 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from mncloud.errors import CheckpointError, StorageError
+from mncloud.errors import CheckpointError
+from mncloud.storage.buckets import ObjectNotFoundError, ShortReadError
 from mncloud.storage.checkpoints import CheckpointStore, Manifest, hash_bytes
 from mncloud.storage.chunks import SUFFIX, ChunkDigests, chunk_size_of
 
@@ -35,7 +36,7 @@ Range = tuple[str, int, int]
 Alloc = Callable[[int], memoryview]
 """Gives a writable buffer of n bytes (memory, or a file mapped when memory is short)."""
 
-PIECE_BYTES = 8 * 2**20
+PIECE_BYTES = 16 * 2**20
 """Bytes per ranged GET at most (runs are cut into pieces this size, on chunk boundaries)."""
 
 
@@ -66,7 +67,7 @@ class StepFiles:
         store: CheckpointStore,
         manifest: Manifest,
         *,
-        workers: int = 8,
+        workers: int = 16,
         piece_bytes: int = PIECE_BYTES,
         whole_files: bool = False,
     ) -> None:
@@ -188,7 +189,7 @@ class StepFiles:
         key = self.store.key(self.manifest.step, name)
         try:
             self.store.bucket.read_range_into(key, start, into)
-        except StorageError as err:
+        except (ShortReadError, ObjectNotFoundError) as err:  # the step's fault, not the bucket's
             raise RangeRefused(f"{name} bytes {start}-{start + len(into) - 1}: {err}") from err
         with self._count:
             self.fetched_bytes += len(into)
@@ -198,7 +199,7 @@ class StepFiles:
         key = self.store.key(self.manifest.step, name)
         try:
             data = self.store.bucket.get_range(key, start, length)
-        except StorageError as err:
+        except (ShortReadError, ObjectNotFoundError) as err:
             raise RangeRefused(f"{name} bytes {start}-{start + length - 1}: {err}") from err
         with self._count:
             self.fetched_bytes += len(data)

@@ -97,6 +97,8 @@ class BucketReader(StorageReader):
         """Why the step was refused (set on every rank alike), else None."""
         self.no_room: str | None = None
         """Why a rank could not hold its share (set on every rank alike), else None."""
+        self.failed: str | None = None
+        """Why the bucket could not be read (set on every rank alike), else None."""
         self.stats: dict[str, float] = {}
         """This rank's bytes fetched, sent and received, and seconds fetching and loading."""
         self._transforms = _transforms()
@@ -148,11 +150,17 @@ class BucketReader(StorageReader):
             if rng in wanted:
                 self._load(fetched[rng], wanted[rng], planner)
         sent = received = 0
+        loaded = {rng for rng in share.fetch if rng in wanted}
         for rnd in share.rounds:
             for rng, data in self._exchange(rnd, fetched):
                 received += len(data)
                 self._load(data, wanted[rng], planner)
+                loaded.add(rng)
             sent += sum(e - s for items in rnd.send.values() for _, s, e in items)
+        if missed := sorted(set(wanted) - loaded):  # never: each needed item is fetched or sent
+            raise CheckpointError(
+                f"{len(missed)} item(s) of this rank's were not read: {missed[0]}"
+            )
         self.stats = {"fetched_bytes": self.files.fetched_bytes, "sent_bytes": sent,
                       "received_bytes": received, "fetch_s": t1 - t0,
                       "load_s": time.perf_counter() - t1}  # fmt: skip
@@ -161,8 +169,10 @@ class BucketReader(StorageReader):
         return done
 
     def _fetch(self, share: Share) -> dict[Range, memoryview]:
-        """This rank's items, verified; then every rank agrees that all verified (else all
-        raise, with `refused` or `no_room` set alike on every rank)."""
+        """This rank's items, verified; then every rank agrees that all verified. Else every
+        rank raises alike: the step refused (`refused`: a short read, a missing object, a
+        failed hash), no room (`no_room`), or the bucket unreadable (`CheckpointError`: an
+        outage is no reason to take an older step)."""
         status: tuple[str, str] | None = None
         fetched: dict[Range, memoryview] = {}
         try:
@@ -172,17 +182,23 @@ class BucketReader(StorageReader):
             status = ("room", str(err))
         except RangeRefused as err:
             status = ("refused", str(err))
+        except Exception as err:  # the bucket after its retries, this node's memory
+            status = ("error", f"{type(err).__name__}: {err}")
         statuses = [status]
         if self.distributed:
             statuses = [None] * dist.get_world_size(self.pg)
             dist.all_gather_object(statuses, status, group=self.pg)
-        rooms = [f"rank {r}: {s[1]}" for r, s in enumerate(statuses) if s and s[0] == "room"]
-        refusals = [f"rank {r}: {s[1]}" for r, s in enumerate(statuses) if s and s[0] != "room"]
-        if rooms:
-            self.no_room = rooms[0].partition(": ")[2]
+        said = {kind: [f"rank {r}: {s[1]}" for r, s in enumerate(statuses) if s and s[0] == kind]
+                for kind in ("room", "error", "refused")}  # fmt: skip
+        if said["room"]:
+            self.no_room = said["room"][0].partition(": ")[2]
             raise NoRoom(self.no_room)
-        if refusals:
-            self.refused = "; ".join(refusals)
+        step = self.files.manifest.step
+        if said["error"]:
+            self.failed = f"step {step} could not be read: {'; '.join(said['error'])}"
+            raise CheckpointError(self.failed)
+        if said["refused"]:
+            self.refused = "; ".join(said["refused"])
             raise RangeRefused(self.refused)
         return fetched
 

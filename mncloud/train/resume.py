@@ -23,6 +23,7 @@ from typing import Any, NoReturn
 import torch
 
 from mncloud.errors import CheckpointError, MncloudError
+from mncloud.storage.buckets import ObjectNotFoundError
 from mncloud.storage.checkpoints import DCP_METADATA, CheckpointStore, Manifest, hash_bytes
 from mncloud.storage.rangeread import StepFiles
 from mncloud.storage.shapes import SHAPES_KEY
@@ -69,6 +70,8 @@ class Resume:
             except CheckpointError:
                 if reader.no_room is not None:
                     self._refuse(NoRoom(reader.no_room))
+                if reader.failed is not None:  # the bucket, not the step: no older one
+                    raise CheckpointError(reader.failed) from None
                 if reader.refused is None:
                     raise
                 log.warning("checkpoint step %d skipped: %s", cand, reader.refused)
@@ -113,20 +116,24 @@ class Resume:
 
     def _open_step(self, step: int) -> Opened | str:
         """A step's manifest and DCP metadata (read and checked once, by rank 0) and this
-        rank's extras, with whether they are its own; or, on every rank alike, why not. A rank
-        the saving world did not have (resumed on more ranks) takes rank 0's extras: the
-        sampler's cursor and other values every rank shares (its RNG states stay its own, see
-        `restore_state`). DCP reshards the tensors."""
-        head: tuple[Manifest, bytes] | str = ""
+        rank's extras, with whether they are its own; or, on every rank alike, why the step is
+        not usable. A bucket that does not answer is CheckpointError on every rank instead (an
+        outage is no reason to take an older step). A rank the saving world did not have
+        (resumed on more ranks) takes rank 0's extras: the sampler's cursor and other values
+        every rank shares (its RNG states stay its own, see `restore_state`). DCP reshards the
+        tensors."""
+        head: tuple[Manifest, bytes] | tuple[str, str] = ("", "")
         if self.ranks.rank == 0:
             try:
                 manifest = self.store.read_manifest(step)
                 head = (manifest, self._checked_file(manifest, DCP_METADATA))
+            except (CheckpointError, ObjectNotFoundError) as err:
+                head = ("skip", str(err))
             except MncloudError as err:
-                head = str(err)
+                head = ("fatal", str(err))
         head = self.ranks.broadcast(head)
-        if isinstance(head, str):
-            return head
+        if isinstance(head[0], str):
+            return _unusable([head], ranked=False)
         manifest, raw_metadata = head
         rank = self.ranks.rank
         own = f"rank_{rank}.pt"
@@ -137,15 +144,17 @@ class Resume:
                          "extras and keep their own RNG states", step, manifest.world_size,
                          rank)  # fmt: skip
             own = "rank_0.pt"
-        error: str | None = None
+        error: tuple[str, str] | None = None
         extras: dict[str, Any] = {}
         try:
             extras = torch.load(io.BytesIO(self._checked_file(manifest, own)), weights_only=False)
+        except (CheckpointError, ObjectNotFoundError) as err:
+            error = ("skip", str(err))
         except MncloudError as err:
-            error = str(err)
-        errors = [f"rank {r}: {e}" for r, e in enumerate(self.ranks.all_gather(error)) if e]
-        if errors:
-            return "; ".join(errors)
+            error = ("fatal", str(err))
+        errors = self.ranks.all_gather(error)
+        if any(errors):
+            return _unusable(errors, ranked=True)
         return manifest, pickle.loads(raw_metadata), extras, mine
 
     def _checked_file(self, manifest: Manifest, name: str) -> bytes:
@@ -159,6 +168,17 @@ class Resume:
         if hash_bytes(raw, entry.algo) != entry.digest:
             raise CheckpointError(f"{name} {entry.algo} differs from the manifest")
         return raw
+
+
+def _unusable(errors: list[Any], *, ranked: bool) -> str:
+    """Why a step is not usable, from each rank's (kind, message) or None (each message
+    named by its rank when `ranked`); CheckpointError when the bucket did not answer (on every
+    rank alike: each has every rank's)."""
+    said = [(f"rank {r}: " if ranked else "", e) for r, e in enumerate(errors) if e]
+    fatal = [who + msg for who, (kind, msg) in said if kind == "fatal"]
+    if fatal:
+        raise CheckpointError(f"the checkpoints could not be read: {'; '.join(fatal)}")
+    return "; ".join(who + msg for who, (_kind, msg) in said)
 
 
 def _read_figures(stats: dict[str, float], manifest: Manifest) -> str:
