@@ -81,6 +81,8 @@ def summary_table(progress: RunProgress) -> Table:
     if fig.resume_s:
         times = ", ".join(f"{s:.1f} s" for s in fig.resume_s)
         grid.add_row("resumed in", f"{times} (preemption to resumed step)")
+    for line in fig.restarted:
+        grid.add_row("[red]not resumed[/]", line)
     sha = (fig.final or {}).get("weights_sha256")
     grid.add_row("final weights", f"sha256 {sha[:16]}…" if sha else "no final.json with a sha256")
     return grid
