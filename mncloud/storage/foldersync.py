@@ -6,25 +6,25 @@ cloud VM, as a process of its own started by the run script beside the launcher:
     python -m mncloud.storage.foldersync run --dir /ckpt --uri s3://b/exp/run/ckpt-dir
         --node 1 --nodes 2 --watch $$ --rc-file F --ready R &
 
-It first restores (`restore` alone does only that), writes R with the name of the unit the
-framework resumes from (`folderrestore.resume_unit`; empty: none; the run script exports its
-path as `$MNCLOUD_RESUME_FROM` and starts the launcher then), and syncs until SIGTERM.
-Restoring fills an empty folder with what the framework resumes from (`folderrestore.py`):
-of the committed units (`folders.judge`) the newest `checkpoint-N/` or `step-N/` (and the
-Trainer's best), every other unit as it is, each file's size and xxh3_128 checked against its
-markers, many ranges at once; a folder that fails is left out, reported (`refused.json` beside its markers, shown by `ckpt ls`) and never
+It first restores (`restore` alone does only that), writes R with the name of the unit the framework
+resumes from (`folderrestore.resume_unit`; empty: none; the run script exports its path as
+`$MNCLOUD_RESUME_FROM` and starts the launcher then), and syncs until SIGTERM. Restoring fills an
+empty folder with what the framework resumes from (`folderrestore.py`): of the committed units
+(`folders.judge`) the newest `checkpoint-N/` or `step-N/` (and the Trainer's best), every other unit
+as it is, each file's size and xxh3_128 checked against its markers, many ranges at once; a folder
+that fails is left out, reported (`refused.json` beside its markers, shown by `ckpt ls`) and never
 deleted, and the next older one is restored instead. Too little disk for it: one line, exit 2,
-nothing fetched (the run script's node then refuses: `REFUSED_MARKER_ENV`). `run` scans every
-0.25 s: a file changed since the last upload, still for one scan and open for writing by no
-process under `--watch`, is uploaded (a folder's file on S3 straight from the disk, hashed as it
-is read and counted only if it did not change meanwhile; any other copied aside first); a
-folder whose files are all uploaded is committed by this node's marker
-(`folders.write_marker`), deleted first whenever one of its files changes or goes. A folder the
-framework deletes (its rotation) is deleted from the bucket, and with it the older ones of its
-family that the restore left there: the framework would have deleted them first. Nothing else
-absent from the node is ever deleted. SIGTERM ends it: everything is uploaded, and marked
-if the run script's exit code (read from `--rc-file`) says the node ended cleanly (0, or the
-preemption notice's 115): a node that crashed mid-save leaves its last folder uncommitted.
+nothing fetched (the run script's node then refuses: `REFUSED_MARKER_ENV`). `run` scans every 0.25
+s: a file changed since the last upload, still for one scan and open for writing by no process under
+`--watch`, is uploaded (a folder's file on S3 straight from the disk, hashed as it is read and
+counted only if it did not change meanwhile; any other copied aside first); a folder whose files are
+all uploaded is committed by this node's marker (`folders.write_marker`), deleted first whenever one
+of its files changes or goes. A folder the framework deletes (its rotation) is deleted from the
+bucket, and with it the older ones of its family that the restore left there: the framework would
+have deleted them first. Nothing else absent from the node is ever deleted. SIGTERM ends it:
+everything is uploaded, and marked if the run script's exit code (read from `--rc-file`) says the
+node ended cleanly (0, or the preemption notice's 115): a node that crashed mid-save leaves its last
+folder uncommitted.
 """
 
 from __future__ import annotations
