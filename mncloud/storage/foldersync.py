@@ -377,8 +377,10 @@ def _run(node: NodeSync, rc_file: str | None, ready: str | None) -> None:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     _say_restored(node, node.restore())
-    if ready:  # the run script's $MNCLOUD_RESUME_FROM
-        Path(ready).write_text(node.resume_from.name if node.resume_from else "")
+    if ready:  # the run script's $MNCLOUD_RESUME_FROM, whole once the file exists
+        said = Path(f"{ready}.part")
+        said.write_text(node.resume_from.name if node.resume_from else "")
+        said.replace(ready)
     failing = False
     while not stop.wait(SCAN_S):
         try:
