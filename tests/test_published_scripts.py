@@ -112,6 +112,33 @@ def test_a_restart_is_told_from_a_resume() -> None:
     assert saved_line(None, "") == "newest committed --ckpt-dir unit: none"
 
 
+def test_the_site_hook_joins_the_trainers_processes_on_a_cpu_only_node(tmp_path: Path) -> None:
+    """run_clm.py gives no `--use_cpu`: on a CPU-only node under torchrun the Trainer then
+    trains each process alone (world 1, NOT_PARALLEL). The local nodes' site hook makes them
+    one job, as GPUs do; without the hook they stay alone."""
+    pytest.importorskip("transformers")
+    from mncloud.backends.local.nodes import site_hook
+
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "from transformers import HfArgumentParser, TrainingArguments\n"
+        "(a,) = HfArgumentParser(TrainingArguments).parse_args_into_dataclasses()\n"
+        "print('world', a.world_size, a.parallel_mode.value, flush=True)\n"
+    )
+    torchrun = Path(sys.executable).parent / "torchrun"
+    cmd = [str(torchrun), "--nproc_per_node=2", str(probe), "--output_dir", str(tmp_path)]
+
+    def worlds(pythonpath: str) -> set[str]:
+        env = {**os.environ, "PYTHONPATH": pythonpath, "CUDA_VISIBLE_DEVICES": ""}
+        out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr
+        return {line for line in out.stdout.splitlines() if line.startswith("world")}
+
+    hooked = os.pathsep.join([str(site_hook(tmp_path / "hook")), str(REPO)])
+    assert worlds(hooked) == {"world 2 distributed"}
+    assert worlds(str(REPO)) == {"world 1 not_parallel"}
+
+
 # --------------------------------------------------------------------------- local runs
 
 ECHO = """import os, sys
