@@ -15,6 +15,9 @@ SKYPILOT_CLUSTER_INFO = "SKYPILOT_CLUSTER_INFO"
 CKPT_URI_ENV = "MNCLOUD_CKPT_URI"
 # `--ckpt-dir`: the folder, backed by the run's bucket, where a script keeps its own files.
 CKPT_DIR_ENV = "MNCLOUD_CKPT_DIR"
+RESUME_FROM_ENV = "MNCLOUD_RESUME_FROM"
+"""`--ckpt-dir`: the path of the newest committed unit the node started with (`checkpoint-40/`);
+unset when it started with none. `--resume-args`' `{ckpt}` (`spec/scriptargs.py`)."""
 RUN_NAME_ENV = "MNCLOUD_RUN_NAME"
 PREEMPTION_WATCH_ENV = "MNCLOUD_PREEMPTION_WATCH"
 PREFLIGHT_PASSED_ENV = "MNCLOUD_PREFLIGHT_PASSED"

@@ -121,6 +121,9 @@ class JobOptions:
     ckpt_dir: str | None = field(default=None, metadata=_m())
     """An absolute folder on every node, kept in the bucket (for a script that saves its own
     checkpoints)."""
+    resume_args: str | None = field(default=None, metadata=_m())
+    """With `ckpt_dir`: arguments added to the script's on a node that starts with a committed
+    checkpoint in it, `{ckpt}` the newest one's path (e.g. `--resume_from_checkpoint {ckpt}`)."""
     recovery: str | None = field(default=None, metadata=_m())
     """`gang` (every node relaunched on a loss) or `node` (only the lost node is replaced)."""
     parallel: str | None = field(default=None, metadata=_m())

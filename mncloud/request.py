@@ -34,6 +34,7 @@ from mncloud.spec import (
     checked_nodes,
     min_nodes_error,
 )
+from mncloud.spec.scriptargs import resume_words
 from mncloud.storage.url import BucketURL
 
 
@@ -270,6 +271,7 @@ def _spec_from_options(
             preflight=bool(_or_default(opts.preflight, "preflight")),
             launcher=Launcher.parse(opts.launcher or job_default("launcher")),
             ckpt_dir=_checked_ckpt_dir(opts, workdir, bucket),
+            resume_args=resume_words(opts.resume_args, opts.ckpt_dir),
             recovery=_recovery(opts, script, nodes, bucket),
             parallel=_parallel(opts.parallel, nodes),
         )

@@ -399,6 +399,7 @@ def test_the_cloud_sync_process_restores_commits_and_flushes(
     try:
         wait_until(lambda: ready.exists() or proc.poll() is not None, 60, "the restore")
         assert sorted(os.listdir(vm)) == [".mncloud-node", "checkpoint-100"]
+        assert ready.read_text() == "checkpoint-100"  # the run script's $MNCLOUD_RESUME_FROM
         save = vm / "checkpoint-300"
         save.mkdir()
         (save / "model.safetensors").write_bytes(b"w300")

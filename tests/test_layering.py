@@ -63,7 +63,7 @@ ROOMS: list[tuple[str, str]] = [
                       "parallel sampler saving staging state steptime streaming frameworks hf "
                       "pl sitehook titan fetchplan reader resume itembytes"),
     ("mncloud.doctor", "__main__ bandwidth checks gang meeting mesh node"),
-    ("mncloud.spec", "launch"),
+    ("mncloud.spec", "launch scriptargs"),
     ("mncloud.request", ""),
     ("mncloud.plan", "costmodel explain hardware hazards learned model profile sharding "
                      "stepmodel timing traces"),
@@ -72,7 +72,8 @@ ROOMS: list[tuple[str, str]] = [
     ("mncloud.records", "model lineage index store ledger goodput rerun"),
     ("mncloud.backends", "base"),
     ("mncloud.backends.local", "__main__ backend chaos ckptdir execute figures lifecycle metadata "
-                               "netcheck nodes processes recordwriter replacing state supervisor "
+                               "netcheck nodes processes recordwriter replacing resumecheck state "
+                               "supervisor "
                                "vm warm warmclient warmhost warmrun"),
     ("mncloud.backends.skypilot", "backend cancel cluster dryrun errors events find group host "
                                   "logs lost meta netcheck notice status task"),

@@ -342,6 +342,7 @@ def _at_kill(uri: str) -> dict[str, Any]:
 def _preempted_once(
     tmp_path_factory: pytest.TempPathFactory, s3_server: Any, name: str, script: Path,
     args: list[str], ready: Any, final: str, chaos: tuple[str, ...] = ("--node", "1"),
+    flags: tuple[str, ...] = (),
 ) -> dict[str, Any]:  # fmt: skip
     """`script` on 2 local nodes under `--ckpt-dir` in S3, preempted once (`chaos preempt` with
     `chaos`) when `ready(uri)` holds for the run's bucket; the uninterrupted reference of
@@ -359,12 +360,12 @@ def _preempted_once(
         mp.setenv("MNCLOUD_HOME", str(home))
         use_s3(s3_server, mp)
         bucket = s3_server.make_bucket()
-        up(name, script, *FLAGS, "--bucket", f"s3://{bucket}/exp", script_args=args)
+        up(name, script, *FLAGS, *flags, "--bucket", f"s3://{bucket}/exp", script_args=args)
         uri = f"s3://{bucket}/exp/{name}"
         wait_until(lambda: ready(uri), 400, "a checkpoint in the bucket")
         said = cli("chaos", "preempt", name, *chaos).output
         at_kill = _at_kill(uri)
-        reference = start_reference_ckpt_dir_file(script, FLAGS, args, final)
+        reference = start_reference_ckpt_dir_file(script, [*FLAGS, *flags], args, final)
         state = wait_final(name, timeout=400)
         log = run_log(name)
         starts = [e.data for e in run_series(name).events if e.event == "start"]

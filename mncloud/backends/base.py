@@ -386,6 +386,9 @@ class RecoveryFigures(BaseModel):
     steps_per_attempt: list[list[int]] = Field(default_factory=list)
     final: dict[str, Any] | None = None
     """The script's final.json, when it wrote one."""
+    restarted: list[str] = Field(default_factory=list)
+    """Attempts that started with a committed `--ckpt-dir` unit and did not resume from it,
+    one line each ("attempt 2 started from scratch although checkpoint-40 was committed")."""
     node_losses: int = 0
     """Node recovery: nodes lost and replaced alone (the others trained on)."""
     heal_s: list[float] = Field(default_factory=list)

@@ -2,8 +2,8 @@
 
 The supervisor runs in its own process either way; following reads the run through the
 backend's interface (`logs`, `status`, and its `rehearsal()`: `progress`, `run_reference`),
-never its files. Ctrl-C stops the
-run (a foreground local run is yours; use `--detach` to leave it running). When the run
+never its files. Ctrl-C, SIGTERM (`timeout`) or SIGHUP stops the run (a foreground local run
+is yours; use `--detach` to leave it running). When the run
 succeeded after at least one restart and the script wrote `final.json` with the sha256 of its
 weights, the same task runs once more without chaos and the two hashes are compared: the
 proof that preemptions cost time, not correctness.
@@ -11,7 +11,9 @@ proof that preemptions cost time, not correctness.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import signal
+from collections.abc import Callable, Iterator
 
 from rich.console import RenderableType
 from rich.live import Live
@@ -81,6 +83,8 @@ def summary_table(progress: RunProgress) -> Table:
     if fig.resume_s:
         times = ", ".join(f"{s:.1f} s" for s in fig.resume_s)
         grid.add_row("resumed in", f"{times} (preemption to resumed step)")
+    for line in fig.restarted:
+        grid.add_row("[red]not resumed[/]", line)
     sha = (fig.final or {}).get("weights_sha256")
     grid.add_row("final weights", f"sha256 {sha[:16]}…" if sha else "no final.json with a sha256")
     return grid
@@ -110,17 +114,52 @@ def _print_log(backend: Backend, name: str) -> None:
             console.print(text, markup=False, highlight=False, soft_wrap=True)
 
 
+class Stopped(KeyboardInterrupt):
+    """SIGTERM or SIGHUP to a foreground `up`: stop the run as Ctrl-C does."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _raise_stopped(signum: int, _frame: object) -> None:
+    raise Stopped(signum)
+
+
+@contextlib.contextmanager
+def _signals_stop_the_run() -> Iterator[None]:
+    """While following, SIGTERM (`timeout`, a CI job's end) and SIGHUP (a closed terminal) stop
+    the run as Ctrl-C does: a foreground local run must not outlive its command."""
+    stops = (signal.SIGTERM, signal.SIGHUP)
+    saved = {sig: signal.signal(sig, _raise_stopped) for sig in stops}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+
+
 def follow_local_run(backend: Backend, name: str) -> RunStatus:
     """Follow a run on this machine (`backend.runs_here`) to its end, print the demo summary,
-    and return its final status."""
-    try:
-        _print_log(backend, name)
-    except KeyboardInterrupt:
-        console.print(f"[yellow]Ctrl-C: stopping {name}[/] (use --detach to leave a run running)")
-        return backend.down(name)
-    status = backend.status(name)
-    if status.state is RunState.SUCCEEDED:
-        _summary(backend, name)
+    and return its final status. Ctrl-C, SIGTERM or SIGHUP stops it (`down`); after a signal
+    the command then exits 128 + its number, as a shell's would."""
+    with _signals_stop_the_run():
+        try:
+            _print_log(backend, name)
+        except KeyboardInterrupt as stop:
+            what = f"{stop}" if isinstance(stop, Stopped) else "Ctrl-C"
+            console.print(f"[yellow]{what}: stopping {name}[/] (use --detach to leave a run "
+                          "running)")  # fmt: skip
+            for sig in (signal.SIGTERM, signal.SIGHUP):  # let the stop finish
+                signal.signal(sig, signal.SIG_IGN)
+            status = backend.down(name)
+            if isinstance(stop, Stopped):
+                console.print(f"[bold]{status.name}[/]: {status.detail or status.state.value}")
+                raise SystemExit(128 + stop.signum) from None
+            return status
+        status = backend.status(name)
+        if status.state is RunState.SUCCEEDED:
+            _summary(backend, name)
     return status
 
 

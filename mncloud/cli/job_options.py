@@ -239,6 +239,16 @@ CkptDir = Annotated[
         "(MNCLOUD_CKPT_DIR), for scripts that save their own checkpoints, e.g. /ckpt.",
     ),
 ]
+ResumeArgs = Annotated[
+    str | None,
+    typer.Option(
+        "--resume-args",
+        rich_help_panel=ADVANCED,
+        help="With --ckpt-dir: arguments added to the script's only when its node starts with "
+        "a committed checkpoint, {ckpt} being the newest one's path there, e.g. "
+        "'--resume_from_checkpoint {ckpt}' or '--init_from=resume'.",
+    ),
+]
 Recovery = Annotated[
     str | None,
     typer.Option(

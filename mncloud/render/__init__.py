@@ -15,6 +15,8 @@ Template variables (also what a `--template PATH` of your own receives):
 | `secrets` | list of secret names (values never rendered) |
 | `file_mounts` | dict of mount path → mount spec (`--mount-bucket`, `--ckpt-dir`) |
 | `script`, `script_args` | the script relative to workdir, and its arguments (quote with `q`) |
+| `script_words` | the arguments as shell words, the `--ckpt-dir` path as `$MNCLOUD_CKPT_DIR` |
+| `resume_words` | `--resume-args` as shell words, added on a node with a committed unit |
 | `launcher`, `command` | torchrun, accelerate, deepspeed or none; `none`: the words to run |
 | `recovery` | `gang` (one torchrun job over all nodes) or `node` (one replica group per node) |
 | `ckpt_dir`, `ckpt_dir_uri` | `--ckpt-dir`; where each node's sync keeps it (`foldersync.py`) |
@@ -64,6 +66,7 @@ from mncloud.spec import (
     Launcher,
     Recovery,
 )
+from mncloud.spec.scriptargs import resume_shell_words, script_shell_words
 
 if TYPE_CHECKING:
     import jinja2
@@ -219,6 +222,8 @@ def template_variables(
         "file_mounts": _file_mounts(spec),
         "script": spec.script_relpath,
         "script_args": list(spec.script_args),
+        "script_words": script_shell_words(spec.script_args, spec.ckpt_dir),
+        "resume_words": resume_shell_words(spec.resume_args),
         "launcher": spec.launcher.value,
         "recovery": spec.recovery.value,
         "command": _command(spec),

@@ -2,7 +2,8 @@
 
 Every layer (plan, render, backends, run records) takes a `JobSpec`; nothing downstream
 re-parses flags (`mncloud.request` builds one from flags over the project's `mncloud.yaml`).
-How a job is planned and run beside it is `launch.py` in this package (`LaunchOptions`).
+How a job is planned and run beside it is `launch.py` in this package (`LaunchOptions`);
+`scriptargs.py` turns the script's arguments and `--resume-args` into the run script's words.
 Validation errors are `SpecError`s whose message names the bad value and how to mend it.
 """
 
@@ -299,6 +300,9 @@ class JobSpec(BaseModel):
     """What starts the script on every node: torchrun, accelerate, deepspeed or none."""
     ckpt_dir: str | None = None
     """An absolute path on every node backed by `<ckpt uri>/ckpt-dir` (`MNCLOUD_CKPT_DIR`)."""
+    resume_args: list[str] = Field(default_factory=list)
+    """`--resume-args`, split into words: added to `script_args` on a node that starts with a
+    committed unit in `ckpt_dir`, `{ckpt}` its path there (`render/scriptargs.py`)."""
     recovery: Recovery = Recovery.GANG
     """Gang (relaunch every node) or node (replace the lost node only)."""
     parallel: Parallel | None = None

@@ -41,7 +41,7 @@ from mncloud.errors import MncloudError, StorageError
 from mncloud.storage import transfer
 from mncloud.storage.buckets import Bucket
 from mncloud.storage.folders import Verdict, refused_key
-from mncloud.storage.frameworkdirs import TRAINER_STATE, named_best, rotated
+from mncloud.storage.frameworkdirs import TRAINER_STATE, entry_step, named_best, rotated
 from mncloud.storage.url import join_key
 
 MiB = 1024 * 1024
@@ -108,6 +108,15 @@ def first_choice(bucket: Bucket, prefix: str, verdicts: list[Verdict]) -> list[V
         best = best_of(bucket, prefix, chain[0], chain)
         units += [chain[0], *([best] if best else [])]
     return units
+
+
+def resume_unit(units: list[Verdict]) -> Verdict | None:
+    """The unit a framework resumes from among those restored: the highest step its name
+    carries (`checkpoint-40`, `epoch=4-step=40.ckpt`), else the newest by time (`ckpt.pt`)."""
+    stepped = [(step, v) for v in units if (step := entry_step(v.name)) is not None]
+    if stepped:
+        return max(stepped, key=lambda sv: sv[0])[1]
+    return max(units, key=lambda v: v.mtime, default=None)
 
 
 def human(n: float) -> str:

@@ -6,24 +6,25 @@ cloud VM, as a process of its own started by the run script beside the launcher:
     python -m mncloud.storage.foldersync run --dir /ckpt --uri s3://b/exp/run/ckpt-dir
         --node 1 --nodes 2 --watch $$ --rc-file F --ready R &
 
-It first restores (`restore` alone does only that), touches R (the run script starts the
-launcher then), and syncs until SIGTERM. Restoring fills an empty folder with what the
-framework resumes from (`folderrestore.py`): of the committed units (`folders.judge`) the
-newest `checkpoint-N/` or `step-N/` (and the Trainer's best), every other unit as it is, each
-file's size and xxh3_128 checked against its markers, many ranges at once; a folder that fails
-is left out, reported (`refused.json` beside its markers, shown by `ckpt ls`) and never
+It first restores (`restore` alone does only that), writes R with the name of the unit the framework
+resumes from (`folderrestore.resume_unit`; empty: none; the run script exports its path as
+`$MNCLOUD_RESUME_FROM` and starts the launcher then), and syncs until SIGTERM. Restoring fills an
+empty folder with what the framework resumes from (`folderrestore.py`): of the committed units
+(`folders.judge`) the newest `checkpoint-N/` or `step-N/` (and the Trainer's best), every other unit
+as it is, each file's size and xxh3_128 checked against its markers, many ranges at once; a folder
+that fails is left out, reported (`refused.json` beside its markers, shown by `ckpt ls`) and never
 deleted, and the next older one is restored instead. Too little disk for it: one line, exit 2,
-nothing fetched (the run script's node then refuses: `REFUSED_MARKER_ENV`). `run` scans every
-0.25 s: a file changed since the last upload, still for one scan and open for writing by no
-process under `--watch`, is uploaded (a folder's file on S3 straight from the disk, hashed as it
-is read and counted only if it did not change meanwhile; any other copied aside first); a
-folder whose files are all uploaded is committed by this node's marker
-(`folders.write_marker`), deleted first whenever one of its files changes or goes. A folder the
-framework deletes (its rotation) is deleted from the bucket, and with it the older ones of its
-family that the restore left there: the framework would have deleted them first. Nothing else
-absent from the node is ever deleted. SIGTERM ends it: everything is uploaded, and marked
-if the run script's exit code (read from `--rc-file`) says the node ended cleanly (0, or the
-preemption notice's 115): a node that crashed mid-save leaves its last folder uncommitted.
+nothing fetched (the run script's node then refuses: `REFUSED_MARKER_ENV`). `run` scans every 0.25
+s: a file changed since the last upload, still for one scan and open for writing by no process under
+`--watch`, is uploaded (a folder's file on S3 straight from the disk, hashed as it is read and
+counted only if it did not change meanwhile; any other copied aside first); a folder whose files are
+all uploaded is committed by this node's marker (`folders.write_marker`), deleted first whenever one
+of its files changes or goes. A folder the framework deletes (its rotation) is deleted from the
+bucket, and with it the older ones of its family that the restore left there: the framework would
+have deleted them first. Nothing else absent from the node is ever deleted. SIGTERM ends it:
+everything is uploaded, and marked if the run script's exit code (read from `--rc-file`) says the
+node ended cleanly (0, or the preemption notice's 115): a node that crashed mid-save leaves its last
+folder uncommitted.
 """
 
 from __future__ import annotations
@@ -135,6 +136,7 @@ class NodeSync:
         self._marked: set[str] = set()  # folders whose marker from this node is current
         self.aside: dict[str, str] = {}  # units restore left out -> why
         self.left: dict[str, str] = {}  # older folders left in the bucket -> the one restored
+        self.resume_from: folders.Verdict | None = None  # what the framework resumes from
 
     def _key(self, rel: str) -> str:
         return join_key(self._prefix, rel)
@@ -160,6 +162,7 @@ class NodeSync:
             if v.folder and self._bucket.exists(mine):
                 self._marked.add(v.name)
         self.aside, self.left = done.aside, done.left
+        self.resume_from = folderrestore.resume_unit(done.units)
         return done.counts()
 
     def check_own(self) -> None:
@@ -179,6 +182,7 @@ class NodeSync:
         self._marked.clear()
         self.aside = {}
         self.left = {}
+        self.resume_from = None
 
     # ------------------------------------------------------------------ sync
 
@@ -373,8 +377,10 @@ def _run(node: NodeSync, rc_file: str | None, ready: str | None) -> None:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     _say_restored(node, node.restore())
-    if ready:
-        Path(ready).touch()
+    if ready:  # the run script's $MNCLOUD_RESUME_FROM, whole once the file exists
+        said = Path(f"{ready}.part")
+        said.write_text(node.resume_from.name if node.resume_from else "")
+        said.replace(ready)
     failing = False
     while not stop.wait(SCAN_S):
         try:
@@ -398,7 +404,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, required=True)
     parser.add_argument("--watch", action="append", default=[], help="pid whose tree writes")
     parser.add_argument("--rc-file", help="where the run script leaves the launcher's exit code")
-    parser.add_argument("--ready", help="a file touched once the folder is restored (run)")
+    parser.add_argument(
+        "--ready", help="written once the folder is restored (run): the unit to resume from"
+    )
     args = parser.parse_args(argv)
     try:
         node = _node_sync(args)

@@ -5,6 +5,10 @@ hook of `templates/sitecustomize.py.j2`, first on the workers' `PYTHONPATH` on t
 backend and in `mncloud profile`, never on a cloud: `layout.site_hook_source`):
 
     transformers.trainer  every `Trainer(...)` gets `hf.MncloudCallback`
+    transformers.training_args
+                          on a CPU-only node under torchrun, `use_cpu` (the Trainer joins
+                          the processes only on an accelerator or with it; without, each
+                          process trains alone: run_clm.py on `--cloud local`)
     lightning.pytorch     every `Trainer(...)` gets `pl.MncloudCallback`
     torchtitan.*          its trainer's steps reported; on a CPU-only node what it needs
                           there (`titan.py`); `importing(name)` runs around those imports
@@ -18,13 +22,20 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 from collections.abc import Callable
 from typing import Any
 
 from mncloud.train import titan
 
 #: The modules `imported` acts on (the site hook watches these, and torch).
-WATCHED = ("transformers.trainer", "lightning.pytorch", *titan.PATCHED, *titan.NEEDS_TRITON)
+WATCHED = (
+    "transformers.trainer",
+    "transformers.training_args",
+    "lightning.pytorch",
+    *titan.PATCHED,
+    *titan.NEEDS_TRITON,
+)
 
 
 def with_callback(trainer_cls: type, make: Callable[[], Any], kind: type) -> None:
@@ -45,6 +56,26 @@ def with_callback(trainer_cls: type, make: Callable[[], Any], kind: type) -> Non
     trainer_cls.__init__ = init  # type: ignore[method-assign]
 
 
+def processes_train_together(args_cls: type) -> None:
+    """`TrainingArguments(...)` on a node torch sees no CUDA device on, under a launcher of 2+
+    processes (`WORLD_SIZE`): `use_cpu=True`, so the Trainer trains them as one job (gloo), as
+    it does on GPUs by itself; it otherwise trains each process alone, silently."""
+    if getattr(args_cls.__post_init__, "_mncloud", False):
+        return
+    original = args_cls.__post_init__
+
+    @functools.wraps(original)
+    def post_init(self: Any) -> None:
+        import torch
+
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.cuda.is_available():
+            self.use_cpu = True
+        original(self)
+
+    post_init._mncloud = True  # type: ignore[attr-defined]
+    args_cls.__post_init__ = post_init  # type: ignore[method-assign]
+
+
 def importing(name: str) -> contextlib.AbstractContextManager[None]:
     """Entered while `name` (one of `WATCHED`) imports."""
     return titan.importing(name) if name in titan.NEEDS_TRITON else contextlib.nullcontext()
@@ -54,6 +85,8 @@ def imported(name: str, module: Any) -> None:
     """Called once `name` (one of `WATCHED`) finished importing as `module`."""
     if name in titan.PATCHED:
         titan.imported(name, module)
+    elif name == "transformers.training_args":
+        processes_train_together(module.TrainingArguments)
     elif name == "transformers.trainer":
         from mncloud.train.hf import MncloudCallback
 

@@ -18,6 +18,7 @@ node with the variables SkyPilot sets, plus `MNCLOUD_CKPT_URI` (`--bucket`, else
     recordwriter.py  the supervisor's run-record writer: which of its events become record
                      events, at what price, written from one thread of their own
     ckptdir.py     `--ckpt-dir` on local nodes: a folder per node, kept in the bucket
+    resumecheck.py did an attempt resume from the `--ckpt-dir` unit it started with?
     execute.py     `mncloud exec` on a local run's own simulated nodes
     netcheck.py    `mncloud doctor --bandwidth RUN` on a live local run
     vm.py          each node's warm host while it is up (its "VM"): python and torchrun on

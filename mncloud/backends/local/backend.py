@@ -22,6 +22,7 @@ from mncloud import constants, layout
 from mncloud.backends.base import Failure, LaunchRequest, RunState, RunStatus, first_unreadable
 from mncloud.backends.local import execute, figures, lifecycle, warm
 from mncloud.backends.local.processes import free_port, port_is_free
+from mncloud.backends.local.resumecheck import SCRATCH
 from mncloud.backends.local.state import (
     LAUNCH_FILE,
     LOG_MARKS,
@@ -188,7 +189,8 @@ class LocalBackend:
                     f"the supervisor stopped unexpectedly (see {folder / SUPERVISOR_LOG}); "
                     f"`mncloud down {run_name}` cleans up"
                 )
-        detail = state.detail
+        restarts = [e.message for e in state.events if e.kind == SCRATCH]
+        detail = "; ".join([*restarts, state.detail] if state.detail else restarts)
         note = warm.idle_note(folder) if state.state.is_final else None
         if note:
             detail = f"{detail}; {note}" if detail else note

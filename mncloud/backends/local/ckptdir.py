@@ -44,7 +44,7 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
-from mncloud import layout
+from mncloud import constants, layout
 from mncloud.backends.local.processes import tagged_processes
 from mncloud.backends.local.state import LocalLaunch, node_ckpt_dir, node_dir
 from mncloud.storage import folderrestore, open_bucket
@@ -170,6 +170,29 @@ class CkptDirSync:
         self._stop.clear()
         self._thread = threading.Thread(target=self._loop, name="mncloud-ckpt-dir", daemon=True)
         self._thread.start()
+
+    def resume_from(self) -> str | None:
+        """The unit node 0 started this attempt with, to resume from (None: none)."""
+        unit = self.nodes[0].resume_from
+        return unit.name if unit is not None else None
+
+    def node_env(self, n: int, env: dict[str, str]) -> None:
+        """`$MNCLOUD_RESUME_FROM` in node `n`'s environment: the unit its framework resumes
+        from, as a cloud node's run script exports it after its own restore."""
+        unit = self.nodes[n].resume_from
+        env.pop(constants.RESUME_FROM_ENV, None)
+        if unit is not None:
+            env[constants.RESUME_FROM_ENV] = str(self.nodes[n].path / unit.name)
+
+    def newest_committed(self) -> str:
+        """The unit the next attempt would resume from, as the bucket holds it now ("" if none
+        or unreadable)."""
+        with contextlib.suppress(Exception):
+            verdicts = judge(self._bucket, self._prefix)
+            chosen = folderrestore.first_choice(self._bucket, self._prefix, verdicts)
+            unit = folderrestore.resume_unit(chosen)
+            return unit.name if unit else ""
+        return ""
 
     def replace_node(self, n: int) -> None:
         """Node recovery: node `n` comes back on a new VM, its folder afresh from the bucket."""

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from mncloud.backends.base import RecoveryFigures, ReferenceResult, RunProgress, RunState
 from mncloud.backends.local.lifecycle import run_ended, start_reference, stop_folder
+from mncloud.backends.local.resumecheck import SCRATCH
 from mncloud.backends.local.state import (
     LocalState,
     last_step,
@@ -89,12 +90,13 @@ def recovery_figures(folder: Path) -> RecoveryFigures:
     steps, first_t, resumed = _attempt_steps(state, series)
     bounds = [*launches, float("inf")]
     lost, resume_s = [], []
+    scratch = {e.attempt: e.message for e in state.events if e.kind == SCRATCH}
     for k in range(1, len(launches)):
         before = max(steps[k - 1], default=resumed[k - 1] or 0)
         if resumed[k] is not None:
             lost.append(max(0, before - resumed[k]))
         hit = [t for t in hits if bounds[k - 1] <= t < bounds[k]]
-        if hit and first_t[k] is not None:
+        if hit and first_t[k] is not None and k + 1 not in scratch:  # a restart: no resume
             resume_s.append(round(first_t[k] - min(hit), 2))
     cold = first_t[0] - launches[0] if launches and first_t[0] else None
     final = None
@@ -125,6 +127,7 @@ def recovery_figures(folder: Path) -> RecoveryFigures:
         resumed_from=resumed,
         steps_per_attempt=steps,
         final=final,
+        restarted=[scratch[a] for a in sorted(scratch)],
     )
 
 

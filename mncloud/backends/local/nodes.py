@@ -32,6 +32,7 @@ from mncloud.backends.local.state import (
     node_log,
     run_id_of,
 )
+from mncloud.spec.scriptargs import path_in
 
 NOTICE_POLL_S = 0.5
 """How often a local node polls its (simulated) metadata for a preemption notice."""
@@ -87,7 +88,10 @@ def node_env(
     # `cpu:0` map_location) and mncloud's step callbacks (`mncloud.train.sitehook`).
     with_site_hook(env, folder)
     if constants.CKPT_DIR_ENV in launch.envs:  # --ckpt-dir: the node's own folder (ckptdir.py)
-        env[constants.CKPT_DIR_ENV] = str(node_ckpt_dir(folder, node))
+        own_ckpt_dir = str(node_ckpt_dir(folder, node))
+        found = path_in(launch.envs[constants.CKPT_DIR_ENV])  # in --env values too, as on a VM
+        env.update({k: found.sub(lambda _m: own_ckpt_dir, v) for k, v in launch.envs.items()})
+        env[constants.CKPT_DIR_ENV] = own_ckpt_dir
     # Local nodes can be preempted with a notice at any time: watch (unless --env says no).
     env.setdefault(constants.PREEMPTION_WATCH_ENV, "1")
     if setup:

@@ -56,6 +56,12 @@ from mncloud.backends.local.metadata import MetadataServer
 from mncloud.backends.local.nodes import RunLogs, node_env, refusal, start_node
 from mncloud.backends.local.recordwriter import RecordWriter
 from mncloud.backends.local.replacing import NodeReplacer
+from mncloud.backends.local.resumecheck import (
+    SCRATCH,
+    ResumeCheck,
+    newest_complete_step,
+    saved_line,
+)
 from mncloud.backends.local.state import (
     CHAOS_FILE,
     Event,
@@ -99,7 +105,9 @@ class Supervisor:
         self._preempt_requests: list[dict[str, Any]] = []
         self._procs: dict[int, subprocess.Popen[bytes]] = {}
         self._first_step_t: float | None = None
-        self._steps = SeriesTail(layout.series_uri(self.launch.ckpt_uri, run_id_of(self.launch)))
+        series = layout.series_uri(self.launch.ckpt_uri, run_id_of(self.launch))
+        self._steps = SeriesTail(series)
+        self._resumed = ResumeCheck(series)  # --ckpt-dir: did each attempt resume?
         # Every node's cloud metadata (AWS, GCP, Azure): "no notice" until `chaos preempt
         # --notice` flips one; the node is killed at the notice's deadline if still running.
         self._metadata = MetadataServer()
@@ -146,6 +154,8 @@ class Supervisor:
                        setup=script == "setup.sh")  # fmt: skip
         env.update(self._node_env)
         env.update(extra or {})
+        if self._ckpt_dir is not None:
+            self._ckpt_dir.node_env(node, env)
         if script == "run.sh":  # forked from the node's host (a `--cluster` host for exec)
             env.update(self._vms.up(node, env.get("PATH", "")))
             env.update(self._hosts.env(node))
@@ -305,8 +315,11 @@ class Supervisor:
         st.attempt += 1
         started = time.time()
         self._metadata.clear()  # a relaunch gets fresh VMs
+        unit = None
         if self._ckpt_dir is not None:
             self._ckpt_dir.start_attempt()
+            unit = self._ckpt_dir.resume_from()
+        self._resumed.start(st.attempt, unit, started)
         self._procs = {}
         if self._replacer is not None:
             self._node_env = self._replacer.start_attempt()
@@ -322,7 +335,7 @@ class Supervisor:
         st.state = RunState.RUNNING
         self.event("launch", f"attempt {st.attempt}: {la.num_nodes} node(s) × "
                    f"{la.procs_per_node} process(es) started", pids=[p.pid for p in
-                   self._procs.values()])  # fmt: skip
+                   self._procs.values()], resume_from=unit)  # fmt: skip
         return started
 
     def _attempt(self) -> tuple[str, str]:
@@ -354,10 +367,8 @@ class Supervisor:
         lost = {n for n in vanished | requested if n in codes}
         self._kill_all(lost)  # first: no commit may land after we look at the bucket
         self._end_ckpt_dir(codes)
-        latest = self._latest_checkpoint()
-        where = f"step {latest}" if latest is not None else "none"
-        self.event("preempted" if preempted else "error",
-                   f"{message}; newest complete checkpoint: {where}", node=first,
+        latest, saved = self._saved()
+        self.event("preempted" if preempted else "error", f"{message}; {saved}", node=first,
                    exit_codes={str(k): v for k, v in codes.items()},
                    latest_checkpoint=latest)  # fmt: skip
         refused = None if preempted else refusal(self.folder, failed)
@@ -405,6 +416,9 @@ class Supervisor:
                 last_scan = now
                 self._refresh_pids()
                 self._hosts.start()  # once the first step is reported
+                restarted = self._resumed.poll()
+                if restarted:
+                    self.event(SCRATCH, restarted)
                 processes.reap_orphans({p.pid for p in self._procs.values()} | self._vms.pids())
 
     def _notify_stop(self) -> float | None:
@@ -431,12 +445,8 @@ class Supervisor:
             return False
         left = [n for n, c in codes.items() if c is None]
         self._kill_all()  # first: no commit may land after we look at the bucket
-        latest = self._latest_checkpoint()
-        where = f"step {latest}" if latest is not None else "none"
         killed = f"; node(s) {left} SIGKILLed at the notice's deadline" if left else ""
-        self._stop_note = (
-            f" after a preemption notice (newest complete checkpoint: {where}{killed})"
-        )
+        self._stop_note = f" after a preemption notice ({self._saved()[1]}{killed})"
         return True
 
     def _stopped_codes(self) -> dict[int, int | None]:
@@ -475,14 +485,12 @@ class Supervisor:
             if attempt == self.state.attempt and self._procs[node].poll() is None:
                 preempt_node(self.folder, node, by="the notice's deadline")
 
-    def _latest_checkpoint(self) -> int | None:
-        """The newest COMPLETE step in the bucket (None if none or unreachable)."""
-        from mncloud.storage import CheckpointStore
-
-        with contextlib.suppress(Exception):
-            good, _ = CheckpointStore(self.launch.ckpt_uri, retry_seconds=2).candidates()
-            return good[0] if good else None
-        return None
+    def _saved(self) -> tuple[int | None, str]:
+        """The newest COMPLETE step in the bucket (None: none or unreachable), and what a
+        relaunch resumes from in words (with the newest committed `--ckpt-dir` unit)."""
+        step = newest_complete_step(self.launch.ckpt_uri)
+        unit = self._ckpt_dir.newest_committed() if self._ckpt_dir is not None else None
+        return step, saved_line(step, unit)
 
     def _chaos_due(self, started: float, now: float) -> bool:
         """`--chaos-preempt-after D`: D after the first step the script reports, else after
