@@ -5,7 +5,7 @@ kept in the checkpoint.
     trainer = L.Trainer(..., callbacks=[ModelCheckpoint(...), MncloudCallback()])  # the one line
 
 On the local backend and in `mncloud profile` every `lightning` Trainer gets one without that
-line (`frameworks.imported`).
+line (`sitehook.imported`).
 
 - **Steps.** Each optimizer step (`trainer.global_step`) goes to the run's telemetry through
   `mncloud.train.report`, with the step's loss; the start (with the step it resumed from) and
@@ -18,10 +18,10 @@ line (`frameworks.imported`).
   whole data set.
 - **RNG states.** Every save gathers each rank's Python, NumPy, torch CPU and CUDA RNG states
   (Lightning's own `_collect_rng_states`) into the checkpoint (`RNG_KEY`, a list by global
-  rank; plain lists and tensors, so a `weights_only` load reads it); a resume puts each rank's
-  own back, so dropout draws what the run that never stopped drew. A checkpoint without them,
-  or of another world size, restores none (said once, from rank 0). Exact only from a
-  checkpoint taken where Lightning resumes the data exactly: at an epoch's end.
+  rank; plain lists and tensors, so a `weights_only` load reads it); a resumed `fit` puts
+  each rank's own back, so dropout draws what the run that never stopped drew. A checkpoint
+  without them, or of another world size, restores none (said once, from rank 0). Exact
+  only from a checkpoint taken where Lightning resumes the data exactly: at an epoch's end.
 - **Saves outside `--ckpt-dir`.** At the first save, a `--ckpt-dir` run whose checkpoints go
   outside `$MNCLOUD_CKPT_DIR` (the `ModelCheckpoint`'s `dirpath`, else `default_root_dir`) is
   warned in one line.
