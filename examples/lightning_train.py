@@ -14,7 +14,12 @@ each epoch; `trainer.fit(..., ckpt_path="last")` resumes from `last.ckpt` after 
 ends on the same weights as one that never stopped. The checkpoints are taken at epoch ends:
 Lightning resumes a plain DataLoader exactly only there (mid-epoch it warns and replays the
 epoch's start), and the epoch's order comes from the `DistributedSampler`'s seed and epoch.
-`--devices` is the processes per node (torchrun's `LOCAL_WORLD_SIZE`; GPUs on a GPU node).
+With `--dropout P` the masks are random draws too: mncloud's callback (added on the local
+backend; one line on a cloud, docs/guides/trainers.md) keeps every rank's RNG states in the
+checkpoint, so the resumed run draws the masks the uninterrupted one drew.
+`--nodes` is the run's nodes (`SKYPILOT_NUM_NODES`) and `--devices` the processes per node
+(torchrun's `LOCAL_WORLD_SIZE`; GPUs on a GPU node): a Trainer left at one node under torchrun's
+2 would train each node alone, and mncloud's callback refuses it.
 """
 
 from __future__ import annotations
@@ -31,10 +36,14 @@ from torch.utils.data import DataLoader, TensorDataset
 
 
 class Regressor(L.LightningModule):
-    def __init__(self, hidden: int = 64, lr: float = 1e-2, compute_ms: float = 0.0) -> None:
+    def __init__(
+        self, hidden: int = 64, lr: float = 1e-2, compute_ms: float = 0.0, dropout: float = 0.0
+    ) -> None:
         super().__init__()
         self.save_hyperparameters()
-        self.net = nn.Sequential(nn.Linear(16, hidden), nn.ReLU(), nn.Linear(hidden, 1))
+        self.net = nn.Sequential(
+            nn.Linear(16, hidden), nn.ReLU(), nn.Dropout(dropout), nn.Linear(hidden, 1)
+        )
 
     def training_step(
         self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int
@@ -63,6 +72,7 @@ def main() -> None:
     p.add_argument("--nodes", type=int, default=int(os.environ.get("SKYPILOT_NUM_NODES", "1")))
     p.add_argument("--devices", type=int, default=int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     p.add_argument("--compute-ms", type=float, default=0.0, help="sleep per step (a stand-in)")
+    p.add_argument("--dropout", type=float, default=0.0, help="dropout after the hidden layer")
     p.add_argument("--ckpt-dir", default=os.environ.get("MNCLOUD_CKPT_DIR", "lightning-out"))
     args = p.parse_args()
 
@@ -80,7 +90,8 @@ def main() -> None:
         log_every_n_steps=10,
     )
     loader = DataLoader(data(args.samples), batch_size=32, shuffle=True)
-    trainer.fit(Regressor(compute_ms=args.compute_ms), loader, ckpt_path="last")
+    model = Regressor(compute_ms=args.compute_ms, dropout=args.dropout)
+    trainer.fit(model, loader, ckpt_path="last")
     if trainer.is_global_zero:
         torch.save(trainer.lightning_module.state_dict(), os.path.join(args.ckpt_dir, "final.pt"))
 

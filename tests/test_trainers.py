@@ -504,13 +504,15 @@ def test_hf_trainer_preempted_during_a_save_resumes_from_the_folder_before_it(
 
 
 PL_SCRIPT = REPO / "examples" / "lightning_train.py"
-PL_ARGS = ["--epochs", "10", "--samples", "256", "--compute-ms", "250"]
+# Dropout: its masks resume exactly only from the RNG states mncloud's callback keeps.
+PL_ARGS = ["--epochs", "10", "--samples", "256", "--dropout", "0.5", "--compute-ms", "250"]
 
 
 @pytest.fixture(scope="module")
 def pl_run(tmp_path_factory: pytest.TempPathFactory, s3_server: Any) -> dict[str, Any]:
-    """The Lightning example (4 steps an epoch), preempted once the bucket's `last.ckpt` is of
-    step 8 or later (one file at a time: ModelCheckpoint keeps the newest epoch's)."""
+    """The Lightning example with dropout (4 steps an epoch), preempted once the bucket's
+    `last.ckpt` is of step 8 or later (one file at a time: ModelCheckpoint keeps the newest
+    epoch's)."""
     pytest.importorskip("lightning")
     return _preempted_once(
         tmp_path_factory, s3_server, "pl", PL_SCRIPT, PL_ARGS,
@@ -523,8 +525,10 @@ def pl_run(tmp_path_factory: pytest.TempPathFactory, s3_server: Any) -> dict[str
 def test_lightning_preempted_once_ends_on_the_uninterrupted_weights(
     pl_run: dict[str, Any],
 ) -> None:
-    """`seed_everything(0, workers=True)`, `deterministic=True`, checkpoints at epoch ends:
-    the same tensors (torch.save's bytes carry a fresh serialization id each time)."""
+    """`seed_everything(0, workers=True)`, `deterministic=True`, checkpoints at epoch ends,
+    and each rank's RNG states put back from the checkpoint by mncloud's callback (without them
+    the resumed run's dropout masks differ, and so do its weights): the same tensors
+    (torch.save's bytes carry a fresh serialization id each time)."""
     state = pl_run["state"]
     assert state.state.value == "SUCCEEDED", pl_run["log"]
     assert (state.restarts, state.preemptions) == (1, 1)
