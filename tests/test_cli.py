@@ -279,6 +279,7 @@ RENDER_OPTIONS = {
     "--region",
     "--bucket",
     "--mount-bucket",
+    "--resume-args",
     "--env",
     "--secret",
     "--setup",
