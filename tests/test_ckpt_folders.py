@@ -218,8 +218,9 @@ def test_a_top_level_file_changed_in_the_bucket_is_refused_kept_and_named(
     s3_uri: str, tmp_path: Path
 ) -> None:
     """The same size, 64 bytes flipped: only its recorded hash sees it. It is not restored,
-    stays in the bucket as it is, and the restore line and `ckpt ls` name it; Lightning's
-    `last.ckpt` gets the newest `epoch=…` file's copy in its place."""
+    stays in the bucket as it is, and the restore line, `ckpt ls` and `status`'s view name
+    it; Lightning's `last.ckpt` gets the newest `epoch=…` file's copy in its place."""
+    from mncloud.operate.status import ckpt_dir_view
     from mncloud.storage.foldersync import restored_line
 
     c = Cluster(tmp_path, s3_uri)
@@ -245,6 +246,12 @@ def test_a_top_level_file_changed_in_the_bucket_is_refused_kept_and_named(
     listing = runner.invoke(app, ["ckpt", "ls", s3_uri], env=WIDE).output
     row = next(line for line in listing.splitlines() if " last.ckpt " in line)
     assert "refused: last.ckpt fails its content hash" in row, listing
+    assert "a copy of epoch=1-step=8.ckpt in its place" in row, listing
+    assert "newest committed checkpoint: epoch=1-step=8.ckpt (step 8)" in listing
+    assert "no checkpoints at" not in listing  # one coherent answer
+    view = ckpt_dir_view(s3_uri)
+    assert view.newest == "epoch=1-step=8.ckpt"
+    assert [u["name"] for u in view.incomplete] == ["last.ckpt"]
     (nodes[0].path / "last.ckpt").write_bytes(b"step 12 " + bytes(99))  # Lightning saves again
     c.settle()
     assert c.verdict("last.ckpt").committed  # recorded afresh: restored from now on
@@ -279,7 +286,7 @@ def test_a_log_folder_is_synced_file_by_file_and_never_torn(s3_uri: str, tmp_pat
     assert v.committed and v.log and not v.reason
     assert c.node[0].pending() == []  # logs are no save for chaos's --during-save
     listing = runner.invoke(app, ["ckpt", "ls", s3_uri], env=WIDE).output
-    assert "incomplete" not in listing, listing
+    assert "incomplete" not in listing and "yes (logs" in listing, listing
     for node in c.node:
         node.close(commit=True)
     markers = [o.key for o in c.bucket.list(f"{c.prefix}/{folders.COMMITS}/")]
