@@ -259,6 +259,57 @@ def test_a_ckpt_dir_summary_names_the_newest_folder(
     assert follow.ckpt_dir_line("run", uri) is None
 
 
+def _node(tmp_path: Path, uri: str) -> Any:
+    from mncloud.storage import open_bucket
+    from mncloud.storage.foldersync import NodeSync
+
+    bucket, prefix = open_bucket(layout.ckpt_dir_uri(uri), retry_seconds=5)
+    node = NodeSync(tmp_path / "node", tmp_path / "node.up", bucket, prefix, 0, 1, set)
+    node.restore()
+    return node
+
+
+def test_a_ckpt_dir_runs_final_weights_are_its_newest_units_verified(tmp_path: Path) -> None:
+    """What the summary's reference comparison reads without a final.json: the newest
+    committed unit's tensors by name (a Trainer's safetensors, Lightning's `state_dict`),
+    not its file's bytes (Lightning's holds the node's paths); a file that fails its record
+    gives no figure."""
+    import torch
+    from safetensors.torch import save as save_safetensors
+
+    from mncloud.storage.final import ckpt_dir_final, weights_sha256
+
+    weights = {"net.0.weight": torch.arange(6.0).reshape(2, 3), "net.0.bias": torch.ones(2)}
+    finals = []
+    for run, where in (("a", "/node-0/ckpt"), ("b", "/elsewhere/ckpt")):
+        uri = (tmp_path / run / "bucket").as_uri()
+        node = _node(tmp_path / run, uri)
+        for step in (4, 8):
+            state = {k: v * step for k, v in weights.items()}
+            callbacks = {"ModelCheckpoint": {"dirpath": where}}
+            torch.save({"state_dict": state, "callbacks": callbacks, "global_step": step},
+                       node.path / f"epoch={step // 4 - 1}-step={step}.ckpt")  # fmt: skip
+        node.sync(), node.sync()
+        finals.append(ckpt_dir_final(uri))
+    assert finals[0] == finals[1] and finals[0] is not None
+    assert finals[0]["steps"] == 8 and finals[0]["weights_file"] == "epoch=1-step=8.ckpt"
+    plain = io.BytesIO()
+    torch.save({k: v * 8 for k, v in weights.items()}, plain)  # a script's final.pt
+    assert weights_sha256(plain.getvalue(), "final.pt") == finals[0]["weights_sha256"]
+    uri = (tmp_path / "hf" / "bucket").as_uri()
+    node = _node(tmp_path / "hf", uri)
+    (node.path / "checkpoint-10").mkdir()
+    data = save_safetensors(weights, metadata={"format": "pt"})
+    (node.path / "checkpoint-10" / "model.safetensors").write_bytes(data)
+    node.sync(), node.sync()
+    final = ckpt_dir_final(uri)
+    assert final is not None and final["weights_file"] == "checkpoint-10/model.safetensors"
+    assert final["weights_sha256"] == weights_sha256(save_safetensors(weights), "x.safetensors")
+    changed = tmp_path / "hf" / "bucket" / layout.CKPT_DIR_NAME / "checkpoint-10"
+    (changed / "model.safetensors").write_bytes(data[:-4] + b"\xff" * 4)  # the same size
+    assert ckpt_dir_final(uri) is None
+
+
 def test_goodput_without_steps_is_unknown_never_a_made_up_split(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
