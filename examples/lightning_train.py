@@ -15,6 +15,8 @@ ends on the same weights as one that never stopped. The checkpoints are taken at
 Lightning resumes a plain DataLoader exactly only there (mid-epoch it warns and replays the
 epoch's start), and the epoch's order comes from the `DistributedSampler`'s seed and epoch.
 `--devices` is the processes per node (torchrun's `LOCAL_WORLD_SIZE`; GPUs on a GPU node).
+`--logger` keeps Lightning's default logger, which writes `lightning_logs/` into the folder
+(`default_root_dir`): mncloud keeps it file by file, as logs, not as a checkpoint.
 """
 
 from __future__ import annotations
@@ -64,6 +66,10 @@ def main() -> None:
     p.add_argument("--devices", type=int, default=int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     p.add_argument("--compute-ms", type=float, default=0.0, help="sleep per step (a stand-in)")
     p.add_argument("--ckpt-dir", default=os.environ.get("MNCLOUD_CKPT_DIR", "lightning-out"))
+    p.add_argument(
+        "--logger", action="store_true",
+        help="keep Lightning's default logger: lightning_logs/ under default_root_dir",
+    )  # fmt: skip
     args = p.parse_args()
 
     L.seed_everything(0, workers=True)
@@ -75,7 +81,7 @@ def main() -> None:
         deterministic=True,
         default_root_dir=args.ckpt_dir,
         callbacks=[ModelCheckpoint(dirpath=args.ckpt_dir, save_last=True)],
-        logger=False,
+        logger=args.logger,
         enable_progress_bar=False,
         log_every_n_steps=10,
     )
