@@ -247,18 +247,17 @@ class _Restore:
 
     def stand_in(self) -> None:
         """Lightning's `last.ckpt` refused: the newest `.ckpt` file restored by its step is
-        copied under its name, so that `fit(ckpt_path="last")` resumes from it."""
+        copied under its name (its room checked first), so that `fit(ckpt_path="last")`
+        resumes from it."""
+        files = {u.name: u for u in self.out.units if not u.folder and u.name.endswith(".ckpt")}
+        found = newest(files)
         for name in sorted(self.out.aside):
-            if not LIGHTNING_LAST.match(name):
+            if found is None or not LIGHTNING_LAST.match(name):
                 continue
-            found = newest(
-                u.name for u in self.out.units if not u.folder and u.name.endswith(".ckpt")
-            )
-            if found is None:
-                continue
-            source = self.root / found.name
-            shutil.copyfile(source, self.root / name)
-            shutil.copystat(source, self.root / name)
+            source, copy = self.root / found.name, self.root / name
+            ensure_room(self.root, landed_bytes([files[found.name]]), f"a copy of {found.name}")
+            shutil.copyfile(source, copy)
+            shutil.copystat(source, copy)
             self.out.stand_ins[name] = found.name
 
 
