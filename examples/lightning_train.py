@@ -20,6 +20,8 @@ checkpoint, so the resumed run draws the masks the uninterrupted one drew.
 `--nodes` is the run's nodes (`SKYPILOT_NUM_NODES`) and `--devices` the processes per node
 (torchrun's `LOCAL_WORLD_SIZE`; GPUs on a GPU node): a Trainer left at one node under torchrun's
 2 would train each node alone, and mncloud's callback refuses it.
+`--logger` keeps Lightning's default logger, which writes `lightning_logs/` into the folder
+(`default_root_dir`): mncloud keeps it file by file, as logs, not as a checkpoint.
 """
 
 from __future__ import annotations
@@ -74,6 +76,10 @@ def main() -> None:
     p.add_argument("--compute-ms", type=float, default=0.0, help="sleep per step (a stand-in)")
     p.add_argument("--dropout", type=float, default=0.0, help="dropout after the hidden layer")
     p.add_argument("--ckpt-dir", default=os.environ.get("MNCLOUD_CKPT_DIR", "lightning-out"))
+    p.add_argument(
+        "--logger", action="store_true",
+        help="keep Lightning's default logger: lightning_logs/ under default_root_dir",
+    )  # fmt: skip
     args = p.parse_args()
 
     L.seed_everything(0, workers=True)
@@ -85,7 +91,7 @@ def main() -> None:
         deterministic=True,
         default_root_dir=args.ckpt_dir,
         callbacks=[ModelCheckpoint(dirpath=args.ckpt_dir, save_last=True)],
-        logger=False,
+        logger=args.logger,
         enable_progress_bar=False,
         log_every_n_steps=10,
     )

@@ -183,11 +183,123 @@ def test_a_plain_file_written_with_os_replace_works_as_before(s3_uri: str, tmp_p
     os.replace(c.node[0].path / "snapshot.pt.tmp", snap)
     c.settle()
     assert c.bucket.get_bytes(c.key("snapshot.pt")) == b"epoch 3"
-    assert not c.bucket.list(f"{c.prefix}/{folders.COMMITS}/")  # a file needs no marker
+    records = [o.key for o in c.bucket.list(f"{c.prefix}/{folders.COMMITS}/")]
+    assert records == [folders.marker_key(c.prefix, "snapshot.pt", 0)]  # its size and hash
     v = c.verdict("snapshot.pt")
     assert v.committed and not v.folder
+    assert v.files == {"": (7, {folders.hash_file(snap)})}
     for node in c.start():  # node 1 never wrote it; a file reaches every node, as before
         assert (node.path / "snapshot.pt").read_bytes() == b"epoch 3"
+    c.node[0].path.joinpath("snapshot.pt").unlink()  # deleted by the script: records go too
+    c.settle()
+    assert not c.bucket.list(f"{c.prefix}/")
+
+
+def test_a_file_without_a_record_is_restored_by_its_size_as_before(
+    s3_uri: str, tmp_path: Path
+) -> None:
+    """Uploaded before mncloud recorded files (or the cloud's MOUNT_CACHED fallback)."""
+    c = Cluster(tmp_path, s3_uri, nodes=1)
+    c.bucket.put_bytes(c.key("snapshot.pt"), b"epoch 3")
+    v = c.verdict("snapshot.pt")
+    assert v.committed and v.files == {"": (7, set())}
+    assert (c.start()[0].path / "snapshot.pt").read_bytes() == b"epoch 3"
+
+
+def _lightning_files(c: Cluster) -> None:
+    """What Lightning's rank 0 leaves on node 0: the newest epoch's file, then `last.ckpt`."""
+    node = c.node[0]
+    (node.path / "epoch=1-step=8.ckpt").write_bytes(b"step 8 " + bytes(100))
+    (node.path / "last.ckpt").write_bytes(b"step 8 " + bytes(100))
+    c.settle()
+
+
+def test_a_top_level_file_changed_in_the_bucket_is_refused_kept_and_named(
+    s3_uri: str, tmp_path: Path
+) -> None:
+    """The same size, 64 bytes flipped: only its recorded hash sees it. It is not restored,
+    stays in the bucket as it is, and the restore line, `ckpt ls` and `status`'s view name
+    it; Lightning's `last.ckpt` gets the newest `epoch=…` file's copy in its place."""
+    from mncloud.operate.status import ckpt_dir_view
+    from mncloud.storage.foldersync import restored_line
+
+    c = Cluster(tmp_path, s3_uri)
+    _lightning_files(c)
+    key = c.key("last.ckpt")
+    good = c.bucket.get_bytes(key)
+    bad = good[:32] + bytes(b ^ 0xFF for b in good[32:96]) + good[96:]
+    c.bucket.put_bytes(key, bad)
+    assert c.verdict("last.ckpt").committed  # by its size; the restore reads the content
+    nodes = c.start()
+    for node in nodes:
+        why = node.aside["last.ckpt"]
+        assert why.startswith("refused: last.ckpt fails its content hash (xxh3_128 "), why
+        assert node.stand_ins == {"last.ckpt": "epoch=1-step=8.ckpt"}
+        assert (node.path / "last.ckpt").read_bytes() == good  # the epoch file's bytes
+        line = restored_line(node, (0, 1))
+        assert "kept aside: last.ckpt (refused: last.ckpt fails its content hash" in line, line
+        assert "last.ckpt is a copy of epoch=1-step=8.ckpt" in line, line
+        c.settle()
+    assert c.bucket.get_bytes(key) == bad  # kept as it is: the stand-in is never uploaded
+    v = c.verdict("last.ckpt")
+    assert not v.committed and "last.ckpt fails its content hash" in v.reason
+    listing = runner.invoke(app, ["ckpt", "ls", s3_uri], env=WIDE).output
+    row = next(line for line in listing.splitlines() if " last.ckpt " in line)
+    assert "refused: last.ckpt fails its content hash" in row, listing
+    assert "a copy of epoch=1-step=8.ckpt in its place" in row, listing
+    assert "newest committed checkpoint: epoch=1-step=8.ckpt (step 8)" in listing
+    assert "no checkpoints at" not in listing  # one coherent answer
+    view = ckpt_dir_view(s3_uri)
+    assert view.newest == "epoch=1-step=8.ckpt"
+    assert [u["name"] for u in view.incomplete] == ["last.ckpt"]
+    (nodes[0].path / "last.ckpt").write_bytes(b"step 12 " + bytes(99))  # Lightning saves again
+    c.settle()
+    assert c.verdict("last.ckpt").committed  # recorded afresh: restored from now on
+    assert c.bucket.get_bytes(key) == b"step 12 " + bytes(99)
+
+
+def test_a_refused_last_ckpt_without_an_epoch_file_starts_afresh(
+    s3_uri: str, tmp_path: Path
+) -> None:
+    c = Cluster(tmp_path, s3_uri, nodes=1)
+    (c.node[0].path / "last.ckpt").write_bytes(b"step 8 " + bytes(100))
+    c.settle()
+    c.bucket.put_bytes(c.key("last.ckpt"), b"step 9 " + bytes(100))
+    node = c.start()[0]
+    assert "last.ckpt" in node.aside and node.stand_ins == {}
+    assert sorted(os.listdir(node.path)) == [".mncloud-node"]
+
+
+def test_a_log_folder_is_synced_file_by_file_and_never_torn(s3_uri: str, tmp_path: Path) -> None:
+    """Lightning's `lightning_logs/` (written by rank 0 only, under `default_root_dir`): its
+    files go up as they settle, its marker only at a clean end; never incomplete, restored
+    file by file (one that fails its marker is left in the bucket, named)."""
+    c = Cluster(tmp_path, s3_uri)
+    logs = c.node[0].path / "lightning_logs" / "version_0"
+    logs.mkdir(parents=True)
+    (logs / "metrics.csv").write_text("step,loss\n1,0.5\n")
+    (logs / "hparams.yaml").write_text("lr: 0.01\n")
+    c.settle()
+    assert c.bucket.exists(c.key("lightning_logs/version_0/metrics.csv"))
+    assert not c.bucket.list(f"{c.prefix}/{folders.COMMITS}/")  # no marker while it runs
+    v = c.verdict("lightning_logs")
+    assert v.committed and v.log and not v.reason
+    assert c.node[0].pending() == []  # logs are no save for chaos's --during-save
+    listing = runner.invoke(app, ["ckpt", "ls", s3_uri], env=WIDE).output
+    assert "incomplete" not in listing and "yes (logs" in listing, listing
+    for node in c.node:
+        node.close(commit=True)
+    markers = [o.key for o in c.bucket.list(f"{c.prefix}/{folders.COMMITS}/")]
+    assert markers == [folders.marker_key(c.prefix, "lightning_logs", 0)]  # node 1 wrote none
+    assert c.verdict("lightning_logs").files["version_0/metrics.csv"][1]
+    c.bucket.put_bytes(c.key("lightning_logs/version_0/metrics.csv"), b"step,loss\n1,0.9\n")
+    for node in c.start():
+        assert (node.path / "lightning_logs" / "version_0" / "hparams.yaml").exists()
+        assert not (node.path / "lightning_logs" / "version_0" / "metrics.csv").exists()
+        why = node.aside["lightning_logs/version_0/metrics.csv"]
+        assert "metrics.csv fails its content hash" in why, why
+    assert c.bucket.exists(c.key("lightning_logs/version_0/metrics.csv"))  # kept
+    assert c.verdict("lightning_logs").committed
 
 
 def test_a_changed_folder_stops_counting_before_its_new_files_go_up(

@@ -259,6 +259,57 @@ def test_a_ckpt_dir_summary_names_the_newest_folder(
     assert follow.ckpt_dir_line("run", uri) is None
 
 
+def _node(tmp_path: Path, uri: str) -> Any:
+    from mncloud.storage import open_bucket
+    from mncloud.storage.foldersync import NodeSync
+
+    bucket, prefix = open_bucket(layout.ckpt_dir_uri(uri), retry_seconds=5)
+    node = NodeSync(tmp_path / "node", tmp_path / "node.up", bucket, prefix, 0, 1, set)
+    node.restore()
+    return node
+
+
+def test_a_ckpt_dir_runs_final_weights_are_its_newest_units_verified(tmp_path: Path) -> None:
+    """What the summary's reference comparison reads without a final.json: the newest
+    committed unit's tensors by name (a Trainer's safetensors, Lightning's `state_dict`),
+    not its file's bytes (Lightning's holds the node's paths); a file that fails its record
+    gives no figure."""
+    import torch
+    from safetensors.torch import save as save_safetensors
+
+    from mncloud.storage.final import ckpt_dir_final, weights_sha256
+
+    weights = {"net.0.weight": torch.arange(6.0).reshape(2, 3), "net.0.bias": torch.ones(2)}
+    finals = []
+    for run, where in (("a", "/node-0/ckpt"), ("b", "/elsewhere/ckpt")):
+        uri = (tmp_path / run / "bucket").as_uri()
+        node = _node(tmp_path / run, uri)
+        for step in (4, 8):
+            state = {k: v * step for k, v in weights.items()}
+            callbacks = {"ModelCheckpoint": {"dirpath": where}}
+            torch.save({"state_dict": state, "callbacks": callbacks, "global_step": step},
+                       node.path / f"epoch={step // 4 - 1}-step={step}.ckpt")  # fmt: skip
+        node.sync(), node.sync()
+        finals.append(ckpt_dir_final(uri))
+    assert finals[0] == finals[1] and finals[0] is not None
+    assert finals[0]["steps"] == 8 and finals[0]["weights_file"] == "epoch=1-step=8.ckpt"
+    plain = io.BytesIO()
+    torch.save({k: v * 8 for k, v in weights.items()}, plain)  # a script's final.pt
+    assert weights_sha256(plain.getvalue(), "final.pt") == finals[0]["weights_sha256"]
+    uri = (tmp_path / "hf" / "bucket").as_uri()
+    node = _node(tmp_path / "hf", uri)
+    (node.path / "checkpoint-10").mkdir()
+    data = save_safetensors(weights, metadata={"format": "pt"})
+    (node.path / "checkpoint-10" / "model.safetensors").write_bytes(data)
+    node.sync(), node.sync()
+    final = ckpt_dir_final(uri)
+    assert final is not None and final["weights_file"] == "checkpoint-10/model.safetensors"
+    assert final["weights_sha256"] == weights_sha256(save_safetensors(weights), "x.safetensors")
+    changed = tmp_path / "hf" / "bucket" / layout.CKPT_DIR_NAME / "checkpoint-10"
+    (changed / "model.safetensors").write_bytes(data[:-4] + b"\xff" * 4)  # the same size
+    assert ckpt_dir_final(uri) is None
+
+
 def test_goodput_without_steps_is_unknown_never_a_made_up_split(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -339,15 +390,29 @@ def _at_kill(uri: str) -> dict[str, Any]:
             "names": {v.name: v.committed for v in verdicts}}  # fmt: skip
 
 
+def _wide(*args: str) -> str:
+    """`mncloud ARGS`' output, 250 columns wide (a unit's name whole in `status`'s table)."""
+    from typer.testing import CliRunner
+
+    from mncloud.cli import app
+
+    result = CliRunner().invoke(app, list(args), env={"COLUMNS": "250"})
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
 def _preempted_once(
     tmp_path_factory: pytest.TempPathFactory, s3_server: Any, name: str, script: Path,
     args: list[str], ready: Any, final: str, chaos: tuple[str, ...] = ("--node", "1"),
     flags: tuple[str, ...] = (),
+    before: Any = None,
 ) -> dict[str, Any]:  # fmt: skip
     """`script` on 2 local nodes under `--ckpt-dir` in S3, preempted once (`chaos preempt` with
-    `chaos`) when `ready(uri)` holds for the run's bucket; the uninterrupted reference of
-    the same script runs beside the relaunch (started after the preemption: it puts no load on
-    the race to preempt the run before it ends)."""
+    `chaos`) when `ready(uri)` holds for the run's bucket (`before(name, uri)` first, if
+    given); the uninterrupted reference of the same script runs beside the relaunch (started
+    after the preemption: it puts no load on the race to preempt the run before it ends).
+    `status`, `ckpt ls` and the summary's figures are read once it ended."""
+    from mncloud.backends.local.figures import recovery_figures
     from mncloud.backends.local.state import node_ckpt_dir
     from mncloud.cli.follow import ckpt_dir_line, goodput_line
     from mncloud.layout import run_dir
@@ -363,6 +428,7 @@ def _preempted_once(
         up(name, script, *FLAGS, *flags, "--bucket", f"s3://{bucket}/exp", script_args=args)
         uri = f"s3://{bucket}/exp/{name}"
         wait_until(lambda: ready(uri), 400, "a checkpoint in the bucket")
+        changed = before(name, uri) if before is not None else None
         said = cli("chaos", "preempt", name, *chaos).output
         at_kill = _at_kill(uri)
         reference = start_reference_ckpt_dir_file(script, [*FLAGS, *flags], args, final)
@@ -377,6 +443,8 @@ def _preempted_once(
             "goodput_line": goodput_line(name),
             "node_dirs": {n: sorted(os.listdir(node_ckpt_dir(run_dir(name), n)))
                           for n in (0, 1)},
+            "status": _wide("status", name), "ls": _wide("ckpt", "ls", name),
+            "figures": recovery_figures(run_dir(name)), "changed": changed,
             "reference": reference(),
         }  # fmt: skip
     return out
@@ -465,6 +533,8 @@ def test_hf_trainer_run_summary_names_its_folder_and_counts_its_steps(
     line = hf_run["goodput_line"]
     assert line is not None and line.startswith("goodput ") and "unknown" not in line, line
     assert "%" in line and not line.startswith("goodput 0%"), line
+    _agree(hf_run, "checkpoint-80", 80)
+    assert hf_run["figures"].final["weights_file"] == "checkpoint-80/model.safetensors"
 
 
 @pytest.fixture(scope="module")
@@ -505,7 +575,10 @@ def test_hf_trainer_preempted_during_a_save_resumes_from_the_folder_before_it(
 
 PL_SCRIPT = REPO / "examples" / "lightning_train.py"
 # Dropout: its masks resume exactly only from the RNG states mncloud's callback keeps.
-PL_ARGS = ["--epochs", "10", "--samples", "256", "--dropout", "0.5", "--compute-ms", "250"]
+# `--logger`: Lightning's default logger writes lightning_logs/ into the folder (logs, kept
+# file by file: never a torn checkpoint).
+PL_ARGS = ["--epochs", "10", "--samples", "256", "--dropout", "0.5", "--compute-ms", "250",
+           "--logger"]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -539,6 +612,22 @@ def test_lightning_preempted_once_ends_on_the_uninterrupted_weights(
         == "newest checkpoint in --ckpt-dir /ckpt: epoch=9-step=40.ckpt (step 40)"
     )
     assert "unknown" not in (pl_run["goodput_line"] or "unknown"), pl_run["goodput_line"]
+    _agree(pl_run, "epoch=9-step=40.ckpt", 40)
+
+
+def _agree(run: dict[str, Any], unit: str, step: int) -> None:
+    """`status`, `ckpt ls` and the run's summary name the same newest unit; the summary's
+    final weights are that unit's, which the reference comparison reads; a logger's folder
+    is never reported torn."""
+    name = run["state"].name
+    row = next(line for line in run["status"].splitlines() if line.startswith(f"│ {name} "))
+    assert f" {unit} " in row, run["status"]
+    assert "keeps aside" not in run["status"], run["status"]
+    assert f"newest committed checkpoint: {unit} (step {step})" in run["ls"], run["ls"]
+    assert "incomplete" not in run["ls"] and "no checkpoints at" not in run["ls"], run["ls"]
+    assert run["folder_line"].endswith(f": {unit} (step {step})"), run["folder_line"]
+    final = run["figures"].final
+    assert final["steps"] == step and final["weights_file"].startswith(unit), final
 
 
 @pytest.mark.slow
@@ -591,3 +680,76 @@ def test_lightning_preempted_during_a_save_resumes_from_the_last_ckpt_in_the_buc
     assert (state.restarts, state.preemptions) == (1, 1)
     assert run["starts"][-1].get("resumed_from") == last, run["starts"]
     assert _sha_of_tensors(run["final"]) == _sha_of_tensors(run["reference"])
+
+
+def _flip_a_tensor(data: bytes) -> bytes:
+    """A torch file with 64 bytes of its largest tensor flipped: the same size, and torch.load
+    still reads it (it checks no CRC): a checkpoint that loads other weights without a word."""
+    import struct
+    import zipfile
+
+    info = max(
+        (i for i in zipfile.ZipFile(io.BytesIO(data)).infolist() if "/data/" in i.filename),
+        key=lambda i: i.file_size,
+    )
+    name_len, extra_len = struct.unpack(
+        "<HH", data[info.header_offset + 26 : info.header_offset + 30]
+    )
+    at = info.header_offset + 30 + name_len + extra_len
+    return data[:at] + bytes(b ^ 0xFF for b in data[at : at + 64]) + data[at + 64 :]
+
+
+def _change_last_ckpt(name: str, uri: str) -> bytes:
+    """Node 0 (the one that saves) loses its disk as `chaos preempt` makes it (nothing more of
+    it reaches the bucket), then the bucket's committed `last.ckpt` is changed, the same size;
+    `chaos preempt --node 0` kills the node next. Returns the changed bytes."""
+    from mncloud.backends.local.ckptdir import lose_disk
+    from mncloud.layout import run_dir
+    from mncloud.storage import join_key, open_bucket
+    from mncloud.storage.folders import survey
+
+    with lose_disk(run_dir(name), 0):
+        assert {v.name: v.committed for v in survey(uri)}.get("last.ckpt"), survey(uri)
+        bad = _flip_a_tensor(_bucket_file(uri, "last.ckpt"))
+        bucket, prefix = open_bucket(layout.ckpt_dir_uri(uri), retry_seconds=5)
+        bucket.put_bytes(join_key(prefix, "last.ckpt"), bad)
+    return bad
+
+
+@pytest.fixture(scope="module")
+def pl_changed_run(tmp_path_factory: pytest.TempPathFactory, s3_server: Any) -> dict[str, Any]:
+    """The Lightning example, preempted once (node 0) as `pl_run`, its committed `last.ckpt`
+    changed in the bucket (the same size) before the relaunch; its reference is `pl_run`'s."""
+    pytest.importorskip("lightning")
+    return _preempted_once(
+        tmp_path_factory, s3_server, "plchanged", PL_SCRIPT, PL_ARGS,
+        _last_ckpt_from_step_8, "final.pt", chaos=("--node", "0"), before=_change_last_ckpt,
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.catalog
+def test_lightning_last_ckpt_changed_in_the_bucket_is_refused_and_the_run_ends_right(
+    pl_changed_run: dict[str, Any],
+) -> None:
+    """The changed `last.ckpt` fails its record: never restored (Lightning would load other
+    weights from it), named in the run's log; the newest `epoch=…-step=….ckpt` stands in for
+    it, `ckpt_path="last"` resumes from that, and the run ends on the uninterrupted weights,
+    which the summary's figure (the newest unit's) equals."""
+    from mncloud.storage.final import weights_sha256
+
+    run = pl_changed_run
+    state = run["state"]
+    assert state.state.value == "SUCCEEDED", run["log"]
+    assert (state.restarts, state.preemptions) == (1, 1)
+    newest = run["at_kill"]["newest"]  # the newest committed epoch file when node 0 vanished
+    assert newest is not None and newest.step >= 8, run["at_kill"]
+    kept = "last.ckpt kept aside in the bucket, never restored: refused: last.ckpt fails its "
+    assert kept + "content hash" in run["log"], run["log"]
+    assert f"last.ckpt is a copy of {newest.name}" in run["log"], run["log"]
+    assert run["starts"][-1].get("resumed_from") == newest.step, run["starts"]
+    assert _sha_of_tensors(run["final"]) == _sha_of_tensors(run["reference"])
+    reference = weights_sha256(run["reference"], "final.pt")
+    assert run["figures"].final["weights_sha256"] == reference  # the summary's comparison
+    assert " lightning_logs/ " in run["ls"] and "yes (logs" in run["ls"], run["ls"]
+    _agree(run, "epoch=9-step=40.ckpt", 40)

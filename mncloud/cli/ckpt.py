@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -12,7 +12,6 @@ from mncloud.cli._common import console, handle_errors, print_json
 from mncloud.errors import CheckpointError, RunNotFoundError
 
 if TYPE_CHECKING:  # the storage modules load pydantic: not for `mncloud --help`
-    from mncloud.storage.buckets import ObjectInfo
     from mncloud.storage.checkpoints import CheckpointStore
     from mncloud.storage.folders import Verdict
 
@@ -80,22 +79,6 @@ def _run_location(name: str) -> str:
     return uri
 
 
-def ckpt_dir_files(ckpt_uri: str, retry_seconds: float = 5.0) -> list[ObjectInfo]:
-    """What a run's `--ckpt-dir` folder holds in the bucket, keys relative to the folder."""
-    from mncloud import layout
-    from mncloud.storage import open_bucket
-    from mncloud.storage.buckets import ObjectInfo
-    from mncloud.storage.folders import COMMITS
-
-    bucket, prefix = open_bucket(layout.ckpt_dir_uri(ckpt_uri), retry_seconds=retry_seconds)
-    base = f"{prefix}/" if prefix else ""
-    return [
-        ObjectInfo(key=obj.key[len(base) :], size=obj.size, mtime=obj.mtime)
-        for obj in bucket.list(base)
-        if not obj.key[len(base) :].startswith(f"{COMMITS}/")  # mncloud's markers
-    ]
-
-
 def ckpt_dir_units(ckpt_uri: str, retry_seconds: float = 5.0) -> list[Verdict]:
     """A run's `--ckpt-dir` units in the bucket: committed, or why not (`storage/folders.py`)."""
     from mncloud.storage.folders import survey
@@ -116,14 +99,54 @@ def ckpt_dir_left(
     return left_in_bucket(bucket, prefix, units)
 
 
-def describe_incomplete(units: list[Verdict]) -> str:
-    """`checkpoint-600 (no marker from node 1 (of 2))` for one line of `status`; "" if none."""
-    return "; ".join(f"{u.name} ({u.reason})" for u in units if not u.committed)
+def _unit_row(u: Verdict, left: dict[str, str], stand_ins: dict[str, str]) -> list[str]:
+    """One row of `ls`'s `--ckpt-dir` table: name, committed (or why not), files, size, age."""
+    from rich.markup import escape
+
+    if u.log:
+        done = "yes (logs: restored file by file)"
+    elif u.committed:
+        done = "yes"
+    elif u.reason.startswith("refused"):
+        done = f"[red]{escape(u.reason)}[/], in the bucket, never restored"
+    else:
+        done = f"[yellow]incomplete[/]: {escape(u.reason)}"
+    if u.name in left:
+        done += f", in the bucket, not restored (a restore brings {escape(left[u.name])})"
+    if u.name in stand_ins:
+        done += f" (a restore puts a copy of {escape(stand_ins[u.name])} in its place)"
+    count = str(len(u.files)) if u.committed or not u.folder else "?"
+    kind = "/" if u.folder else ""
+    return [f"{u.name}{kind}", done, count, _human(u.size), _age(u.mtime)]
 
 
-def describe_files(files: list[ObjectInfo], most: int = 4) -> str:
-    """`snapshot.pt (2.1 KB, 4s ago), …` for one line of `status`."""
-    shown = [f"{f.key} ({_human(f.size)}, {_age(f.mtime)} ago)" for f in files[:most]]
+def _ckpt_dir_table(uri: str) -> bool:
+    """Print the `--ckpt-dir` units and the newest committed one; False when there are none."""
+    from rich.table import Table
+
+    from mncloud.storage.folderrestore import stand_ins_of
+    from mncloud.storage.folders import newest_committed
+
+    units = ckpt_dir_units(uri)
+    if not units:
+        return False
+    folder = Table(
+        "name", "committed", "files", "size", "age", title="--ckpt-dir folder",
+        title_justify="left",
+    )  # fmt: skip
+    left, stand_ins = ckpt_dir_left(uri, units), stand_ins_of(units)
+    for u in units:
+        folder.add_row(*_unit_row(u, left, stand_ins))
+    console.print(folder)
+    found = newest_committed(units)
+    said = f"{found.name} (step {found.step})" if found else "none named by a step"
+    console.print(f"newest committed checkpoint: {said}", markup=False, highlight=False)
+    return True
+
+
+def describe_files(files: list[dict[str, Any]], most: int = 4) -> str:
+    """`snapshot.pt (2.1 KB, 4s ago), …` for one line of `status` (each: key, size, mtime)."""
+    shown = [f"{f['key']} ({_human(f['size'])}, {_age(f['mtime'])} ago)" for f in files[:most]]
     more = f", +{len(files) - most} more" if len(files) > most else ""
     return ", ".join(shown) + more
 
@@ -167,26 +190,12 @@ def ls(uri: UriArg, json_out: JsonOpt = False) -> None:
             ]
         )
         return
-    from rich.markup import escape
     from rich.table import Table
 
-    units = ckpt_dir_units(store.uri)
-    if units:
-        folder = Table(
-            "name", "committed", "files", "size", "age", title="--ckpt-dir folder",
-            title_justify="left",
-        )  # fmt: skip
-        left = ckpt_dir_left(store.uri, units)
-        for u in units:
-            done = "yes" if u.committed else f"[yellow]incomplete[/]: {escape(u.reason)}"
-            if u.name in left:
-                done += f", in the bucket, not restored (a restore brings {escape(left[u.name])})"
-            count = str(len(u.files)) if u.committed or not u.folder else "?"
-            kind = "/" if u.folder else ""
-            folder.add_row(f"{u.name}{kind}", done, count, _human(u.size), _age(u.mtime))
-        console.print(folder)
+    has_units = _ckpt_dir_table(store.uri)
     if not steps:
-        console.print(f"no checkpoints at {store.uri}", markup=False, highlight=False)
+        if not has_units:
+            console.print(f"no checkpoints at {store.uri}", markup=False, highlight=False)
         return
     table = Table("step", "complete", "files", "size", "age")
     for s in steps:

@@ -5,8 +5,9 @@ backend's interface (`logs`, `status`, and its `rehearsal()`: `progress`, `run_r
 never its files. Ctrl-C, SIGTERM (`timeout`) or SIGHUP stops the run (a foreground local run
 is yours; use `--detach` to leave it running). When the run
 succeeded after at least one restart and the script wrote `final.json` with the sha256 of its
-weights, the same task runs once more without chaos and the two hashes are compared: the
-proof that preemptions cost time, not correctness.
+weights (a `--ckpt-dir` run: its newest committed unit's weights, `storage.final`), the same
+task runs once more without chaos and the two hashes are compared: the proof that
+preemptions cost time, not correctness.
 """
 
 from __future__ import annotations
@@ -86,7 +87,11 @@ def summary_table(progress: RunProgress) -> Table:
     for line in fig.restarted:
         grid.add_row("[red]not resumed[/]", line)
     sha = (fig.final or {}).get("weights_sha256")
-    grid.add_row("final weights", f"sha256 {sha[:16]}…" if sha else "no final.json with a sha256")
+    source = (fig.final or {}).get("weights_file")
+    said = "no final.json with a sha256"
+    if sha:
+        said = f"sha256 {sha[:16]}…" + (f" ({source} in --ckpt-dir)" if source else "")
+    grid.add_row("final weights", said)
     return grid
 
 

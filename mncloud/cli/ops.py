@@ -15,8 +15,6 @@ from mncloud.cli._common import console, handle_errors, print_json
 
 if TYPE_CHECKING:
     from mncloud.operate import RunView, UnreadableRun
-    from mncloud.storage import ObjectInfo
-    from mncloud.storage.folders import Verdict
 
 
 def register(app: typer.Typer) -> None:
@@ -83,19 +81,12 @@ def _show_status(name: str | None, as_json: bool, *, one_line_json: bool = False
     with reads_shared():  # a run's telemetry read once: its stragglers, then its goodput
         shown = [run_status(name)] if name else all_statuses()
         statuses = [s for s in shown if not isinstance(s, UnreadableRun)]
-        folders = {s.name: _ckpt_dir_files(s) for s in statuses}
-        units = {s.name: _ckpt_dir_units(s, bool(folders[s.name])) for s in statuses}
         goodput = {s.name: status_goodput(s) for s in statuses}
     if as_json:
         data = [
             {
                 **s.model_dump(mode="json"),
-                "ckpt_dir_files": [vars(f) for f in folders.get(s.name, [])],
-                "ckpt_dir_incomplete": [
-                    {"name": u.name, "reason": u.reason}
-                    for u in units.get(s.name, [])
-                    if not u.committed
-                ],
+                **({} if isinstance(s, UnreadableRun) else _ckpt_dir_json(s)),
                 **({} if isinstance(s, UnreadableRun) else {"goodput": goodput[s.name]}),
             }
             for s in shown
@@ -111,7 +102,7 @@ def _show_status(name: str | None, as_json: bool, *, one_line_json: bool = False
         return
     console.print(_status_table(shown, goodput))
     _deadline_table(statuses)
-    _detail_lines(shown, folders, units)
+    _detail_lines(shown)
 
 
 def _status_table(shown: list[RunView | UnreadableRun], goodput: dict[str, float | None]) -> Table:
@@ -147,7 +138,7 @@ def _status_table(shown: list[RunView | UnreadableRun], goodput: dict[str, float
             s.state.value,
             where,
             f"{s.restarts} ({s.preemptions} preempted)",
-            "-" if s.ckpt_step is None else str(s.ckpt_step),
+            _ckpt_cell(s),
             "-" if ago is None else f"{_duration(ago)} ago",
             _duration(ran),
             cost,
@@ -155,11 +146,23 @@ def _status_table(shown: list[RunView | UnreadableRun], goodput: dict[str, float
     return table
 
 
-def _detail_lines(
-    shown: list[RunView | UnreadableRun],
-    folders: dict[str, list[ObjectInfo]],
-    units: dict[str, list[Verdict]],
-) -> None:
+def _ckpt_cell(s: RunView) -> str:
+    """The ckpt column: the newest checkpoint's step, or a `--ckpt-dir` run's newest unit."""
+    if s.ckpt_dir is not None and s.ckpt_dir.newest is not None:
+        return s.ckpt_dir.newest
+    return "-" if s.ckpt_step is None else str(s.ckpt_step)
+
+
+def _ckpt_dir_json(s: RunView) -> dict[str, object]:
+    """`--json`'s `ckpt_dir_files` and `ckpt_dir_incomplete` (the `ckpt_dir` view's)."""
+    view = s.ckpt_dir
+    return {
+        "ckpt_dir_files": view.files if view else [],
+        "ckpt_dir_incomplete": view.incomplete if view else [],
+    }
+
+
+def _detail_lines(shown: list[RunView | UnreadableRun]) -> None:
     """The free-text detail below the table, one line a run, where it has the full width."""
     from mncloud.operate import UnreadableRun
 
@@ -187,12 +190,14 @@ def _detail_lines(
                 Text(f"{s.name}: ", style="bold") + Text(line, style="yellow" if low else "dim")
             )
     for s in statuses:
-        from mncloud.cli.ckpt import describe_files, describe_incomplete
+        from mncloud.cli.ckpt import describe_files
 
-        if folders[s.name]:
-            line = f"--ckpt-dir holds {describe_files(folders[s.name])}"
+        view = s.ckpt_dir
+        if view is not None and view.files:
+            line = f"--ckpt-dir holds {describe_files(view.files)}"
             console.print(Text(f"{s.name}: ", style="bold") + Text(line, style="dim"))
-        if torn := describe_incomplete(units[s.name]):
+        if view is not None and view.incomplete:
+            torn = "; ".join(f"{u['name']} ({u['reason']})" for u in view.incomplete)
             line = f"--ckpt-dir keeps aside (incomplete, never restored): {torn}"
             console.print(Text(f"{s.name}: ", style="bold") + Text(line, style="yellow"))
 
@@ -228,33 +233,6 @@ def _deadline_table(statuses: list[RunView]) -> None:
             by_place = ", ".join(f"{name} ${cost:,.2f}" for name, cost in d.place_costs.items())
             line += f"; by place: {by_place}" + (f"; now in {d.place}" if d.place else "")
         console.print(Text(f"{s.name}: ", style="bold") + Text(line, style="dim"))
-
-
-def _ckpt_dir_units(status: RunView, has_files: bool) -> list[Verdict]:
-    """The run's `--ckpt-dir` units in its bucket, judged ([] without files, or unreadable)."""
-    from mncloud.cli.ckpt import ckpt_dir_units
-    from mncloud.errors import MncloudError
-
-    if not has_files or not status.ckpt_uri:
-        return []
-    try:
-        return ckpt_dir_units(status.ckpt_uri)
-    except MncloudError:
-        return []
-
-
-def _ckpt_dir_files(status: RunView) -> list[ObjectInfo]:
-    """What the run's `--ckpt-dir` folder holds in its bucket ([] without one, or unreadable)."""
-    from mncloud.cli.ckpt import ckpt_dir_files
-    from mncloud.errors import MncloudError
-    from mncloud.records.store import load_current
-
-    try:
-        if status.ckpt_uri and load_current(status.name).spec.get("ckpt_dir"):
-            return ckpt_dir_files(status.ckpt_uri)
-    except MncloudError:
-        pass
-    return []
 
 
 @handle_errors

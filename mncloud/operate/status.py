@@ -1,9 +1,10 @@
 """A run's status as `mncloud status` shows it, whichever backend runs it: the backend's own
-view, plus the newest complete checkpoint from the bucket, straggling ranks from the
-telemetry the ranks publish and, for a `--deadline` run, its controller's view (mode,
-progress in work-hours, slack, cost against all on-demand). A deadline run whose controller
-ran on this machine and died is given a new one here (`control.revive`), which resumes from
-its state.
+view, plus the newest complete checkpoint from the bucket (a `--ckpt-dir` run's folder there,
+listed once: its newest committed unit, its files, what it keeps aside), straggling ranks
+from the telemetry the ranks publish and, for a `--deadline` run, its controller's view
+(mode, progress in work-hours, slack, cost against all on-demand). A deadline run whose
+controller ran on this machine and died is given a new one here (`control.revive`), which
+resumes from its state.
 
 `all_statuses` is a bare `mncloud status`: a run whose files cannot be read (a torn
 state.json, a launch that stopped before its run started, an unreadable controller state)
@@ -13,9 +14,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from mncloud import layout
 from mncloud.backends.base import Backend, RunState, RunStatus, first_unreadable
@@ -44,11 +45,25 @@ _PHASE_STATES = {
 FILE_ERRORS = (OSError, ValueError, KeyError, TypeError)
 
 
+class CkptDirView(BaseModel):
+    """A `--ckpt-dir` run's folder in its bucket, as `status` shows it (one listing)."""
+
+    newest: str | None = None
+    """The newest committed unit by the step in its name (`folders.newest_committed`: the
+    one the run's summary and `ckpt ls` name), shown in the ckpt column; None: none."""
+    files: list[dict[str, Any]] = Field(default_factory=list)
+    """Every file it holds: key (relative to the folder), size, mtime."""
+    incomplete: list[dict[str, str]] = Field(default_factory=list)
+    """Units kept aside (incomplete, or refused at a restore): name and reason."""
+
+
 class RunView(RunStatus):
     """A run's status as `status` shows it: the backend's, with a deadline run's controller."""
 
     deadline: DeadlineStatus | None = None
     """A `--deadline` run's controller view (filled by `run_status`), else None."""
+    ckpt_dir: CkptDirView | None = None
+    """A `--ckpt-dir` run's folder in its bucket (filled by `run_status`), else None."""
 
 
 class UnreadableRun(BaseModel):
@@ -72,10 +87,23 @@ def newest_ckpt_dir_entry(uri: str) -> Newest | None:
     """The newest checkpoint a framework wrote in the run's `--ckpt-dir` folder (its name and
     step: `storage.frameworkdirs`) among the units committed whole in the bucket (a torn
     folder is never named: `storage.folders`); None when there is none."""
-    from mncloud.storage.folders import survey
-    from mncloud.storage.frameworkdirs import newest
+    from mncloud.storage.folders import newest_committed, survey
 
-    return newest(v.name for v in survey(uri, CKPT_LOOKUP_SECONDS) if v.committed)
+    return newest_committed(survey(uri, CKPT_LOOKUP_SECONDS))
+
+
+def ckpt_dir_view(uri: str) -> CkptDirView:
+    """The run's `--ckpt-dir` folder in its bucket (`uri`: its checkpoint URI), listed once:
+    its files, the units kept aside and the newest committed one."""
+    from mncloud.storage.folders import inventory
+
+    found = inventory(uri, CKPT_LOOKUP_SECONDS)
+    newest = found.newest
+    return CkptDirView(
+        newest=newest.name if newest else None,
+        files=[vars(f) for f in found.files],
+        incomplete=[{"name": u.name, "reason": u.reason} for u in found.units if not u.committed],
+    )
 
 
 def known_run_names() -> list[str]:
@@ -133,12 +161,16 @@ def _run_status(run_name: str) -> RunView:
             nodes=control.config.nodes,
             ckpt_uri=control.ckpt_uri,
         )
-    if status.ckpt_uri and status.ckpt_step is None:
+    record = _record(run_name)
+    if status.ckpt_uri:
         try:
-            status.ckpt_step = newest_checkpoint_step(status.ckpt_uri)
+            if status.ckpt_step is None:
+                status.ckpt_step = newest_checkpoint_step(status.ckpt_uri)
+            if record is not None and record.spec.get("ckpt_dir"):
+                _add_ckpt_dir(status, status.ckpt_uri)
         except MncloudError as err:
             prepend(status, f"{UNREADABLE}: {' '.join(str(err).split())[:120]}")
-    _add_stragglers(status)
+    _add_stragglers(status, record)
     if control is not None:
         _add_deadline(status, control)
     if control_error:
@@ -219,13 +251,30 @@ def _add_deadline(status: RunView, control: ControlState) -> None:
         status.detail = f"{control.phase}: {status.deadline.reason}"
 
 
-def _add_stragglers(status: RunStatus) -> None:
+def _record(run_name: str) -> RunRecord | None:
+    """The run's newest record, or None without one."""
     from mncloud.records.store import load_current
-    from mncloud.telemetry.steps import step_times, straggler_note, straggler_ranks
 
     try:
-        record = load_current(status.name)
+        return load_current(run_name)
     except MncloudError:
+        return None
+
+
+def _add_ckpt_dir(status: RunView, uri: str) -> None:
+    """A `--ckpt-dir` run's folder; its newest committed unit's step is the run's newest
+    checkpoint when it has no CheckpointManager step (goodput then reads no bucket again)."""
+    status.ckpt_dir = ckpt_dir_view(uri)
+    if status.ckpt_step is None and status.ckpt_dir.newest is not None:
+        from mncloud.storage.frameworkdirs import entry_step
+
+        status.ckpt_step = entry_step(status.ckpt_dir.newest)
+
+
+def _add_stragglers(status: RunStatus, record: RunRecord | None) -> None:
+    from mncloud.telemetry.steps import step_times, straggler_note, straggler_ranks
+
+    if record is None:
         return
     _add_bandwidth(status, record)
     status.step_times = step_times(record, ckpt_uri=status.ckpt_uri)

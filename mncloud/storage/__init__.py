@@ -17,7 +17,8 @@ local directory, bucket preparation before a launch, and the checkpoint layout.
     names.py        SkyPilot's bucket-name rules, restated so a check imports nothing
     lighthouse.py   where a cloud run's nodes find torchft's lighthouse
     stoprequest.py  a stop request in the bucket: `down`'s notice to a cloud run
-    final.py        a finished run's final figures (final.json beside its checkpoints)
+    final.py        a finished run's final figures (final.json beside its checkpoints; a
+                    `--ckpt-dir` run's from its newest committed unit's weights)
     shapes.py       does a checkpoint fit the model a script builds (names and shapes)
     frameworkdirs.py  a framework's checkpoints in a `--ckpt-dir` folder by name: the newest
 

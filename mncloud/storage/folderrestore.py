@@ -15,6 +15,11 @@ a metric recorded inside them), any other name (`final/`, `runs/`).
 
 If the newest is refused (a file fails its hash, reads short or is gone mid-restore), the next
 older one is fetched then (and its best), the refused one recorded in `refused.json` as before.
+A one-file unit is checked against its record the same way, and refused the same way (never
+restored, left in the bucket, recorded); a refused Lightning `last.ckpt` gets the newest
+`epoch=…-step=….ckpt` restored copied under its name (`stand_ins`: `fit(ckpt_path="last")`
+looks for no other file). A logger's folder (`folders.LOG_FOLDERS`) is restored file by file:
+one that fails is left out and named, the others land.
 
 **Room.** Before a byte is fetched, the bytes to land (each file rounded up to 4 KiB) plus
 `RESERVE` are compared with the free space of the node's folder: too little is `NoRoom`, one
@@ -41,7 +46,14 @@ from mncloud.errors import MncloudError, StorageError
 from mncloud.storage import transfer
 from mncloud.storage.buckets import Bucket
 from mncloud.storage.folders import Verdict, refused_key
-from mncloud.storage.frameworkdirs import TRAINER_STATE, entry_step, named_best, rotated
+from mncloud.storage.frameworkdirs import (
+    LIGHTNING_LAST,
+    TRAINER_STATE,
+    entry_step,
+    named_best,
+    newest,
+    rotated,
+)
 from mncloud.storage.url import join_key
 
 MiB = 1024 * 1024
@@ -160,6 +172,8 @@ class Restored:
     """Units not restored because something is wrong with them → why."""
     left: dict[str, str] = field(default_factory=dict)
     """Committed folders left in the bucket → the newer one of their family restored."""
+    stand_ins: dict[str, str] = field(default_factory=dict)
+    """A refused Lightning `last.ckpt` → the `.ckpt` file copied under its name."""
 
     def counts(self) -> tuple[int, int]:
         """(folders, top-level files) restored."""
@@ -193,40 +207,86 @@ class _Restore:
         return v in self.out.units or v.name in self.out.aside
 
     def land(self, v: Verdict) -> bool:
-        """Fetch one unit beside its place, check it, rename it into place."""
+        """Fetch one unit beside its place, check it, rename it into place (a logger's
+        folder: the files that pass)."""
         landing = self.root / f"{LANDING}{v.name}"
         wants = [
             transfer.Want(join_key(self.prefix, v.name, rel),
                           landing / rel if rel else landing, size, rel or v.name)
             for rel, (size, _) in sorted(v.files.items())
         ]  # fmt: skip
-        why = None
-        try:
-            digests = transfer.fetch(self.bucket, wants)
-        except transfer.BadObject as err:
-            why = f"refused: {v.name}/{err}" if v.folder else f"refused: {err}"
+        if v.log:
+            digests = self.fetch_logs(v, wants)
         else:
+            try:
+                digests = transfer.fetch(self.bucket, wants)
+            except transfer.BadObject as err:
+                return self.refuse(v, f"refused: {v.name}/{err}" if v.folder else f"refused: {err}")
             why = _mismatch(v, digests)
-        if why is not None:
-            _remove(landing)
-            self.out.aside[v.name] = why
-            if v.folder:
-                refuse(self.bucket, self.prefix, v.name, why, self.node)
-            return False
+            if why is not None:
+                return self.refuse(v, why)
         target = self.root / v.name
         os.replace(landing, target)
         with contextlib.suppress(OSError):
             os.utime(target, (v.mtime, v.mtime))
         for rel, (size, _) in v.files.items():
-            self.out.files[f"{v.name}/{rel}" if rel else v.name] = (size, digests[rel or v.name])
+            if (key := rel or v.name) in digests:
+                self.out.files[f"{v.name}/{rel}" if rel else v.name] = (size, digests[key])
         self.out.units.append(v)
         return True
+
+    def refuse(self, v: Verdict, why: str) -> bool:
+        """Leave `v` out: its copy removed, its refusal recorded in the bucket (`ckpt ls`)."""
+        _remove(self.root / f"{LANDING}{v.name}")
+        self.out.aside[v.name] = why
+        refuse(self.bucket, self.prefix, v.name, why, self.node)
+        return False
+
+    def fetch_logs(self, v: Verdict, wants: list[transfer.Want]) -> dict[str, str]:
+        """A logger's files: each one that reads short, is gone or fails the hashes its markers
+        give it is left out (in the bucket, named in `aside`), the others kept."""
+        while True:
+            try:
+                digests = transfer.fetch(self.bucket, wants)
+                break
+            except transfer.BadObject as err:
+                self.out.aside[f"{v.name}/{err.rel}"] = f"refused: {v.name}/{err}"
+                (self.root / f"{LANDING}{v.name}" / err.rel).unlink(missing_ok=True)
+                wants = [w for w in wants if w.rel != err.rel]
+        for rel, (_size, hashes) in sorted(v.files.items()):
+            if rel in digests and hashes and digests[rel] not in hashes:
+                self.out.aside[f"{v.name}/{rel}"] = _hash_fails(v, rel, digests[rel])
+                (self.root / f"{LANDING}{v.name}" / rel).unlink(missing_ok=True)
+                del digests[rel]
+        (self.root / f"{LANDING}{v.name}").mkdir(parents=True, exist_ok=True)
+        return digests
+
+    def stand_in(self) -> None:
+        """Lightning's `last.ckpt` refused: the newest `.ckpt` file restored by its step is
+        copied under its name (its room checked first), so that `fit(ckpt_path="last")`
+        resumes from it."""
+        files = {u.name: u for u in self.out.units if not u.folder and u.name.endswith(".ckpt")}
+        found = newest(files)
+        for name in sorted(self.out.aside):
+            if found is None or not LIGHTNING_LAST.match(name):
+                continue
+            source, copy = self.root / found.name, self.root / name
+            ensure_room(self.root, landed_bytes([files[found.name]]), f"a copy of {found.name}")
+            shutil.copyfile(source, copy)
+            shutil.copystat(source, copy)
+            self.out.stand_ins[name] = found.name
+
+
+def _hash_fails(v: Verdict, rel: str, digest: str) -> str:
+    where = f"{v.name}/{rel}" if rel else v.name
+    return f"refused: {where} fails its content hash (xxh3_128 {digest})"
 
 
 def _mismatch(v: Verdict, digests: dict[str, str]) -> str | None:
     for rel, (_size, hashes) in sorted(v.files.items()):
-        if hashes and digests[rel] not in hashes:
-            return f"refused: {v.name}/{rel} fails its content hash (xxh3_128 {digests[rel]})"
+        digest = digests[rel or v.name]
+        if hashes and digest not in hashes:
+            return _hash_fails(v, rel, digest)
     return None
 
 
@@ -259,6 +319,7 @@ def restore_units(
             job.land(v)
         for chain in p.chains.values():
             job.chain(chain)
+        job.stand_in()
     finally:
         for landing in root.glob(f"{LANDING}*"):
             _remove(landing)
@@ -274,3 +335,18 @@ def left_in_bucket(bucket: Bucket, prefix: str, verdicts: list[Verdict]) -> dict
             if v.name not in chosen:
                 out[v.name] = chain[0].name
     return out
+
+
+def stand_ins_of(verdicts: list[Verdict]) -> dict[str, str]:
+    """A Lightning `last.ckpt` that is not committed (refused) → the file a restore copies in
+    its place: the newest committed `epoch=…-step=….ckpt` (as `_Restore.stand_in`)."""
+    source = newest(
+        v.name for v in verdicts if v.committed and not v.folder and v.name.endswith(".ckpt")
+    )
+    if source is None:
+        return {}
+    return {
+        v.name: source.name
+        for v in verdicts
+        if not v.committed and not v.folder and LIGHTNING_LAST.match(v.name)
+    }

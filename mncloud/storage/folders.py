@@ -7,8 +7,16 @@ and the small API the training side uses.
 
 **Units.** Every top-level folder of `--ckpt-dir` is one unit, whatever its name; a top-level
 plain file is a one-file unit, committed by its one upload (write it elsewhere and `os.replace`
-it into place, as today). Temporary names are never synced: top-level `tmp-*` (the Trainer's
-`tmp-checkpoint-*`, renamed when the save ends), `*.tmp`, `*.partial` and `.mncloud*`.
+it into place, as today), which its node records after it (a marker whose one entry, `""`,
+gives its size and xxh3_128): a restore checks the file against that record. Temporary names
+are never synced: top-level `tmp-*` (the Trainer's `tmp-checkpoint-*`, renamed when the save
+ends), `*.tmp`, `*.partial` and `.mncloud*`.
+
+**Logs.** A top-level folder named in `LOG_FOLDERS` (`lightning_logs/`, `runs/`, `wandb/`, …)
+holds a logger's files, not a checkpoint: it is never incomplete nor torn. Its files go up as
+they settle, like plain files; each node that uploaded some of them marks its share when its
+attempt ends cleanly; a restore brings every file of it, each checked against the markers
+that name it (one that fails is left in the bucket and named, the others restored).
 
 **Commit.** A node's share of a folder is committed by a marker, written after its files:
 `<ckpt-dir>/.mncloud-commits/<folder>/node-<N>.json` naming every file the node holds there with
@@ -34,7 +42,9 @@ Timeline, 2 nodes, `save_steps=200`:
             to the script, which resumes from 400 and later writes 600 afresh (re-committed).
 
 A committed folder whose file fails its hash at restore is refused (`Verdict.reason` names the
-file and the folder) and left out, so the framework resumes from the next older one.
+file and the folder) and left out, so the framework resumes from the next older one; a
+top-level file that fails its record is refused the same way (`refused.json` beside its
+record), until a newer upload records it afresh.
 
 **API for the training side** (torch-free; `MNCLOUD_CKPT_DIR` is the node's folder):
 - `announce()`: from then on this node's folders commit only when `saved()` says so (call it
@@ -43,8 +53,10 @@ file and the folder) and left out, so the framework resumes from the next older 
   after the node's ranks are done: e.g. local rank 0 after a barrier, in `on_save`).
   Without `announce()`, a folder is marked once every file of it kept still one scan (0.25 s)
   and none is open for writing: enough for a folder renamed into place, as the Trainer does.
-- `survey(ckpt_uri)` -> every unit's `Verdict` (committed or why not); the newest committed
-  one by its step is `operate.status.newest_ckpt_dir_entry` (`storage.frameworkdirs`).
+- `survey(ckpt_uri)` -> every unit's `Verdict` (committed or why not); `inventory(ckpt_uri)`
+  adds the files, from the same one listing; `newest_committed(units)`: the committed unit
+  with the highest step in its name (`storage.frameworkdirs`), which the run's summary,
+  `status` and `ckpt ls` name.
 """
 
 from __future__ import annotations
@@ -63,6 +75,7 @@ from mncloud.constants import CKPT_DIR_ENV
 from mncloud.errors import StorageError
 from mncloud.storage.buckets import Bucket, ObjectInfo
 from mncloud.storage.factory import open_bucket
+from mncloud.storage.frameworkdirs import Newest, newest
 from mncloud.storage.url import join_key
 
 COMMITS = ".mncloud-commits"
@@ -73,7 +86,19 @@ ANNOUNCED = ".announced"
 _TEMPORARY = re.compile(r"^(tmp-.*|.*\.tmp|.*\.partial|\.mncloud.*)$")
 _MARKER = re.compile(r"^node-(\d+)\.json$")
 REFUSED = "refused.json"
-"""Beside a folder's markers: a restore refused it (its reason); cleared by a new marker."""
+"""Beside a unit's markers: a restore refused it (its reason); cleared by a new marker."""
+FILE_ENTRY = ""
+"""A one-file unit's marker names its one file by this path (the unit itself)."""
+LOG_FOLDERS = (
+    "lightning_logs", "runs", "wandb", "mlruns", "tensorboard", "tb_logs", "logs",
+)  # fmt: skip
+"""Top-level folders loggers write (Lightning's `default_root_dir/lightning_logs`, the
+Trainer's and TensorBoard's `runs`, Weights & Biases, MLflow): kept file by file (see Logs)."""
+
+
+def is_log(top: str) -> bool:
+    """Is this top-level folder name a logger's (`LOG_FOLDERS`), not a checkpoint?"""
+    return top in LOG_FOLDERS
 
 
 def is_temporary(top: str) -> bool:
@@ -125,9 +150,12 @@ class Verdict:
     reason: str = ""
     """Why it is not committed (empty when it is)."""
     files: dict[str, tuple[int, set[str]]] = field(default_factory=dict)
-    """Path inside the unit -> (size, the hashes markers give it)."""
+    """Path inside the unit (`""` for a one-file unit) -> (size, the hashes its markers give
+    it; none: nothing recorded it, only its size is checked)."""
     size: int = 0
     mtime: float = 0.0
+    log: bool = False
+    """A logger's folder (`LOG_FOLDERS`): always restored, file by file."""
 
 
 def _markers(bucket: Bucket, prefix: str, objs: list[ObjectInfo]) -> dict[str, dict[int, dict]]:
@@ -145,12 +173,13 @@ def _markers(bucket: Bucket, prefix: str, objs: list[ObjectInfo]) -> dict[str, d
     return found
 
 
-def judge(bucket: Bucket, prefix: str) -> list[Verdict]:
-    """Every unit under `prefix` (the bucket side of `--ckpt-dir`), committed or why not.
+def judge(bucket: Bucket, prefix: str, objs: list[ObjectInfo] | None = None) -> list[Verdict]:
+    """Every unit under `prefix` (the bucket side of `--ckpt-dir`), committed or why not;
+    `objs`: the listing of `prefix/`, when the caller made it already.
 
     Sizes only: a content hash is checked where the files are read (`foldersync.restore`)."""
     base = f"{prefix}/" if prefix else ""
-    objs = bucket.list(base)
+    objs = bucket.list(base) if objs is None else objs
     commits = [o for o in objs if o.key[len(base) :].startswith(COMMITS + "/")]
     held: dict[str, ObjectInfo] = {
         o.key[len(base) :]: o for o in objs if not o.key[len(base) :].startswith(COMMITS + "/")
@@ -163,19 +192,76 @@ def judge(bucket: Bucket, prefix: str) -> list[Verdict]:
         v.size += obj.size
         v.mtime = max(v.mtime, obj.mtime)
         if not folder:
-            v.files[""] = (obj.size, set())
-    for name in markers:
-        units.setdefault(name, Verdict(name, True, committed=False))
+            v.files[FILE_ENTRY] = (obj.size, set())
+    for name, marks in markers.items():
+        if name not in units and not all(_is_file_record(m) for m in marks.values()):
+            units[name] = Verdict(name, True, committed=False)  # else: a file deleted since
     for v in units.values():
-        if v.folder:
+        if not v.folder:
+            _judge_file(v, markers.get(v.name, {}))
+        elif is_log(v.name):
+            _judge_logs(v, markers.get(v.name, {}), held)
+        else:
             _judge_folder(v, markers.get(v.name, {}), held)
     return sorted(units.values(), key=lambda v: v.name)
 
 
-def _judge_folder(v: Verdict, marks: dict[int, dict], held: dict[str, ObjectInfo]) -> None:
+def _is_file_record(mark: dict) -> bool:
+    """A one-file unit's record (or a refusal, which names no files)."""
+    files = mark.get("files")
+    return files is None or FILE_ENTRY in files
+
+
+def _refused(marks: dict[int, dict], since: float = 0.0) -> str | None:
+    """The reason of a refusal newer than every marker (and than `since`), else None."""
     refused = marks.pop(-1, None)
-    if refused and all(m.get("t", 0) <= refused.get("t", 0) for m in marks.values()):
-        v.reason = str(refused.get("reason", "refused"))
+    if refused is None:
+        return None
+    t = refused.get("t", 0)
+    if any(m.get("t", 0) > t for m in marks.values()) or (not marks and since > t):
+        return None
+    return str(refused.get("reason", "refused"))
+
+
+def _judge_file(v: Verdict, marks: dict[int, dict]) -> None:
+    """A one-file unit: as its records say (size and hashes); without one (uploaded before
+    mncloud recorded files, or its record not yet written), by its size alone."""
+    why = _refused(marks, since=v.mtime)
+    if why is not None:
+        v.committed, v.reason = False, why
+        return
+    records = [m["files"][FILE_ENTRY] for m in marks.values() if _is_file_record(m)]
+    if not records:
+        return
+    size = v.files[FILE_ENTRY][0]
+    hashes = {str(r["xxh3_128"]) for r in records if int(r["size"]) == size}
+    if not hashes:
+        said = " or ".join(sorted({f"{int(r['size'])} B" for r in records}))
+        v.committed, v.reason = False, f"{v.name} is {size} B, its record says {said}"
+        return
+    v.files[FILE_ENTRY] = (size, hashes)
+
+
+def _judge_logs(v: Verdict, marks: dict[int, dict], held: dict[str, ObjectInfo]) -> None:
+    """A logger's folder: every file it holds, with the hashes any node's marker gives it."""
+    marks.pop(-1, None)
+    v.committed, v.log = True, True
+    base = f"{v.name}/"
+    for key, obj in held.items():
+        if key.startswith(base):
+            rel = key[len(base) :]
+            hashes = {
+                str(m["files"][rel]["xxh3_128"])
+                for m in marks.values()
+                if rel in m.get("files", {})
+            }
+            v.files[rel] = (obj.size, hashes)
+
+
+def _judge_folder(v: Verdict, marks: dict[int, dict], held: dict[str, ObjectInfo]) -> None:
+    why = _refused(marks)
+    if why is not None:
+        v.reason = why
         return
     if not marks:
         v.reason = "no commit marker (being written, or a node was lost while it wrote it)"
@@ -212,8 +298,40 @@ def _any_size(v: Verdict, rel: str, size: int, marks: dict[int, dict]) -> bool:
 
 def survey(ckpt_uri: str, retry_seconds: float = 5.0) -> list[Verdict]:
     """A run's `--ckpt-dir` units in its bucket (`ckpt_uri` is the run's checkpoint URL)."""
+    return inventory(ckpt_uri, retry_seconds).units
+
+
+@dataclass
+class Inventory:
+    """A run's `--ckpt-dir` folder in its bucket, from one listing: what `status` shows."""
+
+    units: list[Verdict]
+    files: list[ObjectInfo]
+    """Every object but mncloud's markers, its key relative to the folder."""
+
+    @property
+    def newest(self) -> Newest | None:
+        """The newest committed unit by the step in its name (`newest_committed`)."""
+        return newest_committed(self.units)
+
+
+def inventory(ckpt_uri: str, retry_seconds: float = 5.0) -> Inventory:
+    """The units and files of a run's `--ckpt-dir` folder, the bucket listed once."""
     bucket, prefix = open_bucket(layout.ckpt_dir_uri(ckpt_uri), retry_seconds=retry_seconds)
-    return judge(bucket, prefix)
+    base = f"{prefix}/" if prefix else ""
+    objs = bucket.list(base)
+    files = [
+        ObjectInfo(key=o.key[len(base) :], size=o.size, mtime=o.mtime)
+        for o in objs
+        if not o.key[len(base) :].startswith(f"{COMMITS}/")
+    ]
+    return Inventory(judge(bucket, prefix, objs), files)
+
+
+def newest_committed(units: list[Verdict]) -> Newest | None:
+    """The committed unit with the highest step in its name (`frameworkdirs.newest`): what
+    the run's summary, `status` and `ckpt ls` name as its newest checkpoint."""
+    return newest(v.name for v in units if v.committed and not v.log)
 
 
 # --------------------------------------------------------------------- the training side

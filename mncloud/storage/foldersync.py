@@ -6,25 +6,29 @@ cloud VM, as a process of its own started by the run script beside the launcher:
     python -m mncloud.storage.foldersync run --dir /ckpt --uri s3://b/exp/run/ckpt-dir
         --node 1 --nodes 2 --watch $$ --rc-file F --ready R &
 
-It first restores (`restore` alone does only that), writes R with the name of the unit the framework
-resumes from (`folderrestore.resume_unit`; empty: none; the run script exports its path as
-`$MNCLOUD_RESUME_FROM` and starts the launcher then), and syncs until SIGTERM. Restoring fills an
-empty folder with what the framework resumes from (`folderrestore.py`): of the committed units
-(`folders.judge`) the newest `checkpoint-N/` or `step-N/` (and the Trainer's best), every other unit
-as it is, each file's size and xxh3_128 checked against its markers, many ranges at once; a folder
-that fails is left out, reported (`refused.json` beside its markers, shown by `ckpt ls`) and never
-deleted, and the next older one is restored instead. Too little disk for it: one line, exit 2,
-nothing fetched (the run script's node then refuses: `REFUSED_MARKER_ENV`). `run` scans every 0.25
-s: a file changed since the last upload, still for one scan and open for writing by no process under
-`--watch`, is uploaded (a folder's file on S3 straight from the disk, hashed as it is read and
-counted only if it did not change meanwhile; any other copied aside first); a folder whose files are
-all uploaded is committed by this node's marker (`folders.write_marker`), deleted first whenever one
-of its files changes or goes. A folder the framework deletes (its rotation) is deleted from the
-bucket, and with it the older ones of its family that the restore left there: the framework would
-have deleted them first. Nothing else absent from the node is ever deleted. SIGTERM ends it:
-everything is uploaded, and marked if the run script's exit code (read from `--rc-file`) says the
-node ended cleanly (0, or the preemption notice's 115): a node that crashed mid-save leaves its last
-folder uncommitted.
+It first restores (`restore` alone does only that), writes R with the name of the unit the
+framework resumes from (`folderrestore.resume_unit`; empty: none; the run script exports its
+path as `$MNCLOUD_RESUME_FROM` and starts the launcher then), and syncs until SIGTERM. Restoring
+fills an empty folder with what the framework resumes from (`folderrestore.py`): of the
+committed units (`folders.judge`) the newest `checkpoint-N/` or `step-N/` (and the Trainer's
+best), every other unit as it is, each file's size and xxh3_128 checked against its markers (a
+top-level file's: its record), many ranges at once; a unit that fails is left out, reported
+(`refused.json` beside its markers, shown by `ckpt ls`) and never deleted, and the next older
+one is restored instead (for Lightning's `last.ckpt`, a copy of the newest `epoch=…-step=….ckpt`
+stands in, never uploaded until the script writes `last.ckpt` itself). Too little disk for it:
+one line, exit 2, nothing fetched (the run script's node then refuses: `REFUSED_MARKER_ENV`).
+`run` scans every 0.25 s: a file changed since the last upload, still for one scan and open for
+writing by no process under `--watch`, is uploaded (a folder's file on S3 straight from the
+disk, hashed as it is read and counted only if it did not change meanwhile; any other copied
+aside first, a top-level file then recorded by this node's marker); a folder whose files are all
+uploaded is committed by this node's marker (`folders.write_marker`; a logger's folder only at
+the end, by a node that uploaded some of it), deleted first whenever one of its files changes or
+goes. A folder the framework deletes (its rotation) is deleted from the bucket, and with it the
+older ones of its family that the restore left there: the framework would have deleted them
+first. Nothing else absent from the node is ever deleted. SIGTERM ends it: everything is
+uploaded, and marked if the run script's exit code (read from `--rc-file`) says the node ended
+cleanly (0, or the preemption notice's 115): a node that crashed mid-save leaves its last folder
+uncommitted.
 """
 
 from __future__ import annotations
@@ -133,10 +137,13 @@ class NodeSync:
         self._writers = writers
         self._synced: dict[str, Synced] = {}
         self._seen: dict[str, Signature] = {}
-        self._marked: set[str] = set()  # folders whose marker from this node is current
-        self.aside: dict[str, str] = {}  # units restore left out -> why
+        self._marked: set[str] = set()  # units whose marker from this node is current
+        self._wrote: set[str] = set()  # units this node uploaded a file of, this attempt
+        self._stand_ins: dict[str, Signature] = {}  # copies restore put there, as it did
+        self.aside: dict[str, str] = {}  # units (a logger's files) restore left out -> why
         self.left: dict[str, str] = {}  # older folders left in the bucket -> the one restored
         self.resume_from: folders.Verdict | None = None  # what the framework resumes from
+        self.stand_ins: dict[str, str] = {}  # a refused `last.ckpt` -> the file copied there
 
     def _key(self, rel: str) -> str:
         return join_key(self._prefix, rel)
@@ -157,11 +164,13 @@ class NodeSync:
             sig = _signature(self.path / rel)
             assert sig is not None
             self._synced[rel] = Synced(sig, size, digest)
-        for v in done.units:
-            mine = folders.marker_key(self._prefix, v.name, self.node)
-            if v.folder and self._bucket.exists(mine):
-                self._marked.add(v.name)
-        self.aside, self.left = done.aside, done.left
+        refused = [n for n in done.aside if n in {v.name for v in verdicts if not v.folder}]
+        for name in [v.name for v in done.units] + refused:  # a marker goes before a change
+            if self._bucket.exists(folders.marker_key(self._prefix, name, self.node)):
+                self._marked.add(name)
+        for name in done.stand_ins:  # not the bucket's: never uploaded until the script writes it
+            self._stand_ins[name] = _signature(self.path / name) or (0, 0)
+        self.aside, self.left, self.stand_ins = done.aside, done.left, done.stand_ins
         self.resume_from = folderrestore.resume_unit(done.units)
         return done.counts()
 
@@ -180,9 +189,12 @@ class NodeSync:
         self._synced.clear()
         self._seen.clear()
         self._marked.clear()
+        self._wrote.clear()
+        self._stand_ins.clear()
         self.aside = {}
         self.left = {}
         self.resume_from = None
+        self.stand_ins = {}
 
     # ------------------------------------------------------------------ sync
 
@@ -192,7 +204,7 @@ class NodeSync:
         `commit`: write markers (False after a crash: pending folders stay uncommitted)."""
         if not self.path.is_dir():
             return []
-        current = local_files(self.path)
+        current = self._current()
         changed = [rel for rel, sig in current.items() if self._sig(rel) != sig]
         removed = [rel for rel in self._synced if rel not in current]
         for unit in {folders.unit_of(r)[0] for r in changed + removed} & self._marked:
@@ -211,10 +223,23 @@ class NodeSync:
         for rel in removed:
             self._bucket.delete(self._key(rel))
             del self._synced[rel]
+            if not folders.unit_of(rel)[1]:  # a file's records go with it
+                delete_prefix(self._bucket, join_key(self._prefix, folders.COMMITS, rel))
         self._follow_rotation({u for u, folder in map(folders.unit_of, removed) if folder})
         if commit:
-            self._commit(current)
+            self._commit(current, final=final)
         return uploaded
+
+    def _current(self) -> dict[str, Signature]:
+        """The node's files, less the stand-ins the restore copied there and nobody changed
+        since (a stand-in the script writes is its own file from then on)."""
+        current = local_files(self.path)
+        for rel, sig in list(self._stand_ins.items()):
+            if current.get(rel) == sig:
+                del current[rel]
+            else:
+                del self._stand_ins[rel]
+        return current
 
     def _follow_rotation(self, removed: set[str]) -> None:
         """The framework deleted these folders: those of their family it never saw here, older
@@ -235,8 +260,9 @@ class NodeSync:
         entry = self._synced.get(rel)
         return entry.sig if entry else None
 
-    def _commit(self, current: dict[str, Signature]) -> None:
-        """Mark every folder all of whose files are uploaded as they are now."""
+    def _commit(self, current: dict[str, Signature], *, final: bool = False) -> None:
+        """Mark every folder all of whose files are uploaded as they are now; a logger's
+        folder only at the end (`final`), and only where this node uploaded some of it."""
         units: dict[str, list[str]] = {}
         for rel in current:
             unit, folder = folders.unit_of(rel)
@@ -245,7 +271,10 @@ class NodeSync:
         for unit, rels in units.items():
             if unit in self._marked or any(self._sig(r) != current[r] for r in rels):
                 continue
-            if not folders.hinted(self.path, unit, max(current[r][1] for r in rels)):
+            if folders.is_log(unit):
+                if not final or unit not in self._wrote:
+                    continue
+            elif not folders.hinted(self.path, unit, max(current[r][1] for r in rels)):
                 continue
             share = {
                 r.partition("/")[2]: (self._synced[r].size, self._synced[r].digest) for r in rels
@@ -266,10 +295,11 @@ class NodeSync:
             if name.startswith(".mncloud"):
                 continue
             if entry.is_dir(follow_symlinks=False):
-                new = temporary or name not in self._marked
+                new = temporary or (name not in self._marked and not folders.is_log(name))
                 found += [name + "/"] if new else []
             elif entry.is_file(follow_symlinks=False):
-                new = temporary or self._sig(name) != _signature(Path(entry.path))
+                sig = _signature(Path(entry.path))
+                new = temporary or (self._sig(name) != sig and self._stand_ins.get(name) != sig)
                 found += [name] if new else []
         return sorted(found)
 
@@ -293,6 +323,11 @@ class NodeSync:
         self._bucket.put_file(self._key(rel), self._staging)
         self._staging.unlink(missing_ok=True)
         self._uploaded(rel, before, digest)
+        if not folders.unit_of(rel)[1]:  # a one-file unit: its record, which a restore checks
+            self._bucket.delete(folders.refused_key(self._prefix, rel))
+            share = {folders.FILE_ENTRY: (before[0], digest)}
+            folders.write_marker(self._bucket, self._prefix, rel, self.node, self.nodes, share)
+            self._marked.add(rel)
         return True
 
     def _stream(self, rel: str, bucket: S3Bucket) -> bool:
@@ -317,6 +352,7 @@ class NodeSync:
     def _uploaded(self, rel: str, sig: Signature, digest: str) -> None:
         self._synced[rel] = Synced(sig, sig[0], digest)
         self._seen.pop(rel, None)
+        self._wrote.add(folders.unit_of(rel)[0])
 
     def close(self, *, commit: bool) -> None:
         """The node ended on its own: upload everything; with `commit`, mark what is whole and
@@ -358,8 +394,19 @@ def restored_line(node: NodeSync, placed: tuple[int, int], *, aside: bool = True
         for newer, names in sorted(left.items())
     )
     kept = "".join(f"; kept aside: {n} ({why})" for n, why in sorted(node.aside.items()))
-    return f"--ckpt-dir restored {placed[0]} folder(s), {placed[1]} file(s){said}" + (
-        kept if aside else ""
+    stood = "".join(f"; {stand_in_said(n, source)}" for n, source in sorted(node.stand_ins.items()))
+    return (
+        f"--ckpt-dir restored {placed[0]} folder(s), {placed[1]} file(s){said}"
+        + (kept if aside else "")
+        + stood
+    )
+
+
+def stand_in_said(name: str, source: str) -> str:
+    """What a stand-in for a refused Lightning `last.ckpt` is, in a few words."""
+    return (
+        f'{name} is a copy of {source}, the newest checkpoint restored: ckpt_path="last" '
+        f"resumes from it (the bucket's {name} was refused)"
     )
 
 

@@ -16,7 +16,9 @@ names such a folder's family and step, and only the newest (and the Trainer's be
 its `trainer_state.json`: `named_best`) needs to be on the node. Lightning's `.ckpt` files and
 folders are not rotated by step: it resumes from `last.ckpt`, and its `ModelCheckpoint` keeps
 the top-k by a metric it records inside them, so every one of them is restored, as is any
-other name.
+other name. When the bucket's `last.ckpt` is refused (it fails its record), the newest
+`epoch=…-step=….ckpt` restored is copied under its name (`LIGHTNING_LAST`): Lightning looks
+for no other file when it resumes from "last".
 """
 
 from __future__ import annotations
@@ -30,6 +32,10 @@ _ROTATED = re.compile(r"^(checkpoint|step)-(\d+)$")
 TRAINER_STATE = "trainer_state.json"
 """In a Trainer's `checkpoint-N/`: its state, `best_model_checkpoint` among it."""
 _STEP = re.compile(r"^(?:checkpoint-|step-)(\d+)$|(?:^|-)step=(\d+)(?:-v\d+)?\.ckpt$")
+LIGHTNING_LAST = re.compile(r"^last(?:-v?\d+)?\.ckpt$")
+"""Lightning's `last.ckpt` (`last-v1.ckpt` with its version counter): what
+`fit(ckpt_path="last")` looks for (`ModelCheckpoint._find_last_checkpoints`), and only that:
+without one it starts afresh, whatever `epoch=…-step=….ckpt` the folder holds."""
 
 
 class Newest(NamedTuple):

@@ -1,6 +1,8 @@
 """What a local run did, in numbers: its live progress, what its relaunches cost, and whether
 it ended with the weights of the same run without interruptions (the reference run).
 
+The final weights are the script's `final.json`, or a `--ckpt-dir` run's newest committed
+unit's (`storage.final.ckpt_dir_final`): the reference comparison works for both.
 The figures come from the supervisor's events (state.json) and the run's telemetry segments
 (`telemetry.series`: rank 0's steps and its `start` events, each node's `done`), which the
 script's ranks write to the run's bucket as on a cloud. The demo summary, the tests and the
@@ -13,6 +15,7 @@ import contextlib
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from mncloud.backends.base import RecoveryFigures, ReferenceResult, RunProgress, RunState
 from mncloud.backends.local.lifecycle import run_ended, start_reference, stop_folder
@@ -20,10 +23,12 @@ from mncloud.backends.local.resumecheck import SCRATCH
 from mncloud.backends.local.state import (
     LocalState,
     last_step,
+    load_launch,
     load_state,
     series_uri,
 )
-from mncloud.storage.final import read_final
+from mncloud.constants import CKPT_DIR_ENV
+from mncloud.storage.final import ckpt_dir_final, read_final
 from mncloud.telemetry.series import Series, read_series
 
 POLL_S = 0.25
@@ -101,7 +106,7 @@ def recovery_figures(folder: Path) -> RecoveryFigures:
     cold = first_t[0] - launches[0] if launches and first_t[0] else None
     final = None
     with contextlib.suppress(Exception):
-        final = read_final(state.ckpt_uri)
+        final = final_of(folder, state.ckpt_uri)
     return RecoveryFigures(
         node_losses=sum(e.kind == "node-lost" for e in state.events),
         heal_s=[
@@ -131,6 +136,15 @@ def recovery_figures(folder: Path) -> RecoveryFigures:
     )
 
 
+def final_of(folder: Path, ckpt_uri: str) -> dict[str, Any] | None:
+    """The run's final figures: its script's final.json; a `--ckpt-dir` run's without one,
+    from its newest committed unit's weights (`storage.final.ckpt_dir_final`)."""
+    final = read_final(ckpt_uri)
+    if final is None and CKPT_DIR_ENV in load_launch(folder).envs:
+        final = ckpt_dir_final(ckpt_uri)
+    return final
+
+
 def run_reference(
     run_name: str, on_progress: Callable[[RunProgress], None] = lambda _p: None
 ) -> ReferenceResult:
@@ -145,7 +159,7 @@ def run_reference(
         stop_folder(ref)
         raise
     state = load_state(ref)
-    final = read_final(state.ckpt_uri) if state.state is RunState.SUCCEEDED else None
+    final = final_of(ref, state.ckpt_uri) if state.state is RunState.SUCCEEDED else None
     wall = (state.ended_at or 0) - state.started_at if state.started_at else None
     return ReferenceResult(
         state=state.state,
