@@ -124,7 +124,9 @@ def first_choice(bucket: Bucket, prefix: str, verdicts: list[Verdict]) -> list[V
 
 def resume_unit(units: list[Verdict]) -> Verdict | None:
     """The unit a framework resumes from among those restored: the highest step its name
-    carries (`checkpoint-40`, `epoch=4-step=40.ckpt`), else the newest by time (`ckpt.pt`)."""
+    carries (`checkpoint-40`, `epoch=4-step=40.ckpt`), else the newest by time (`ckpt.pt`);
+    never a logger's folder."""
+    units = [v for v in units if not v.log]
     stepped = [(step, v) for v in units if (step := entry_step(v.name)) is not None]
     if stepped:
         return max(stepped, key=lambda sv: sv[0])[1]
