@@ -17,7 +17,6 @@ import time
 from dataclasses import dataclass, field
 
 import torch
-from torch.utils.data import Dataset
 from transformers import (
     GPT2Config,
     GPT2LMHeadModel,
@@ -38,20 +37,12 @@ class ScriptArguments:
     compute_ms: float = field(default=0.0, metadata={"help": "sleep per step (a stand-in)"})
 
 
-class Tokens(Dataset):
-    """Synthetic token sequences from a fixed seed: a repeating pattern with noise."""
-
-    def __init__(self, samples: int, length: int, vocab: int) -> None:
-        gen = torch.Generator().manual_seed(1234)
-        start = torch.randint(0, vocab, (samples, 1), generator=gen)
-        step = torch.randint(1, 4, (samples, 1), generator=gen)
-        self.ids = (start + step * torch.arange(length)) % vocab
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        return {"input_ids": self.ids[i], "labels": self.ids[i]}
+def grouped_blocks(samples: int, block_size: int, vocab: int) -> list[dict[str, torch.Tensor]]:
+    """run_clm.py's `group_texts`: one long token stream cut into blocks, the labels the
+    inputs (the model shifts them); here a seeded random stream stands for the tokenized text."""
+    gen = torch.Generator().manual_seed(1234)
+    stream = torch.randint(0, vocab, (samples * block_size,), generator=gen)
+    return [{"input_ids": block, "labels": block} for block in stream.view(samples, block_size)]
 
 
 class ComputeTime(TrainerCallback):
@@ -72,7 +63,7 @@ def main() -> None:
     trainer = Trainer(
         model=GPT2LMHeadModel(config),
         args=training_args,
-        train_dataset=Tokens(script.samples, config.n_positions, 128),
+        train_dataset=grouped_blocks(script.samples, config.n_positions, 128),
         callbacks=[ComputeTime(script.compute_ms)] if script.compute_ms else None,
     )
     # As run_clm.py (transformers 5): only the checkpoint the command line names.
