@@ -234,6 +234,40 @@ def test_chaos_needs_a_known_local_run() -> None:
     assert result.exit_code == 2 and "no run named 'nope'" in result.output
 
 
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_a_stopped_storage_outage_takes_its_marker_back(tmp_path: Path, sig: int) -> None:
+    """`chaos storage-outage` stopped by SIGTERM or SIGHUP ends the outage as Ctrl-C does: the
+    bucket's outage marker is gone, the end is in chaos.jsonl, the exit is 128 + the signal."""
+    import sys
+
+    from mncloud.backends.local.state import LocalLaunch, read_jsonl, save_launch
+    from mncloud.backends.registry import record_backend
+    from mncloud.storage import BucketURL
+
+    name = f"outage-{signal.Signals(sig).name.lower()}"
+    uri = f"file://{tmp_path / 'ckpt'}/{name}"
+    folder = record_backend(name, "local")
+    save_launch(folder, LocalLaunch(name=name, token="t", task_id="x", num_nodes=1,
+                                    procs_per_node=1, master_port=1, ckpt_uri=uri,
+                                    workdir=str(tmp_path), run="true"))  # fmt: skip
+    marker = Path(BucketURL.parse(uri, check_name=False).name) / constants.STORAGE_OUTAGE_MARKER
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mncloud", "chaos", "storage-outage", name, "--seconds", "600"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        first = proc.stdout.readline()  # printed once the marker is down: the bucket is "down"
+        assert "unreachable for 600s" in first and marker.exists(), first
+        proc.send_signal(sig)
+        assert proc.wait(timeout=30) == 128 + sig
+    finally:
+        proc.kill()
+    assert not marker.exists()
+    phases = [r.get("phase") for r in read_jsonl(folder / "chaos.jsonl")]
+    assert phases == ["start", "end"]
+
+
 def test_dryrun_checks_without_starting(tmp_path: Path) -> None:
     result = runner.invoke(
         app, ["up", str(EXAMPLE), "--cloud", "local", "--gpus", "cpu:2", "--nodes", "2",
