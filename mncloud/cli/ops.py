@@ -178,11 +178,10 @@ def _detail_lines(
             console.print(Text(f"{s.name}: ", style="bold") + Text(line, style="dim"))
     for s in statuses:
         if s.bandwidth:
-            from mncloud.doctor.bandwidth import WARN_FRACTION, describe
+            from mncloud.doctor.bandwidth import published
 
-            expected = s.bandwidth.get("expected_gbs") or 0
-            low = s.bandwidth.get("busbw_gbs", 0) < WARN_FRACTION * expected
-            line = f"network: {describe(s.bandwidth)}"
+            figure = published(s.bandwidth)
+            low, line = figure.short, f"network: {figure.line()}"
             console.print(
                 Text(f"{s.name}: ", style="bold") + Text(line, style="yellow" if low else "dim")
             )
