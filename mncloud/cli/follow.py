@@ -163,6 +163,7 @@ def goodput_line(name: str) -> str | None:
     """Where the run's node-seconds went, in one line (`runs cost ID --breakdown` in full)."""
     from mncloud.errors import MncloudError
     from mncloud.operate import run_goodput
+    from mncloud.records.goodput import part_label
     from mncloud.records.store import load_current
 
     try:
@@ -186,7 +187,7 @@ def goodput_line(name: str) -> str | None:
          if key != "useful" and part.node_seconds >= total / 200),  # 0.5 % or more
         reverse=True,
     )  # fmt: skip
-    rest = ", ".join(f"{key.replace('_', ' ')} {share:.0%}" for share, key in shares[:3])
+    rest = ", ".join(f"{part_label(key)} {share:.0%}" for share, key in shares[:3])
     return (
         f"goodput {ledger.goodput:.0%} of {ledger.total_node_seconds:,.0f} node-seconds "
         f"({rest}): mncloud runs cost {record.run_id} --breakdown"

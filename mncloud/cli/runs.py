@@ -263,6 +263,7 @@ def cost_command(
 def _breakdown(record: RunRecord, as_json: bool) -> None:
     """`runs cost RUN --breakdown`: the goodput ledger (`records/goodput.py`)."""
     from mncloud.operate import run_goodput
+    from mncloud.records.goodput import part_label
 
     ledger = run_goodput(record)
     if as_json:
@@ -279,7 +280,7 @@ def _breakdown(record: RunRecord, as_json: bool) -> None:
         share = f"{part.node_seconds / total:.1%}" if total else "-"
         steps = str(part.steps) if name in ("useful", "redone", "unsaved") else ""
         table.add_row(
-            name.replace("_", " "), f"{part.node_seconds / scale:,.2f}", share,
+            part_label(name), f"{part.node_seconds / scale:,.2f}", share,
             _money(part.cents / 100), steps,
         )  # fmt: skip
     table.add_section()
