@@ -29,7 +29,7 @@ from mncloud.backends.base import (
 from mncloud.cli._common import console
 from mncloud.errors import MncloudError
 
-LABEL_WIDTH = 13
+LABEL_WIDTH = 14
 
 
 def status_line(progress: RunProgress, label: str | None = None) -> Text:
@@ -71,7 +71,11 @@ def summary_table(progress: RunProgress) -> Table:
     fig = progress.figures
     if fig is None:
         return grid
-    grid.add_row("restarts", f"{fig.restarts} ({_plural(fig.preemptions, 'preemption')})")
+    outages = f", {_plural(fig.outages, 'storage outage')}" if fig.outages else ""
+    grid.add_row("restarts", f"{fig.restarts} ({_plural(fig.preemptions, 'preemption')}{outages})")
+    if fig.outages:
+        met = "1 relaunch" if fig.outages == 1 else f"{fig.outages} relaunches"
+        grid.add_row("storage outage", f"{met} waited for the bucket; --max-restarts untouched")
     lost = " + ".join(str(n) for n in fig.lost_per_recovery)
     extra = f" ({lost})" if len(fig.lost_per_recovery) > 1 else ""
     grid.add_row("steps lost", f"{fig.steps_lost}{extra}")
