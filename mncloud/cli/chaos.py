@@ -109,7 +109,8 @@ def preempt_command(
             records.append(record)
             if not as_json:
                 pids = record.get("pids")
-                console.print(record["message"] + (f": killed pids {pids}" if pids else ""))
+                line = record["message"] + (f": killed pids {pids}" if pids else "")
+                console.print(line, markup=False, highlight=False, soft_wrap=True)
     except KeyboardInterrupt:
         raise typer.Exit(code=130) from None
     if as_json:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from mncloud.cli._common import console, handle_errors, print_json
+from mncloud.cli._common import console, handle_errors, print_json, print_whole
 from mncloud.errors import CheckpointError, RunNotFoundError
 
 if TYPE_CHECKING:  # the storage modules load pydantic: not for `mncloud --help`
@@ -184,9 +184,11 @@ def ls(uri: UriArg, json_out: JsonOpt = False) -> None:
             count = str(len(u.files)) if u.committed or not u.folder else "?"
             kind = "/" if u.folder else ""
             folder.add_row(f"{u.name}{kind}", done, count, _human(u.size), _age(u.mtime))
-        console.print(folder)
+        print_whole(folder)
     if not steps:
-        console.print(f"no checkpoints at {store.uri}", markup=False, highlight=False)
+        console.print(
+            f"no checkpoints at {store.uri}", markup=False, highlight=False, soft_wrap=True
+        )
         return
     table = Table("step", "complete", "files", "size", "age")
     for s in steps:
@@ -223,11 +225,13 @@ def verify(
     if json_out:
         print_json([{"step": v.step, "ok": v.ok, "reason": v.reason} for v in verdicts])
     elif not verdicts:
-        console.print(f"no checkpoints at {store.uri}", markup=False, highlight=False)
+        console.print(
+            f"no checkpoints at {store.uri}", markup=False, highlight=False, soft_wrap=True
+        )
     else:
         for v in verdicts:
             mark = "[green]ok[/]" if v.ok else f"[red]bad[/]: {v.reason}"
-            console.print(f"step {v.step}: {mark}")
+            console.print(f"step {v.step}: {mark}", soft_wrap=True)
     if step is not None and not verdicts[0].ok:
         raise CheckpointError(f"step {step} does not verify: {verdicts[0].reason}")
     corrupt = [v for v in verdicts if not v.ok and not v.reason.startswith("COMPLETE missing")]
@@ -305,5 +309,6 @@ def pull(
         store.pull(number, dest, progress=lambda n: bar.advance(task, n))
     console.print(
         f"pulled step {number} ({len(manifest.files)} files, {_human(manifest.total_size)}) "
-        f"into {dest}"
+        f"into {dest}",
+        soft_wrap=True,
     )

@@ -206,13 +206,13 @@ def _summary(backend: Backend, name: str) -> None:
     fig = progress.figures
     sha = (fig.final or {}).get("weights_sha256") if fig else None
     if fig and fig.node_losses:
-        console.print(node_recovery_line(fig))
+        console.print(node_recovery_line(fig), soft_wrap=True)
     folder = ckpt_dir_line(name, backend.status(name).ckpt_uri)
     if folder:
-        console.print(folder)
+        console.print(folder, markup=False, highlight=False, soft_wrap=True)
     goodput = goodput_line(name)
-    if goodput:
-        console.print(goodput)
+    if goodput:  # its command whole: a user copies it
+        console.print(goodput, markup=False, highlight=False, soft_wrap=True)
     if not sha or not fig or fig.restarts == 0:
         if sha:
             console.print("no restart happened: nothing to compare with a reference run")

@@ -8,6 +8,7 @@ import time
 from typing import TYPE_CHECKING, Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -165,17 +166,23 @@ def _detail_lines(
 
     for s in shown:
         if isinstance(s, UnreadableRun):
-            console.print(Text(f"{s.name}: ", style="bold") + Text(s.detail, style="red"))
+            console.print(
+                Text(f"{s.name}: ", style="bold") + Text(s.detail, style="red"), soft_wrap=True
+            )
         elif s.detail:
             style = "yellow" if s.stragglers else "dim"
-            console.print(Text(f"{s.name}: ", style="bold") + Text(s.detail, style=style))
+            console.print(
+                Text(f"{s.name}: ", style="bold") + Text(s.detail, style=style), soft_wrap=True
+            )
     statuses = [s for s in shown if not isinstance(s, UnreadableRun)]
     for s in statuses:
         if s.recovery == "node" and s.node_states:
             nodes = ", ".join(f"{n} {state}" for n, state in sorted(s.node_states.items()))
             quorum = ", ".join(map(str, s.quorum)) or "-"
             line = f"node recovery: nodes {nodes}; quorum [{quorum}]"
-            console.print(Text(f"{s.name}: ", style="bold") + Text(line, style="dim"))
+            console.print(
+                Text(f"{s.name}: ", style="bold") + Text(line, style="dim"), soft_wrap=True
+            )
     for s in statuses:
         if s.bandwidth:
             from mncloud.doctor.bandwidth import published
@@ -183,17 +190,22 @@ def _detail_lines(
             figure = published(s.bandwidth)
             low, line = figure.short, f"network: {figure.line()}"
             console.print(
-                Text(f"{s.name}: ", style="bold") + Text(line, style="yellow" if low else "dim")
+                Text(f"{s.name}: ", style="bold") + Text(line, style="yellow" if low else "dim"),
+                soft_wrap=True,
             )
     for s in statuses:
         from mncloud.cli.ckpt import describe_files, describe_incomplete
 
         if folders[s.name]:
             line = f"--ckpt-dir holds {describe_files(folders[s.name])}"
-            console.print(Text(f"{s.name}: ", style="bold") + Text(line, style="dim"))
+            console.print(
+                Text(f"{s.name}: ", style="bold") + Text(line, style="dim"), soft_wrap=True
+            )
         if torn := describe_incomplete(units[s.name]):
             line = f"--ckpt-dir keeps aside (incomplete, never restored): {torn}"
-            console.print(Text(f"{s.name}: ", style="bold") + Text(line, style="yellow"))
+            console.print(
+                Text(f"{s.name}: ", style="bold") + Text(line, style="yellow"), soft_wrap=True
+            )
 
 
 def _deadline_table(statuses: list[RunView]) -> None:
@@ -226,7 +238,7 @@ def _deadline_table(statuses: list[RunView]) -> None:
         if d.place_costs:  # across places: where the money went, and where it runs now
             by_place = ", ".join(f"{name} ${cost:,.2f}" for name, cost in d.place_costs.items())
             line += f"; by place: {by_place}" + (f"; now in {d.place}" if d.place else "")
-        console.print(Text(f"{s.name}: ", style="bold") + Text(line, style="dim"))
+        console.print(Text(f"{s.name}: ", style="bold") + Text(line, style="dim"), soft_wrap=True)
 
 
 def _ckpt_dir_units(status: RunView, has_files: bool) -> list[Verdict]:
@@ -342,4 +354,6 @@ def down_command(
     if as_json:
         print_json(status.model_dump(mode="json"))
     else:
-        console.print(f"[bold]{status.name}[/]: {status.state.value} {status.detail}")
+        console.print(
+            f"[bold]{status.name}[/]: {status.state.value} {escape(status.detail)}", soft_wrap=True
+        )
