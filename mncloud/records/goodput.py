@@ -63,18 +63,13 @@ PartName = Literal[
 ]  # fmt: skip
 PARTS: tuple[PartName, ...] = get_args(PartName)
 #: Parts measured only with per-step telemetry.
-STEP_PARTS: tuple[PartName, ...] = (
-    "useful", "redone", "unsaved", "startup", "recovery", "checkpoint_stall", "idle"
-)  # fmt: skip
-_LABELS = {"startup": "start-up"}
+STEP_PARTS: tuple[PartName, ...] = tuple(p for p in PARTS if p not in ("waiting", "unknown"))
+LAUNCHES = ("launch", "recovery", "restart")
 
 
 def part_label(part: str) -> str:
     """A part as people read it: `start-up`, `checkpoint stall`."""
-    return _LABELS.get(part, part.replace("_", " "))
-
-
-LAUNCHES = ("launch", "recovery", "restart")
+    return "start-up" if part == "startup" else part.replace("_", " ")
 
 
 class StepMark(BaseModel):
