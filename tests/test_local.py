@@ -425,6 +425,8 @@ def test_a_storage_outage_over_a_relaunch_is_waited_out_not_spent() -> None:
                for e in outages)  # fmt: skip
     log = run_log("outage2")
     assert "found its bucket unreachable (exit 75: a storage outage)" in log
+    assert "newest complete checkpoint: unknown (the bucket does not answer)" in log
+    assert "newest complete checkpoint: none" not in log  # there were some: it was not asked
     assert "(storage outage 1: backoff, not counted against --max-restarts)" in log
     assert state.detail.endswith(f", 1 preemption, {state.outages} storage outage" +
                                  ("s" if state.outages > 1 else ""))  # fmt: skip

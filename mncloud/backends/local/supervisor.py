@@ -336,11 +336,7 @@ class Supervisor:
         end = ending(codes, requested)
         self._kill_all(end.lost)  # first: no commit may land after we look at the bucket
         self._end_ckpt_dir(codes)
-        outage = end.outcome == "outage"  # the bucket does not answer: not asked again now
-        latest = None if outage else self._latest_checkpoint()
-        where = f"step {latest}" if latest is not None else "none"
-        if outage:
-            where = "not looked up (a storage outage: the bucket does not answer)"
+        latest, where = self._latest_checkpoint(ask=end.outcome != "outage")
         self.event(end.outcome, f"{end.message}; newest complete checkpoint: {where}",
                    node=end.node, exit_codes={str(k): v for k, v in codes.items()},
                    latest_checkpoint=latest)  # fmt: skip
@@ -415,8 +411,7 @@ class Supervisor:
             return False
         left = [n for n, c in codes.items() if c is None]
         self._kill_all()  # first: no commit may land after we look at the bucket
-        latest = self._latest_checkpoint()
-        where = f"step {latest}" if latest is not None else "none"
+        _latest, where = self._latest_checkpoint()
         killed = f"; node(s) {left} SIGKILLed at the notice's deadline" if left else ""
         self._stop_note = (
             f" after a preemption notice (newest complete checkpoint: {where}{killed})"
@@ -459,14 +454,16 @@ class Supervisor:
             if attempt == self.state.attempt and self._procs[node].poll() is None:
                 preempt_node(self.folder, node, by="the notice's deadline")
 
-    def _latest_checkpoint(self) -> int | None:
-        """The newest COMPLETE step in the bucket (None if none or unreachable)."""
+    def _latest_checkpoint(self, ask: bool = True) -> tuple[int | None, str]:
+        """The newest COMPLETE step in the bucket, and in words: `step N`, `none`, or unknown
+        when the bucket does not answer (not asked, `ask` False, after a storage outage)."""
         from mncloud.storage import CheckpointStore
 
-        with contextlib.suppress(Exception):
-            good, _ = CheckpointStore(self.launch.ckpt_uri, retry_seconds=2).candidates()
-            return good[0] if good else None
-        return None
+        if ask:
+            with contextlib.suppress(Exception):
+                good, _ = CheckpointStore(self.launch.ckpt_uri, retry_seconds=2).candidates()
+                return (good[0], f"step {good[0]}") if good else (None, "none")
+        return None, "unknown (the bucket does not answer)"
 
     def _chaos_due(self, started: float, now: float) -> bool:
         """`--chaos-preempt-after D`: D after the first step the script reports, else after
