@@ -50,6 +50,12 @@ PREEMPT_MARKER_ENV = "MNCLOUD_PREEMPT_MARKER"
 # checkpoint another model wrote): the same input would be refused again, so the local
 # supervisor and the deadline controller end the run instead of retrying it.
 REFUSED_EXIT_CODE = 116
+# Exit code of a node whose bucket did not answer (sysexits EX_TEMPFAIL: "try again later"):
+# the preflight's bucket check failed by transient errors alone, past their retry budget. A
+# storage outage, not the user's code nor a broken setup: the local supervisor relaunches after
+# a backoff and SkyPilot recovers it (`recover_on_exit_codes`), never counted against
+# --max-restarts (`mncloud/doctor/checks.py` says which failures are an outage).
+STORAGE_OUTAGE_EXIT_CODE = 75
 # File a rank writes its one-line refusal into; run.sh.j2 sets its path per node (the local
 # backend names it, to read the line back) and exits REFUSED_EXIT_CODE when it exists.
 REFUSED_MARKER_ENV = "MNCLOUD_REFUSED_MARKER"

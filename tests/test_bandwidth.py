@@ -26,6 +26,26 @@ def test_bus_bandwidth_is_nccl_tests_definition() -> None:
     assert bandwidth.bus_bandwidth(10**9, 1.0, 1) == 0.0
 
 
+def test_loopback_is_reported_not_judged_a_cloud_fabric_far_below_warns() -> None:
+    """A healthy local machine under other work (0.37 GB/s over loopback, 18 % of its nominal
+    2 GB/s) shows no warning; the same share of a cloud fabric's expectation warns; a
+    --min-bandwidth floor refuses either."""
+    local = bandwidth.Bandwidth(2, "gloo", 0.37, expected_gbs=2.0,
+                                fabric="loopback (local backend)")  # fmt: skip
+    assert local.on_loopback and not local.short
+    assert bandwidth.judge(local, None) == ([], [])
+    assert "over loopback: this machine's shared CPUs, not a network (not judged)" in local.line()
+    assert "expected" not in local.line()
+    refused, _ = bandwidth.judge(local, 1.0)
+    assert len(refused) == 1 and "below --min-bandwidth 1 GB/s" in refused[0]
+    cloud = bandwidth.Bandwidth(2, "nccl", 2.2, expected_gbs=12.0, fabric="p5.48xlarge: AWS EFA")
+    assert cloud.short and not cloud.on_loopback
+    _, warned = bandwidth.judge(cloud, None)
+    assert len(warned) == 1 and warned[0].startswith("preflight warning: ")
+    assert "18% of the 12.00 GB/s expected for p5.48xlarge: AWS EFA" in warned[0]
+    assert bandwidth.published(bandwidth.asdict(local)).line() == local.line()
+
+
 def _pair(tmp_path: Path, *flags: str) -> list[tuple[int, str]]:
     port, wd = free_port(), workdir(tmp_path, "wd")
     env = {"GLOO_SOCKET_IFNAME": "lo", "MNCLOUD_RUN_ID": "r-1"}
@@ -94,7 +114,8 @@ def test_local_run_shows_the_figure_in_status_and_record(tmp_path: Path) -> None
     assert load_current("bw").bandwidth == figures
     # `doctor --bandwidth RUN`: the test alone across the run's nodes, against its expectation.
     again = cli("doctor", "--bandwidth", "bw").output
-    assert "all-reduce bus bandwidth" in again and "expected for loopback" in again
+    assert "all-reduce bus bandwidth" in again and "over loopback" in again
+    assert "preflight warning" not in again and "preflight warning" not in run_log("bw")
 
 
 @pytest.mark.slow

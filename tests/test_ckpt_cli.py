@@ -164,8 +164,36 @@ def test_a_directory_is_a_location(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     (tmp_path / "empty").mkdir()
     monkeypatch.chdir(tmp_path)
     res = runner.invoke(app, ["ls", "empty"])  # no run of that name: the directory
-    said = res.stdout.replace("\n", "")  # a long path (xdist's tmp folders) wraps
-    assert res.exit_code == 0 and "no checkpoints at" in said and f"{tmp_path}/empty" in said
+    assert res.exit_code == 0, res.output
+    assert f"no checkpoints at file://{tmp_path}/empty" in res.stdout.splitlines()
+
+
+def test_paths_are_printed_whole_at_80_columns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A path longer than the terminal is never wrapped or cut (a user copies it): on a line
+    of its own (`soft_wrap`) and in a table's cell (`print_whole`), the terminal folds it."""
+    import io
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from mncloud.cli._common import print_whole
+
+    deep = tmp_path / ("a-rather-long-folder-name-" * 4) / "empty"
+    deep.mkdir(parents=True)
+    monkeypatch.setenv("COLUMNS", "80")
+    res = runner.invoke(app, ["ls", str(deep)])
+    assert res.exit_code == 0, res.output
+    assert f"no checkpoints at file://{deep}" in res.stdout.splitlines()
+    out = io.StringIO()
+    table = Table("check", "detail")
+    table.add_row("bucket", f"file://{deep} is reachable and writable")
+    print_whole(table, Console(file=out, width=80, color_system=None))
+    assert any(f"file://{deep} is reachable" in line for line in out.getvalue().splitlines())
+    narrow = io.StringIO()  # a table that fits is printed as before
+    print_whole(Table("a", "b"), Console(file=narrow, width=80, color_system=None))
+    assert max(len(line) for line in narrow.getvalue().splitlines()) <= 80
 
 
 def test_a_malformed_manifest_names_the_field() -> None:

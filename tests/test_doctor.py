@@ -107,6 +107,41 @@ def test_wrong_port_names_the_unreachable_node(tmp_path: Path) -> None:
     assert f"preflight failed on node 1: cannot reach the master 127.0.0.1:{wrong}" in err1
 
 
+def test_a_bucket_that_does_not_answer_is_a_storage_outage(tmp_path: Path) -> None:
+    """Transient failures past the retry budget are an outage; a refusal is not."""
+    from mncloud.doctor.checks import OUTAGE_WORDS, outage_only
+    from mncloud.storage import set_simulated_outage
+
+    uri = f"file://{tmp_path / 'bucket'}"
+    set_simulated_outage(uri, True)
+    down = doctor.check_bucket(uri, node=1, retry_seconds=0.2)
+    assert not down.ok and down.detail.startswith(f"{OUTAGE_WORDS} ")
+    assert doctor.check_path(uri, retry_seconds=0.2).detail.startswith(OUTAGE_WORDS)
+    set_simulated_outage(uri, False)
+    assert doctor.check_bucket(uri, retry_seconds=0.2).ok
+    assert outage_only([down.line()]) and not outage_only([])
+    assert not outage_only([down.line(), "preflight failed on node 0: required path x …"])
+
+
+@pytest.mark.slow
+def test_nodes_whose_bucket_is_down_exit_as_an_outage(tmp_path: Path) -> None:
+    """Both nodes of a gang whose bucket is down exit STORAGE_OUTAGE_EXIT_CODE (75), not 78;
+    an outage beside a broken setup is the setup's failure (78)."""
+    from mncloud import constants
+    from mncloud.storage import set_simulated_outage
+
+    bucket = f"file://{tmp_path / 'bucket'}"
+    set_simulated_outage(bucket, True)
+    wd = workdir(tmp_path, "wd")
+    for missing, code in (("", constants.STORAGE_OUTAGE_EXIT_CODE), ("nothing", FAILED)):
+        extra = ("--require-path", str(tmp_path / missing)) if missing else ()
+        port = free_port()
+        nodes = [start_node(r, 2, port, wd, "--bucket", bucket, *extra) for r in (0, 1)]
+        for rc, err in finish(*nodes):
+            assert rc == code, err
+            assert "preflight failed on node 1: storage outage: " in err, err
+
+
 def test_port_taken_on_head_and_node_count_mismatch(tmp_path: Path) -> None:
     import socket
 

@@ -64,7 +64,8 @@ def _adds_up(ledger: GoodputLedger) -> None:
 
 
 def test_the_docstring_example_preempted_once_then_idle_at_the_end() -> None:
-    """One node: recovery, useful, redone (retrained and in flight), waiting unbilled, idle."""
+    """One node: start-up, useful, redone (retrained and in flight), waiting unbilled,
+    recovery, idle."""
     record = _record(1, ("launch", 0.0), ("preemption", 45.0), ("recovery", 60.0),
                      ("finish", 105.0))  # fmt: skip
     steps = _marks(1, 14, 31.0, s10=0.5) + _marks(11, 30, 81.0)
@@ -73,8 +74,9 @@ def test_the_docstring_example_preempted_once_then_idle_at_the_end() -> None:
     assert ledger.launches == 2 and ledger.kept_step == 30
     assert ledger.total_node_seconds == pytest.approx(90.0)  # 45 s + 45 s billed
     assert ledger.total_cost == pytest.approx(0.90)
-    # Recovery: 0..30 and 60..80 (each launch to its first step's start).
-    assert _ns(ledger, "recovery") == 50.0
+    # Each launch to its first step's start: the first's (0..30) is start-up, the relaunch's
+    # (60..80) recovery.
+    assert _ns(ledger, "startup") == 30.0 and _ns(ledger, "recovery") == 20.0
     # Steps 1..10 in launch 1 and 11..30 in launch 2 are in the final model; step 10's save
     # blocked 0.5 s of its second.
     assert ledger.parts["useful"].steps == 30 and _ns(ledger, "useful") == 29.5
@@ -87,6 +89,21 @@ def test_the_docstring_example_preempted_once_then_idle_at_the_end() -> None:
     assert ledger.goodput == pytest.approx(29.5 / 90)
     assert ledger.cost_per_1k_useful_steps == pytest.approx(0.90 / 30 * 1000)
     assert ledger.unmeasured == []
+
+
+def test_a_run_never_preempted_has_a_start_up_and_no_recovery() -> None:
+    """Its cold start (provisioning, imports, the preflight) is the first launch's start-up:
+    no relaunch happened, so nothing is recovery (issue #60: it read "recovery 74%")."""
+    from mncloud.records.goodput import part_label
+
+    record = _record(2, ("launch", 0.0), ("finish", 40.0))
+    ledger = goodput_ledger(record, Telemetry(steps=_marks(1, 10, 31.0), final_step=10))
+    _adds_up(ledger)
+    assert _ns(ledger, "startup") == 2 * 30.0 and _ns(ledger, "recovery") == 0.0
+    assert _ns(ledger, "useful") == 2 * 10.0 and ledger.launches == 1
+    assert part_label("startup") == "start-up" and part_label("checkpoint_stall") == (
+        "checkpoint stall"
+    )
 
 
 def test_steps_saved_but_not_reported_before_a_kill_are_useful() -> None:
@@ -138,13 +155,13 @@ def test_node_recovery_replacement_waits_until_it_healed() -> None:
 
 
 def test_idle_tail_and_a_launch_that_never_stepped() -> None:
-    """A failed launch before its first step is all recovery; a long tail after the last
-    step until teardown is idle."""
+    """A first launch that failed before its first step is all start-up, the restart's way to
+    its first step recovery; a long tail after the last step until teardown is idle."""
     record = _record(1, ("launch", 0.0), ("failure", 30.0), ("restart", 40.0),
                      ("finish", 200.0))  # fmt: skip
     ledger = goodput_ledger(record, Telemetry(steps=_marks(1, 10, 51.0), final_step=10))
     _adds_up(ledger)
-    assert _ns(ledger, "recovery") == 30.0 + 10.0
+    assert _ns(ledger, "startup") == 30.0 and _ns(ledger, "recovery") == 10.0
     assert _ns(ledger, "idle") == 200.0 - 60.0
     assert _ns(ledger, "useful") == 10.0
     assert ledger.goodput == pytest.approx(10 / 190)
@@ -154,7 +171,8 @@ def test_idle_tail_and_a_launch_that_never_stepped() -> None:
     ledger = goodput_ledger(late, Telemetry(steps=_marks(1, 10, 11.0), final_step=10))
     _adds_up(ledger)
     assert _ns(ledger, "idle") == 30.0 - 20.0 and _ns(ledger, "redone") == 0
-    assert _ns(ledger, "recovery") == 10.0 + 10.0  # launch 2 had nothing left to train
+    assert _ns(ledger, "startup") == 10.0
+    assert _ns(ledger, "recovery") == 10.0  # launch 2 had nothing left to train
 
 
 def test_a_running_run_and_a_cloud_run_without_step_telemetry() -> None:
@@ -169,7 +187,7 @@ def test_a_running_run_and_a_cloud_run_without_step_telemetry() -> None:
     _adds_up(cloud)
     assert _ns(cloud, "unknown") == 30.0 and cloud.goodput is None
     assert cloud.cost_per_1k_useful_steps is None
-    assert set(cloud.unmeasured) == {"useful", "redone", "unsaved", "recovery",
+    assert set(cloud.unmeasured) == {"useful", "redone", "unsaved", "startup", "recovery",
                                      "checkpoint_stall", "idle"}  # fmt: skip
     assert set(cloud.parts) == set(PARTS)
 
@@ -251,6 +269,8 @@ def test_a_local_run_preempted_once() -> None:
     assert ledger.parts["useful"].steps == steps and ledger.kept_step == steps
     _adds_up(ledger)
     assert ledger.goodput is not None and 0 < ledger.goodput < 1
+    # The cold start is the first launch's start-up; the relaunch's way back is recovery.
+    assert _ns(ledger, "startup") > 0 and _ns(ledger, "recovery") > 0
     # Priced (a local run costs $0 unless a deadline rehearsal prices it): still to the cent.
     priced = record.model_copy(
         update={"events": [e.model_copy(update={"hourly_price": 98.32}) for e in record.events]}

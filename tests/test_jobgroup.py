@@ -99,7 +99,7 @@ def test_three_node_spot_run_renders_as_a_job_group(
         assert node["num_nodes"] == 1
         assert node["resources"]["accelerators"] == "H100:8"
         assert node["resources"]["use_spot"] is True
-        assert node["resources"]["job_recovery"]["recover_on_exit_codes"] == [115]
+        assert node["resources"]["job_recovery"]["recover_on_exit_codes"] == [115, 75]
         envs = node["envs"]
         assert envs[constants.REPLICA_ID_ENV] == str(k)
         assert constants.LIGHTHOUSE_ENV not in envs  # read from the bucket at the start

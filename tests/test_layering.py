@@ -71,10 +71,9 @@ ROOMS: list[tuple[str, str]] = [
     ("mncloud.render", "bandwidth jobgroup network schema"),
     ("mncloud.records", "model lineage index store ledger goodput rerun"),
     ("mncloud.backends", "base"),
-    ("mncloud.backends.local", "__main__ backend chaos ckptdir execute figures lifecycle metadata "
-                               "netcheck nodes processes recordwriter replacing resumecheck state "
-                               "supervisor "
-                               "vm warm warmclient warmhost warmrun"),
+    ("mncloud.backends.local", "__main__ backend chaos ckptdir execute exits figures lifecycle "
+                               "metadata netcheck nodes processes recordwriter replacing "
+                               "resumecheck state supervisor vm warm warmclient warmhost warmrun"),
     ("mncloud.backends.skypilot", "backend cancel cluster dryrun errors events find group host "
                                   "logs lost meta netcheck notice status task"),
     ("mncloud.backends.registry", ""),

@@ -205,7 +205,7 @@ def test_summary_is_readable_at_80_columns() -> None:
     from mncloud.cli.follow import reference_table, status_line, summary_table
 
     fig = RecoveryFigures(
-        attempts=4, restarts=3, preemptions=3, wall_s=12345.6, cold_start_s=123.4,
+        attempts=6, restarts=5, preemptions=3, outages=2, wall_s=12345.6, cold_start_s=123.4,
         resume_s=[101.5, 102.5, 103.5], steps_lost=150, lost_per_recovery=[50, 49, 51],
         final={"weights_sha256": "ab" * 32},
     )  # fmt: skip
@@ -226,12 +226,48 @@ def test_summary_is_readable_at_80_columns() -> None:
         assert line.count("(") == line.count(")"), line  # no parenthesis split over lines
         assert not line.startswith(" "), line  # no row wrapped under its label
     assert "SUCCEEDED succeeded" not in out.getvalue()
+    assert "5 (3 preemptions, 2 storage outages)" in out.getvalue()
+    assert "storage outage 2 relaunches waited for the bucket" in out.getvalue()
     assert any(line.startswith("reference") and "same final weights" in line for line in lines)
 
 
 def test_chaos_needs_a_known_local_run() -> None:
     result = runner.invoke(app, ["chaos", "preempt", "nope"])
     assert result.exit_code == 2 and "no run named 'nope'" in result.output
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_a_stopped_storage_outage_takes_its_marker_back(tmp_path: Path, sig: int) -> None:
+    """`chaos storage-outage` stopped by SIGTERM or SIGHUP ends the outage as Ctrl-C does: the
+    bucket's outage marker is gone, the end is in chaos.jsonl, the exit is 128 + the signal."""
+    import sys
+
+    from mncloud.backends.local.state import LocalLaunch, read_jsonl, save_launch
+    from mncloud.backends.registry import record_backend
+    from mncloud.storage import BucketURL
+
+    name = f"outage-{signal.Signals(sig).name.lower()}"
+    uri = f"file://{tmp_path / 'ckpt'}/{name}"
+    folder = record_backend(name, "local")
+    save_launch(folder, LocalLaunch(name=name, token="t", task_id="x", num_nodes=1,
+                                    procs_per_node=1, master_port=1, ckpt_uri=uri,
+                                    workdir=str(tmp_path), run="true"))  # fmt: skip
+    marker = Path(BucketURL.parse(uri, check_name=False).name) / constants.STORAGE_OUTAGE_MARKER
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mncloud", "chaos", "storage-outage", name, "--seconds", "600"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        first = proc.stdout.readline()  # printed once the marker is down: the bucket is "down"
+        assert "unreachable for 600s" in first and marker.exists(), first
+        proc.send_signal(sig)
+        assert proc.wait(timeout=30) == 128 + sig
+    finally:
+        proc.kill()
+    assert not marker.exists()
+    phases = [r.get("phase") for r in read_jsonl(folder / "chaos.jsonl")]
+    assert phases == ["start", "end"]
 
 
 def test_dryrun_checks_without_starting(tmp_path: Path) -> None:
@@ -341,6 +377,70 @@ def test_storage_outage_mid_run_is_survived() -> None:
     assert any(step_after_outage < n < 1000 for n in committed), (step_after_outage, committed)
     latest, _ = CheckpointStore(state.ckpt_uri).latest()
     assert latest == 1000
+
+
+@pytest.mark.slow
+def test_a_storage_outage_over_a_relaunch_is_waited_out_not_spent() -> None:
+    """Issue #60: the bucket goes down, then a node is preempted: the relaunch's preflight
+    finds the bucket unreachable (exit 75). The supervisor waits it out with a backoff, spends
+    none of --max-restarts, names it in its events and the summary, and the run ends with the
+    uninterrupted run's weights."""
+    import sys
+
+    from mncloud.backends.local.figures import progress_of
+    from mncloud.cli.follow import summary_table
+    from mncloud.storage import CheckpointStore
+    from tests.reference import reference_final
+
+    flags = ["--nodes", "2", "--gpus", "cpu:2", "--recovery-delay", "0.5s"]
+    reference = reference_final(EXAMPLE, flags[:4], TRAIN_ARGS)  # shared with the test above
+    up("outage2", EXAMPLE, *flags, "--max-restarts", "0", script_args=TRAIN_ARGS)
+    store = CheckpointStore(state_of("outage2").ckpt_uri)
+
+    def checkpoint_behind_training() -> bool:
+        good, _ = store.candidates()
+        return bool(good) and max(steps_since("outage2", 0), default=0) > good[0] + 3
+
+    wait_until(checkpoint_behind_training, 120, "a checkpoint, and steps past it")
+    # 20 s: the relaunch's preflight (its bucket check gives up after 5 s) starts well inside.
+    outage = subprocess.Popen(
+        [sys.executable, "-m", "mncloud", "chaos", "storage-outage", "outage2", "--seconds", "20"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert outage.stdout is not None and "unreachable" in outage.stdout.readline()
+        cli("chaos", "preempt", "outage2", "--node", "1")
+        assert outage.wait(timeout=60) == 0
+    finally:
+        outage.kill()
+    state = wait_final("outage2")
+    assert state.state is RunState.SUCCEEDED, run_log("outage2")
+    final = read_final(state.ckpt_uri)
+    assert final is not None and final["weights_sha256"] == reference["weights_sha256"]
+    assert state.errors_retried == 0 and state.preemptions == 1 and state.outages >= 1
+    assert state.restarts == 1 + state.outages
+    outages = [e for e in state.events if e.kind == "outage"]
+    assert len(outages) == state.outages
+    assert all(set(e.data["exit_codes"].values()) <= {constants.STORAGE_OUTAGE_EXIT_CODE, None}
+               for e in outages)  # fmt: skip
+    log = run_log("outage2")
+    assert "found its bucket unreachable (exit 75: a storage outage)" in log
+    assert "newest complete checkpoint: unknown (the bucket does not answer)" in log
+    assert "newest complete checkpoint: none" not in log  # there were some: it was not asked
+    assert "(storage outage 1: backoff, not counted against --max-restarts)" in log
+    assert state.detail.endswith(f", 1 preemption, {state.outages} storage outage" +
+                                 ("s" if state.outages > 1 else ""))  # fmt: skip
+    import io
+
+    from rich.console import Console
+
+    out = io.StringIO()
+    Console(file=out, width=80, color_system=None).print(
+        summary_table(progress_of(run_dir("outage2"), summary=True))
+    )
+    summary = out.getvalue()
+    assert "waited for the bucket; --max-restarts untouched" in summary
+    assert f"(1 preemption, {state.outages} storage outage" in summary
 
 
 @pytest.mark.slow

@@ -94,6 +94,13 @@ def test_local_task_is_unchanged_and_expects_loopback(script: Path) -> None:
     assert variables["bandwidth_fabric"] == "loopback (local backend)"
     assert variables["bandwidth_expect"] > 0
     assert "--bandwidth --expect-busbw" in task.config["run"]
+    # The preflight reads that fabric as loopback: reported, not judged (doctor/bandwidth.py).
+    from mncloud.doctor.bandwidth import Bandwidth
+    from mncloud.render.bandwidth import recorded_expectation
+
+    expected = recorded_expectation(task.config["run"])
+    assert expected is not None
+    assert Bandwidth(2, "gloo", 0.01, expected_gbs=expected[0], fabric=expected[1]).on_loopback
 
 
 def test_expectation_prices_one_efa_card_without_internal_ips(script: Path) -> None:

@@ -60,7 +60,10 @@ def test_spot_multi_node_task(script: Path) -> None:
     assert resources["job_recovery"] == {
         "strategy": "FAILOVER",
         "max_restarts_on_errors": 5,
-        "recover_on_exit_codes": [constants.PREEMPTED_EXIT_CODE],
+        "recover_on_exit_codes": [
+            constants.PREEMPTED_EXIT_CODE,
+            constants.STORAGE_OUTAGE_EXIT_CODE,
+        ],
     }
     assert config["envs"][constants.CKPT_URI_ENV] == "s3://team-ckpt/exp/train"
     assert config["envs"][constants.PREEMPTION_WATCH_ENV] == "1"
@@ -100,7 +103,10 @@ def test_on_demand_is_recovered_too_but_watches_for_no_notice(script: Path) -> N
     assert config["resources"]["job_recovery"] == {
         "strategy": "FAILOVER",
         "max_restarts_on_errors": 2,
-        "recover_on_exit_codes": [constants.PREEMPTED_EXIT_CODE],
+        "recover_on_exit_codes": [
+            constants.PREEMPTED_EXIT_CODE,
+            constants.STORAGE_OUTAGE_EXIT_CODE,
+        ],
     }
     validate_task_config(config)
     assert constants.PREEMPTION_WATCH_ENV not in config["envs"]

@@ -133,3 +133,57 @@ def test_the_supervisor_s_events_become_record_events_by_what_came_before(tmp_pa
     assert queued == [("launch", None), ("preemption", None), ("recovery", None),
                       ("node-lost", 2.0), ("failure", None), ("restart", None),
                       ("finish", None)]  # fmt: skip
+
+
+def test_an_attempt_s_exit_codes_say_what_ended_it() -> None:
+    """Preempted (a signal, 115, or chaos asked), a storage outage (every failed node exited
+    75), or an error (`backends/local/exits.py`); a node still running (None) does not count."""
+    from mncloud import constants
+    from mncloud.backends.local.exits import ending
+
+    outage, preempted = constants.STORAGE_OUTAGE_EXIT_CODE, constants.PREEMPTED_EXIT_CODE
+    assert ending({0: None, 1: outage}, set()).outcome == "outage"
+    assert ending({0: outage, 1: outage}, set()).message.startswith("node 0 found its bucket")
+    assert ending({0: 1, 1: outage}, set()).outcome == "error"
+    assert ending({0: outage, 1: -9}, set()).outcome == "preempted"
+    assert ending({0: outage, 1: None}, {1}).outcome == "preempted"
+    end = ending({0: preempted, 1: None}, set())
+    assert (end.outcome, end.node, end.lost) == ("preempted", 0, {0})
+
+
+def test_a_storage_outage_is_retried_with_a_backoff_outside_max_restarts() -> None:
+    """Outages in a row wait longer each time (never less than --recovery-delay) and spend
+    nothing of --max-restarts; errors spend it; a refusal ends the run."""
+    from mncloud.backends.local.exits import end_tail, next_launch
+    from mncloud.backends.local.state import LocalLaunch, LocalState
+
+    shape = {"name": "r", "token": "t", "task_id": "x", "num_nodes": 2, "procs_per_node": 1,
+             "master_port": 1, "ckpt_uri": "file:///tmp/r"}  # fmt: skip
+    la = LocalLaunch(**shape, workdir=".", run="true", max_restarts=0, recovery_delay=3.0)
+    st = LocalState(**shape)
+    waits = [next_launch(st, la, "outage", "node 0 …", n) for n in range(1, 8)]
+    delays = [w[0] for w in waits if w is not None]
+    assert delays == [3.0, 4.0, 8.0, 16.0, 32.0, 64.0, 120.0]  # 2, 4, … at least the delay
+    assert (st.outages, st.restarts, st.errors_retried) == (7, 7, 0)
+    assert waits[0] is not None and "not counted against --max-restarts" in waits[0][1]
+    assert end_tail(st) == "7 restarts, 0 preemptions, 7 storage outages"
+    assert next_launch(st, la, "error", "node 1 exited with code 1", 0) is None
+    assert "retried 0 of --max-restarts 0" in st.detail
+    assert next_launch(st, la, "refused", "a mismatch", 0) is None and st.refused
+
+
+def test_a_relaunch_after_a_storage_outage_is_a_restart_in_the_record(tmp_path: Path) -> None:
+    from mncloud.backends.local.nodes import RunLogs
+    from mncloud.backends.local.recordwriter import RecordWriter
+    from mncloud.backends.local.state import Event
+
+    writer = RecordWriter("r", 1, RunLogs(tmp_path, 1))
+    queued: list[str] = []
+    writer.put = lambda kind, *_args, **_kw: queued.append(kind)  # type: ignore[method-assign]
+    events: list[Event] = []
+    for kind, attempt in [("launch", 1), ("preempted", 1), ("launch", 2), ("outage", 2),
+                          ("launch", 3), ("succeeded", 3)]:  # fmt: skip
+        events.append(Event(t=1.0, kind=kind, message=kind, attempt=attempt))
+        writer.supervisor_event(kind, kind, None, 1.0, attempt, events, 1, 1)
+    writer.flush()
+    assert queued == ["launch", "preemption", "recovery", "failure", "restart", "finish"]

@@ -98,7 +98,11 @@ def test_on_demand_launch_is_a_managed_job_with_job_recovery(
     assert ordered[0]["instance_type"] == choice.instance_type
     assert ordered[0]["infra"].lower() == f"{choice.cloud}/{choice.region}".lower()
     assert all(not r.use_spot for r in task.resources)
-    recovery = {"strategy": "FAILOVER", "max_restarts_on_errors": 2, "recover_on_exit_codes": [115]}
+    recovery = {
+        "strategy": "FAILOVER",
+        "max_restarts_on_errors": 2,
+        "recover_on_exit_codes": [115, 75],
+    }
     assert all(entry["job_recovery"] == recovery for entry in ordered)
     # What SkyPilot's server loaded from the YAML the client sent: the same recovery.
     (sent,) = fake_sky.job(7).dag.tasks
@@ -127,7 +131,11 @@ def test_spot_launch_is_a_managed_job_with_failover(script: Path, fake_sky: Fake
     config = _check_with_skypilot_schema(task)
     assert task.num_nodes == 4
     assert all(r.use_spot for r in task.resources)
-    recovery = {"strategy": "FAILOVER", "max_restarts_on_errors": 5, "recover_on_exit_codes": [115]}
+    recovery = {
+        "strategy": "FAILOVER",
+        "max_restarts_on_errors": 5,
+        "recover_on_exit_codes": [115, 75],
+    }
     ordered = config["resources"]["ordered"]  # SkyPilot copies job_recovery into each entry
     assert len(ordered) > 1 and all(entry["job_recovery"] == recovery for entry in ordered)
     assert ordered[0]["instance_type"] == request.plan.choice.instance_type

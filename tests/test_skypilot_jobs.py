@@ -70,7 +70,7 @@ def test_an_on_demand_job_failing_twice_then_succeeding_is_retried(
     ]
     assert "restart 1 of 2 on errors" in seen[1][2]
     task = fake_sky.job(7).tasks[0]  # as SkyPilot's server read the task's job_recovery
-    assert task.max_restarts == 2 and task.recover_codes == [115]
+    assert task.max_restarts == 2 and task.recover_codes == [115, 75]
 
 
 def test_a_job_failing_max_restarts_plus_one_times_ends_failed_with_the_count(

@@ -68,3 +68,17 @@ def test_a_state_newer_than_the_tables_still_maps() -> None:
     assert state_of("FAILED_SOMETHING_NEW", MANAGED_JOB_STATES) is RunState.FAILED
     assert failure_of("FAILED_SOMETHING_NEW") is Failure.USER
     assert state_of("BRAND_NEW", MANAGED_JOB_STATES) is RunState.PENDING
+
+
+def test_exit_codes_in_a_failure_reason_are_told_apart() -> None:
+    """SkyPilot names the program's exit codes in its reason: a refusal (116) is final; a
+    storage outage (75) is said for what it is, recovered without spending --max-restarts."""
+    from mncloud.backends.skypilot.status import exit_codes, exit_note, refused_by_exit
+
+    outage = "Job exited with exit codes [75, 75]. Restarting the job (exit code(s) [75] ...)"
+    assert exit_codes(outage) == [75, 75] and not refused_by_exit(outage)
+    assert "exit 75 is a storage outage" in exit_note(outage)
+    assert "not counted against --max-restarts" in exit_note(outage)
+    refused = "Job exited with exit code 116 (user program failure)."
+    assert refused_by_exit(refused) and exit_note(refused) == ""
+    assert exit_codes("Job failed") == [] and exit_note("") == ""

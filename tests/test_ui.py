@@ -110,6 +110,8 @@ def test_a_run_page_draws_the_timeline_and_the_breakdown(client: Any) -> None:
     ledger = run_goodput(load_current(RUN))
     assert sum(values.values()) == pytest.approx(total) == pytest.approx(ledger.total_node_seconds)
     assert values["useful"] == pytest.approx(ledger.parts["useful"].node_seconds)
+    # Preempted once: the first launch's start-up and the relaunch's recovery, apart.
+    assert values["startup"] > 0 and values["recovery"] > 0 and ">start-up</text>" in page.text
     assert "commit" in page.text and "<h2>Checkpoints</h2>" in page.text
     # The local run's script reports its loss through the same telemetry segments as a cloud
     # run's: the page draws it, one line per launch of node 0's lowest rank or more.

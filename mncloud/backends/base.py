@@ -90,7 +90,7 @@ class RunStatus(BaseModel):
     instance_type: str | None = None
     spot: bool | None = None
     restarts: int = 0
-    """Relaunches of the whole job (preemptions + retried errors)."""
+    """Relaunches of the whole job (preemptions, storage outages and retried errors)."""
     preemptions: int = 0
     started_at: float | None = None
     ended_at: float | None = None
@@ -378,7 +378,11 @@ class RecoveryFigures(BaseModel):
     cold_start_s: float | None
     """From the first launch of the nodes to the first finished training step."""
     resume_s: list[float] = Field(default_factory=list)
-    """Per recovery: from the preemption to the first finished step after it."""
+    """Per recovery: from the preemption (or failure) to the first finished step after it,
+    through any relaunch that trained nothing (one that met a storage outage)."""
+    outages: int = 0
+    """Relaunches after a storage outage (the nodes' bucket did not answer): backed off, not
+    counted against --max-restarts."""
     steps_lost: int = 0
     """Steps trained before a failure and trained again after it."""
     lost_per_recovery: list[int] = Field(default_factory=list)

@@ -9,7 +9,9 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import typer
-from rich.console import Console
+from rich.console import Console, RenderableType
+from rich.measure import Measurement
+from rich.segment import Segments
 
 from mncloud.errors import MncloudError
 
@@ -17,6 +19,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 console = Console()
 err_console = Console(stderr=True)
+#: Wider than any table mncloud prints: what `print_whole` measures a table's own width in.
+_UNBOUNDED = 100_000
 
 
 def one_line(message: str) -> str:
@@ -46,3 +50,17 @@ def handle_errors(func: F) -> F:
 def print_json(data: Any) -> None:
     """Print data as indented JSON on stdout (no rich markup)."""
     sys.stdout.write(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
+
+
+def print_whole(renderable: RenderableType, out: Console | None = None) -> None:
+    """Print a table whose cells hold paths, URLs or commands a user copies: at its own width,
+    wider than the terminal if it must be, where a terminal folds the line and a copy is whole
+    (rich would wrap or cut it at the terminal's width, mid-word). A line of text takes
+    `soft_wrap=True` for the same."""
+    out = out or console
+    width = Measurement.get(out, out.options.update_width(_UNBOUNDED), renderable).maximum
+    if width <= out.width:
+        out.print(renderable)
+        return
+    segments = list(out.render(renderable, out.options.update_width(width)))
+    out.print(Segments(segments), soft_wrap=True)

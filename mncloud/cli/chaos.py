@@ -8,16 +8,20 @@
                                  # the kill 30 s later if the node has not stopped by then
     mncloud chaos storage-outage demo --seconds 30   # the bucket is unreachable for 30 s
 
-Only runs of `--cloud local`; the supervisor notices the lost node and recovers.
+Only runs of `--cloud local`; the supervisor notices the lost node and recovers. An outage
+stopped early (Ctrl-C, SIGTERM or SIGHUP) ends at once: the bucket is reachable again.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import FrameType
 from typing import Annotated
 
 import typer
@@ -105,7 +109,8 @@ def preempt_command(
             records.append(record)
             if not as_json:
                 pids = record.get("pids")
-                console.print(record["message"] + (f": killed pids {pids}" if pids else ""))
+                line = record["message"] + (f": killed pids {pids}" if pids else "")
+                console.print(line, markup=False, highlight=False, soft_wrap=True)
     except KeyboardInterrupt:
         raise typer.Exit(code=130) from None
     if as_json:
@@ -148,5 +153,38 @@ def storage_outage_command(
     if not math.isfinite(seconds):
         raise SpecError(f"--seconds {seconds:g}: give a number of seconds, e.g. 30")
     folder = _local_folder(name)
-    for message in storage_outage(folder, seconds):
-        console.print(message)
+    try:
+        with _ended_by_signals(), contextlib.closing(storage_outage(folder, seconds)) as lines:
+            for message in lines:
+                console.print(message, soft_wrap=True)
+    except KeyboardInterrupt:
+        raise typer.Exit(code=130) from None
+    except _Signalled as stop:
+        raise typer.Exit(code=128 + stop.signum) from None
+
+
+class _Signalled(Exception):
+    """SIGTERM or SIGHUP, raised where the command waits (as Ctrl-C's KeyboardInterrupt is)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def _ended_by_signals() -> Iterator[None]:
+    """SIGTERM and SIGHUP end the command as Ctrl-C does: an exception where it waits, so the
+    outage's `finally` takes the bucket's outage back; a second signal cannot cut that short."""
+    stopping = (signal.SIGTERM, signal.SIGHUP)
+
+    def stop(signum: int, _frame: FrameType | None) -> None:
+        for sig in stopping:
+            signal.signal(sig, signal.SIG_IGN)
+        raise _Signalled(signum)
+
+    saved = {sig: signal.signal(sig, stop) for sig in stopping}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)

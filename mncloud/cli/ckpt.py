@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from mncloud.cli._common import console, handle_errors, print_json
+from mncloud.cli._common import console, handle_errors, print_json, print_whole
 from mncloud.errors import CheckpointError, RunNotFoundError
 
 if TYPE_CHECKING:  # the storage modules load pydantic: not for `mncloud --help`
@@ -137,10 +137,12 @@ def _ckpt_dir_table(uri: str) -> bool:
     left, stand_ins = ckpt_dir_left(uri, units), stand_ins_of(units)
     for u in units:
         folder.add_row(*_unit_row(u, left, stand_ins))
-    console.print(folder)
+    print_whole(folder)
     found = newest_committed(units)
     said = f"{found.name} (step {found.step})" if found else "none named by a step"
-    console.print(f"newest committed checkpoint: {said}", markup=False, highlight=False)
+    console.print(
+        f"newest committed checkpoint: {said}", markup=False, highlight=False, soft_wrap=True
+    )
     return True
 
 
@@ -195,7 +197,9 @@ def ls(uri: UriArg, json_out: JsonOpt = False) -> None:
     has_units = _ckpt_dir_table(store.uri)
     if not steps:
         if not has_units:
-            console.print(f"no checkpoints at {store.uri}", markup=False, highlight=False)
+            console.print(
+                f"no checkpoints at {store.uri}", markup=False, highlight=False, soft_wrap=True
+            )
         return
     table = Table("step", "complete", "files", "size", "age")
     for s in steps:
@@ -232,11 +236,13 @@ def verify(
     if json_out:
         print_json([{"step": v.step, "ok": v.ok, "reason": v.reason} for v in verdicts])
     elif not verdicts:
-        console.print(f"no checkpoints at {store.uri}", markup=False, highlight=False)
+        console.print(
+            f"no checkpoints at {store.uri}", markup=False, highlight=False, soft_wrap=True
+        )
     else:
         for v in verdicts:
             mark = "[green]ok[/]" if v.ok else f"[red]bad[/]: {v.reason}"
-            console.print(f"step {v.step}: {mark}")
+            console.print(f"step {v.step}: {mark}", soft_wrap=True)
     if step is not None and not verdicts[0].ok:
         raise CheckpointError(f"step {step} does not verify: {verdicts[0].reason}")
     corrupt = [v for v in verdicts if not v.ok and not v.reason.startswith("COMPLETE missing")]
@@ -314,5 +320,6 @@ def pull(
         store.pull(number, dest, progress=lambda n: bar.advance(task, n))
     console.print(
         f"pulled step {number} ({len(manifest.files)} files, {_human(manifest.total_size)}) "
-        f"into {dest}"
+        f"into {dest}",
+        soft_wrap=True,
     )

@@ -151,7 +151,7 @@ def _control(name: str, state_uri: str | None, workdir: Path | None) -> None:
             name,
         )
         raise typer.Exit(code=CRASHED) from None
-    console.print(f"{name}: {final.phase}; {final.detail}", highlight=False)
+    console.print(f"{name}: {final.phase}; {final.detail}", highlight=False, soft_wrap=True)
 
 
 def _controller(state: ControlState) -> Any:
@@ -239,4 +239,5 @@ def start_deadline_run(
         f"deadline controller started ({state.controller}); follow it with "
         f"`mncloud status {spec.name}`, stop it with `mncloud down {spec.name}`",
         highlight=False,
+        soft_wrap=True,
     )

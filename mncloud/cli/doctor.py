@@ -14,7 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from mncloud.cli import options as opts
-from mncloud.cli._common import console, handle_errors, print_json
+from mncloud.cli._common import console, handle_errors, print_json, print_whole
 from mncloud.errors import SpecError
 
 if TYPE_CHECKING:
@@ -80,9 +80,9 @@ def doctor_command(
             table.add_row(
                 "[green]ok[/]" if c.ok else "[red]FAIL[/]", escape(c.name), escape(c.detail)
             )
-        console.print(table)
+        print_whole(table)
         for c in bad:
-            console.print(f"[red]✗[/] {escape(c.detail)}")
+            console.print(f"[red]✗[/] {escape(c.detail)}", soft_wrap=True)
     if bad:
         raise typer.Exit(code=1)
 

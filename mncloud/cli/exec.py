@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import typer
+from rich.markup import escape
 
 from mncloud.cli import options as opts
 from mncloud.cli._common import console, handle_errors, print_json
@@ -36,6 +37,9 @@ def exec_command(**values: Any) -> None:
     if values["as_json"]:
         print_json(status.model_dump(mode="json"))
     else:
-        console.print(f"[bold]{status.name}[/]: {status.detail or status.state.value.lower()}")
+        console.print(
+            f"[bold]{status.name}[/]: {escape(status.detail or status.state.value.lower())}",
+            soft_wrap=True,
+        )
     if status.state is RunState.FAILED:
         raise typer.Exit(code=1)

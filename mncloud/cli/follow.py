@@ -32,7 +32,7 @@ from mncloud.backends.base import (
 from mncloud.cli._common import console
 from mncloud.errors import MncloudError
 
-LABEL_WIDTH = 13
+LABEL_WIDTH = 14
 
 
 def status_line(progress: RunProgress, label: str | None = None) -> Text:
@@ -74,7 +74,11 @@ def summary_table(progress: RunProgress) -> Table:
     fig = progress.figures
     if fig is None:
         return grid
-    grid.add_row("restarts", f"{fig.restarts} ({_plural(fig.preemptions, 'preemption')})")
+    outages = f", {_plural(fig.outages, 'storage outage')}" if fig.outages else ""
+    grid.add_row("restarts", f"{fig.restarts} ({_plural(fig.preemptions, 'preemption')}{outages})")
+    if fig.outages:
+        met = "1 relaunch" if fig.outages == 1 else f"{fig.outages} relaunches"
+        grid.add_row("storage outage", f"{met} waited for the bucket; --max-restarts untouched")
     lost = " + ".join(str(n) for n in fig.lost_per_recovery)
     extra = f" ({lost})" if len(fig.lost_per_recovery) > 1 else ""
     grid.add_row("steps lost", f"{fig.steps_lost}{extra}")
@@ -207,6 +211,7 @@ def goodput_line(name: str) -> str | None:
     """Where the run's node-seconds went, in one line (`runs cost ID --breakdown` in full)."""
     from mncloud.errors import MncloudError
     from mncloud.operate import run_goodput
+    from mncloud.records.goodput import part_label
     from mncloud.records.store import load_current
 
     try:
@@ -230,7 +235,7 @@ def goodput_line(name: str) -> str | None:
          if key != "useful" and part.node_seconds >= total / 200),  # 0.5 % or more
         reverse=True,
     )  # fmt: skip
-    rest = ", ".join(f"{key.replace('_', ' ')} {share:.0%}" for share, key in shares[:3])
+    rest = ", ".join(f"{part_label(key)} {share:.0%}" for share, key in shares[:3])
     return (
         f"goodput {ledger.goodput:.0%} of {ledger.total_node_seconds:,.0f} node-seconds "
         f"({rest}): mncloud runs cost {record.run_id} --breakdown"
@@ -245,13 +250,13 @@ def _summary(backend: Backend, name: str) -> None:
     fig = progress.figures
     sha = (fig.final or {}).get("weights_sha256") if fig else None
     if fig and fig.node_losses:
-        console.print(node_recovery_line(fig))
+        console.print(node_recovery_line(fig), soft_wrap=True)
     folder = ckpt_dir_line(name, backend.status(name).ckpt_uri)
     if folder:
-        console.print(folder)
+        console.print(folder, markup=False, highlight=False, soft_wrap=True)
     goodput = goodput_line(name)
-    if goodput:
-        console.print(goodput)
+    if goodput:  # its command whole: a user copies it
+        console.print(goodput, markup=False, highlight=False, soft_wrap=True)
     if not sha or not fig or fig.restarts == 0:
         if sha:
             console.print("no restart happened: nothing to compare with a reference run")

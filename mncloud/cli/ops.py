@@ -8,6 +8,7 @@ import time
 from typing import TYPE_CHECKING, Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -168,26 +169,32 @@ def _detail_lines(shown: list[RunView | UnreadableRun]) -> None:
 
     for s in shown:
         if isinstance(s, UnreadableRun):
-            console.print(Text(f"{s.name}: ", style="bold") + Text(s.detail, style="red"))
+            console.print(
+                Text(f"{s.name}: ", style="bold") + Text(s.detail, style="red"), soft_wrap=True
+            )
         elif s.detail:
             style = "yellow" if s.stragglers else "dim"
-            console.print(Text(f"{s.name}: ", style="bold") + Text(s.detail, style=style))
+            console.print(
+                Text(f"{s.name}: ", style="bold") + Text(s.detail, style=style), soft_wrap=True
+            )
     statuses = [s for s in shown if not isinstance(s, UnreadableRun)]
     for s in statuses:
         if s.recovery == "node" and s.node_states:
             nodes = ", ".join(f"{n} {state}" for n, state in sorted(s.node_states.items()))
             quorum = ", ".join(map(str, s.quorum)) or "-"
             line = f"node recovery: nodes {nodes}; quorum [{quorum}]"
-            console.print(Text(f"{s.name}: ", style="bold") + Text(line, style="dim"))
+            console.print(
+                Text(f"{s.name}: ", style="bold") + Text(line, style="dim"), soft_wrap=True
+            )
     for s in statuses:
         if s.bandwidth:
-            from mncloud.doctor.bandwidth import WARN_FRACTION, describe
+            from mncloud.doctor.bandwidth import published
 
-            expected = s.bandwidth.get("expected_gbs") or 0
-            low = s.bandwidth.get("busbw_gbs", 0) < WARN_FRACTION * expected
-            line = f"network: {describe(s.bandwidth)}"
+            figure = published(s.bandwidth)
+            low, line = figure.short, f"network: {figure.line()}"
             console.print(
-                Text(f"{s.name}: ", style="bold") + Text(line, style="yellow" if low else "dim")
+                Text(f"{s.name}: ", style="bold") + Text(line, style="yellow" if low else "dim"),
+                soft_wrap=True,
             )
     for s in statuses:
         from mncloud.cli.ckpt import describe_files
@@ -195,11 +202,15 @@ def _detail_lines(shown: list[RunView | UnreadableRun]) -> None:
         view = s.ckpt_dir
         if view is not None and view.files:
             line = f"--ckpt-dir holds {describe_files(view.files)}"
-            console.print(Text(f"{s.name}: ", style="bold") + Text(line, style="dim"))
+            console.print(
+                Text(f"{s.name}: ", style="bold") + Text(line, style="dim"), soft_wrap=True
+            )
         if view is not None and view.incomplete:
             torn = "; ".join(f"{u['name']} ({u['reason']})" for u in view.incomplete)
             line = f"--ckpt-dir keeps aside (incomplete, never restored): {torn}"
-            console.print(Text(f"{s.name}: ", style="bold") + Text(line, style="yellow"))
+            console.print(
+                Text(f"{s.name}: ", style="bold") + Text(line, style="yellow"), soft_wrap=True
+            )
 
 
 def _deadline_table(statuses: list[RunView]) -> None:
@@ -232,7 +243,7 @@ def _deadline_table(statuses: list[RunView]) -> None:
         if d.place_costs:  # across places: where the money went, and where it runs now
             by_place = ", ".join(f"{name} ${cost:,.2f}" for name, cost in d.place_costs.items())
             line += f"; by place: {by_place}" + (f"; now in {d.place}" if d.place else "")
-        console.print(Text(f"{s.name}: ", style="bold") + Text(line, style="dim"))
+        console.print(Text(f"{s.name}: ", style="bold") + Text(line, style="dim"), soft_wrap=True)
 
 
 @handle_errors
@@ -321,4 +332,6 @@ def down_command(
     if as_json:
         print_json(status.model_dump(mode="json"))
     else:
-        console.print(f"[bold]{status.name}[/]: {status.state.value} {status.detail}")
+        console.print(
+            f"[bold]{status.name}[/]: {status.state.value} {escape(status.detail)}", soft_wrap=True
+        )

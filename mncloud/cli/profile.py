@@ -85,4 +85,5 @@ def profile_command(
         f"kept in {path}; next: mncloud plan {script} --gpus H100:8,A100-80GB:8 --steps N",
         style="dim",
         highlight=False,
+        soft_wrap=True,
     )

@@ -59,7 +59,7 @@ def render_command(
         except OSError as err:  # a folder, a missing parent, a name too long
             message = f"--output {str(output)!r}: cannot write it ({err.strerror})"
             raise opts.SpecError(message) from None
-        console.print(f"wrote {output}", highlight=False)
+        console.print(f"wrote {output}", highlight=False, soft_wrap=True)
     elif as_json:
         print_json(list(task.documents) or task.config)  # a job group: every document
     else:

@@ -11,7 +11,7 @@ from rich.table import Table
 
 from mncloud import layout
 from mncloud.cli import options as opts
-from mncloud.cli._common import console, fail, handle_errors, print_json
+from mncloud.cli._common import console, fail, handle_errors, print_json, print_whole
 
 if TYPE_CHECKING:
     from mncloud.records.model import RunRecord
@@ -143,7 +143,7 @@ def show_command(ref: RefArg, bucket: BucketOpt = None, as_json: JsonOpt = False
         data["stragglers"] = straggler_ranks(times)
         print_json(data)
         return
-    console.print(_head_table(record))
+    print_whole(_head_table(record))
     console.print(_events_table(record))
     if times:
         slow = straggler_ranks(times)
@@ -263,6 +263,7 @@ def cost_command(
 def _breakdown(record: RunRecord, as_json: bool) -> None:
     """`runs cost RUN --breakdown`: the goodput ledger (`records/goodput.py`)."""
     from mncloud.operate import run_goodput
+    from mncloud.records.goodput import part_label
 
     ledger = run_goodput(record)
     if as_json:
@@ -279,7 +280,7 @@ def _breakdown(record: RunRecord, as_json: bool) -> None:
         share = f"{part.node_seconds / total:.1%}" if total else "-"
         steps = str(part.steps) if name in ("useful", "redone", "unsaved") else ""
         table.add_row(
-            name.replace("_", " "), f"{part.node_seconds / scale:,.2f}", share,
+            part_label(name), f"{part.node_seconds / scale:,.2f}", share,
             _money(part.cents / 100), steps,
         )  # fmt: skip
     table.add_section()
@@ -398,11 +399,13 @@ def rerun_command(
         skip_untracked=skip_untracked,
     )
     if not launch["as_json"]:
+        restored = setup.restored_untracked
         console.print(
             f"rebuilt {record.run_id} at {setup.worktree} "
             f"({record.git.commit[:10] if record.git and record.git.commit else '?'}"
             f"{' + diff' if record.git and record.git.diff_sha256 else ''}"
-            f"{f', {len(setup.restored_untracked)} untracked' if setup.restored_untracked else ''})"
+            f"{f', {len(restored)} untracked' if restored else ''})",
+            soft_wrap=True,
         )
         if setup.skipped_untracked:
             console.print(f"[yellow]skipped untracked: {', '.join(setup.skipped_untracked)}[/]")

@@ -53,7 +53,7 @@ def ui_command(
         from mncloud.ui.app import create_app
 
         create_app(token=bound.token)
-        console.print(f"ok: would serve {bound.url}", markup=False, highlight=False)
+        console.print(f"ok: would serve {bound.url}", markup=False, highlight=False, soft_wrap=True)
         return
     check_port(bound.host, bound.port)
     if bound.generated:
@@ -62,6 +62,9 @@ def ui_command(
             f"token (shown once): {bound.token}",
             markup=False,
             highlight=False,
+            soft_wrap=True,
         )
-    console.print(f"serving {bound.url} (Ctrl-C stops it)", markup=False, highlight=False)
+    console.print(
+        f"serving {bound.url} (Ctrl-C stops it)", markup=False, highlight=False, soft_wrap=True
+    )
     serve(bound)

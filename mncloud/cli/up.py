@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import typer
+from rich.markup import escape
 
 from mncloud.cli import options as opts
 from mncloud.cli._common import console, err_console, handle_errors, print_json
@@ -215,16 +216,20 @@ def launch_and_follow(
     if as_json:
         print_json(status.model_dump(mode="json"))
     else:
-        console.print(f"[bold]{status.name}[/]: {status.detail or status.state.value.lower()}")
+        console.print(
+            f"[bold]{status.name}[/]: {escape(status.detail or status.state.value.lower())}",
+            soft_wrap=True,
+        )
     if status.state is RunState.FAILED:
         raise typer.Exit(code=1)
 
 
 def _notify(text: str) -> None:
     if text.startswith("warning: "):
-        err_console.print(f"[yellow]warning:[/] {text.removeprefix('warning: ')}", highlight=False)
+        warning = escape(text.removeprefix("warning: "))
+        err_console.print(f"[yellow]warning:[/] {warning}", highlight=False, soft_wrap=True)
     else:
-        console.print(text, highlight=False)
+        console.print(text, highlight=False, soft_wrap=True)
 
 
 def follow(backend_name: str, name: str) -> RunStatus:

@@ -22,6 +22,8 @@ that very port, for at most `--timeout` seconds, and is the meeting point:
             every failure of any node, or OK → to every node; each node closes first, so the
             TIME_WAITs sit on its side and torchrun on node 0 can bind 29500 again at once
     all:    OK → torchrun; FAIL → print "preflight failed on node R: <cause>", exit 78
+            (75 when every cause is the bucket not answering: a storage outage, retried
+            apart from --max-restarts; `checks.outage_only`)
 
 This proves exactly the path torchrun needs (node → master:port), needs no bucket, and stops
 every node with the same one line. A node that cannot connect by the deadline fails itself

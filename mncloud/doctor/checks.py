@@ -18,6 +18,10 @@ from pathlib import Path
 
 #: Exit code of a failed node preflight (sysexits EX_CONFIG): not torchrun's 1, not a signal.
 PREFLIGHT_FAILED_EXIT_CODE = 78
+#: How a check's detail begins when the storage did not answer: a storage outage, not a fault
+#: of the setup. Every node gets the gang's verdict as lines, and a verdict of such lines
+#: alone (`outage_only`) exits `constants.STORAGE_OUTAGE_EXIT_CODE` on every node.
+OUTAGE_WORDS = "storage outage:"
 GREETING = b"MNCLOUD-PREFLIGHT 1\n"
 DEFAULT_TIMEOUT = 60.0
 CREDENTIAL_TIMEOUT = 20.0
@@ -51,6 +55,22 @@ class Check:
 
 def failures(checks: Iterable[Check]) -> list[Check]:
     return [c for c in checks if not c.ok]
+
+
+def outage_only(problems: Iterable[str]) -> bool:
+    """Whether every failure line says the storage did not answer (and there is one)."""
+    lines = list(problems)
+    return bool(lines) and all(OUTAGE_WORDS in line for line in lines)
+
+
+def storage_failure(what: str, err: BaseException) -> str:
+    """A bucket check's failure detail: an outage (`OUTAGE_WORDS`) when the storage did not
+    answer within the retry budget, else `what` (e.g. "… is not writable") with the cause."""
+    from mncloud.storage.retry import StorageUnreachable
+
+    if isinstance(err, StorageUnreachable):
+        return f"{OUTAGE_WORDS} {_one_line(err)}"
+    return f"{what}: {_one_line(err)}"
 
 
 # --------------------------------------------------------------------------- single checks
@@ -134,7 +154,7 @@ def check_path(path: str, node: int | None = None, retry_seconds: float = 5.0) -
             found = bucket.exists(prefix) if prefix else False
             found = found or bool(bucket.list(prefix.rstrip("/") + "/" if prefix else ""))
         except Exception as err:
-            return Check("path", False, f"{path}: {_one_line(err)}", node)
+            return Check("path", False, storage_failure(path, err), node)
         if not found:
             return Check(
                 "path", False, f"required path {path} does not exist (nothing there)", node
@@ -161,7 +181,7 @@ def check_bucket(uri: str, node: int | None = None, retry_seconds: float = 5.0) 
         finally:
             bucket.delete(key)
     except Exception as err:
-        return Check("bucket", False, f"{uri} is not writable: {_one_line(err)}", node)
+        return Check("bucket", False, storage_failure(f"{uri} is not writable", err), node)
     return Check("bucket", True, f"{uri} is reachable and writable", node)
 
 

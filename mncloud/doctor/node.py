@@ -26,6 +26,8 @@ from mncloud.doctor.checks import (
     code_hash,
     count_gpus,
     failures,
+    outage_only,
+    storage_failure,
 )
 from mncloud.doctor.gang import NodeInfo, run_head, run_member
 from mncloud.doctor.mesh import mesh_warnings
@@ -129,8 +131,12 @@ def node_main(argv: list[str] | None = None) -> int:
 
 
 def _refuse(problems: list[str]) -> int:
+    """Print the failures; exit 78, or 75 when the storage did not answer and nothing else
+    failed (a storage outage: retried without spending --max-restarts)."""
     for line in problems:
         print(line, file=sys.stderr, flush=True)
+    if outage_only(problems):
+        return constants.STORAGE_OUTAGE_EXIT_CODE
     return PREFLIGHT_FAILED_EXIT_CODE
 
 
@@ -158,7 +164,7 @@ def meet(args: argparse.Namespace, address: str, port: int) -> Place | list[str]
         store, launch = _meeting_store(args)
         place = meeting.join(store, launch, rank, args.meet_nodes, address, port, wait)
     except Exception as err:  # one line: a bucket error or no meeting in time
-        text = " ".join(str(err).split())[:300]
+        text = storage_failure("", err).removeprefix(": ")
         return [
             text
             if text.startswith("preflight failed")

@@ -11,7 +11,7 @@ A launch (`launch`, `recovery`, `restart`) runs until the next one; its wall tim
 stretches, each given to one part, and every segment's node-seconds and dollars are split by
 the stretches it overlaps. An example, one node, a checkpoint every 10 steps:
 
-    launch 1  t=0    ┐ recovery: to the first step's start (its time less one median step)
+    launch 1  t=0    ┐ start-up: to the first step's start (its time less one median step)
               t=30   │ steps 1..14 (step 10 checkpointed); steps 1..10 useful, 11..14 redone
     preempted t=45   ┘ the step in flight when the nodes went: redone
     (gap)            waiting, unbilled: nothing ran (deadline mode; a new cluster)
@@ -25,7 +25,10 @@ The parts, in node-seconds and dollars, add up to the ledger's total:
 - redone: steps trained again by a later launch, and a preempted launch's step in flight;
 - unsaved: steps past the newest complete checkpoint, not (yet) trained again: at risk while
   the run lives, lost if it ended without saving them;
-- recovery: from a launch to its first step (less that step's own time);
+- startup ("start-up"): the run's first launch to its first step (less that step's own
+  time): provisioning, setup, imports, the preflight, a cold start that any run pays;
+- recovery: what a relaunch costs: from each later launch (after a preemption, an error, a
+  storage outage, or a deadline run's switch) to its first step;
 - checkpoint_stall: the seconds a step's telemetry says its save blocked (`ckpt_s`);
   without it, a save's stall is inside that step's time (and `unmeasured` says so);
 - waiting: a replacement node from its start until it healed from a live peer (node
@@ -47,7 +50,7 @@ import math
 import statistics
 import time
 from collections.abc import Iterable, Iterator
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import BaseModel, Field
 
@@ -55,16 +58,18 @@ from mncloud.records.ledger import Segment, cost_segments
 from mncloud.records.model import OPENS_SEGMENT, Event, RunRecord
 
 PartName = Literal[
-    "useful", "redone", "unsaved", "recovery", "checkpoint_stall", "waiting", "idle", "unknown"
-]
-PARTS: tuple[PartName, ...] = (
-    "useful", "redone", "unsaved", "recovery", "checkpoint_stall", "waiting", "idle", "unknown"
-)  # fmt: skip
+    "useful", "redone", "unsaved", "startup", "recovery", "checkpoint_stall", "waiting", "idle",
+    "unknown",
+]  # fmt: skip
+PARTS: tuple[PartName, ...] = get_args(PartName)
 #: Parts measured only with per-step telemetry.
-STEP_PARTS: tuple[PartName, ...] = (
-    "useful", "redone", "unsaved", "recovery", "checkpoint_stall", "idle"
-)  # fmt: skip
+STEP_PARTS: tuple[PartName, ...] = tuple(p for p in PARTS if p not in ("waiting", "unknown"))
 LAUNCHES = ("launch", "recovery", "restart")
+
+
+def part_label(part: str) -> str:
+    """A part as people read it: `start-up`, `checkpoint stall`."""
+    return "start-up" if part == "startup" else part.replace("_", " ")
 
 
 class StepMark(BaseModel):
@@ -151,6 +156,7 @@ def goodput_ledger(
             stretches += _launch_stretches(
                 opens[i].time, seg_end.end, seg_end.ended_by, seg_end.open, marks[k],
                 retrained[k], kept, telemetry.final_step, parts, unreported[k],
+                "startup" if k == 0 else "recovery",
             )  # fmt: skip
     heals = _heal_windows(record, opens, segments)
     timeline = _Timeline(stretches)
@@ -349,17 +355,19 @@ def _launch_stretches(
     final: int | None,
     parts: dict[str, Part],
     unreported: range = range(0),
+    coming: PartName = "recovery",
 ) -> list[Stretch]:
     """One launch's wall time [start, end) cut into parts; counts the steps into `parts`.
+    Its time to the first step is `coming`: the first launch's start-up, a later's recovery.
     A preempted launch's time after its last step is the step in flight (redone), unless that
     step was the final one (`final`): then it is the final save and teardown (idle). Steps it
     trained whose marks were lost (`unreported`) take their share of that time first, at the
     median step."""
     if not marks:
-        return [(start, end, "recovery")]
+        return [(start, end, coming)]
     step_s = _step_seconds(marks)
     first = max(start, marks[0].t - step_s)
-    out: list[Stretch] = [(start, first, "recovery")]
+    out: list[Stretch] = [(start, first, coming)]
     prev = first
     for mark in marks:
         pieces = _pieces(mark, retrained, kept)

@@ -77,6 +77,9 @@ TASK_TEMPLATE = "task.yaml.j2"
 MOUNT_PATH = BUCKET_MOUNT_PATH
 #: SkyPilot's MOUNT_CACHED preset for read-write checkpoints (parallel uploads and reads).
 CKPT_MOUNT_TYPE = "MODEL_CHECKPOINT_RW"
+#: Exit codes SkyPilot recovers however often (never counted against max_restarts_on_errors):
+#: a stop for a preemption notice, and a storage outage met by the nodes' preflight.
+RECOVER_ON_EXIT_CODES = (constants.PREEMPTED_EXIT_CODE, constants.STORAGE_OUTAGE_EXIT_CODE)
 
 
 @dataclass(frozen=True)
@@ -289,14 +292,15 @@ def _resources(spec: JobSpec, use_spot: bool) -> dict[str, Any]:
 
 def _job_recovery(spec: JobSpec) -> dict[str, Any]:
     """Spot or on-demand, every cloud run is a managed job: restarted after a lost VM, after
-    `--max-restarts` user-code errors, and always after a clean stop on a preemption notice."""
+    `--max-restarts` user-code errors, and always after a clean stop on a preemption notice
+    (115) or a storage outage (75: the nodes' bucket did not answer), neither counted."""
     # EAGER_NEXT_REGION tears the whole fleet down on every flap; for several nodes FAILOVER
     # first retries where the cluster was. One node: eager is SkyPilot's own default.
     strategy = "FAILOVER" if spec.nodes > 1 else "EAGER_NEXT_REGION"
     return {
         "strategy": strategy,
         "max_restarts_on_errors": spec.max_restarts,
-        "recover_on_exit_codes": [constants.PREEMPTED_EXIT_CODE],
+        "recover_on_exit_codes": list(RECOVER_ON_EXIT_CODES),
     }
 
 

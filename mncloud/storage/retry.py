@@ -4,10 +4,12 @@ One layer retries: the SDKs' own retries are kept short (botocore: one quick ret
 call; google-cloud-storage: none), and `call_with_retry` keeps trying transient failures
 (connection refused or reset, timeouts, 5xx, throttling) with jittered exponential backoff
 until `budget` seconds have passed (default 60 s, or `MNCLOUD_STORAGE_RETRY_SECONDS`), then
-raises `StorageError`. A permanent failure (no such bucket, access denied, no credentials)
-raises at once, and so does a request the SDK refused before sending it (botocore's
-`ParamValidationError` for a bucket name it rejects, a `ValueError` from google-cloud-storage):
-the same call would be refused again, so it is never retried (`refused_locally`).
+raises `StorageUnreachable` (a `StorageError`: the storage did not answer, an outage rather
+than a refusal; the preflight exits `STORAGE_OUTAGE_EXIT_CODE` for it). A permanent failure
+(no such bucket, access denied, no credentials) raises at once, and so does a request the SDK
+refused before sending it (botocore's `ParamValidationError` for a bucket name it rejects, a
+`ValueError` from google-cloud-storage): the same call would be refused again, so it is never
+retried (`refused_locally`).
 
 The jitter draws from a private generator, and the SDKs' module-level `random` is pointed at
 it too (`isolate_sdk_random`): they draw from the global `random` in upload threads, at
@@ -49,6 +51,11 @@ Classify = Callable[[BaseException], "str | None"]
 
 class TransientStorageError(StorageError):
     """A failure worth retrying (server down, timeout, throttling)."""
+
+
+class StorageUnreachable(StorageError):
+    """Transient failures until the retry budget ran out: the storage did not answer (an
+    outage), where a permanent failure (denied, no such bucket) is a plain StorageError."""
 
 
 def retry_seconds_from_env(default: float = DEFAULT_RETRY_SECONDS) -> float:
@@ -109,7 +116,7 @@ def call_with_retry(op: Callable[[], T], *, what: str, classify: Classify, budge
         return retrying(attempt)
     except RetryError as err:
         attempts = err.last_attempt.attempt_number
-        raise StorageError(
+        raise StorageUnreachable(
             f"{what}: still failing after {attempts} attempts over {budget:.0f}s "
             f"({err.last_attempt.exception()}); is the storage endpoint reachable?"
         ) from None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from markupsafe import Markup, escape
 
+from mncloud.records.goodput import part_label
 from mncloud.ui.views import Timeline
 
 WIDTH = 900
@@ -18,6 +19,7 @@ PART_COLOURS = {
     "useful": "#16a34a",
     "redone": "#dc2626",
     "unsaved": "#f97316",
+    "startup": "#c4b5fd",
     "recovery": "#8b5cf6",
     "checkpoint_stall": "#0ea5e9",
     "waiting": "#a3a3a3",
@@ -108,7 +110,7 @@ def breakdown_svg(parts: dict[str, float], total: float, unit: str = "node-s") -
         label = f"{value:,.1f} {unit} ({share:.1%})"
         body.append(
             f'<g class="part" data-part="{escape(name)}" data-value="{value!r}">'
-            f'<text x="10" y="{y + 14}">{escape(name)}</text>'
+            f'<text x="10" y="{y + 14}">{escape(part_label(name))}</text>'
             f'<rect x="140" y="{y}" width="{width}" height="18" fill="{colour}"/>'
             f'<text x="{146 + width}" y="{y + 14}">{escape(label)}</text></g>'
         )

@@ -8,6 +8,8 @@ node with the variables SkyPilot sets, plus `MNCLOUD_CKPT_URI` (`--bucket`, else
     backend.py     LocalBackend (the `Backend` interface): launch, status, logs, down, progress
     lifecycle.py   write a run folder, start its supervisor, stop it (no process survives)
     supervisor.py  the process that runs the nodes and relaunches them (SkyPilot's recovery)
+    exits.py       what an attempt's exit codes mean (preempted, a storage outage, refused, an
+                   error) and what follows: a relaunch, after which wait, or the end
     nodes.py       one node: SkyPilot's environment, its logs with node and rank prefixes
     processes.py   psutil: a node's processes by their env tag, liveness, ports
     chaos.py       preempt a node (with or without notice), take the bucket away

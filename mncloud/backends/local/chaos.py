@@ -155,7 +155,8 @@ def storage_outage(folder: Path, seconds: float) -> Iterator[str]:
     `file://` buckets get the outage marker (every operation fails as if the server were
     down); an S3/GCS endpoint on this machine (AWS_ENDPOINT_URL / STORAGE_EMULATOR_HOST at
     `up`) is frozen with SIGSTOP and thawed with SIGCONT, so requests hang as on a network
-    partition. A real cloud bucket cannot be taken down: BackendError.
+    partition. A real cloud bucket cannot be taken down: BackendError. An interrupted outage
+    (the generator closed, or an exception at its `sleep`) ends at once, its `end` line written.
     """
     from mncloud.storage import BucketURL
 
@@ -180,11 +181,15 @@ def storage_outage(folder: Path, seconds: float) -> Iterator[str]:
     pid = listener_pid(int(match[2]))
     if pid is None:
         raise BackendError(f"nothing listens on {endpoint}; is the storage server running?")
-    with _frozen(pid):
-        yield note(f"storage outage: server {endpoint} (pid {pid}) frozen for {seconds:g}s",
-                   phase="start", pid=pid)  # fmt: skip
-        time.sleep(seconds)
-    yield note(f"storage outage over: server {endpoint} answers again", phase="end", pid=pid)
+    try:
+        with _frozen(pid):
+            yield note(f"storage outage: server {endpoint} (pid {pid}) frozen for {seconds:g}s",
+                       phase="start", pid=pid)  # fmt: skip
+            time.sleep(seconds)
+    finally:
+        over = note(f"storage outage over: server {endpoint} answers again", phase="end",
+                    pid=pid)  # fmt: skip
+    yield over
 
 
 def _file_outage(uri: str, seconds: float, note: Any) -> Iterator[str]:
@@ -194,9 +199,10 @@ def _file_outage(uri: str, seconds: float, note: Any) -> Iterator[str]:
     try:
         yield note(f"storage outage: {uri} unreachable for {seconds:g}s", phase="start")
         time.sleep(seconds)
-    finally:
+    finally:  # also when interrupted (Ctrl-C, or SIGTERM/SIGHUP as the CLI raises them)
         set_simulated_outage(uri, False)
-    yield note(f"storage outage over: {uri} reachable again", phase="end")
+        over = note(f"storage outage over: {uri} reachable again", phase="end")
+    yield over
 
 
 @contextlib.contextmanager

@@ -32,6 +32,8 @@ from mncloud.storage.final import ckpt_dir_final, read_final
 from mncloud.telemetry.series import Series, read_series
 
 POLL_S = 0.25
+#: The supervisor's events a recovery is timed from (to the first step trained after it).
+HITS = ("chaos-preempt", "preempted", "error", "outage")
 
 
 def progress_of(folder: Path, label: str | None = None, *, summary: bool = False) -> RunProgress:
@@ -86,23 +88,41 @@ def _attempt_steps(
     return steps, first_t, resumed
 
 
+def _recoveries(
+    launches: list[float], hits: list[float], steps: list[list[int]],
+    first_t: list[float | None], resumed: list[int | None], restarted: set[int] = frozenset(),
+) -> tuple[list[int], list[float]]:  # fmt: skip
+    """Per recovery: the steps lost (trained before it, again after) and the seconds from its
+    hit to the first step after. A relaunch may train nothing (its nodes met a storage
+    outage): the next one counts from the last step trained and the hit not yet resumed from.
+    An attempt in `restarted` (its number: it started over, `resumecheck.py`) resumed nothing."""
+    bounds = [*launches, float("inf")]
+    lost: list[int] = []
+    resume_s: list[float] = []
+    reached = max(steps[0], default=resumed[0] or 0) if launches else 0
+    since: float | None = None
+    for k in range(1, len(launches)):
+        if resumed[k] is not None:
+            lost.append(max(0, reached - resumed[k]))
+        reached = max(steps[k], default=reached if resumed[k] is None else resumed[k])
+        hit = [t for t in hits if bounds[k - 1] <= t < bounds[k]]
+        since = since if since is not None else min(hit, default=None)
+        if since is not None and first_t[k] is not None:
+            if k + 1 not in restarted:
+                resume_s.append(round(first_t[k] - since, 2))
+            since = None
+    return lost, resume_s
+
+
 def recovery_figures(folder: Path) -> RecoveryFigures:
     """Summarise a local run (live or finished) for the demo summary, tests and bench."""
     state = load_state(folder)
     launches = [e.t for e in state.events if e.kind == "launch"]
-    hits = [e.t for e in state.events if e.kind in ("chaos-preempt", "preempted", "error")]
+    hits = [e.t for e in state.events if e.kind in HITS]
     series = read_run_series(folder)
     steps, first_t, resumed = _attempt_steps(state, series)
-    bounds = [*launches, float("inf")]
-    lost, resume_s = [], []
     scratch = {e.attempt: e.message for e in state.events if e.kind == SCRATCH}
-    for k in range(1, len(launches)):
-        before = max(steps[k - 1], default=resumed[k - 1] or 0)
-        if resumed[k] is not None:
-            lost.append(max(0, before - resumed[k]))
-        hit = [t for t in hits if bounds[k - 1] <= t < bounds[k]]
-        if hit and first_t[k] is not None and k + 1 not in scratch:  # a restart: no resume
-            resume_s.append(round(first_t[k] - min(hit), 2))
+    lost, resume_s = _recoveries(launches, hits, steps, first_t, resumed, set(scratch))
     cold = first_t[0] - launches[0] if launches and first_t[0] else None
     final = None
     with contextlib.suppress(Exception):
@@ -124,6 +144,7 @@ def recovery_figures(folder: Path) -> RecoveryFigures:
         attempts=len(launches),
         restarts=state.restarts,
         preemptions=state.preemptions,
+        outages=state.outages,
         wall_s=(state.ended_at or time.time()) - state.started_at if state.started_at else None,
         cold_start_s=round(cold, 2) if cold is not None else None,
         resume_s=resume_s,

@@ -174,4 +174,6 @@ def describe_exit(code: int) -> str:
         return f"stopped for a preemption notice (exit {code})"
     if code == constants.REFUSED_EXIT_CODE:
         return f"refused its input (exit {code})"
+    if code == constants.STORAGE_OUTAGE_EXIT_CODE:
+        return f"found its bucket unreachable (exit {code}: a storage outage)"
     return f"exited with code {code}"

@@ -11,7 +11,8 @@ from mncloud.backends.local.nodes import RunLogs
 from mncloud.backends.local.state import Event
 
 # Supervisor event kinds → run-record event kinds (records/); "launch" is mapped by attempt.
-_RECORD_KINDS = {"preempted": "preemption", "error": "failure", "succeeded": "finish",
+_RECORD_KINDS = {"preempted": "preemption", "error": "failure", "outage": "failure",
+                 "succeeded": "finish",
                  "failed": "failure", "cancelled": "finish", "node-lost": "node-lost",
                  "node-joined": "node-joined", "node-healed": "node-healed"}  # fmt: skip
 
@@ -35,11 +36,11 @@ class RecordWriter:
     ) -> None:  # fmt: skip
         """Queue the run-record event for a supervisor event of `kind`, if it maps to one.
         `events`: the supervisor's, this one last (a launch after a preemption is a recovery,
-        after an error a restart); `billed_nodes` of the run's `nodes`
+        after an error or a storage outage a restart); `billed_nodes` of the run's `nodes`
         are billed now (every node not being provisioned): a node's loss or join is priced so."""
         mapped = _RECORD_KINDS.get(kind)
         if kind == "launch":
-            prev = [e.kind for e in events[:-1] if e.kind in ("preempted", "error")]
+            prev = [e.kind for e in events[:-1] if e.kind in ("preempted", "error", "outage")]
             mapped = "launch" if attempt == 1 else (
                 "recovery" if prev and prev[-1] == "preempted" else "restart")  # fmt: skip
         price = None

@@ -78,21 +78,25 @@ class ResumeCheck:
         return restart_line(attempt, unit, None if resumed is None else int(resumed), first)
 
 
-def newest_complete_step(ckpt_uri: str) -> int | None:
-    """The newest COMPLETE step of `CheckpointManager` in the bucket (None: none, unreachable)."""
+def newest_complete_step(ckpt_uri: str) -> tuple[int | None, bool]:
+    """The newest COMPLETE step of `CheckpointManager` in the bucket (None: none), and whether
+    the bucket answered."""
     from mncloud.storage import CheckpointStore
 
     with contextlib.suppress(Exception):
         good, _ = CheckpointStore(ckpt_uri, retry_seconds=2).candidates()
-        return good[0] if good else None
-    return None
+        return (good[0] if good else None), True
+    return None, False
 
 
-def saved_line(step: int | None, unit: str | None) -> str:
+def saved_line(step: int | None, unit: str | None, *, answered: bool = True) -> str:
     """What a kill leaves to resume from: "newest complete checkpoint: step 137", or the
-    newest committed `--ckpt-dir` unit beside it (`unit`; "" when the run has no folder)."""
-    said = f"newest complete checkpoint: {f'step {step}' if step is not None else 'none'}"
-    if unit is None:
+    newest committed `--ckpt-dir` unit beside it (`unit`; None when the run has no folder);
+    "unknown" when the bucket did not answer."""
+    where = f"step {step}" if step is not None else "none"
+    where = where if answered else "unknown (the bucket does not answer)"
+    said = f"newest complete checkpoint: {where}"
+    if unit is None or not answered:
         return said
     folder = f"newest committed --ckpt-dir unit: {unit or 'none'}"
     return folder if step is None else f"{said}, {folder}"

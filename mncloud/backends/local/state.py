@@ -133,6 +133,8 @@ class LocalState(RunShape):
     attempt: int = 0
     restarts: int = 0
     preemptions: int = 0
+    outages: int = 0
+    """Relaunches after a storage outage (`STORAGE_OUTAGE_EXIT_CODE`): not `errors_retried`."""
     errors_retried: int = 0
     refused: bool = False
     """The script refused its input (`REFUSED_EXIT_CODE`): failed, not retried."""

@@ -1,11 +1,13 @@
 """The supervisor: one process per local run that launches the nodes and relaunches them.
 
-It mirrors SkyPilot's managed-job recovery. A node that *vanishes* (its launcher killed by a
-signal, as `chaos preempt` does) or exits with `PREEMPTED_EXIT_CODE` is a preemption and is
-recovered, always, and counted apart (`preemptions`); a node that exits non-zero on its own is
-an error in the user's code and is retried `--max-restarts` times (SkyPilot's
-`max_restarts_on_errors`, the same meaning on a cloud). `restarts` counts every relaunch, of
-either kind. Example, 2 nodes, `--recovery-delay 2s`:
+It mirrors SkyPilot's managed-job recovery (`exits.py`: what each ending means). A node that
+*vanishes* (its launcher killed by a signal, as `chaos preempt` does) or exits with
+`PREEMPTED_EXIT_CODE` is a preemption and is recovered, always, and counted apart
+(`preemptions`); nodes that exit `STORAGE_OUTAGE_EXIT_CODE` (their bucket did not answer) are a
+storage outage, recovered after a backoff and counted apart (`outages`); a node that exits
+non-zero otherwise is an error in the user's code and is retried `--max-restarts` times
+(SkyPilot's `max_restarts_on_errors`, the same meaning on a cloud). `restarts` counts every
+relaunch, of any kind. Example, 2 nodes, `--recovery-delay 2s`:
 
     t=0     setup.sh on node 0, then node 1 (same folder, like a shared image)
     t=1     attempt 1: run.sh on both nodes; torchrun rendezvous on 127.0.0.1:<free port>
@@ -52,6 +54,7 @@ from mncloud.backends.base import RunState
 from mncloud.backends.local import processes, warm
 from mncloud.backends.local.chaos import preempt_node
 from mncloud.backends.local.ckptdir import CkptDirSync
+from mncloud.backends.local.exits import Outcome, end_tail, ending, next_launch
 from mncloud.backends.local.metadata import MetadataServer
 from mncloud.backends.local.nodes import RunLogs, node_env, refusal, start_node
 from mncloud.backends.local.recordwriter import RecordWriter
@@ -80,10 +83,6 @@ POLL_S = 0.1
 NOTICE_EXIT_GRACE_S = 10.0
 """After a node exits for a preemption notice, how long the others get to do the same."""
 CHAOS_NO_PROGRESS_S = 60.0
-
-
-def plural(n: int, word: str) -> str:
-    return f"{n} {word}{'' if n == 1 else 's'}"
 
 
 class Supervisor:
@@ -253,7 +252,7 @@ class Supervisor:
             record.pids = []
             if record.status != "finished":
                 record.status = "finished" if final is RunState.SUCCEEDED else "stopped"
-        tail = f"{plural(st.restarts, 'restart')}, {plural(st.preemptions, 'preemption')}"
+        tail = end_tail(st)
         if final is RunState.FAILED:
             detail = st.detail if st.detail.startswith(("failed", "supervisor")) else "failed"
             self.event("failed", detail)
@@ -266,32 +265,21 @@ class Supervisor:
     def _run(self) -> RunState:
         if self.launch.setup and not self._setup():
             return RunState.CANCELLED if self.stop.is_set() else RunState.FAILED
-        la, st = self.launch, self.state
+        outages = 0  # storage outages in a row: their backoff grows
         while True:
             outcome, message = self._attempt()
             if outcome == "succeeded":
                 return RunState.SUCCEEDED
             if outcome == "stopped":
                 return RunState.CANCELLED
-            if outcome == "refused":  # the same input is refused again: no retry mends it
-                st.detail, st.refused = f"failed: {message} (refused: not retried)", True
+            outages = outages + 1 if outcome == "outage" else 0
+            after = next_launch(self.state, self.launch, outcome, message, outages)
+            if after is None:
                 return RunState.FAILED
-            if outcome == "preempted":  # always recovered; never spends the error budget
-                st.preemptions += 1
-                why = f"preemption {st.preemptions}"
-            elif st.errors_retried >= la.max_restarts:
-                st.detail = (
-                    f"failed: {message} (an error in your code; retried {st.errors_retried} "
-                    f"of --max-restarts {la.max_restarts} times)"
-                )
-                return RunState.FAILED
-            else:
-                st.errors_retried += 1
-                why = f"error retry {st.errors_retried}/{la.max_restarts}"
-            st.restarts += 1
-            st.state = RunState.RECOVERING
-            self.event("recovering", f"relaunching all nodes in {la.recovery_delay:g}s ({why})")
-            if self.stop.wait(la.recovery_delay):
+            delay, why = after
+            self.state.state = RunState.RECOVERING
+            self.event("recovering", f"relaunching all nodes in {delay:g}s ({why})")
+            if self.stop.wait(delay):
                 return RunState.CANCELLED
 
     def _setup(self) -> bool:
@@ -338,8 +326,8 @@ class Supervisor:
                    self._procs.values()], resume_from=unit)  # fmt: skip
         return started
 
-    def _attempt(self) -> tuple[str, str]:
-        """One launch of all nodes; returns (succeeded|preempted|refused|error|stopped, message)."""
+    def _attempt(self) -> tuple[Outcome, str]:
+        """One launch of all nodes; its outcome (`exits.py`) and one line."""
         try:
             started = self._launch_nodes()
         except NoRoom as err:  # the same disk at every retry: refused, one line
@@ -358,21 +346,15 @@ class Supervisor:
             self._end_ckpt_dir(codes)
             return "succeeded", "all nodes exited 0"
         requested = {int(r["node"]) for r in self._preempt_requests if r["t"] >= started}
-        vanished = {n for n, c in failed.items() if c < 0 or c == constants.PREEMPTED_EXIT_CODE}
-        preempted = bool(vanished or requested)
-        first = min(vanished or requested or set(failed))
-        code = failed.get(first, codes.get(first))
-        what = processes.describe_exit(code) if code is not None else "was preempted"
-        message = f"node {first} {what}" + (" (preempted)" if preempted else "")
-        lost = {n for n in vanished | requested if n in codes}
-        self._kill_all(lost)  # first: no commit may land after we look at the bucket
+        end = ending(codes, requested)
+        self._kill_all(end.lost)  # first: no commit may land after we look at the bucket
         self._end_ckpt_dir(codes)
-        latest, saved = self._saved()
-        self.event("preempted" if preempted else "error", f"{message}; {saved}", node=first,
-                   exit_codes={str(k): v for k, v in codes.items()},
+        latest, saved = self._saved(ask=end.outcome != "outage")
+        self.event(end.outcome, f"{end.message}; {saved}",
+                   node=end.node, exit_codes={str(k): v for k, v in codes.items()},
                    latest_checkpoint=latest)  # fmt: skip
-        refused = None if preempted else refusal(self.folder, failed)
-        return ("preempted" if preempted else "refused" if refused else "error"), refused or message
+        refused = refusal(self.folder, failed) if end.outcome == "error" else None
+        return ("refused", refused) if refused else (end.outcome, end.message)
 
     def _end_ckpt_dir(self, codes: dict[int, int | None]) -> None:
         """--ckpt-dir: flush the folders of nodes that exited on their own; a node killed (or
@@ -485,12 +467,15 @@ class Supervisor:
             if attempt == self.state.attempt and self._procs[node].poll() is None:
                 preempt_node(self.folder, node, by="the notice's deadline")
 
-    def _saved(self) -> tuple[int | None, str]:
-        """The newest COMPLETE step in the bucket (None: none or unreachable), and what a
-        relaunch resumes from in words (with the newest committed `--ckpt-dir` unit)."""
-        step = newest_complete_step(self.launch.ckpt_uri)
+    def _saved(self, ask: bool = True) -> tuple[int | None, str]:
+        """The newest COMPLETE step in the bucket (None: none or unknown), and what a relaunch
+        resumes from in words, with the newest committed `--ckpt-dir` unit; unknown when the
+        bucket does not answer (not asked, `ask` False, after a storage outage)."""
+        if not ask:
+            return None, saved_line(None, None, answered=False)
+        step, answered = newest_complete_step(self.launch.ckpt_uri)
         unit = self._ckpt_dir.newest_committed() if self._ckpt_dir is not None else None
-        return step, saved_line(step, unit)
+        return step, saved_line(step, unit, answered=answered)
 
     def _chaos_due(self, started: float, now: float) -> bool:
         """`--chaos-preempt-after D`: D after the first step the script reports, else after

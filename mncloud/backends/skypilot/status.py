@@ -102,12 +102,29 @@ def failure_of(value: Any) -> Failure | None:
 _EXIT_CODES = re.compile(r"exited with exit codes? \[?([\d, ]+)")
 
 
+def exit_codes(reason: str) -> list[int]:
+    """The exit codes SkyPilot's failure reason names ("Job exited with exit code(s) ...")."""
+    found = _EXIT_CODES.search(reason)
+    return [int(c) for c in found.group(1).replace(",", " ").split()] if found else []
+
+
 def refused_by_exit(reason: str) -> bool:
     """The job's program refused its input (`REFUSED_EXIT_CODE` among the exit codes SkyPilot's
-    failure reason names: "Job exited with exit code(s) ..."), so no relaunch would mend it."""
-    found = _EXIT_CODES.search(reason)
-    codes = found.group(1).replace(",", " ").split() if found else []
-    return str(constants.REFUSED_EXIT_CODE) in codes
+    failure reason names), so no relaunch would mend it."""
+    return constants.REFUSED_EXIT_CODE in exit_codes(reason)
+
+
+def exit_note(reason: str) -> str:
+    """What mncloud's own exit codes among those of SkyPilot's reason mean, for the detail:
+    `STORAGE_OUTAGE_EXIT_CODE` (the nodes' bucket did not answer their preflight: recovered by
+    `recover_on_exit_codes`, as a preemption's 115 is, without spending --max-restarts)."""
+    codes = exit_codes(reason)
+    if constants.STORAGE_OUTAGE_EXIT_CODE in codes:
+        return (
+            f"; exit {constants.STORAGE_OUTAGE_EXIT_CODE} is a storage outage (the bucket did "
+            "not answer): recovered, not counted against --max-restarts"
+        )
+    return ""
 
 
 def cluster_status(meta: RunMeta, idle_minutes: int) -> RunStatus:
@@ -218,9 +235,9 @@ def managed_job_status(meta: RunMeta) -> RunStatus:
     if state is RunState.FAILED and meta.max_restarts and raw == "FAILED":  # 0: none to count
         detail += f" after {recoveries} restarts (--max-restarts {meta.max_restarts})"
     elif recoveries:
-        detail += f", {recoveries} recoveries (preemptions and retried errors)"
+        detail += f", {recoveries} recoveries (preemptions, storage outages, retried errors)"
     if reason:
-        detail += f"; {one_line(reason, 160)}"
+        detail += f"; {one_line(reason, 160)}{exit_note(reason)}"
     status = status_from_meta(meta, state, detail)
     status.failure = failure_of(raw)
     if status.failure is Failure.USER and refused_by_exit(reason):
