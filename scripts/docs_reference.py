@@ -229,9 +229,10 @@ def _page_of(name: str) -> str:
     made relative to the site."""
     text = (ROOT / name).read_text()
     text = re.sub(r"\]\(docs/", "](", text)
-    return text.replace("](CONTRIBUTING.md)", "](contributing.md)").replace(
-        "](README.md)", "](index.md)"
-    )
+    for root_file, page in (("CONTRIBUTING", "contributing"), ("README", "index"),
+                            ("CHANGELOG", "changelog")):  # fmt: skip
+        text = text.replace(f"]({root_file}.md)", f"]({page}.md)")
+    return text
 
 
 def public_names(package: str) -> list[str]:
