@@ -76,6 +76,7 @@ def test_plan_of_the_script_is_where_up_dryrun_launches(
     assert not fake_sky.called("jobs.launch")
 
 
+@pytest.mark.slow
 def test_the_issues_aws_plan_is_the_one_up_shows(sky_enabled_clouds: list[str]) -> None:  # noqa: F811
     """Issue #60's case: `plan` without the script priced gang recovery (ap-northeast-1,
     $3,523.76) while `up` launched node recovery (us-east-1, $1,198.43). Without a script it
@@ -110,6 +111,7 @@ def test_plan_without_a_script_names_the_recovery_it_assumed() -> None:
     assert "recovery: gang, assumed" in " ".join(result.stdout.split())
 
 
+@pytest.mark.slow
 def test_offline_plan_without_a_catalog_is_one_line_naming_the_fix(tmp_path: Path) -> None:
     """No catalog snapshot and no network (a proxy on a closed port stands for it): one line on
     stderr naming MNCLOUD_CATALOG_DIR and the install page, exit 2, no traceback."""

@@ -100,6 +100,7 @@ def stale(page: Path) -> list[str]:
     ]
 
 
+@pytest.mark.slow  # parses every module of mncloud/ (about 2 s)
 def test_every_message_the_page_quotes_is_one_mncloud_prints() -> None:
     messages = list(quoted(PAGE))
     assert len(messages) >= 25, messages
