@@ -11,11 +11,18 @@ that shows it (README.md and docs/):
 The plan needs SkyPilot's catalog: the snapshot `MNCLOUD_CATALOG_DIR` names, else
 `../shared/catalogs` beside the checkout (as the tests use it). tests/test_docs.py
 checks the plan's output on every run (it is fast); the demo's is regenerated here only.
+
+`walk` is every output of a page that a test follows block by block (`WALKS`: "Your first
+cloud run", against the SkyPilot fake): each fence marked `<!-- output: walk -->` is a console
+block whose `$ command` lines stay as the page has them and whose outputs are what the test's
+walk recorded (it runs with `MNCLOUD_WALK_RECORD=FILE`); without the recording, the same test
+checks that the page shows them.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import subprocess
@@ -77,6 +84,68 @@ def demo_summary() -> str:
 OUTPUTS: dict[str, Callable[[], str]] = {"plan-steps": plan_steps, "demo-summary": demo_summary}
 
 
+#: Pages a test follows block by block, and that test: their `walk` outputs come from it.
+WALKS = {
+    "docs/getting-started/first-cloud-run.md": (
+        "tests/test_first_cloud_run.py::test_first_cloud_run_as_written"
+    ),
+}
+WALK = "walk"
+
+
+def walk_recorded(test: str) -> list[dict[str, object]]:
+    """What each console command of a walked page printed, as the test recorded it."""
+    with tempfile.TemporaryDirectory() as folder:
+        record = Path(folder) / "walk.json"
+        done = subprocess.run(
+            [sys.executable, "-m", "pytest", test, "-n", "0", "-q", "-p", "no:cacheprovider"],
+            cwd=ROOT, env={**os.environ, "MNCLOUD_WALK_RECORD": str(record)},
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        if done.returncode != 0 or not record.exists():
+            raise SystemExit(f"{test} failed ({done.returncode}):\n{done.stdout[-4000:]}")
+        return list(json.loads(record.read_text()))
+
+
+def write_walk(page: Path, recorded: list[dict[str, object]]) -> bool:
+    """Each `walk` fence of PAGE with the recorded outputs after its commands; changed?"""
+    old = page.read_text()
+    outputs = {(r["line"], r["command"]): str(r["output"]) for r in recorded}
+
+    def fence(m: re.Match[str]) -> str:
+        if m.group(1) != WALK:
+            return m.group(0)
+        line = old.count("\n", 0, m.start()) + 2  # the opening fence's, 1-based
+        commands = [c.strip() for c in re.findall(r"^\$ (.*)$", m.group(3), re.M)]
+        missing = [c for c in commands if (line, c) not in outputs]
+        if missing:
+            raise SystemExit(f"{page.relative_to(ROOT)}:{line}: the walk ran no {missing[0]!r}")
+        body = "\n".join(f"$ {c}\n{outputs[(line, c)]}".rstrip() for c in commands)
+        return f"<!-- output: {WALK} -->\n```{m.group(2)}\n{body}\n```"
+
+    new = OUTPUT.sub(fence, old)
+    if new != old:
+        page.write_text(new)
+    return new != old
+
+
+def walks(check: bool) -> int:
+    """Regenerate every walked page's outputs (or, with `check`, let its test compare them)."""
+    stale = 0
+    for page, test in WALKS.items():
+        if check:
+            done = subprocess.run(
+                [sys.executable, "-m", "pytest", test, "-n", "0", "-q", "-p", "no:cacheprovider"],
+                cwd=ROOT, capture_output=True, text=True, check=False,
+            )  # fmt: skip
+            if done.returncode != 0:
+                stale += 1
+                print(f"{page}: output walk differs ({test} fails)", file=sys.stderr)
+        elif write_walk(ROOT / page, walk_recorded(test)):
+            print(f"{page}: walk regenerated")
+    return stale
+
+
 def pages() -> list[Path]:
     return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
@@ -112,14 +181,16 @@ def write(name: str, text: str) -> list[Path]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("names", nargs="*", help=f"outputs to make: {', '.join(OUTPUTS)}")
+    known = [*OUTPUTS, WALK]
+    parser.add_argument("names", nargs="*", help=f"outputs to make: {', '.join(known)}")
     parser.add_argument("--check", action="store_true", help="only say which pages differ")
     args = parser.parse_args()
-    unknown = sorted(set(args.names) - OUTPUTS.keys())
+    unknown = sorted(set(args.names) - set(known))
     if unknown:
-        parser.error(f"no output {unknown[0]!r}; known: {', '.join(OUTPUTS)}")
-    stale = 0
-    for name in args.names or list(OUTPUTS):
+        parser.error(f"no output {unknown[0]!r}; known: {', '.join(known)}")
+    names = args.names or known
+    stale = walks(args.check) if WALK in names else 0
+    for name in (n for n in names if n != WALK):
         text = OUTPUTS[name]()
         if args.check:
             for page, has in shown(name):

@@ -5,10 +5,14 @@ A page holds a marker where a reference goes; `on_page_markdown` puts the refere
     <!-- generated: cli -->      every command of the Typer app, its options by help panel
     <!-- generated: config -->   every `mncloud.yaml` key: `JobOptions`' fields, their docstrings,
                                  defaults and bounds (`Meta`), and the flag that sets each
-    <!-- generated: readme -->   README.md as the home page (and CONTRIBUTING.md as a page)
+    <!-- generated: readme -->   README.md as the home page (and CONTRIBUTING.md, CHANGELOG.md)
+    <!-- generated: api-train -->  each public name of `mncloud.train` (its `__all__`), by
+                                 mkdocstrings from its docstring; `api-storage` likewise
 
 Nothing is written twice: the help texts are the CLI's own, the keys' meanings the fields'
-docstrings. tests/test_docs.py checks that every flag has help and every key a docstring.
+docstrings. Each command's example comes from `scripts/cli_examples.yaml` (`examples()`).
+tests/test_docs.py checks that every flag has help, every key a docstring and every command an
+example.
 """
 
 from __future__ import annotations
@@ -22,7 +26,16 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-MARKER = re.compile(r"<!-- generated: (\w+) -->")
+MARKER = re.compile(r"<!-- generated: ([\w-]+) -->")
+EXAMPLES = ROOT / "scripts" / "cli_examples.yaml"
+
+
+def examples() -> dict[str, dict[str, str]]:
+    """Each command's example, by its path (`mncloud ckpt ls`): `run`, the command line, and
+    `not-run`, why the suite does not run it (absent: it runs)."""
+    import yaml
+
+    return dict(yaml.safe_load(EXAMPLES.read_text()) or {})
 
 
 def _text(value: str) -> str:
@@ -100,6 +113,11 @@ def _command_markdown(path: str, cmd: Any, ctx: Any) -> list[str]:
     out = [f"{level} `{path}` {{#{_anchor(path)}}}", "", f"`{path} {usage}`", ""]
     if cmd.help:
         out += [_text(cmd.help), ""]
+    example = examples().get(path)
+    if example:
+        reason = example.get("not-run")
+        out += ["Example:", ""] + ([f"<!-- not-run: {reason} -->"] if reason else [])
+        out += ["```bash", example["run"], "```", ""]
     args = [p for p in cmd.params if p.param_type_name == "argument"]
     if args:
         out += ["| argument | |", "|---|---|"]
@@ -211,8 +229,28 @@ def _page_of(name: str) -> str:
     made relative to the site."""
     text = (ROOT / name).read_text()
     text = re.sub(r"\]\(docs/", "](", text)
-    return text.replace("](CONTRIBUTING.md)", "](contributing.md)").replace(
-        "](README.md)", "](index.md)"
+    for root_file, page in (("CONTRIBUTING", "contributing"), ("README", "index"),
+                            ("CHANGELOG", "changelog")):  # fmt: skip
+        text = text.replace(f"]({root_file}.md)", f"]({page}.md)")
+    return text
+
+
+def public_names(package: str) -> list[str]:
+    """A package's `__all__`, read from its source (`mncloud.train` would import torch)."""
+    tree = ast.parse((ROOT / package.replace(".", "/") / "__init__.py").read_text())
+    node = next(
+        n for n in tree.body
+        if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") == "__all__"
+    )  # fmt: skip
+    return list(ast.literal_eval(node.value))
+
+
+def api_markdown(package: str) -> str:
+    """One mkdocstrings block per public name, so the page shows what a script imports and
+    not the package's module listing (its `__init__` docstring, for contributors)."""
+    return "\n\n".join(
+        f"::: {package}.{name}\n    options:\n      heading_level: 3"
+        for name in public_names(package)
     )
 
 
@@ -221,6 +259,9 @@ GENERATORS = {
     "config": config_markdown,
     "readme": lambda: _page_of("README.md"),
     "contributing": lambda: _page_of("CONTRIBUTING.md"),
+    "changelog": lambda: _page_of("CHANGELOG.md"),
+    "api-train": lambda: api_markdown("mncloud.train"),
+    "api-storage": lambda: api_markdown("mncloud.storage"),
 }
 
 

@@ -1,17 +1,26 @@
 """The code blocks and command lines of README.md and docs/, as tests/test_docs.py reads them.
 
 A fence is a code block when its language is `bash`, `console` or `python`, or it is a
-`yaml title="mncloud.yaml"`; each is run by the suite unless the line before its fence says why
-not, `<!-- not-run: reason -->`. `text` (and other languages) are output or data; a fence marked
-`<!-- output: NAME -->` shows output `scripts/docs_outputs.py` regenerates. A fence without a
-language is read by its first line: `$ …` is console, a command (`mncloud …`, `python …`) bash,
-anything else text.
+`yaml title="mncloud.yaml"`; each is run by the suite unless a line just before its fence says
+why not, `<!-- not-run: reason -->`. `text` (and other languages) are output or data; a fence
+marked `<!-- output: NAME -->` shows output `scripts/docs_outputs.py` regenerates (the two
+markers may stand one above the other, output last). A fence without a language is read by its
+first line: `$ …` is console, a command (`mncloud …`, `python …`) bash, anything else text.
+
+Running them (`run_line`, `shown`, `exit_shown`): a `mncloud …` line runs in-process through
+the CLI as the console script runs it, anything else in bash. A bash block's lines must exit 0;
+a console block's `$ command` must print what the page shows after it (`…` stands for anything)
+and exit as the page says: 2 when what it shows starts with `error:` (a refusal: one line,
+exit 2), else 0.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
+import string
+import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,8 +71,9 @@ def blocks(page: Path) -> Iterator[Block]:
         while j < len(lines) and not lines[j].strip().startswith(ticks):
             body.append(lines[j][len(indent) :] if lines[j].startswith(indent) else lines[j])
             j += 1
-        before = lines[i - 1] if i else ""
-        nr, out = NOT_RUN.match(before), OUTPUT.match(before)
+        out = OUTPUT.match(lines[i - 1]) if i else None
+        above = i - 2 if out else i - 1  # not-run stands above an output marker, or alone
+        nr = NOT_RUN.match(lines[above]) if above >= 0 else None
         yield Block(
             page=page,
             line=i + 1,
@@ -152,3 +162,53 @@ def split(line: str) -> list[str]:
         return shlex.split(line, comments=True)
     except ValueError:
         return line.split()
+
+
+# ------------------------------------------------------------------------- running a line
+
+
+def run_line(line: str, cwd: Path, env: dict[str, str]) -> tuple[int, str]:
+    """One command line of a page: `mncloud …` in this process (the CLI as the console script
+    runs it; SkyPilot imported once for all blocks, and a fake of its SDK, where a test
+    installed one, answers it), anything else in bash. Its exit code and what it printed,
+    stdout and stderr together. `$T` is the value of a `T=…` line before it (`env`)."""
+    line = string.Template(line).safe_substitute(env)
+    words = split(line) if line.startswith("mncloud ") else []
+    if words:
+        from typer.testing import CliRunner
+
+        from mncloud.cli import app
+
+        old = dict(os.environ)
+        os.environ.update(env)
+        try:
+            result = CliRunner().invoke(app, words[1:], prog_name="mncloud")
+        finally:
+            os.environ.clear()
+            os.environ.update(old)
+        if result.exception is not None and not isinstance(result.exception, SystemExit):
+            raise result.exception
+        return result.exit_code, result.output
+    done = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", line], cwd=cwd, env={**os.environ, **env},
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    return done.returncode, done.stdout + done.stderr
+
+
+def shown(expected: str, got: str) -> bool:
+    """Output as a page shows it: `…` stands for anything; runs of spaces are one space."""
+    parts = [re.escape(" ".join(p.split())) for p in expected.split("…")]
+    return re.fullmatch(".*?".join(parts), " ".join(got.split()), re.S) is not None
+
+
+def exit_shown(expected: str) -> int:
+    """The exit code a console block's shown output says: 2 for a refusal (`error: …`)."""
+    return 2 if expected.lstrip().startswith("error:") else 0
+
+
+def console_steps(block: Block) -> Iterator[tuple[str, str]]:
+    """(command, the output the page shows after it) for each `$ command` of a console block."""
+    for step in re.split(r"^\$ ", block.text, flags=re.M)[1:]:
+        command, _, expected = step.partition("\n")
+        yield command.strip(), expected.strip()

@@ -14,14 +14,13 @@
 
 from __future__ import annotations
 
-import ast
 import functools
+import html
 import http.server
 import importlib.util
 import os
 import re
 import shutil
-import string
 import subprocess
 import sys
 import threading
@@ -124,26 +123,69 @@ def test_the_configuration_reference_lists_every_key(site: Path) -> None:
     assert "Accelerators per node" in page  # a docstring, not only the names
 
 
-def _public(package: str) -> list[str]:
-    """A package's `__all__`, read from its source (mncloud.train would import torch)."""
-    tree = ast.parse((ROOT / package.replace(".", "/") / "__init__.py").read_text())
-    node = next(
-        n for n in tree.body
-        if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") == "__all__"
-    )  # fmt: skip
-    return list(ast.literal_eval(node.value))
-
-
 def test_the_api_reference_lists_every_public_name(site: Path) -> None:
     page = (site / "reference" / "api.html").read_text()
     missing = [
         f"{package}.{name}"
         for package in ("mncloud.train", "mncloud.storage")
-        for name in _public(package)
+        for name in reference.public_names(package)
         if f'id="{package}.{name}"' not in page
     ]
-    assert len(_public("mncloud.train")) > 10
+    assert len(reference.public_names("mncloud.train")) > 10
     assert not missing, f"public names not in the API reference: {missing}"
+
+
+def test_the_api_page_opens_with_examples_of_every_public_class(site: Path) -> None:
+    """The page starts with examples, one naming each public class, and shows what a script
+    imports, not the packages' module listings (their `__init__` docstrings)."""
+    source = (ROOT / "docs" / "reference" / "api.md").read_text()
+    head = source.split("## `mncloud.train`", 1)[0]
+    assert "## Examples" in head and head.index("## Examples") < head.index("```")
+    classes = [
+        n for package in ("mncloud.train", "mncloud.storage")
+        for n in reference.public_names(package) if n[0].isupper()
+    ]  # fmt: skip
+    code = "".join(re.findall(r"```python\n(.*?)```", head, re.S))
+    unshown = [n for n in classes if f"`{n}`" not in head or not re.search(rf"\b{n}\b", code)]
+    assert not unshown, f"public classes without an example on the API page: {unshown}"
+    page = (site / "reference" / "api.html").read_text()
+    listings = ("the asynchronous save pipeline behind", "THE parser of s3://")
+    assert not any(line in page for line in listings)  # the packages' module listings
+
+
+# ------------------------------------------------------------------------ the CLI's examples
+
+
+def test_every_command_has_an_example(site: Path) -> None:
+    """scripts/cli_examples.yaml has one example per command, starting with the command,
+    shown under it in the CLI reference."""
+    examples = reference.examples()
+    paths = [p for p, _, _ in reference.commands()]
+    assert sorted(examples) == sorted(paths), (
+        f"commands without an example: {sorted(set(paths) - set(examples))}; "
+        f"examples of no command: {sorted(set(examples) - set(paths))}"
+    )
+    page = html.unescape(re.sub(r"<[^>]+>", "", (site / "reference" / "cli.html").read_text()))
+    for path, example in examples.items():
+        assert example["run"].startswith(f"{path} ") or example["run"] == path, path
+        assert example["run"] in page, f"{path}: example not shown"
+
+
+def test_cli_examples_run(project: Path) -> None:
+    """Each example without `not-run` runs (exit 0) in the docs project; each `not-run` says
+    why and names the test that runs the command instead."""
+    ran = 0
+    for path, example in reference.examples().items():
+        reason = example.get("not-run")
+        if reason is not None:
+            assert re.search(r"tests/test_\w+\.py", reason), f"{path}: not-run names no test"
+            continue
+        if _needs_catalog_text(example["run"]) and CATALOG is None:
+            continue
+        code, out = docblocks.run_line(example["run"], project, {})
+        assert code == 0, f"scripts/cli_examples.yaml: {path}: `{example['run']}`:\n{out[-2000:]}"
+        ran += 1
+    assert ran >= 8
 
 
 # ------------------------------------------------------------- flags and keys the pages name
@@ -188,6 +230,9 @@ def stale_names() -> Iterator[str]:
             if flag not in known:
                 yield f"{where}: {flag}: no such option of `{path}`"
 
+    for path, example in reference.examples().items():
+        for words in docblocks.commands_in(example["run"]):
+            yield from check(f"scripts/cli_examples.yaml: {path}", words)
     for page in docblocks.pages():
         for block in docblocks.blocks(page):
             if block.lang in ("bash", "console", "text"):
@@ -247,6 +292,28 @@ def test_a_stale_flag_is_named_with_its_page_and_line(
     ]
 
 
+# ------------------------------------------------------------------------- the examples page
+
+
+def test_the_examples_page_lists_every_example() -> None:
+    """docs/examples.md has a row and a section for each script in examples/, the section's
+    command running that script."""
+    page = ROOT / "docs" / "examples.md"
+    text = page.read_text()
+    scripts = sorted(f"examples/{p.name}" for p in (ROOT / "examples").glob("*.py"))
+    assert scripts
+    for script in scripts:
+        assert f"| `{script}` |" in text, f"{script}: no row in docs/examples.md"
+        section = text.split(f"## `{script}`\n", 1)
+        assert len(section) == 2, f"{script}: no section in docs/examples.md"
+        body = section[1].split("\n## ", 1)[0]
+        commands = [
+            line for b in docblocks.blocks(page) if b.text in body
+            for _, line in docblocks.shell_lines(b)
+        ]  # fmt: skip
+        assert any(f"mncloud up {script} " in c for c in commands), f"{script}: no command"
+
+
 # ------------------------------------------------------------------------- blocks that run
 
 
@@ -269,42 +336,12 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return proj
 
 
+def _needs_catalog_text(text: str) -> bool:
+    return bool(re.search(r"mncloud (plan|gpus|up|render|doctor|replay)\b|\.\./shared/", text))
+
+
 def _needs_catalog(block: Block) -> bool:
-    return bool(re.search(r"mncloud (plan|gpus|up|render)\b|\.\./shared/", block.text))
-
-
-def _shown(expected: str, got: str) -> bool:
-    """Output as a page shows it: `…` stands for anything."""
-    parts = [re.escape(" ".join(p.split())) for p in expected.split("…")]
-    return re.fullmatch(".*?".join(parts), " ".join(got.split()), re.S) is not None
-
-
-def _run(line: str, proj: Path, env: dict[str, str]) -> tuple[int, str]:
-    """One command line of a page: `mncloud …` in this process (the CLI as the console script
-    runs it; SkyPilot imported once for all blocks), anything else in bash. Its exit code and
-    what it printed, stdout and stderr together."""
-    line = string.Template(line).safe_substitute(env)  # `$T` of a `T=…` line before it
-    words = docblocks.split(line) if line.startswith("mncloud ") else []
-    if words:
-        from typer.testing import CliRunner
-
-        from mncloud.cli import app
-
-        old = dict(os.environ)
-        os.environ.update(env)
-        try:
-            result = CliRunner().invoke(app, words[1:], prog_name="mncloud")
-        finally:
-            os.environ.clear()
-            os.environ.update(old)
-        if result.exception is not None and not isinstance(result.exception, SystemExit):
-            raise result.exception
-        return result.exit_code, result.output
-    done = subprocess.run(
-        ["bash", "-euo", "pipefail", "-c", line], cwd=proj, env={**os.environ, **env},
-        capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
-    return done.returncode, done.stdout + done.stderr
+    return _needs_catalog_text(block.text)
 
 
 def run_block(block: Block, proj: Path) -> None:
@@ -329,17 +366,20 @@ def run_block(block: Block, proj: Path) -> None:
             if m := re.fullmatch(r"([A-Z_]+)=(\S+)", line.strip()):
                 env[m.group(1)] = m.group(2)
                 continue
-            code, out = _run(line.strip(), proj, env)
+            code, out = docblocks.run_line(line.strip(), proj, env)
             assert code == 0, (
                 f"{block.page.relative_to(ROOT)}:{n}: `{line.strip()}`:\n{out[-2000:]}"
             )
     else:  # console: each `$ command` and the output the page shows after it
-        for step in re.split(r"^\$ ", block.text, flags=re.M)[1:]:
-            command, _, expected = step.partition("\n")
-            _, got = _run(command.strip(), proj, env)
+        for command, expected in docblocks.console_steps(block):
+            code, got = docblocks.run_line(command, proj, env)
             got = got.replace(str(proj.parent), "/work")
-            assert _shown(expected.strip(), got.strip()), (
+            assert docblocks.shown(expected, got.strip()), (
                 f"{block.where}: `{command}` printed\n{got}\nthe page shows\n{expected}"
+            )
+            assert code == docblocks.exit_shown(expected), (
+                f"{block.where}: `{command}` exited {code}; the page says "
+                f"{docblocks.exit_shown(expected)}"
             )
 
 
@@ -429,6 +469,58 @@ def test_the_site_opens_in_a_browser(site: Path) -> None:
         browser.close()
     elsewhere = [u for u in fetched if not u.startswith((base, "data:", "blob:"))]
     assert not elsewhere, f"the site fetched from elsewhere: {elsewhere}"
+
+
+#: The end of a code block's first line, scrolled to the end, and the copy button's box.
+_LINE_END = """el => {
+  el.scrollLeft = el.scrollWidth;
+  const walker = document.createTreeWalker(el, NodeFilter.SHOW_TEXT);
+  let node = null, at = -1, prev = null, n;
+  while ((n = walker.nextNode())) {
+    const i = n.textContent.indexOf('\\n');
+    if (i > 0) { node = n; at = i; break; }
+    if (i === 0) { node = prev; at = prev.textContent.length; break; }
+    if (n.textContent.length) prev = n;
+  }
+  const range = document.createRange();
+  range.setStart(node, at - 1);
+  range.setEnd(node, at);
+  const end = range.getBoundingClientRect();
+  const button = el.closest('pre').querySelector('[data-md-type=copy]').getBoundingClientRect();
+  return {scrolls: el.scrollWidth > el.clientWidth, overflow: getComputedStyle(el).overflowX,
+          end: [end.left, end.right, end.top, end.bottom],
+          button: [button.left, button.right, button.top, button.bottom]};
+}"""
+
+
+def test_the_site_search_finds_a_word_and_long_commands_scroll_clear(site: Path) -> None:
+    """Over HTTP, as a reader opens it: the search box finds a word's pages (the index and its
+    worker are the site's own), and a command longer than its code block scrolls to its last
+    character, which the copy button does not cover."""
+    chromium = shutil.which("chromium")
+    if chromium is None:
+        pytest.skip("no chromium (apt-get install chromium; scripts/setup.sh tries)")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+    expect = sync_api.expect
+    with _served(site) as base, sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium)
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        page.goto(f"{base}/index.html")
+        page.locator("input.md-search__input").click()
+        page.keyboard.type("lighthouse", delay=30)  # keystrokes: the search listens for them
+        results = page.locator(".md-search-result__item")
+        expect(results.first).to_be_visible(timeout=20_000)
+        expect(page.locator(".md-search-result__meta")).to_contain_text("matching")
+        page.goto(f"{base}/getting-started/first-cloud-run.html")
+        code = page.locator("pre code").filter(has_text="--name first --dryrun").first
+        code.scroll_into_view_if_needed()
+        expect(code.locator("xpath=..").locator("[data-md-type=copy]")).to_be_attached()
+        box = code.evaluate(_LINE_END)
+        browser.close()
+    assert box["scrolls"] and box["overflow"] in ("auto", "scroll"), box
+    (left, right, top, bottom), (b_left, b_right, b_top, b_bottom) = box["end"], box["button"]
+    covered = left < b_right and right > b_left and top < b_bottom and bottom > b_top
+    assert not covered, f"the command's last character lies under the copy button: {box}"
 
 
 def test_docs_script_names_the_install_command_without_mkdocs(tmp_path: Path) -> None:

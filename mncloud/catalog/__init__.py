@@ -37,6 +37,11 @@ from mncloud.catalog.index import quiet_sky, unsupported_reason
 from mncloud.errors import CatalogError, SpecError
 
 CATALOG_SCHEMA_VERSION = "v8"
+#: How to plan without the network, said wherever SkyPilot's catalog cannot be fetched.
+OFFLINE_HELP = (
+    f"go online once, or set {constants.CATALOG_DIR_ENV} to a catalog snapshot "
+    "(docs: getting-started/install.md, Offline: a catalog snapshot)"
+)
 
 
 def use_catalog_dir(catalog_dir: str | Path | None = None) -> Path | None:
@@ -96,8 +101,7 @@ def accelerator_names() -> list[str]:
         return catalog_index._read_accelerator_names()
     except Exception as err:  # SkyPilot raises requests/OSError types when offline
         raise CatalogError(
-            f"cannot read SkyPilot's accelerator list ({err.__class__.__name__}); go online once, "
-            f"or set {constants.CATALOG_DIR_ENV} to a catalog snapshot"
+            f"cannot read SkyPilot's accelerator list ({err.__class__.__name__}); {OFFLINE_HELP}"
         ) from None
 
 
@@ -371,8 +375,7 @@ def _list_rows(
                     Exclusion(
                         cloud=cloud,
                         reason=f"SkyPilot's catalog for {cloud} is unavailable "
-                        f"({err.__class__.__name__}); go online once or add it to "
-                        f"${constants.CATALOG_DIR_ENV}",
+                        f"({err.__class__.__name__}); {OFFLINE_HELP}",
                     )
                 )
                 continue

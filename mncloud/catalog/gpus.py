@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from mncloud import catalog, constants
+from mncloud import catalog
 from mncloud.catalog import cache as skycache
 from mncloud.catalog import index as catalog_index
 from mncloud.catalog.index import Row, quiet_sky
@@ -103,8 +103,8 @@ def _live_rows(cloud: str) -> list[Row]:
             )
     except Exception as err:  # requests/OSError/pandas errors when offline
         raise CatalogError(
-            f"SkyPilot's catalog for {cloud} is unavailable ({type(err).__name__}); go online "
-            f"once, or set {constants.CATALOG_DIR_ENV} to a catalog snapshot that holds it"
+            f"SkyPilot's catalog for {cloud} is unavailable ({type(err).__name__}); "
+            f"{catalog.OFFLINE_HELP}"
         ) from None
     return [
         Row(

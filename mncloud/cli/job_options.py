@@ -256,7 +256,7 @@ Recovery = Annotated[
         rich_help_panel=ADVANCED,
         help="What a lost node costs: gang (relaunch every node from the bucket checkpoint) or "
         "node (replace that node only; the others train on and it heals from a live one; the "
-        "script must use mncloud.train.Replicas). Default: node when the script does and runs "
-        "on 2+ nodes, else gang.",
+        "script must use mncloud.train.Replicas). Default: node when the script does, runs on "
+        "2+ nodes and has an s3:// or gs:// bucket (or runs locally), else gang.",
     ),
 ]

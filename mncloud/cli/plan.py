@@ -32,12 +32,14 @@ def plan_command(
         Path | None,
         typer.Argument(
             help="The training script, optional: with it the plan is the one `up` would make "
-            "(its mncloud.yaml, its --recovery default).",
+            "with the same options (its mncloud.yaml, its --recovery default); without it, "
+            "gang recovery is assumed unless --recovery says otherwise.",
             show_default=False,
         ),
     ] = None,
     script_args: opts.ScriptArgs = None,
     recovery: opts.Recovery = None,
+    bucket: opts.Bucket = None,
     deadline: opts.Deadline = None,
     budget: opts.PlanBudget = None,
     min_nodes: opts.MinNodes = None,
@@ -75,6 +77,7 @@ def plan_command(
 
     deadline_s = _deadline_seconds(deadline, budget)
     values["script_args"] = list(script_args or [])
+    values["bucket"] = bucket
     if _runs_locally(values, script, recovery, as_json):
         return
     if script is not None and (profile or _offer_to_profile(script, values)):
@@ -99,10 +102,13 @@ def plan_command(
         from mncloud.deadline.pricing import estimate_deadline
 
         report = estimate_deadline(plan, deadline_s, budget=budget, min_nodes=min_nodes)
+    assumed = assumed_recovery(request, script, recovery)
     if as_json:
-        print_json(plan_rows.json(plan, report, top))
+        print_json(plan_rows.json(plan, report, top) | {"recovery_assumed": assumed})
         return
     show_plan(plan, top=top, verbose=verbose, wide=wide)
+    if assumed:
+        console.print(assumed, style="dim", highlight=False)
     if values["learn"] and not request.learned:
         console.print(NOTHING_LEARNED, style="dim", highlight=False)
     if not values["cloud"] and _no_cloud_enabled():
@@ -115,6 +121,18 @@ NO_CLOUD_PRICES = (
     "no cloud is enabled in SkyPilot yet (`sky check` found none): these are the catalog's "
     "prices; `up` needs one enabled to run there"
 )
+
+
+def assumed_recovery(request: PlanRequest, script: Path | None, recovery: str | None) -> str | None:
+    """What `plan` without a script says of the recovery mode it priced (2+ nodes, no
+    --recovery): `up SCRIPT` may take node recovery, so the plan names its assumption."""
+    if script is not None or recovery is not None or request.nodes < 2:
+        return None
+    return (
+        f"recovery: {request.recovery.value}, assumed (no script given). `up` takes node "
+        "recovery for a script that uses mncloud.train.Replicas, on 2+ nodes with a bucket; "
+        "`mncloud plan SCRIPT --bucket URL` plans what `up SCRIPT` launches"
+    )
 
 
 def _no_cloud_enabled() -> bool:
@@ -156,7 +174,8 @@ def _runs_locally(
 
 
 def _market(values: dict[str, Any], recovery: str | None) -> JobOptions:
-    """The job options `plan` takes (the market and `--recovery`); the rest is a script's."""
+    """The job options `plan` takes (the market, `--recovery` and `--bucket`, on which the
+    recovery default depends); the rest is a script's."""
     from mncloud.options import JobOptions
 
     return JobOptions(
@@ -167,6 +186,7 @@ def _market(values: dict[str, Any], recovery: str | None) -> JobOptions:
         region=values["region"],
         max_hourly=values["max_hourly"],
         recovery=recovery,
+        bucket=values.get("bucket"),
     )
 
 

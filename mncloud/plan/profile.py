@@ -254,9 +254,14 @@ def _read(path: Path) -> StepProfile | None:
 
 
 def profile_command(script: Path, args: list[str]) -> str:
-    """The command that (re)profiles this script, for messages."""
+    """The command that (re)profiles this script, for messages: the script's path from the
+    current folder when it lies under it (as it was most likely typed), else absolute."""
+    try:
+        shown = script.resolve().relative_to(Path.cwd().resolve())
+    except (ValueError, OSError):
+        shown = script
     tail = f" -- {shlex.join(args)}" if args else ""
-    return f"mncloud profile {shlex.quote(str(script))}{tail}"
+    return f"mncloud profile {shlex.quote(str(shown))}{tail}"
 
 
 def workload_from_flags(options: PlanOptions) -> Workload | None:

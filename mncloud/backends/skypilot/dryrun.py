@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -40,6 +41,7 @@ def dryrun(task: sky.Task, spec: JobSpec, plan: Plan | None, spot: bool) -> RunS
         with (
             sky_errors(f"dry-run {spec.name}", keep=(sx.NoCloudAccessError,)),
             sky_logging.silent(),
+            off_stdout(),
             efa_cards_offline(),
         ):
             execution.launch(
@@ -64,6 +66,14 @@ def dryrun(task: sky.Task, spec: JobSpec, plan: Plan | None, spot: bool) -> RunS
             "see `sky launch --dryrun` for why)"
         )
     return _dryrun_status(spec, plan, spot, detail, **_placement(chosen))
+
+
+@contextlib.contextmanager
+def off_stdout() -> Iterator[None]:
+    """SkyPilot's spinner writes terminal codes to stdout even when silent (`\x1b[?25h`): sent
+    to stderr during its dry run, so stdout holds only what `up` prints (the task, `--json`)."""
+    with contextlib.redirect_stdout(sys.stderr):
+        yield
 
 
 @contextlib.contextmanager
@@ -183,13 +193,20 @@ def dryrun_group(dag: sky.Dag, name: str, nodes: int, spot: bool) -> tuple[str, 
     tasks differ only in their envs), then SkyPilot's placement of the whole group
     (`Optimizer.optimize_job_group`, in-process). Returns the detail line and node 0's
     cloud/region/instance type; BackendError when SkyPilot could not place the group."""
+    from sky import exceptions as sx
     from sky import execution, sky_logging
     from sky import optimizer as sky_optimizer
 
     lighthouse, node0 = dag.tasks[0], dag.tasks[1]
     chosen: dict[str, str] = {}
+    keep = (sx.NoCloudAccessError,)  # no credentials: the caller shows what it can check
     for task in (lighthouse, node0):
-        with sky_errors(f"dry-run {task.name}"), sky_logging.silent(), efa_cards_offline():
+        with (
+            sky_errors(f"dry-run {task.name}", keep),
+            sky_logging.silent(),
+            off_stdout(),
+            efa_cards_offline(),
+        ):
             execution.launch(
                 _fresh(task),
                 cluster_name=task.name,
@@ -199,19 +216,24 @@ def dryrun_group(dag: sky.Dag, name: str, nodes: int, spot: bool) -> tuple[str, 
                 _quiet_optimizer=True,
             )
         chosen[str(task.name)] = dryrun_choice(str(task.name))
-    with sky_errors(f"place job group {name}"), sky_logging.silent():
+    with sky_errors(f"place job group {name}"), sky_logging.silent(), off_stdout():
         sky_optimizer.Optimizer.optimize_job_group(dag, quiet=True)
     node_choice = chosen[str(node0.name)]
     where = "/".join(v for v in (node_choice.get("cloud"), node_choice.get("region")) if v)
     best = node0.best_resources
     if best is not None and best.cloud is not None:
         where = f"{str(best.cloud).lower()}/{best.region}"
+    # The lighthouse's own dry run may pick another cloud's VM; the group's placement puts it
+    # beside the nodes, so its instance type is the placed one's where SkyPilot says.
+    placed = lighthouse.best_resources
+    beacon = getattr(placed, "instance_type", None) or chosen[str(lighthouse.name)].get(
+        "instance_type"
+    )
     market = "spot" if spot else "on-demand"
     detail = (
         f"dry run passed: SkyPilot would launch a job group of {nodes} single-node {market} "
         f"tasks ({node_choice.get('instance_type') or '?'}) and an on-demand lighthouse "
-        f"({chosen[str(lighthouse.name)].get('instance_type') or '?'}) in {where or '?'}; "
-        "nothing was provisioned"
+        f"({beacon or '?'}) in {where or '?'}; nothing was provisioned"
     )
     return detail, node_choice
 
