@@ -215,6 +215,43 @@ def test_a_signal_to_a_foreground_up_stops_the_run(sig: signal.Signals) -> None:
     assert _tagged(token) == []
 
 
+@pytest.mark.slow
+@pytest.mark.catalog
+def test_a_signal_during_the_reference_run_stops_it_too() -> None:
+    """The demo's summary runs the task once more for its reference; SIGTERM then stops that
+    run too (none of its processes left), and `up` exits 143."""
+    from mncloud.backends.local.lifecycle import REFERENCE_DIR
+    from mncloud.backends.local.state import load_launch, load_state
+    from tests.test_local import wait_until
+
+    script = REPO / "examples" / "train_ddp.py"
+    mncloud = Path(sys.executable).parent / "mncloud"
+    cmd = [str(mncloud), "up", str(script), "--cloud", "local", "--nodes", "2", "--gpus",
+           "cpu:1", "--name", "refsig", "--recovery", "gang", "--yes",
+           "--chaos-preempt-after", "2s", "--", "--steps", "400"]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "COLUMNS": "100"})  # fmt: skip
+    ref = layout.run_dir("refsig") / REFERENCE_DIR
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:  # until the reference run trains
+            if "once more without chaos" in line:
+                break
+        wait_until(lambda: (ref / "launch.json").exists(), 120, "the reference run's folder")
+        token = load_launch(ref).token
+        wait_until(lambda: _tagged(token) or proc.poll() is not None, 120, "its processes")
+        assert proc.poll() is None, "up ended before its reference run started"
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143 and "reference stopped" in out, out
+    assert load_state(layout.run_dir("refsig")).state.value == "SUCCEEDED"
+    left = _tagged(token)
+    assert left == [], [(p.pid, p.cmdline(), p.ppid()) for p in left]
+
+
 # --------------------------------------------------------------------------- preempted once
 
 

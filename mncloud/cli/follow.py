@@ -265,8 +265,10 @@ def _summary(backend: Backend, name: str) -> None:
     with Live(Text(""), console=console, transient=True) as live:
         try:
             ref = rehearsal.run_reference(name, lambda p: live.update(status_line(p, "reference")))
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as stop:  # run_reference stopped it
             live.stop()
             console.print("[yellow]reference stopped[/]")
+            if isinstance(stop, Stopped):
+                raise SystemExit(128 + stop.signum) from None
             return
     console.print(reference_table(sha, ref))

@@ -18,7 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from mncloud.backends.base import RecoveryFigures, ReferenceResult, RunProgress, RunState
-from mncloud.backends.local.lifecycle import run_ended, start_reference, stop_folder
+from mncloud.backends.local.lifecycle import (
+    REFERENCE_DIR,
+    run_ended,
+    start_reference,
+    stop_folder,
+)
 from mncloud.backends.local.resumecheck import SCRATCH
 from mncloud.backends.local.state import (
     LocalState,
@@ -28,6 +33,7 @@ from mncloud.backends.local.state import (
     series_uri,
 )
 from mncloud.constants import CKPT_DIR_ENV
+from mncloud.layout import run_dir
 from mncloud.storage.final import ckpt_dir_final, read_final
 from mncloud.telemetry.series import Series, read_series
 
@@ -170,9 +176,11 @@ def run_reference(
     run_name: str, on_progress: Callable[[RunProgress], None] = lambda _p: None
 ) -> ReferenceResult:
     """Run the task once more without chaos (`lifecycle.start_reference`) and wait for it,
-    calling `on_progress` as it goes; Ctrl-C stops it (and is raised again)."""
-    ref = start_reference(run_name)
+    calling `on_progress` as it goes; Ctrl-C (or `up`'s SIGTERM, even while it starts) stops
+    it, and is raised again."""
+    ref = run_dir(run_name) / REFERENCE_DIR
     try:
+        start_reference(run_name)
         while not (progress := progress_of(ref, "reference")).ended:
             on_progress(progress)
             time.sleep(POLL_S)
