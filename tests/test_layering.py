@@ -68,8 +68,8 @@ ROOMS: list[tuple[str, str]] = [
     ("mncloud.plan", "costmodel explain hardware hazards learned model profile sharding "
                      "stepmodel timing traces"),
     ("mncloud.deadline", "places policy pricing replay replay_places"),
-    ("mncloud.render", "bandwidth jobgroup network schema"),
-    ("mncloud.records", "model lineage index store ledger goodput rerun"),
+    ("mncloud.render", "bandwidth jobgroup network schema trackers"),
+    ("mncloud.records", "model lineage index store ledger goodput rerun mlflowrun"),
     ("mncloud.backends", "base"),
     ("mncloud.backends.local", "__main__ backend chaos ckptdir execute figures lifecycle metadata "
                                "netcheck nodes processes recordwriter replacing resumecheck state "
