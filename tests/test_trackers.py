@@ -1,0 +1,185 @@
+"""#59: one tracker run per training run. The variables every node gets (W&B's run id and
+resume, its group under node recovery, the TensorBoard folder in `--ckpt-dir`), the MLflow run
+`up` creates on a real `mlflow server` (sqlite, a local artifact root), a server that does not
+answer, and `--tracker none`."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mncloud import constants
+from mncloud.records import mlflowrun
+from mncloud.render import task_env
+from mncloud.render.trackers import WANDB_ID_MAX, tb_dir, wandb_run_id
+from mncloud.request import build_spec
+from tests.servers import _wait, free_port
+
+RUN_ID = "train-20261202T030000-abc123"
+TRACKER_VARS = {
+    constants.WANDB_RUN_ID_ENV, constants.WANDB_RESUME_ENV, constants.WANDB_RUN_GROUP_ENV,
+    constants.MLFLOW_RUN_ID_ENV, constants.TB_DIR_ENV, constants.TRACKER_OFF_ENV,
+}  # fmt: skip
+
+
+def _mlflow_binary() -> str | None:
+    """`mlflow` for the server: `$MNCLOUD_TEST_MLFLOW`, beside this Python, or on PATH."""
+    given = os.environ.get("MNCLOUD_TEST_MLFLOW")
+    here = Path(sys.executable).parent / "mlflow"
+    return given or (str(here) if here.exists() else shutil.which("mlflow"))
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real MLflow tracking server on 127.0.0.1 (sqlite store, local artifact root)."""
+    binary = _mlflow_binary()
+    if binary is None:
+        pytest.skip("no `mlflow` server binary (pip install mlflow, or MNCLOUD_TEST_MLFLOW=…)")
+    folder = tmp_path_factory.mktemp("mlflow")
+    port = free_port()
+    log = (folder / "server.log").open("wb")
+    proc = subprocess.Popen(
+        [binary, "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+         "--backend-store-uri", f"sqlite:///{folder / 'db.sqlite'}",
+         "--default-artifact-root", (folder / "artifacts").as_uri()],
+        stdout=log, stderr=subprocess.STDOUT, cwd=folder, start_new_session=True,
+    )  # fmt: skip
+    uri = f"http://127.0.0.1:{port}"
+    try:
+        _wait(lambda: mlflowrun.call(uri, "experiments/search", {"max_results": 1}) is not None,
+              120, "mlflow server", proc)  # fmt: skip
+        yield uri
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)  # its own session: the server and its workers
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+        log.close()
+
+
+def _spec(project: Path, **flags: Any) -> Any:
+    return build_spec(project / "train.py", cloud="local", gpus="cpu:1", **flags)
+
+
+@pytest.fixture
+def no_user_trackers(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in (*TRACKER_VARS, constants.MLFLOW_TRACKING_URI_ENV, "WANDB_JOB_TYPE"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_every_attempt_gets_the_same_wandb_run_and_resumes_it(
+    project: Path, no_user_trackers: None
+) -> None:
+    env = task_env(_spec(project), spot=False, run_id=RUN_ID)
+    assert env[constants.WANDB_RUN_ID_ENV] == RUN_ID
+    assert env[constants.WANDB_RESUME_ENV] == "allow"
+    assert constants.WANDB_RUN_GROUP_ENV not in env and constants.TB_DIR_ENV not in env
+    assert env == task_env(_spec(project), spot=False, run_id=RUN_ID)  # a relaunch's
+
+
+def test_a_wandb_run_id_is_at_most_64_characters_without_a_slash() -> None:
+    long = "x" * 63 + "-20261202T030000-abc123"
+    made = wandb_run_id(long)
+    assert len(made) <= WANDB_ID_MAX and "/" not in made and made.startswith("x" * 40)
+    assert made != wandb_run_id(long[:-1] + "4")  # still one per run
+    assert re.fullmatch(r"[A-Za-z0-9_.-]+", wandb_run_id("a/b c")), wandb_run_id("a/b c")
+    assert len(wandb_run_id(long, room=6)) <= WANDB_ID_MAX - 6
+
+
+def test_the_users_own_setting_wins(
+    project: Path, no_user_trackers: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env = task_env(_spec(project, env=["WANDB_RUN_ID=mine"]), spot=False, run_id=RUN_ID)
+    assert env[constants.WANDB_RUN_ID_ENV] == "mine"
+    monkeypatch.setenv(constants.WANDB_RESUME_ENV, "must")  # a local node inherits it
+    env = task_env(_spec(project), spot=False, run_id=RUN_ID)
+    assert constants.WANDB_RESUME_ENV not in env
+
+
+def test_the_tensorboard_folder_is_a_logger_folder_in_ckpt_dir(
+    project: Path, no_user_trackers: None, tmp_path: Path
+) -> None:
+    from mncloud.storage.folders import is_log
+
+    spec = _spec(project, ckpt_dir="/ckpt/out", bucket=(tmp_path / "b").as_uri())
+    env = task_env(spec, spot=False, run_id=RUN_ID)
+    assert env[constants.TB_DIR_ENV] == tb_dir("/ckpt/out") == "/ckpt/out/tensorboard"
+    assert is_log(Path(env[constants.TB_DIR_ENV]).name)  # synced file by file, restored
+
+
+def test_tracker_none_sets_nothing(project: Path, no_user_trackers: None) -> None:
+    on = task_env(_spec(project), spot=False, run_id=RUN_ID)
+    off = task_env(_spec(project, tracker="none"), spot=False, run_id=RUN_ID)
+    assert set(off) - set(on) == {constants.TRACKER_OFF_ENV}
+    assert not (set(off) & (TRACKER_VARS - {constants.TRACKER_OFF_ENV}))
+
+
+def test_an_unknown_tracker_choice_is_one_line(project: Path) -> None:
+    from mncloud.errors import SpecError
+
+    with pytest.raises(SpecError, match="--tracker 'mlflow' is unknown; choose one of: auto, none"):
+        _spec(project, tracker="mlflow")
+
+
+def test_node_recovery_groups_each_nodes_wandb_run(
+    project: Path, no_user_trackers: None, tmp_path: Path
+) -> None:
+    from mncloud.spec import Recovery
+
+    spec = _spec(project, nodes=2, bucket=(tmp_path / "b").as_uri()).updated(recovery=Recovery.NODE)
+    env = task_env(spec, spot=False, run_id=RUN_ID)
+    assert env[constants.WANDB_RUN_GROUP_ENV] == RUN_ID
+    assert constants.WANDB_RUN_ID_ENV not in env  # run.sh: `<group>-n<replica>` per node
+
+
+def test_up_creates_one_mlflow_run_tagged_with_the_run(
+    project: Path, no_user_trackers: None, mlflow_server: str
+) -> None:
+    spec = _spec(project, env=[f"MLFLOW_TRACKING_URI={mlflow_server}",
+                               "MLFLOW_EXPERIMENT_NAME=mncloud-tests"])  # fmt: skip
+    said: list[str] = []
+    made = mlflowrun.with_mlflow_run(spec, RUN_ID, said.append)
+    assert said == []
+    run_id = made.envs[constants.MLFLOW_RUN_ID_ENV]
+    env = task_env(made, spot=False, run_id=RUN_ID)
+    assert env[constants.MLFLOW_RUN_ID_ENV] == run_id
+    run = mlflowrun.call(mlflow_server, f"runs/get?run_id={run_id}")["run"]
+    tags = {t["key"]: t["value"] for t in run["data"]["tags"]}
+    assert tags[mlflowrun.TAG_RUN_ID] == RUN_ID and tags[mlflowrun.TAG_CLOUD] == "local"
+    assert tags[mlflowrun.TAG_GPUS] == "cpu:1" and tags["mlflow.runName"] == RUN_ID
+    experiment = mlflowrun.experiment_id(mlflow_server, "mncloud-tests")
+    assert run["info"]["experiment_id"] == experiment
+    # The user's own run wins: none created.
+    again = mlflowrun.with_mlflow_run(made, RUN_ID, said.append)
+    assert again.envs[constants.MLFLOW_RUN_ID_ENV] == run_id
+    found = mlflowrun.call(mlflow_server, "runs/search", {"experiment_ids": [experiment]})
+    assert len(found["runs"]) == 1
+
+
+def test_an_mlflow_server_that_does_not_answer_is_one_warning(
+    project: Path, no_user_trackers: None
+) -> None:
+    uri = f"http://user:hunter2@127.0.0.1:{free_port()}"
+    spec = _spec(project, env=[f"MLFLOW_TRACKING_URI={uri}"], allow_secret_env=True)
+    said: list[str] = []
+    assert mlflowrun.with_mlflow_run(spec, RUN_ID, said.append) is spec
+    assert len(said) == 1 and said[0].startswith("warning: MLflow at http://127.0.0.1:"), said
+    assert "hunter2" not in said[0] and said[0].endswith("training without it")
+
+
+def test_tracker_none_creates_no_mlflow_run(project: Path, no_user_trackers: None) -> None:
+    spec = _spec(
+        project, tracker="none", env=[f"MLFLOW_TRACKING_URI=http://127.0.0.1:{free_port()}"]
+    )
+    said: list[str] = []
+    assert mlflowrun.with_mlflow_run(spec, RUN_ID, said.append) is spec and said == []
