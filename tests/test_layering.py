@@ -62,7 +62,7 @@ ROOMS: list[tuple[str, str]] = [
     ("mncloud.train", "ckpt collectives dist emergency ft lighthouse preempt profiler progress "
                       "parallel sampler saving staging state steptime streaming frameworks hf "
                       "pl sitehook titan fetchplan reader resume itembytes"),
-    ("mncloud.doctor", "__main__ bandwidth checks gang meeting mesh node"),
+    ("mncloud.doctor", "__main__ bandwidth checks gang meeting mesh node trackers"),
     ("mncloud.spec", "launch scriptargs"),
     ("mncloud.request", ""),
     ("mncloud.plan", "costmodel explain hardware hazards learned model profile sharding "

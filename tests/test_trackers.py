@@ -183,3 +183,32 @@ def test_tracker_none_creates_no_mlflow_run(project: Path, no_user_trackers: Non
     )
     said: list[str] = []
     assert mlflowrun.with_mlflow_run(spec, RUN_ID, said.append) is spec and said == []
+
+
+def _preflight(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    """`python -m mncloud.doctor node` on this machine as a node of 1 (CPU), with `env`."""
+    base = {k: v for k, v in os.environ.items() if k not in TRACKER_VARS}
+    base.update({"SKYPILOT_NODE_RANK": "0", "SKYPILOT_NUM_NODES": "1", **env})
+    return subprocess.run(
+        [sys.executable, "-m", "mncloud.doctor", "node", "--workdir", str(tmp_path)],
+        env=base, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+
+
+def test_a_tracker_package_missing_on_a_node_is_named_in_the_preflight(tmp_path: Path) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("mlflow") is not None:
+        pytest.skip("mlflow is installed here: the node this test needs lacks it")
+    done = _preflight(tmp_path, MLFLOW_RUN_ID="abc123")
+    assert done.returncode == 0, done.stderr  # a warning: the training goes on
+    lines = [line for line in done.stderr.splitlines() if "'mlflow'" in line]
+    assert lines == [
+        "preflight: warning on node 0: MLFLOW_RUN_ID asks for MLflow but the 'mlflow' package "
+        "is not installed here: pip install mlflow (in --setup or --requirements); the script "
+        "trains without logging to it"
+    ], done.stderr
+    quiet = _preflight(tmp_path)  # no tracker asked for: nothing said
+    assert quiet.returncode == 0 and "tracker" not in quiet.stderr.lower(), quiet.stderr
+    off = _preflight(tmp_path, MLFLOW_RUN_ID="abc123", MNCLOUD_TRACKER_OFF="1")
+    assert "'mlflow'" not in off.stderr, off.stderr
