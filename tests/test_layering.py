@@ -61,7 +61,7 @@ ROOMS: list[tuple[str, str]] = [
     ("mncloud.export", "convert model run source target"),
     ("mncloud.train", "ckpt collectives dist emergency ft lighthouse preempt profiler progress "
                       "parallel sampler saving staging state steptime streaming frameworks hf "
-                      "pl sitehook titan fetchplan reader resume itembytes"),
+                      "pl sitehook titan fetchplan reader resume itembytes trackers"),
     ("mncloud.doctor", "__main__ bandwidth checks gang meeting mesh node trackers"),
     ("mncloud.spec", "launch scriptargs"),
     ("mncloud.request", ""),

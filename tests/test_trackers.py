@@ -212,3 +212,79 @@ def test_a_tracker_package_missing_on_a_node_is_named_in_the_preflight(tmp_path:
     assert quiet.returncode == 0 and "tracker" not in quiet.stderr.lower(), quiet.stderr
     off = _preflight(tmp_path, MLFLOW_RUN_ID="abc123", MNCLOUD_TRACKER_OFF="1")
     assert "'mlflow'" not in off.stderr, off.stderr
+
+
+# --------------------------------------------------------------------------- Lightning, TensorBoard
+
+
+def _lightning_attempt(folder: Path, max_steps: int, resume: Path | None) -> None:
+    """One attempt of the Lightning example (its default TensorBoard logger, a loss logged
+    every step, mncloud's callback as the site hook adds it), from checkpoint `resume`."""
+    import lightning as L
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+    try:
+        import lightning_train as example
+    finally:
+        sys.path.pop(0)
+    from mncloud.train.pl import MncloudCallback
+
+    L.seed_everything(0, workers=True)
+    saves = ModelCheckpoint(dirpath=folder / "ckpt", every_n_train_steps=4, save_top_k=-1)
+    fit = L.Trainer(
+        max_steps=max_steps, deterministic=True, default_root_dir=folder, log_every_n_steps=1,
+        enable_progress_bar=False, enable_model_summary=False,
+        callbacks=[saves, MncloudCallback()],
+    )  # fmt: skip
+    loader = example.DataLoader(example.data(128), batch_size=32, shuffle=False)
+    fit.fit(example.Regressor(), loader, ckpt_path=str(resume) if resume else None)
+
+
+def _tb_scalars(folder: Path) -> list[str]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(folder))
+    events.Reload()
+    return list(events.Tags()["scalars"])
+
+
+def _tb_losses(folder: Path) -> list[tuple[int, float]]:
+    """The `loss` scalars TensorBoard shows for `folder` (its own reader, orphans purged)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(folder), purge_orphaned_data=True)
+    events.Reload()
+    return [(e.step, e.value) for e in events.Scalars("loss")]
+
+
+def _ckpt_of(folder: Path, step: int) -> Path:
+    (found,) = (folder / "ckpt").glob(f"*step={step}.ckpt")
+    return found
+
+
+def test_a_lightning_run_preempted_twice_shows_each_step_once_in_tensorboard(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Attempts that log past their last checkpoint (7 steps, saved at 4; then to 11, saved
+    at 8) and a last one to 16: one TensorBoard folder, each step once, the uninterrupted
+    run's values."""
+    pytest.importorskip("lightning")
+    pytest.importorskip("tensorboard")
+    for name in TRACKER_VARS:
+        monkeypatch.delenv(name, raising=False)
+    straight, run = tmp_path / "straight", tmp_path / "run"
+    _lightning_attempt(straight, 16, None)
+    expected = _tb_losses(straight / "lightning_logs" / "version_0")
+    assert [s for s, _ in expected] == list(range(16)), expected
+
+    monkeypatch.setenv(constants.TB_DIR_ENV, str(run / "tensorboard"))
+    monkeypatch.setenv(constants.RUN_NAME_ENV, "lit")
+    _lightning_attempt(run, 7, None)  # preempted after step 7, its last save at 4
+    _lightning_attempt(run, 11, _ckpt_of(run, 4))  # preempted again: saved at 8
+    _lightning_attempt(run, 16, _ckpt_of(run, 8))
+    left = [p for p in (run / "lightning_logs").rglob("*") if p.is_file()]
+    assert all(_tb_scalars(p.parent) == [] for p in left), left  # what Lightning opened, empty
+    got = _tb_losses(run / "tensorboard" / "lit")
+    assert [s for s, _ in got] == list(range(16)), got
+    assert [v for _, v in got] == pytest.approx([v for _, v in expected])
