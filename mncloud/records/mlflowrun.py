@@ -10,6 +10,7 @@ without the tracker run (`MLFLOW_RUN_ID` unset).
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
@@ -108,10 +109,13 @@ def experiment_id(uri: str, name: str) -> str:
 
 def call(uri: str, endpoint: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
     """One REST call (`body`: POST, else GET); its JSON answer."""
-    url = f"{uri.rstrip('/')}{_API}/{endpoint}"
+    url = f"{_shown(uri).rstrip('/')}{_API}/{endpoint}"
     data = json.dumps(body).encode() if body is not None else None
     request = urllib.request.Request(url, data=data, method="POST" if data else "GET")
     request.add_header("Content-Type", "application/json")
+    auth = _authorization(uri)
+    if auth:
+        request.add_header("Authorization", auth)
     try:
         with urllib.request.urlopen(request, timeout=TIMEOUT_S) as answer:
             return json.loads(answer.read() or b"{}")  # type: ignore[no-any-return]
@@ -123,7 +127,23 @@ def call(uri: str, endpoint: str, body: dict[str, Any] | None = None) -> dict[st
             raise TrackerUnreachable(f"{detail['error_code']}: {detail.get('message')}") from None
         raise TrackerUnreachable(f"HTTP {err.code}") from None
     except (OSError, ValueError) as err:
-        raise TrackerUnreachable(str(getattr(err, "reason", err))) from None
+        reason = getattr(err, "reason", err)
+        raise TrackerUnreachable(getattr(reason, "strerror", None) or str(reason)) from None
+
+
+def _authorization(uri: str) -> str | None:
+    """MLflow's client's own: a token (`MLFLOW_TRACKING_TOKEN`), else basic auth from the
+    URI's user and password or `MLFLOW_TRACKING_USERNAME` / `_PASSWORD`."""
+    token = os.environ.get("MLFLOW_TRACKING_TOKEN")
+    if token:
+        return f"Bearer {token}"
+    parts = urllib.parse.urlsplit(uri)
+    user = parts.username or os.environ.get("MLFLOW_TRACKING_USERNAME")
+    password = parts.password or os.environ.get("MLFLOW_TRACKING_PASSWORD")
+    if not user or password is None:
+        return None
+    pair = f"{urllib.parse.unquote(user)}:{urllib.parse.unquote(password)}".encode()
+    return f"Basic {base64.b64encode(pair).decode()}"
 
 
 def _commit(spec: JobSpec) -> str | None:
@@ -139,5 +159,5 @@ def _commit(spec: JobSpec) -> str | None:
 def _shown(uri: str) -> str:
     """The URI without any user or password in it."""
     parts = urllib.parse.urlsplit(uri)
-    host = parts.hostname or ""
-    return f"{parts.scheme}://{host}{f':{parts.port}' if parts.port else ''}{parts.path}"
+    host = parts.netloc.rsplit("@", 1)[-1]
+    return urllib.parse.urlunsplit((parts.scheme, host, parts.path, parts.query, ""))
