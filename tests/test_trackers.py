@@ -289,3 +289,67 @@ def test_a_lightning_run_preempted_twice_shows_each_step_once_in_tensorboard(
     got = _tb_losses(run / "tensorboard" / "lit")
     assert [s for s, _ in got] == list(range(16)), got
     assert [v for _, v in got] == pytest.approx([v for _, v in expected])
+
+
+# --------------------------------------------------------------------------- on local nodes
+
+ENV_SCRIPT = """\
+import json, os, sys, time
+from pathlib import Path
+names = {names!r}
+rank = os.environ["RANK"]
+print("TRACKERS", rank, json.dumps({{n: os.environ.get(n) for n in names}}), flush=True)
+marker = Path(sys.argv[1]) / f"rank{{rank}}"
+if not marker.exists():  # the first attempt waits to be preempted
+    marker.touch()
+    time.sleep(300)
+"""
+
+
+def _seen(name: str) -> list[dict[str, str | None]]:
+    from tests.test_local import run_log
+
+    lines = [line.split("TRACKERS ", 1)[1] for line in run_log(name).splitlines()
+             if "TRACKERS " in line]  # fmt: skip
+    import json
+
+    return [json.loads(line.split(" ", 1)[1]) for line in lines]
+
+
+@pytest.mark.slow
+def test_every_attempt_on_every_rank_of_a_local_run_gets_the_same_wandb_run(
+    project: Path, tmp_path: Path, no_user_trackers: None
+) -> None:
+    """2 local nodes, preempted once: all 4 ranks' environments (2 per attempt) name the
+    same W&B run, the run's id; `--tracker none`: none of it, and the marker that says so."""
+    from tests.test_local import cli, up, wait_final, wait_until
+
+    names = [*sorted(TRACKER_VARS), constants.RUN_ID_ENV]
+    script = project / "envs.py"
+    script.write_text(ENV_SCRIPT.format(names=names))
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    flags = ("--nodes", "2", "--gpus", "cpu:1", "--recovery-delay", "0.5s")
+    up("trk", script, *flags, script_args=[str(markers)])
+    wait_until(lambda: len(_seen("trk")) == 2, 240, "the first attempt's ranks")
+    cli("chaos", "preempt", "trk")
+    state = wait_final("trk")
+    assert (state.state.value, state.preemptions) == ("SUCCEEDED", 1)
+    seen = _seen("trk")
+    assert len(seen) == 4, seen
+    run_id = seen[0][constants.RUN_ID_ENV]
+    assert run_id and run_id.startswith("trk-")
+    for env in seen:
+        assert env[constants.WANDB_RUN_ID_ENV] == wandb_run_id(run_id), env
+        assert env[constants.WANDB_RESUME_ENV] == "allow", env
+        assert env[constants.TRACKER_OFF_ENV] is None, env
+
+    quiet = tmp_path / "quiet"
+    quiet.mkdir()
+    for rank in (0, 1):
+        (quiet / f"rank{rank}").touch()  # no preemption wait
+    up("trk-off", script, *flags, "--tracker", "none", script_args=[str(quiet)])
+    assert wait_final("trk-off").state.value == "SUCCEEDED"
+    for env in _seen("trk-off"):
+        assert {k for k, v in env.items() if v} == {constants.RUN_ID_ENV,
+                                                    constants.TRACKER_OFF_ENV}, env  # fmt: skip
