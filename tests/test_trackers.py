@@ -218,7 +218,9 @@ def test_a_tracker_package_missing_on_a_node_is_named_in_the_preflight(tmp_path:
 # --------------------------------------------------------------------------- Lightning, TensorBoard
 
 
-def _lightning_attempt(folder: Path, max_steps: int, resume: Path | None) -> None:
+def _lightning_attempt(
+    folder: Path, max_steps: int, resume: Path | None, logger: Any = True
+) -> None:
     """One attempt of the Lightning example (its default TensorBoard logger, a loss logged
     every step, mncloud's callback as the site hook adds it), from checkpoint `resume`."""
     import lightning as L
@@ -235,7 +237,7 @@ def _lightning_attempt(folder: Path, max_steps: int, resume: Path | None) -> Non
     saves = ModelCheckpoint(dirpath=folder / "ckpt", every_n_train_steps=4, save_top_k=-1)
     fit = L.Trainer(
         max_steps=max_steps, deterministic=True, default_root_dir=folder, log_every_n_steps=1,
-        enable_progress_bar=False, enable_model_summary=False,
+        enable_progress_bar=False, enable_model_summary=False, logger=logger,
         callbacks=[saves, MncloudCallback()],
     )  # fmt: skip
     loader = example.DataLoader(example.data(128), batch_size=32, shuffle=False)
@@ -289,6 +291,54 @@ def test_a_lightning_run_preempted_twice_shows_each_step_once_in_tensorboard(
     got = _tb_losses(run / "tensorboard" / "lit")
     assert [s for s, _ in got] == list(range(16)), got
     assert [v for _, v in got] == pytest.approx([v for _, v in expected])
+
+
+def _wandb_offline_runs(folder: Path) -> list[tuple[str, list[int]]]:
+    """Each offline run under `folder`: its run id and history steps, read with W&B's own
+    reader of its `.wandb` files."""
+    from wandb.proto import wandb_internal_pb2
+    from wandb.sdk.internal import datastore
+
+    found = []
+    for path in sorted(folder.glob("wandb/offline-run-*/*.wandb")):
+        store = datastore.DataStore()
+        store.open_for_scan(str(path))
+        run_ids, steps = [], []
+        while (data := store.scan_data()) is not None:
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(data)
+            kind = record.WhichOneof("record_type")
+            if kind == "run":
+                run_ids.append(record.run.run_id)
+            elif kind == "history":
+                steps.append(record.history.step.num)
+        found.append((run_ids[0], steps))
+    return found
+
+
+def test_every_attempt_of_a_lightning_run_logs_into_the_same_wandb_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, project: Path, no_user_trackers: None
+) -> None:
+    """Lightning's `WandbLogger`, as a script makes it, offline: the first attempt and the one
+    resumed after a preemption each write an offline run, both with the run's W&B id (from
+    `task_env`, what every node gets)."""
+    pytest.importorskip("lightning")
+    wandb = pytest.importorskip("wandb")
+    from lightning.pytorch.loggers import WandbLogger
+
+    for key, value in task_env(_spec(project), spot=False, run_id=RUN_ID).items():
+        if key.startswith("WANDB_"):
+            monkeypatch.setenv(key, value)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    for max_steps, resume in ((6, None), (12, 4)):
+        ckpt = _ckpt_of(tmp_path, resume) if resume else None
+        _lightning_attempt(tmp_path, max_steps, ckpt, WandbLogger(save_dir=tmp_path))
+        wandb.finish()
+    runs = _wandb_offline_runs(tmp_path)
+    assert [run_id for run_id, _ in runs] == [RUN_ID, RUN_ID], runs
+    # Offline, W&B numbers each run's rows from 0: 6 steps, then the 8 after step 4.
+    assert (len(runs[0][1]), len(runs[1][1])) == (6, 8), runs
 
 
 # --------------------------------------------------------------------------- on local nodes
