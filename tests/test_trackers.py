@@ -143,8 +143,9 @@ def test_node_recovery_groups_each_nodes_wandb_run(
 
 
 def test_up_creates_one_mlflow_run_tagged_with_the_run(
-    project: Path, no_user_trackers: None, mlflow_server: str
+    project: Path, no_user_trackers: None, mlflow_server: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv(mlflowrun.TIMEOUT_ENV, "120")  # a loaded test machine: no race
     spec = _spec(project, env=[f"MLFLOW_TRACKING_URI={mlflow_server}",
                                "MLFLOW_EXPERIMENT_NAME=mncloud-tests"])  # fmt: skip
     said: list[str] = []

@@ -27,8 +27,9 @@ from mncloud.records.model import RecordError
 from mncloud.redact import looks_like_credential
 from mncloud.spec import JobSpec, Tracker
 
-#: Seconds `up` waits on the tracking server for each request.
-TIMEOUT_S = 5.0
+#: Seconds `up` waits on the tracking server for each request (`$MNCLOUD_MLFLOW_TIMEOUT_S`).
+TIMEOUT_S = 10.0
+TIMEOUT_ENV = "MNCLOUD_MLFLOW_TIMEOUT_S"
 #: The tags every run carries (besides MLflow's own `mlflow.source.git.commit`).
 TAG_RUN_ID, TAG_CLOUD, TAG_GPUS, TAG_NODES = (
     "mncloud.run_id",
@@ -117,7 +118,7 @@ def call(uri: str, endpoint: str, body: dict[str, Any] | None = None) -> dict[st
     if auth:
         request.add_header("Authorization", auth)
     try:
-        with urllib.request.urlopen(request, timeout=TIMEOUT_S) as answer:
+        with urllib.request.urlopen(request, timeout=_timeout()) as answer:
             return json.loads(answer.read() or b"{}")  # type: ignore[no-any-return]
     except urllib.error.HTTPError as err:
         detail: Any = None
@@ -129,6 +130,13 @@ def call(uri: str, endpoint: str, body: dict[str, Any] | None = None) -> dict[st
     except (OSError, ValueError) as err:
         reason = getattr(err, "reason", err)
         raise TrackerUnreachable(getattr(reason, "strerror", None) or str(reason)) from None
+
+
+def _timeout() -> float:
+    try:
+        return float(os.environ.get(TIMEOUT_ENV) or TIMEOUT_S)
+    except ValueError:
+        return TIMEOUT_S
 
 
 def _authorization(uri: str) -> str | None:
