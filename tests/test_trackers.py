@@ -304,15 +304,16 @@ def _wandb_offline_runs(folder: Path) -> list[tuple[str, list[int]]]:
     for path in sorted(folder.glob("wandb/offline-run-*/*.wandb")):
         store = datastore.DataStore()
         store.open_for_scan(str(path))
-        run_ids, steps = [], []
+        run_ids, steps, kinds = [], [], []
         while (data := store.scan_data()) is not None:
             record = wandb_internal_pb2.Record()
             record.ParseFromString(data)
-            kind = record.WhichOneof("record_type")
+            kinds.append(kind := record.WhichOneof("record_type"))
             if kind == "run":
                 run_ids.append(record.run.run_id)
             elif kind == "history":
                 steps.append(record.history.step.num)
+        assert run_ids, (path, path.stat().st_size, kinds)
         found.append((run_ids[0], steps))
     return found
 
@@ -336,6 +337,7 @@ def test_every_attempt_of_a_lightning_run_logs_into_the_same_wandb_run(
         ckpt = _ckpt_of(tmp_path, resume) if resume else None
         _lightning_attempt(tmp_path, max_steps, ckpt, WandbLogger(save_dir=tmp_path))
         wandb.finish()
+    wandb.teardown()  # W&B's service has written every record before it is read back
     runs = _wandb_offline_runs(tmp_path)
     assert [run_id for run_id, _ in runs] == [RUN_ID, RUN_ID], runs
     # Offline, W&B numbers each run's rows from 0: 6 steps, then the 8 after step 4.
