@@ -134,3 +134,19 @@ def min_replicas(nodes: int) -> int:
     Here, on the ground floor, so a training rank (`train/ft.py`) and the planner share it
     without the rank loading the planner's models."""
     return max(1, -(-nodes // 2))
+
+
+# Experiment trackers (mncloud/render/trackers.py, docs/guides/trackers.md): one tracker run per
+# training run. W&B's own variables (the run id every attempt reuses, `allow` resume, the group
+# and job type under node recovery), MLflow's (the server and the run `up` created), and the
+# TensorBoard folder mncloud keeps across preemptions. A user's own setting of each wins.
+WANDB_RUN_ID_ENV = "WANDB_RUN_ID"
+WANDB_RESUME_ENV = "WANDB_RESUME"
+WANDB_RUN_GROUP_ENV = "WANDB_RUN_GROUP"
+WANDB_JOB_TYPE_ENV = "WANDB_JOB_TYPE"
+MLFLOW_TRACKING_URI_ENV = "MLFLOW_TRACKING_URI"
+MLFLOW_RUN_ID_ENV = "MLFLOW_RUN_ID"
+MLFLOW_EXPERIMENT_NAME_ENV = "MLFLOW_EXPERIMENT_NAME"
+TB_DIR_ENV = "MNCLOUD_TB_DIR"
+#: `--tracker none`: set on every node, mncloud's callbacks then touch no tracker either.
+TRACKER_OFF_ENV = "MNCLOUD_TRACKER_OFF"

@@ -128,6 +128,9 @@ class JobOptions:
     """`gang` (every node relaunched on a loss) or `node` (only the lost node is replaced)."""
     parallel: str | None = field(default=None, metadata=_m())
     """The model's layout: `ddp`, `fsdp` or `hsdp` (default: the script's own `default=`)."""
+    tracker: str | None = field(default=None, metadata=_m(default="auto"))
+    """`auto`: one experiment-tracker run per training run (W&B, MLflow, TensorBoard; see
+    docs/guides/trackers.md); `none`: mncloud sets no tracker variable and creates no run."""
     name: str | None = field(default=None, metadata=_m())
     """Run name; a name you give: a second `up` needs `--resume` or `--replace`."""
     allow_secret_env: bool | None = field(default=None, metadata=_m(in_yaml=False))

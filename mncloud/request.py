@@ -31,6 +31,7 @@ from mncloud.spec import (
     Parallel,
     Recovery,
     SpotPolicy,
+    Tracker,
     checked_nodes,
     min_nodes_error,
 )
@@ -274,6 +275,7 @@ def _spec_from_options(
             resume_args=resume_words(opts.resume_args, opts.ckpt_dir),
             recovery=_recovery(opts, script, nodes, bucket),
             parallel=_parallel(opts.parallel, nodes),
+            tracker=Tracker.read(opts.tracker or job_default("tracker"), "--tracker"),
         )
     except ValidationError as err:
         raise SpecError(first_error(err)) from None

@@ -301,6 +301,7 @@ RENDER_OPTIONS = {
     "--launcher",
     "--ckpt-dir",
     "--recovery",
+    "--tracker",
     "--name",
     "--catalog",
     "--template",

@@ -61,15 +61,15 @@ ROOMS: list[tuple[str, str]] = [
     ("mncloud.export", "convert model run source target"),
     ("mncloud.train", "ckpt collectives dist emergency ft lighthouse preempt profiler progress "
                       "parallel sampler saving staging state steptime streaming frameworks hf "
-                      "pl sitehook titan fetchplan reader resume itembytes"),
-    ("mncloud.doctor", "__main__ bandwidth checks gang meeting mesh node"),
+                      "pl sitehook titan fetchplan reader resume itembytes trackers"),
+    ("mncloud.doctor", "__main__ bandwidth checks gang meeting mesh node trackers"),
     ("mncloud.spec", "launch scriptargs"),
     ("mncloud.request", ""),
     ("mncloud.plan", "costmodel explain hardware hazards learned model profile sharding "
                      "stepmodel timing traces"),
     ("mncloud.deadline", "places policy pricing replay replay_places"),
-    ("mncloud.render", "bandwidth jobgroup network schema"),
-    ("mncloud.records", "model lineage index store ledger goodput rerun"),
+    ("mncloud.render", "bandwidth jobgroup network schema trackers"),
+    ("mncloud.records", "model lineage index store ledger goodput rerun mlflowrun"),
     ("mncloud.backends", "base"),
     ("mncloud.backends.local", "__main__ backend chaos ckptdir execute exits figures lifecycle "
                                "metadata netcheck nodes processes recordwriter replacing "

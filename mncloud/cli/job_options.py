@@ -249,6 +249,16 @@ ResumeArgs = Annotated[
         "'--resume_from_checkpoint {ckpt}' or '--init_from=resume'.",
     ),
 ]
+Tracker = Annotated[
+    str | None,
+    typer.Option(
+        "--tracker",
+        rich_help_panel=ADVANCED,
+        help="auto (default): every attempt logs into one W&B / MLflow / TensorBoard run "
+        "(WANDB_RUN_ID, MLFLOW_RUN_ID, MNCLOUD_TB_DIR; docs/guides/trackers.md); none: mncloud "
+        "sets no tracker variable and creates no tracker run.",
+    ),
+]
 Recovery = Annotated[
     str | None,
     typer.Option(

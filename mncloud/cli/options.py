@@ -47,6 +47,7 @@ from mncloud.cli.job_options import (
     Secret,
     Setup,
     Spot,
+    Tracker,
 )
 from mncloud.cli.params import ADVANCED, ESSENTIALS, LOCAL_PANEL, PLAN_PANEL
 from mncloud.cli.params import command as command
@@ -285,6 +286,7 @@ JOB = _group(
     ("resume_args", ResumeArgs, None),
     ("recovery", Recovery, None),
     ("parallel", Parallelism, None),
+    ("tracker", Tracker, None),
     ("min_nodes", MinNodes, None),
     ("name", Name, None),
     ("template", Template, None),

@@ -42,6 +42,7 @@ The code hash covers source-like files only (`*.py`, configs, shell, requirement
     bandwidth.py  the all-reduce bandwidth test after the gang check
     meeting.py    where a cloud job group's nodes meet for it (node 0's address in the bucket)
     mesh.py       a sharded run's mesh against the nodes × GPUs it was given
+    trackers.py   a tracker the run asks for (MLflow, W&B) whose package the node lacks
 
 No torch or SkyPilot at import; the node entry point uses argparse, not the CLI.
 """

@@ -31,6 +31,7 @@ from mncloud.doctor.checks import (
 )
 from mncloud.doctor.gang import NodeInfo, run_head, run_member
 from mncloud.doctor.mesh import mesh_warnings
+from mncloud.doctor.trackers import tracker_warnings
 
 if TYPE_CHECKING:
     from mncloud.doctor.meeting import Place
@@ -117,6 +118,9 @@ def node_main(argv: list[str] | None = None) -> int:
         per_node = int(os.environ.get(constants.SKYPILOT_NUM_GPUS_PER_NODE) or 0)
         parallel = os.environ.get(constants.PARALLEL_ENV)
         for line in mesh_warnings(args.bucket, nodes, per_node, parallel):
+            print(line, file=sys.stderr, flush=True)
+    if not problems:  # each node: each has its own packages
+        for line in tracker_warnings(os.environ, rank):
             print(line, file=sys.stderr, flush=True)
     if problems:
         return _refuse(problems)

@@ -39,6 +39,9 @@ A task's YAML is checked against SkyPilot's cached schema first (`schema.py`); t
 The fast network (`network.py`): `network_tier: best` on each entry whose fabric needs it,
 the fabric's env, and the bus bandwidth the preflight expects.
 
+One tracker run per training run (`trackers.py`): W&B's run id and resume, the TensorBoard
+folder in `--ckpt-dir`, among `envs` once `up` gave the run its id.
+
 `--recovery node` on a cloud renders a SkyPilot job group instead (`jobgroup.py`,
 `templates/jobgroup.yaml.j2`): each node task is this template with its own variables.
 """
@@ -58,7 +61,7 @@ import yaml
 
 from mncloud import __version__, constants, layout
 from mncloud.errors import RenderError
-from mncloud.render import jobgroup, network
+from mncloud.render import jobgroup, network, trackers
 from mncloud.spec import (
     BUCKET_MOUNT_PATH,
     Accelerator,
@@ -190,6 +193,7 @@ def task_env(spec: JobSpec, spot: bool, run_id: str | None = None) -> dict[str, 
         envs[constants.NUM_REPLICAS_ENV] = str(spec.nodes)
     if spec.parallel is not None:
         envs[constants.PARALLEL_ENV] = spec.parallel.value
+    envs.update(trackers.tracker_env(spec, run_id))
     return envs
 
 

@@ -121,6 +121,15 @@ class Recovery(Choice):
     (the script uses `mncloud.train.Replicas`)."""
 
 
+class Tracker(Choice):
+    """`--tracker`: whether mncloud keeps one experiment-tracker run per training run."""
+
+    AUTO = "auto"
+    """Every attempt logs into one W&B / MLflow / TensorBoard run (`render/trackers.py`)."""
+    NONE = "none"
+    """No tracker variable, no tracker run: the script's trackers as it set them."""
+
+
 class NetworkTier(Choice):
     """Whether a multi-node task asks for each offer's fast fabric (`--network`)."""
 
@@ -308,6 +317,8 @@ class JobSpec(BaseModel):
     parallel: Parallel | None = None
     """`--parallel`: ddp, fsdp or hsdp, reaching the script as `$MNCLOUD_PARALLEL`
     (`mncloud.train.parallelize`); None: the script's own choice."""
+    tracker: Tracker = Tracker(job_default("tracker"))
+    """Whether every attempt logs into one tracker run (`render/trackers.py`)."""
     export_on_finish: ExportFormat | None = None
     """`up --export-on-finish`: once the run succeeds, node 0 exports the model of the last
     checkpoint into `<ckpt uri>/export` (`mncloud export`)."""

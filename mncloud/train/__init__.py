@@ -28,6 +28,7 @@ returns).
     sitehook.py     the trainers people use, unchanged: the callbacks the site hook adds
     hf.py           `MncloudCallback` for the Hugging Face Trainer (needs transformers)
     pl.py           `MncloudCallback` for Lightning (needs lightning)
+    trackers.py     what Lightning's loggers do not read from the env: one tracker run per run
     titan.py        torchtitan's trainer: its steps reported; on a CPU-only node, what it needs
 
 Needs torch (`pip install mncloud[train]`); nothing outside `mncloud.train` imports it.

@@ -22,6 +22,9 @@ line (`sitehook.imported`).
   each rank's own back, so dropout draws what the run that never stopped drew. A checkpoint
   without them, or of another world size, restores none (said once, from rank 0). Exact
   only from a checkpoint taken where Lightning resumes the data exactly: at an epoch's end.
+- **Trackers.** At `fit`'s setup its loggers are pointed at the run's one tracker run, and
+  a resumed `fit` rewinds its TensorBoard history to the step it resumed from
+  (`mncloud.train.trackers`).
 - **Saves outside `--ckpt-dir`.** At the first save, a `--ckpt-dir` run whose checkpoints go
   outside `$MNCLOUD_CKPT_DIR` (the `ModelCheckpoint`'s `dirpath`, else `default_root_dir`) is
   warned in one line.
@@ -40,6 +43,7 @@ from lightning.fabric.utilities.seed import _collect_rng_states, _set_rng_states
 from lightning.pytorch.trainer.states import TrainerFn
 
 from mncloud.constants import PROFILE_OUT_ENV, SKYPILOT_NUM_NODES
+from mncloud.train import trackers
 from mncloud.train.frameworks import SaveCheck, profile_state
 from mncloud.train.state import Refusal
 from mncloud.train.steptime import event, report
@@ -67,6 +71,8 @@ class MncloudCallback(pl.Callback):
             self._profile = session()
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage == TrainerFn.FITTING:
+            trackers.adopt(trainer)
         line = world_mismatch(trainer) if stage == TrainerFn.FITTING else None
         if line is not None:  # every rank: each may be a world of its own, so no collective
             if os.environ.get("RANK", "0") == "0":
@@ -118,6 +124,7 @@ class MncloudCallback(pl.Callback):
             trainer.state.fn != TrainerFn.FITTING
         ):  # an evaluation draws nothing that training continues
             return
+        trackers.rewind(trainer, int(checkpoint.get("global_step", 0)))
         states = checkpoint.get(RNG_KEY)
         if not isinstance(states, list) or len(states) != trainer.world_size:
             if trainer.is_global_zero:

@@ -1,0 +1,408 @@
+"""#59: one tracker run per training run. The variables every node gets (W&B's run id and
+resume, its group under node recovery, the TensorBoard folder in `--ckpt-dir`), the MLflow run
+`up` creates on a real `mlflow server` (sqlite, a local artifact root), a server that does not
+answer, and `--tracker none`."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mncloud import constants
+from mncloud.records import mlflowrun
+from mncloud.render import task_env
+from mncloud.render.trackers import WANDB_ID_MAX, tb_dir, wandb_run_id
+from mncloud.request import build_spec
+from tests.servers import _wait, free_port
+
+RUN_ID = "train-20261202T030000-abc123"
+TRACKER_VARS = {
+    constants.WANDB_RUN_ID_ENV, constants.WANDB_RESUME_ENV, constants.WANDB_RUN_GROUP_ENV,
+    constants.MLFLOW_RUN_ID_ENV, constants.TB_DIR_ENV, constants.TRACKER_OFF_ENV,
+}  # fmt: skip
+
+
+def _mlflow_binary() -> str | None:
+    """`mlflow` for the server: `$MNCLOUD_TEST_MLFLOW`, beside this Python, or on PATH."""
+    given = os.environ.get("MNCLOUD_TEST_MLFLOW")
+    here = Path(sys.executable).parent / "mlflow"
+    return given or (str(here) if here.exists() else shutil.which("mlflow"))
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real MLflow tracking server on 127.0.0.1 (sqlite store, local artifact root)."""
+    binary = _mlflow_binary()
+    if binary is None:
+        pytest.skip("no `mlflow` server binary (pip install mlflow, or MNCLOUD_TEST_MLFLOW=…)")
+    folder = tmp_path_factory.mktemp("mlflow")
+    port = free_port()
+    log = (folder / "server.log").open("wb")
+    proc = subprocess.Popen(
+        [binary, "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+         "--backend-store-uri", f"sqlite:///{folder / 'db.sqlite'}",
+         "--default-artifact-root", (folder / "artifacts").as_uri()],
+        stdout=log, stderr=subprocess.STDOUT, cwd=folder, start_new_session=True,
+    )  # fmt: skip
+    uri = f"http://127.0.0.1:{port}"
+    try:
+        _wait(lambda: mlflowrun.call(uri, "experiments/search", {"max_results": 1}) is not None,
+              120, "mlflow server", proc)  # fmt: skip
+        yield uri
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)  # its own session: the server and its workers
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+        log.close()
+
+
+def _spec(project: Path, **flags: Any) -> Any:
+    return build_spec(project / "train.py", cloud="local", gpus="cpu:1", **flags)
+
+
+@pytest.fixture
+def no_user_trackers(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in (*TRACKER_VARS, constants.MLFLOW_TRACKING_URI_ENV, "WANDB_JOB_TYPE"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_every_attempt_gets_the_same_wandb_run_and_resumes_it(
+    project: Path, no_user_trackers: None
+) -> None:
+    env = task_env(_spec(project), spot=False, run_id=RUN_ID)
+    assert env[constants.WANDB_RUN_ID_ENV] == RUN_ID
+    assert env[constants.WANDB_RESUME_ENV] == "allow"
+    assert constants.WANDB_RUN_GROUP_ENV not in env and constants.TB_DIR_ENV not in env
+    assert env == task_env(_spec(project), spot=False, run_id=RUN_ID)  # a relaunch's
+
+
+def test_a_wandb_run_id_is_at_most_64_characters_without_a_slash() -> None:
+    long = "x" * 63 + "-20261202T030000-abc123"
+    made = wandb_run_id(long)
+    assert len(made) <= WANDB_ID_MAX and "/" not in made and made.startswith("x" * 40)
+    assert made != wandb_run_id(long[:-1] + "4")  # still one per run
+    assert re.fullmatch(r"[A-Za-z0-9_.-]+", wandb_run_id("a/b c")), wandb_run_id("a/b c")
+    assert len(wandb_run_id(long, room=6)) <= WANDB_ID_MAX - 6
+
+
+def test_the_users_own_setting_wins(
+    project: Path, no_user_trackers: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env = task_env(_spec(project, env=["WANDB_RUN_ID=mine"]), spot=False, run_id=RUN_ID)
+    assert env[constants.WANDB_RUN_ID_ENV] == "mine"
+    monkeypatch.setenv(constants.WANDB_RESUME_ENV, "must")  # a local node inherits it
+    env = task_env(_spec(project), spot=False, run_id=RUN_ID)
+    assert constants.WANDB_RESUME_ENV not in env
+
+
+def test_the_tensorboard_folder_is_a_logger_folder_in_ckpt_dir(
+    project: Path, no_user_trackers: None, tmp_path: Path
+) -> None:
+    from mncloud.storage.folders import is_log
+
+    spec = _spec(project, ckpt_dir="/ckpt/out", bucket=(tmp_path / "b").as_uri())
+    env = task_env(spec, spot=False, run_id=RUN_ID)
+    assert env[constants.TB_DIR_ENV] == tb_dir("/ckpt/out") == "/ckpt/out/tensorboard"
+    assert is_log(Path(env[constants.TB_DIR_ENV]).name)  # synced file by file, restored
+
+
+def test_tracker_none_sets_nothing(project: Path, no_user_trackers: None) -> None:
+    on = task_env(_spec(project), spot=False, run_id=RUN_ID)
+    off = task_env(_spec(project, tracker="none"), spot=False, run_id=RUN_ID)
+    assert set(off) - set(on) == {constants.TRACKER_OFF_ENV}
+    assert not (set(off) & (TRACKER_VARS - {constants.TRACKER_OFF_ENV}))
+
+
+def test_an_unknown_tracker_choice_is_one_line(project: Path) -> None:
+    from mncloud.errors import SpecError
+
+    with pytest.raises(SpecError, match="--tracker 'mlflow' is unknown; choose one of: auto, none"):
+        _spec(project, tracker="mlflow")
+
+
+def test_node_recovery_groups_each_nodes_wandb_run(
+    project: Path, no_user_trackers: None, tmp_path: Path
+) -> None:
+    from mncloud.spec import Recovery
+
+    spec = _spec(project, nodes=2, bucket=(tmp_path / "b").as_uri()).updated(recovery=Recovery.NODE)
+    env = task_env(spec, spot=False, run_id=RUN_ID)
+    assert env[constants.WANDB_RUN_GROUP_ENV] == RUN_ID
+    assert constants.WANDB_RUN_ID_ENV not in env  # run.sh: `<group>-n<replica>` per node
+
+
+def test_up_creates_one_mlflow_run_tagged_with_the_run(
+    project: Path, no_user_trackers: None, mlflow_server: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(mlflowrun.TIMEOUT_ENV, "120")  # a loaded test machine: no race
+    spec = _spec(project, env=[f"MLFLOW_TRACKING_URI={mlflow_server}",
+                               "MLFLOW_EXPERIMENT_NAME=mncloud-tests"])  # fmt: skip
+    said: list[str] = []
+    made = mlflowrun.with_mlflow_run(spec, RUN_ID, said.append)
+    assert said == []
+    run_id = made.envs[constants.MLFLOW_RUN_ID_ENV]
+    env = task_env(made, spot=False, run_id=RUN_ID)
+    assert env[constants.MLFLOW_RUN_ID_ENV] == run_id
+    run = mlflowrun.call(mlflow_server, f"runs/get?run_id={run_id}")["run"]
+    tags = {t["key"]: t["value"] for t in run["data"]["tags"]}
+    assert tags[mlflowrun.TAG_RUN_ID] == RUN_ID and tags[mlflowrun.TAG_CLOUD] == "local"
+    assert tags[mlflowrun.TAG_GPUS] == "cpu:1" and tags["mlflow.runName"] == RUN_ID
+    experiment = mlflowrun.experiment_id(mlflow_server, "mncloud-tests")
+    assert run["info"]["experiment_id"] == experiment
+    # The user's own run wins: none created.
+    again = mlflowrun.with_mlflow_run(made, RUN_ID, said.append)
+    assert again.envs[constants.MLFLOW_RUN_ID_ENV] == run_id
+    found = mlflowrun.call(mlflow_server, "runs/search", {"experiment_ids": [experiment]})
+    assert len(found["runs"]) == 1
+
+
+def test_an_mlflow_server_that_does_not_answer_is_one_warning(
+    project: Path, no_user_trackers: None
+) -> None:
+    uri = f"http://user:hunter2@127.0.0.1:{free_port()}"
+    spec = _spec(project, env=[f"MLFLOW_TRACKING_URI={uri}"], allow_secret_env=True)
+    said: list[str] = []
+    assert mlflowrun.with_mlflow_run(spec, RUN_ID, said.append) is spec
+    assert len(said) == 1 and said[0].startswith("warning: MLflow at http://127.0.0.1:"), said
+    assert "hunter2" not in said[0]
+    assert said[0].endswith("did not answer (Connection refused); training without it"), said
+
+
+def test_tracker_none_creates_no_mlflow_run(project: Path, no_user_trackers: None) -> None:
+    spec = _spec(
+        project, tracker="none", env=[f"MLFLOW_TRACKING_URI=http://127.0.0.1:{free_port()}"]
+    )
+    said: list[str] = []
+    assert mlflowrun.with_mlflow_run(spec, RUN_ID, said.append) is spec and said == []
+
+
+def _preflight(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    """`python -m mncloud.doctor node` on this machine as a node of 1 (CPU), with `env`."""
+    base = {k: v for k, v in os.environ.items() if k not in TRACKER_VARS}
+    base.update({"SKYPILOT_NODE_RANK": "0", "SKYPILOT_NUM_NODES": "1", **env})
+    return subprocess.run(
+        [sys.executable, "-m", "mncloud.doctor", "node", "--workdir", str(tmp_path)],
+        env=base, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+
+
+def test_a_tracker_package_missing_on_a_node_is_named_in_the_preflight(tmp_path: Path) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("mlflow") is not None:
+        pytest.skip("mlflow is installed here: the node this test needs lacks it")
+    done = _preflight(tmp_path, MLFLOW_RUN_ID="abc123")
+    assert done.returncode == 0, done.stderr  # a warning: the training goes on
+    lines = [line for line in done.stderr.splitlines() if "'mlflow'" in line]
+    assert lines == [
+        "preflight: warning on node 0: MLFLOW_RUN_ID asks for MLflow but the 'mlflow' package "
+        "is not installed here: pip install mlflow (in --setup or --requirements); the script "
+        "trains without logging to it"
+    ], done.stderr
+    quiet = _preflight(tmp_path)  # no tracker asked for: nothing said
+    assert quiet.returncode == 0 and "tracker" not in quiet.stderr.lower(), quiet.stderr
+    off = _preflight(tmp_path, MLFLOW_RUN_ID="abc123", MNCLOUD_TRACKER_OFF="1")
+    assert "'mlflow'" not in off.stderr, off.stderr
+
+
+# --------------------------------------------------------------------------- Lightning, TensorBoard
+
+
+def _lightning_attempt(
+    folder: Path, max_steps: int, resume: Path | None, logger: Any = True
+) -> None:
+    """One attempt of the Lightning example (its default TensorBoard logger, a loss logged
+    every step, mncloud's callback as the site hook adds it), from checkpoint `resume`."""
+    import lightning as L
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+    try:
+        import lightning_train as example
+    finally:
+        sys.path.pop(0)
+    from mncloud.train.pl import MncloudCallback
+
+    L.seed_everything(0, workers=True)
+    saves = ModelCheckpoint(dirpath=folder / "ckpt", every_n_train_steps=4, save_top_k=-1)
+    fit = L.Trainer(
+        max_steps=max_steps, deterministic=True, default_root_dir=folder, log_every_n_steps=1,
+        enable_progress_bar=False, enable_model_summary=False, logger=logger,
+        callbacks=[saves, MncloudCallback()],
+    )  # fmt: skip
+    loader = example.DataLoader(example.data(128), batch_size=32, shuffle=False)
+    fit.fit(example.Regressor(), loader, ckpt_path=str(resume) if resume else None)
+
+
+def _tb_scalars(folder: Path) -> list[str]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(folder))
+    events.Reload()
+    return list(events.Tags()["scalars"])
+
+
+def _tb_losses(folder: Path) -> list[tuple[int, float]]:
+    """The `loss` scalars TensorBoard shows for `folder` (its own reader, orphans purged)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(folder), purge_orphaned_data=True)
+    events.Reload()
+    return [(e.step, e.value) for e in events.Scalars("loss")]
+
+
+def _ckpt_of(folder: Path, step: int) -> Path:
+    (found,) = (folder / "ckpt").glob(f"*step={step}.ckpt")
+    return found
+
+
+def test_a_lightning_run_preempted_twice_shows_each_step_once_in_tensorboard(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Attempts that log past their last checkpoint (7 steps, saved at 4; then to 11, saved
+    at 8) and a last one to 16: one TensorBoard folder, each step once, the uninterrupted
+    run's values."""
+    pytest.importorskip("lightning")
+    pytest.importorskip("tensorboard")
+    for name in TRACKER_VARS:
+        monkeypatch.delenv(name, raising=False)
+    straight, run = tmp_path / "straight", tmp_path / "run"
+    _lightning_attempt(straight, 16, None)
+    expected = _tb_losses(straight / "lightning_logs" / "version_0")
+    assert [s for s, _ in expected] == list(range(16)), expected
+
+    monkeypatch.setenv(constants.TB_DIR_ENV, str(run / "tensorboard"))
+    monkeypatch.setenv(constants.RUN_NAME_ENV, "lit")
+    _lightning_attempt(run, 7, None)  # preempted after step 7, its last save at 4
+    _lightning_attempt(run, 11, _ckpt_of(run, 4))  # preempted again: saved at 8
+    _lightning_attempt(run, 16, _ckpt_of(run, 8))
+    left = [p for p in (run / "lightning_logs").rglob("*") if p.is_file()]
+    assert all(_tb_scalars(p.parent) == [] for p in left), left  # what Lightning opened, empty
+    got = _tb_losses(run / "tensorboard" / "lit")
+    assert [s for s, _ in got] == list(range(16)), got
+    assert [v for _, v in got] == pytest.approx([v for _, v in expected])
+
+
+def _wandb_offline_runs(folder: Path) -> list[tuple[str, list[int]]]:
+    """Each offline run under `folder`: its run id and history steps, read with W&B's own
+    reader of its `.wandb` files."""
+    from wandb.proto import wandb_internal_pb2
+    from wandb.sdk.internal import datastore
+
+    found = []
+    for path in sorted(folder.glob("wandb/offline-run-*/*.wandb")):
+        store = datastore.DataStore()
+        store.open_for_scan(str(path))
+        run_ids, steps, kinds = [], [], []
+        while (data := store.scan_data()) is not None:
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(data)
+            kinds.append(kind := record.WhichOneof("record_type"))
+            if kind == "run":
+                run_ids.append(record.run.run_id)
+            elif kind == "history":
+                steps.append(record.history.step.num)
+        assert run_ids, (path, path.stat().st_size, kinds)
+        found.append((run_ids[0], steps))
+    return found
+
+
+def test_every_attempt_of_a_lightning_run_logs_into_the_same_wandb_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, project: Path, no_user_trackers: None
+) -> None:
+    """Lightning's `WandbLogger`, as a script makes it, offline: the first attempt and the one
+    resumed after a preemption each write an offline run, both with the run's W&B id (from
+    `task_env`, what every node gets)."""
+    pytest.importorskip("lightning")
+    wandb = pytest.importorskip("wandb")
+    from lightning.pytorch.loggers import WandbLogger
+
+    for key, value in task_env(_spec(project), spot=False, run_id=RUN_ID).items():
+        if key.startswith("WANDB_"):
+            monkeypatch.setenv(key, value)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    for max_steps, resume in ((6, None), (12, 4)):
+        ckpt = _ckpt_of(tmp_path, resume) if resume else None
+        _lightning_attempt(tmp_path, max_steps, ckpt, WandbLogger(save_dir=tmp_path))
+        wandb.finish()
+    wandb.teardown()  # W&B's service has written every record before it is read back
+    runs = _wandb_offline_runs(tmp_path)
+    assert [run_id for run_id, _ in runs] == [RUN_ID, RUN_ID], runs
+    # Offline, W&B numbers each run's rows from 0: 6 steps, then the 8 after step 4.
+    assert (len(runs[0][1]), len(runs[1][1])) == (6, 8), runs
+
+
+# --------------------------------------------------------------------------- on local nodes
+
+ENV_SCRIPT = """\
+import json, os, sys, time
+from pathlib import Path
+names = {names!r}
+rank = os.environ["RANK"]
+print("TRACKERS", rank, json.dumps({{n: os.environ.get(n) for n in names}}), flush=True)
+marker = Path(sys.argv[1]) / f"rank{{rank}}"
+if not marker.exists():  # the first attempt waits to be preempted
+    marker.touch()
+    time.sleep(300)
+"""
+
+
+def _seen(name: str) -> list[dict[str, str | None]]:
+    from tests.test_local import run_log
+
+    lines = [line.split("TRACKERS ", 1)[1] for line in run_log(name).splitlines()
+             if "TRACKERS " in line]  # fmt: skip
+    import json
+
+    return [json.loads(line.split(" ", 1)[1]) for line in lines]
+
+
+@pytest.mark.slow
+def test_every_attempt_on_every_rank_of_a_local_run_gets_the_same_wandb_run(
+    project: Path, tmp_path: Path, no_user_trackers: None
+) -> None:
+    """2 local nodes, preempted once: all 4 ranks' environments (2 per attempt) name the
+    same W&B run, the run's id; `--tracker none`: none of it, and the marker that says so."""
+    from tests.test_local import cli, up, wait_final, wait_until
+
+    names = [*sorted(TRACKER_VARS), constants.RUN_ID_ENV]
+    script = project / "envs.py"
+    script.write_text(ENV_SCRIPT.format(names=names))
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    flags = ("--nodes", "2", "--gpus", "cpu:1", "--recovery-delay", "0.5s")
+    up("trk", script, *flags, script_args=[str(markers)])
+    wait_until(lambda: len(_seen("trk")) == 2, 240, "the first attempt's ranks")
+    cli("chaos", "preempt", "trk")
+    state = wait_final("trk")
+    assert (state.state.value, state.preemptions) == ("SUCCEEDED", 1)
+    seen = _seen("trk")
+    assert len(seen) == 4, seen
+    run_id = seen[0][constants.RUN_ID_ENV]
+    assert run_id and run_id.startswith("trk-")
+    for env in seen:
+        assert env[constants.WANDB_RUN_ID_ENV] == wandb_run_id(run_id), env
+        assert env[constants.WANDB_RESUME_ENV] == "allow", env
+        assert env[constants.TRACKER_OFF_ENV] is None, env
+
+    quiet = tmp_path / "quiet"
+    quiet.mkdir()
+    for rank in (0, 1):
+        (quiet / f"rank{rank}").touch()  # no preemption wait
+    up("trk-off", script, *flags, "--tracker", "none", script_args=[str(quiet)])
+    assert wait_final("trk-off").state.value == "SUCCEEDED"
+    for env in _seen("trk-off"):
+        assert {k for k, v in env.items() if v} == {constants.RUN_ID_ENV,
+                                                    constants.TRACKER_OFF_ENV}, env  # fmt: skip
