@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
+import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import typer
@@ -64,3 +66,31 @@ def print_whole(renderable: RenderableType, out: Console | None = None) -> None:
         return
     segments = list(out.render(renderable, out.options.update_width(width)))
     out.print(Segments(segments), soft_wrap=True)
+
+
+class Signalled(KeyboardInterrupt):
+    """SIGTERM or SIGHUP, raised where a command waits, as Ctrl-C's KeyboardInterrupt is."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def signals_interrupt() -> Iterator[None]:
+    """Inside the block SIGTERM (`timeout`, a CI job's end) and SIGHUP (a closed terminal)
+    raise `Signalled` where the command waits, so it ends as after Ctrl-C: its `finally` and
+    `except KeyboardInterrupt` clean up, and a second signal cannot cut that short."""
+    stops = (signal.SIGTERM, signal.SIGHUP)
+
+    def interrupt(signum: int, _frame: object) -> None:
+        for sig in stops:
+            signal.signal(sig, signal.SIG_IGN)
+        raise Signalled(signum)
+
+    saved = {sig: signal.signal(sig, interrupt) for sig in stops}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)

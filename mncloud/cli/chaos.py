@@ -17,16 +17,14 @@ from __future__ import annotations
 import contextlib
 import math
 import random
-import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from types import FrameType
 from typing import Annotated
 
 import typer
 
-from mncloud.cli._common import console, handle_errors, print_json
+from mncloud.cli._common import Signalled, console, handle_errors, print_json, signals_interrupt
 from mncloud.cli.options import parse_duration
 from mncloud.errors import BackendError, SpecError
 
@@ -154,37 +152,10 @@ def storage_outage_command(
         raise SpecError(f"--seconds {seconds:g}: give a number of seconds, e.g. 30")
     folder = _local_folder(name)
     try:
-        with _ended_by_signals(), contextlib.closing(storage_outage(folder, seconds)) as lines:
+        with signals_interrupt(), contextlib.closing(storage_outage(folder, seconds)) as lines:
             for message in lines:
                 console.print(message, soft_wrap=True)
+    except Signalled as stop:
+        raise typer.Exit(code=128 + stop.signum) from None
     except KeyboardInterrupt:
         raise typer.Exit(code=130) from None
-    except _Signalled as stop:
-        raise typer.Exit(code=128 + stop.signum) from None
-
-
-class _Signalled(Exception):
-    """SIGTERM or SIGHUP, raised where the command waits (as Ctrl-C's KeyboardInterrupt is)."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
-@contextlib.contextmanager
-def _ended_by_signals() -> Iterator[None]:
-    """SIGTERM and SIGHUP end the command as Ctrl-C does: an exception where it waits, so the
-    outage's `finally` takes the bucket's outage back; a second signal cannot cut that short."""
-    stopping = (signal.SIGTERM, signal.SIGHUP)
-
-    def stop(signum: int, _frame: FrameType | None) -> None:
-        for sig in stopping:
-            signal.signal(sig, signal.SIG_IGN)
-        raise _Signalled(signum)
-
-    saved = {sig: signal.signal(sig, stop) for sig in stopping}
-    try:
-        yield
-    finally:
-        for sig, handler in saved.items():
-            signal.signal(sig, handler)

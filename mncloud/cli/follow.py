@@ -12,9 +12,8 @@ preemptions cost time, not correctness.
 
 from __future__ import annotations
 
-import contextlib
 import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 from rich.console import RenderableType
 from rich.live import Live
@@ -29,7 +28,7 @@ from mncloud.backends.base import (
     RunState,
     RunStatus,
 )
-from mncloud.cli._common import console
+from mncloud.cli._common import Signalled, console, signals_interrupt
 from mncloud.errors import MncloudError
 
 LABEL_WIDTH = 14
@@ -123,46 +122,21 @@ def _print_log(backend: Backend, name: str) -> None:
             console.print(text, markup=False, highlight=False, soft_wrap=True)
 
 
-class Stopped(KeyboardInterrupt):
-    """SIGTERM or SIGHUP to a foreground `up`: stop the run as Ctrl-C does."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
-def _raise_stopped(signum: int, _frame: object) -> None:
-    raise Stopped(signum)
-
-
-@contextlib.contextmanager
-def _signals_stop_the_run() -> Iterator[None]:
-    """While following, SIGTERM (`timeout`, a CI job's end) and SIGHUP (a closed terminal) stop
-    the run as Ctrl-C does: a foreground local run must not outlive its command."""
-    stops = (signal.SIGTERM, signal.SIGHUP)
-    saved = {sig: signal.signal(sig, _raise_stopped) for sig in stops}
-    try:
-        yield
-    finally:
-        for sig, handler in saved.items():
-            signal.signal(sig, handler)
-
-
 def follow_local_run(backend: Backend, name: str) -> RunStatus:
     """Follow a run on this machine (`backend.runs_here`) to its end, print the demo summary,
     and return its final status. Ctrl-C, SIGTERM or SIGHUP stops it (`down`); after a signal
     the command then exits 128 + its number, as a shell's would."""
-    with _signals_stop_the_run():
+    with signals_interrupt():  # a foreground local run must not outlive its command
         try:
             _print_log(backend, name)
         except KeyboardInterrupt as stop:
-            what = f"{stop}" if isinstance(stop, Stopped) else "Ctrl-C"
+            what = f"{stop}" if isinstance(stop, Signalled) else "Ctrl-C"
             console.print(f"[yellow]{what}: stopping {name}[/] (use --detach to leave a run "
                           "running)")  # fmt: skip
             for sig in (signal.SIGTERM, signal.SIGHUP):  # let the stop finish
                 signal.signal(sig, signal.SIG_IGN)
             status = backend.down(name)
-            if isinstance(stop, Stopped):
+            if isinstance(stop, Signalled):
                 console.print(f"[bold]{status.name}[/]: {status.detail or status.state.value}")
                 raise SystemExit(128 + stop.signum) from None
             return status
@@ -268,7 +242,7 @@ def _summary(backend: Backend, name: str) -> None:
         except KeyboardInterrupt as stop:  # run_reference stopped it
             live.stop()
             console.print("[yellow]reference stopped[/]")
-            if isinstance(stop, Stopped):
+            if isinstance(stop, Signalled):
                 raise SystemExit(128 + stop.signum) from None
             return
     console.print(reference_table(sha, ref))
