@@ -123,7 +123,7 @@ def test_the_site_hook_joins_the_trainers_processes_on_a_cpu_only_node(tmp_path:
     probe.write_text(
         "from transformers import HfArgumentParser, TrainingArguments\n"
         "(a,) = HfArgumentParser(TrainingArguments).parse_args_into_dataclasses()\n"
-        "print('world', a.world_size, a.parallel_mode.value, flush=True)\n"
+        "import os; os.write(1, f'world {a.world_size} {a.parallel_mode.value}\\n'.encode())\n"
     )
     torchrun = Path(sys.executable).parent / "torchrun"
     cmd = [str(torchrun), "--nproc_per_node=2", str(probe), "--output_dir", str(tmp_path)]

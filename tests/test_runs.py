@@ -707,6 +707,8 @@ def test_rerun_keeps_every_option(
         preflight=False,
         launcher="accelerate",
         ckpt_dir="/ckpt",
+        resume_args="--resume_from_checkpoint {ckpt}",
+        tracker="none",
         name="every",
     )
     # Node recovery needs torchrun, which this spec's launcher is not: set the field directly,
