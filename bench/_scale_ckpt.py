@@ -23,10 +23,7 @@ goal ≥ 0.9). The raw copy moves bytes from and to a file; ours from and to the
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,11 +31,11 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import torch  # noqa: E402
-from _scale_ckptdir import Raw, _server_root, _timed, race, vacuum  # noqa: E402
+from _scale_ckptdir import Raw, _timed, race, seaweed, vacuum  # noqa: E402
 
 from mncloud.storage import CheckpointStore  # noqa: E402
 from mncloud.train import CheckpointManager  # noqa: E402
-from tests.servers import S3Server, free_port  # noqa: E402
+from tests.servers import S3Server  # noqa: E402
 
 LAYERS = 8
 
@@ -86,23 +83,8 @@ def speed_figures(server: S3Server, work: Path, gb: float, repeats: int) -> dict
 
 def figures(gb: float = 2, repeats: int = 3) -> dict[str, float]:
     """Every figure of this bench (see the module docstring)."""
-    work = Path(tempfile.mkdtemp(prefix="mncloud-scale-ckpt-"))
-    data = Path(tempfile.mkdtemp(prefix="mncloud-scale-s3-", dir=_server_root(gb)))
-    server = S3Server("seaweedfs", free_port(), data / "s3", volume_mb=1024)
-    saved = {k: os.environ.get(k) for k in server.env()}
-    try:
-        server.start()
-        os.environ.update(server.env())
+    with seaweed(gb, "mncloud-scale-ckpt-") as (server, work):
         return speed_figures(server, work, gb, repeats)
-    finally:
-        server.stop()
-        shutil.rmtree(work, ignore_errors=True)
-        shutil.rmtree(data, ignore_errors=True)
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def main() -> None:

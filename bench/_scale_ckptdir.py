@@ -36,9 +36,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -333,29 +334,31 @@ def speed_figures(server: S3Server, work: Path, gb: float, repeats: int) -> dict
     }
 
 
-def figures(
-    units: int = 10, unit_mb: float = 30, gb: float = 2, repeats: int = 3
-) -> dict[str, float]:
-    """Every figure of this bench (see the module docstring)."""
-    work = Path(tempfile.mkdtemp(prefix="mncloud-scale-ckptdir-"))
+@contextlib.contextmanager
+def seaweed(gb: float, prefix: str) -> Iterator[tuple[S3Server, Path]]:
+    """A SeaweedFS server on a disk with room for `gb` (its env in os.environ meanwhile) and a
+    scratch folder; both gone afterwards."""
+    work = Path(tempfile.mkdtemp(prefix=prefix))
     data = Path(tempfile.mkdtemp(prefix="mncloud-scale-s3-", dir=_server_root(gb)))
     server = S3Server("seaweedfs", free_port(), data / "s3", volume_mb=1024)
-    saved = {k: os.environ.get(k) for k in server.env()}
     try:
         server.start()
-        os.environ.update(server.env())
-        out = units_figures(server, work / "units", units, unit_mb)
-        out.update(speed_figures(server, work / "speed", gb, repeats))
-        return out
+        with mock.patch.dict(os.environ, server.env()):
+            yield server, work
     finally:
         server.stop()
         shutil.rmtree(work, ignore_errors=True)
         shutil.rmtree(data, ignore_errors=True)
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+
+
+def figures(
+    units: int = 10, unit_mb: float = 30, gb: float = 2, repeats: int = 3
+) -> dict[str, float]:
+    """Every figure of this bench (see the module docstring)."""
+    with seaweed(gb, "mncloud-scale-ckptdir-") as (server, work):
+        out = units_figures(server, work / "units", units, unit_mb)
+        out.update(speed_figures(server, work / "speed", gb, repeats))
+        return out
 
 
 def main() -> None:
