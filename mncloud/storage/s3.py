@@ -279,23 +279,27 @@ class S3Bucket(RetryingBucket):
             "read of", lambda: client.get_object(Bucket=self.name, Key=key)["Body"].read(), key
         )
 
+    def _range_body(self, key: str, start: int, length: int) -> Any:
+        """The body of one ranged GET of `length` bytes from `start`; None when the range starts
+        past the object's end (a short read, as one that ends past it)."""
+        from botocore.exceptions import ClientError
+
+        span = f"bytes={start}-{start + length - 1}"
+        try:
+            return self.client.get_object(Bucket=self.name, Key=key, Range=span)["Body"]
+        except ClientError as err:
+            if error_code(err) in ("InvalidRange", "416"):
+                return None
+            raise
+
     def get_range(self, key: str, start: int, length: int) -> bytes:
         """Read `length` bytes from offset `start`: one ranged GET."""
         if length == 0:
             return b""
-        client = self.client
-        span = f"bytes={start}-{start + length - 1}"
 
         def op() -> bytes:
-            from botocore.exceptions import ClientError
-
-            try:
-                body = client.get_object(Bucket=self.name, Key=key, Range=span)["Body"]
-            except ClientError as err:
-                if error_code(err) in ("InvalidRange", "416"):  # starts past the end
-                    return b""  # a short read, as one that ends past it
-                raise
-            return bytes(body.read())
+            body = self._range_body(key, start, length)
+            return b"" if body is None else bytes(body.read())  # None: a short read
 
         return checked_range(self.url, key, start, length, self._call("read of", op, key))
 
@@ -305,18 +309,11 @@ class S3Bucket(RetryingBucket):
         length = len(out)
         if length == 0:
             return
-        client = self.client
-        span = f"bytes={start}-{start + length - 1}"
 
         def op() -> int:
-            from botocore.exceptions import ClientError
-
-            try:
-                body = client.get_object(Bucket=self.name, Key=key, Range=span)["Body"]
-            except ClientError as err:
-                if error_code(err) in ("InvalidRange", "416"):  # starts past the end
-                    return 0
-                raise
+            body = self._range_body(key, start, length)
+            if body is None:
+                return 0
             got = 0
             with contextlib.closing(body):
                 while got < length and (n := body.readinto(out[got:])):
