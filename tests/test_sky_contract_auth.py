@@ -215,7 +215,8 @@ def test_each_user_sees_its_own_requests_and_an_admin_no_other_body(side: Side) 
 def test_mncloud_finds_the_runs_launches_as_the_controller_only(side: Side) -> None:
     """A launch of the laptop's run in flight: the controller (the laptop's user) finds it by
     its body and waits it out; another non-admin does not see it, an admin sees its row with a
-    `null` body: their lookups find nothing, break on nothing, and cannot cancel it."""
+    `null` body: their lookups find nothing, break on nothing, and their cancels (by its id,
+    or of all users for the non-admin) do not reach it."""
     import sky
 
     from mncloud.backends.skypilot import find, lost
@@ -226,6 +227,8 @@ def test_mncloud_finds_the_runs_launches_as_the_controller_only(side: Side) -> N
         side.login(who)
         assert find.launches_in_flight("auth-c") == []
         find.wait_for_launch_requests("auth-run-3")  # nothing of theirs names it: no wait
+        # by id, without all_users: the client sends its own SKYPILOT_USER_ID as the scope
+        assert launch not in sky.get(sky.api_cancel(launch))
     side.login("other")
     assert not lost.server_failed(launch)  # not its to see, ended or not
     assert launch not in sky.get(sky.api_cancel(all_users=True))  # a non-admin's: its own
