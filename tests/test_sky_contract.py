@@ -12,15 +12,7 @@ See docs/guides/skypilot-contract.md.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -28,75 +20,21 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from mncloud.constants import RUN_ID_ENV
+from tests.skyapi import forget_server, free_port, serve
 
 if TYPE_CHECKING:
     from tests.fakesky import FakeSky
 
-START_S = 240.0
-"""How long the server may take to answer its health check before the `real` side skips (it
-takes ~9 s on an idle machine); not an assertion."""
 LAPTOP_ID, VM_ID = "a1ce0001", "c0417001"
 """The two users of these tests: `LAPTOP_ID` is the fake's default user (`fakesky.LAPTOP`)."""
 DAEMONS = {"sky.status-refresh", "sky.volume-refresh", "sky.expired-token-cleanup"}
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _healthy(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{url}/api/health", timeout=2) as answer:
-            return json.loads(answer.read()).get("status") == "healthy"
-    except (OSError, ValueError):
-        return False
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    """The server and every worker it started (its own process group), TERM then KILL."""
-    for sig, wait_s in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(wait_s)
-        except subprocess.TimeoutExpired:
-            continue
-        if sig is signal.SIGTERM:  # its workers may outlive it: the group again, hard
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-        return
-
-
 @pytest.fixture(scope="module")
 def real_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """SkyPilot's API server (`python -m sky.server.server`, what `sky api start` runs) on a
-    free port, HOME and runtime state in a temporary folder, no cloud enabled; its URL."""
-    folder = tmp_path_factory.mktemp("sky-api-server")
-    port, log_path = _free_port(), folder / "server.log"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SKYPILOT_API_SERVER")}
-    env.update(HOME=str(folder), SKY_RUNTIME_DIR=str(folder), IS_SKYPILOT_SERVER="true",
-               SKYPILOT_DISABLE_USAGE_COLLECTION="1")  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "sky.server.server", "--host=127.0.0.1", f"--port={port}"],
-            env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )  # fmt: skip
-    try:
-        give_up = time.monotonic() + START_S
-        while not _healthy(url):
-            if proc.poll() is not None or time.monotonic() > give_up:
-                tail = log_path.read_text(errors="replace")[-400:].strip().splitlines()
-                pytest.skip(f"SkyPilot's API server did not start: {tail[-1] if tail else ''}")
-            time.sleep(0.5)
+    """SkyPilot's API server, no login, no cloud enabled (`tests/skyapi.serve`); its URL."""
+    with serve(tmp_path_factory.mktemp("sky-api-server")) as url:
         yield url
-    finally:
-        _stop(proc)
 
 
 @dataclass
@@ -108,14 +46,6 @@ class Side:
     fake: FakeSky | None
 
 
-def _forget_server() -> None:
-    from sky.server import common
-
-    common.get_server_url.cache_clear()
-    common.is_api_server_local.cache_clear()
-    common.get_api_server_status_response.cache_clear()
-
-
 @pytest.fixture(params=["real", "fake"])
 def side(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[Side]:
     """The client pointed at the real server, or the fake installed; the laptop's user either
@@ -125,13 +55,13 @@ def side(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Ite
     if request.param == "real":
         url, fake = request.getfixturevalue("real_server"), None
     else:
-        url, fake = f"http://127.0.0.1:{_free_port()}", fakesky.install(monkeypatch)
+        url, fake = f"http://127.0.0.1:{free_port()}", fakesky.install(monkeypatch)
     monkeypatch.setenv("SKYPILOT_API_SERVER_ENDPOINT", url)  # not local: never auto-started
     monkeypatch.setenv("SKYPILOT_USER_ID", LAPTOP_ID)
     monkeypatch.setenv("SKYPILOT_USER", fakesky.LAPTOP.name)
-    _forget_server()
+    forget_server()
     yield Side(request.param, url, fake)
-    _forget_server()
+    forget_server()
 
 
 def _task(run_id: str, access: bool = True) -> Any:
@@ -309,6 +239,6 @@ def test_the_client_adds_its_endpoint_for_api_server_access(
 
     with_password = side.url.replace("http://", "http://mn:pw-0417@")
     monkeypatch.setenv("SKYPILOT_API_SERVER_ENDPOINT", with_password)
-    _forget_server()
+    forget_server()
     plain = env_values(sent("contract-run-5", True), "SKYPILOT_API_SERVER_ENDPOINT")
     assert plain == {with_password}  # the password in plain envs: SkyPilot's client's doing

@@ -25,6 +25,11 @@
   `jobs.queue_v2` lists only the caller's jobs unless `all_users=True`, and cancel by name or
   `all` only the caller's, as `sky/jobs/server/core.py` filters by `get_user_hash()`; cancel
   by id reaches any user's job (the workspace is the boundary).
+- **Logins.** `fake.service_account(token, user, admin=...)` turns service-account tokens
+  on: a client sending a token (`SKYPILOT_SERVICE_ACCOUNT_TOKEN`) is its user, whatever
+  `SKYPILOT_USER_ID` says; a non-admin's `api_status`, `get` and `api_cancel` reach its own
+  requests only, an admin sees another user's body as `null` (`auth`; held to the real
+  server in `tests/test_sky_contract_auth.py`).
 - **Scripts.** `fake.script(job_id, [...])` gives a job (or one task of a job group) the states
   it shows on successive queue reads: `ManagedJobStatus` values, or the events `ERROR` (the
   user's program exits 1: RECOVERING while `max_restarts_on_errors` of the job's own
@@ -64,7 +69,8 @@
   `SKYPILOT_API_SERVER_ENDPOINT` to a task with `api_server_access`.
 
 Modules: `model` (the jobs table and how a task's state moves), `jobs` and `clusters` (the
-server's answers), `server` (requests, faults, `install`), `wire` (the real SDK and codecs).
+server's answers), `server` (requests, faults, `install`), `auth` (logins and the scope of
+each caller's requests), `wire` (the real SDK and codecs).
 """
 
 from tests.fakesky.model import ERROR, LAPTOP, PREEMPT, Event, FakeJob, FakeTask, User

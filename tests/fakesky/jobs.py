@@ -14,8 +14,8 @@ from sky.server.requests import payloads
 from sky.skylet import constants
 from sky.utils import dag_utils
 
+from tests.fakesky.auth import Auth
 from tests.fakesky.model import FakeJob, FakeTask, JobModel, User, chunks, record
-from tests.fakesky.wire import caller
 
 
 def no_cloud_access() -> sx.NoCloudAccessError:
@@ -37,7 +37,7 @@ def no_jobs_controller() -> sx.ClusterNotUpError:
     return sx.ClusterNotUpError(hint)
 
 
-class ManagedJobs(JobModel):
+class ManagedJobs(JobModel, Auth):
     """The managed-jobs half of the fake API server."""
 
     user: User
@@ -91,7 +91,7 @@ class ManagedJobs(JobModel):
         # secrets redacted (`sky/jobs/server/core.py`: `use_user_specified_yaml=True`).
         kept = dag_utils.dump_dag_to_yaml_str(loaded, use_user_specified_yaml=True)
         self.jobs[job_id] = FakeJob(
-            job_id, name, loaded, kept, tasks, submitted_at=self.now(), user=caller(self.user)
+            job_id, name, loaded, kept, tasks, submitted_at=self.now(), user=self._caller()
         )
         return [job_id], None
 
@@ -102,7 +102,7 @@ class ManagedJobs(JobModel):
         launched): `ClusterNotUpError`, as the server answers."""
         if not self.jobs:
             raise no_jobs_controller()
-        me = caller(self.user).user_hash
+        me = self._caller().user_hash
         mine = [j for j in self.jobs.values() if kw["all_users"] or j.user.user_hash == me]
         every = [(job, n, t) for job in mine for n, t in enumerate(job.tasks)]
         for job in self.jobs.values():  # time passes for every job, seen or not
@@ -134,7 +134,7 @@ class ManagedJobs(JobModel):
         no jobs controller yet: `ClusterNotUpError`, as the server answers."""
         if not self.jobs:
             raise no_jobs_controller()
-        me = caller(self.user).user_hash
+        me = self._caller().user_hash
         chosen = [bool(job_ids), name is not None, kw["pool"] is not None, kw["all"]]
         if sum(chosen) + bool(kw["all_users"] and not kw["all"]) != 1:
             raise ValueError("Can only specify one of JOB_IDS, name, pool, or all/all_users.")

@@ -19,6 +19,7 @@ from sky.server import common as server_common
 from sky.server import constants as server_constants
 from sky.server.requests import payloads
 
+from tests.fakesky.auth import stamped
 from tests.fakesky.clusters import Clusters
 from tests.fakesky.jobs import ManagedJobs
 from tests.fakesky.model import LAPTOP, Event, FakeJob, FakeTask, User, request_body
@@ -77,6 +78,9 @@ class FakeSky(ManagedJobs, Clusters):
         """The server's clock for the jobs' times (a test's fake clock); None: `time.time`."""
         self.user: User = LAPTOP
         """Who the client is to the server (`as_user`): the owner of the jobs it launches."""
+        self.tokens: dict[str, User] = {}
+        """Service-account tokens (`service_account`): none, a server without logins."""
+        self.admins: set[str] = set()
         self._results: dict[str, tuple[str, Any]] = {}
         self._down_after: str | None = None
         self._down = False
@@ -253,8 +257,11 @@ class FakeSky(ManagedJobs, Clusters):
         self._results[request_id] = (name, value)
 
     def _payload(self, request_id: str, name: str, body: str) -> dict[str, Any]:
-        """A new request's row, owned by the user the client process is (`caller`)."""
-        user = caller(self.user)
+        """A new request's row, owned by the user the client process is (`_caller`: the
+        logged-in user, written into the body's `env_vars` as the server does)."""
+        user = self._caller()
+        if self._auth_user() is not None:
+            body = stamped(body, user)
         return {"request_id": request_id, "name": server_name(name), "request_body": body,
                 "entrypoint": name.rpartition(".")[2], "status": "PENDING",
                 "created_at": time.time(), "user_id": user.user_hash, "user_name": user.name,
@@ -293,10 +300,15 @@ class FakeSky(ManagedJobs, Clusters):
 
     def stream_and_get(self, *args: Any, **kwargs: Any) -> Any:
         bound = inspect.signature(real("stream_and_get")).bind(*args, **kwargs)
-        return self._result(bound.arguments["request_id"])
+        request_id = bound.arguments["request_id"]
+        if not self._visible(self._ledger.get(request_id) or {"user_id": None}):
+            raise sx.ClientError(f"Failed to stream logs: Request {request_id!r} not found")
+        return self._result(request_id)
 
     def _result(self, request_id: str) -> Any:
         self._check_reachable()
+        if not self._visible(self._ledger.get(request_id) or {"user_id": None}):
+            raise self._not_found(request_id)
         if request_id in self._in_flight:
             self._finish(request_id)
         name, value = self._results[request_id]
@@ -321,8 +333,8 @@ class FakeSky(ManagedJobs, Clusters):
         fields = {"status": server_common.ApiServerStatus.HEALTHY.value,
                   "api_version": str(server_constants.API_VERSION), "version": sky.__version__,
                   "version_on_disk": sky.__version__, "commit": sky.__commit__,
-                  "basic_auth_enabled": False, "service_account_token_enabled": False,
-                  "ingress_basic_auth_enabled": False, "user": None,
+                  "basic_auth_enabled": False, "service_account_token_enabled": bool(self.tokens),
+                  "ingress_basic_auth_enabled": False, "user": self._health_user(),
                   "external_proxy_auth_enabled": True, **self.health}  # fmt: skip
         return responses.APIHealthResponse(**json.loads(json.dumps(fields)))
 
@@ -331,28 +343,32 @@ class FakeSky(ManagedJobs, Clusters):
         server names them (`sky.jobs.launch`), each its user's, the server's own daemons
         (user `skypilot-system`, RUNNING) among them; the finished ones only with
         `all_status`, or when asked for by id (`all_status` is ignored with `request_ids`,
-        `sky/client/sdk.py`), FAILED where the request raised."""
+        `sky/client/sdk.py`), FAILED where the request raised; with a login, scoped to the
+        caller (`Auth`)."""
         rows = [*DAEMONS, *reversed(self._ledger.values())]
         return [
-            payloads.RequestPayload(**row)
+            payloads.RequestPayload(**self._shown(row))
             for row in rows
             if (request_ids is None or any(row["request_id"].startswith(r) for r in request_ids))
             and (all_status or request_ids is not None or row["status"] in ("PENDING", "RUNNING"))
+            and self._visible(row)
         ]
 
     def _api_cancel(self, request_ids: Any, all_users: bool, **_kw: Any) -> list[str]:
-        """`sky.api_cancel`: the unfinished requests named (every one of the caller's, or of
-        every user) end CANCELLED, nothing of them done; `sky.get` of one raises
-        `RequestCancelled` as the real client words it (`sky/client/sdk.py` `get`)."""
+        """`sky.api_cancel`: the unfinished requests named (or all), of the user the client
+        says it is (`SKYPILOT_USER_ID`; every user's with `all_users`), end CANCELLED, nothing
+        of them done; a logged-in non-admin's reach its own only (`role_filter`
+        `force_caller_scope_cancel_body`). `sky.get` of one raises `RequestCancelled` as the
+        real client words it (`sky/client/sdk.py` `get`)."""
         if isinstance(request_ids, str):
             request_ids = [request_ids]
-        me = caller(self.user).user_hash
+        owner = self._scope() or (None if all_users else caller(self.user).user_hash)
         done = []
         for request_id in list(self._in_flight):
             row = self._ledger[request_id]
             if request_ids is not None and request_id not in request_ids:
                 continue
-            if request_ids is None and not all_users and row["user_id"] != me:
+            if owner is not None and row["user_id"] != owner:
                 continue
             del self._in_flight[request_id]
             row["status"], row["finished_at"] = "CANCELLED", time.time()
