@@ -74,12 +74,14 @@ def token_stop(ctl: Horizon) -> str | None:
 
 def blind(ctl: Horizon) -> bool:
     """Whether the token has already expired (every SkyPilot call would be refused, a 401):
-    then the controller ends without a call, its state saying what may still run."""
+    then the controller makes none, and ends, its state saying what may still run."""
     from mncloud.control.state import save_state
 
     ends, st = ctl.token_ends, ctl.state
     if ends is None or ctl.clock.time() < ends:
         return False
+    if st.final:  # stopped in time (`token_stop`): nothing to add
+        return True
     live = st.market is not Mode.NONE or st.launching is not None
     left = (
         f"; its training job may still run: `mncloud down {st.name}` from your laptop stops it"
