@@ -18,7 +18,7 @@ from mncloud import control
 from mncloud.control.access import TOKEN_ENV, TOKEN_MARGIN_S, token_expiry
 from tests.fakesky import FakeSky
 from tests.test_control import FakeClock
-from tests.test_control_cloud import Driver, _fresh_vm, _named, _status
+from tests.test_control_cloud import Crash, Driver, _fresh_vm, _named, _status
 from tests.test_control_faults import _looks, _up_deadline
 from tests.test_skypilot import script  # noqa: F401 - a fixture
 
@@ -110,8 +110,9 @@ def test_a_controller_restarted_past_its_token_makes_no_call_and_says_what_runs(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """SkyPilot restarts a controller (a lost VM) after its token expired: it starts with the
-    same dead token. It makes no SkyPilot call (each would be a 401), ends as done (no restart
-    loop), and its state names the training job that may still run and `mncloud down`, which
+    same dead token, and a take-down its crash left half done. It makes no SkyPilot call
+    (each would be a 401), not even to finish that take-down; it ends as done (no restart
+    loop), its state naming the training job that may still run and `mncloud down`, which
     from the laptop (its own login) then cancels it."""
     from mncloud.cli import app
     from tests.test_control_cloud import runner
@@ -119,6 +120,13 @@ def test_a_controller_restarted_past_its_token_makes_no_call_and_says_what_runs(
     run, training, token = _late_run(script, fake_sky, tmp_path, monkeypatch)
     expires = token_expiry({TOKEN_ENV: token})
     assert expires is not None
+
+    def crash(_notice_s: float) -> None:
+        raise Crash
+
+    monkeypatch.setattr(run.ctl, "down", crash)  # the VM is lost mid-switch: `closing` kept
+    with pytest.raises(Crash):
+        run.ctl.take_down("switching to on-demand")
     run.clock.now = expires + 1
     calls = len(fake_sky.calls)
     restarted = Driver(_fresh_vm(monkeypatch, tmp_path, "vm2"), run.clock)
