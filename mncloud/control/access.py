@@ -220,9 +220,10 @@ def check_token_life(info: Any, deadline_s: float, min_api_version: int) -> None
     raise SpecError(
         f"--deadline {deadline_s / 3600:g}h is past the deadline controller's horizon "
         f"({life_s / 3600:g} h: SkyPilot gives its job an API token valid "
-        f"{CONTROLLER_TOKEN_DAYS} days and never renews it, and the controller stops the run "
-        f"at a checkpoint before it expires); give --deadline {life_s / 3600:g}h or less and "
-        "run `mncloud up --deadline ... --resume` for the rest once it ends"
+        f"{CONTROLLER_TOKEN_DAYS * 24} h and never renews it, and the controller stops the run "
+        f"at a checkpoint {TOKEN_MARGIN_S / 3600:g} h before it expires); give --deadline "
+        f"{life_s / 3600:g}h or less and run `mncloud up --deadline ... --resume` for the rest "
+        "once it ends"
     )
 
 
