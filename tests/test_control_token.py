@@ -101,6 +101,17 @@ def test_a_late_run_is_stopped_at_a_checkpoint_before_the_token_expires(
     stored = control.load_uri(run.state.config.state_uri or "")
     assert stored is not None and stored.phase == "stopped"
 
+    # As the detail says: `--resume` goes on under a new controller job with a new token.
+    (controller,) = _named(fake_sky, "llm-control")
+    fake_sky.set_status(controller, S.SUCCEEDED)  # it exited 0: done
+    monkeypatch.delenv(TOKEN_ENV)
+    again = _up_deadline(monkeypatch, script, tmp_path, "--deadline", "70h", "--hours", "60",
+                         "--resume")  # fmt: skip
+    assert again.exit_code == 0, again.output
+    (new,) = fake_sky.live_jobs("llm-control")
+    renewed = token_expiry({TOKEN_ENV: fake_sky.job_tokens[new]})
+    assert renewed is not None and renewed - run.clock.now == pytest.approx(72 * HOUR, abs=1)
+
 
 @pytest.mark.slow
 def test_a_controller_restarted_past_its_token_makes_no_call_and_says_what_runs(
@@ -163,6 +174,22 @@ def test_the_fake_refuses_an_expired_token_as_skypilot_does(
     with pytest.raises(sx.ApiServerAuthenticationError):
         sky.jobs.queue_v2(refresh=False)
     assert fake_sky.refused == ["jobs.queue_v2"]
+
+
+def test_a_deadline_past_the_laptops_own_token_is_refused_at_up(
+    script: Path,  # noqa: F811
+    fake_sky: FakeSky,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No service accounts on the server: the controller carries the laptop's token, and stops
+    an hour before it expires. A deadline past that: one line naming the token and the bound,
+    exit 2, nothing launched; one within it is accepted."""
+    monkeypatch.setenv(TOKEN_ENV, fake_sky.issue_token(fake_sky.user, days=1))
+    line = _one_line(_up_deadline(monkeypatch, script, tmp_path, "--deadline", "30h"))
+    assert TOKEN_ENV in line and "expires in 24 h" in line and "--deadline 22h" in line
+    assert fake_sky.jobs == {}
+    assert _up_deadline(monkeypatch, script, tmp_path, "--deadline", "20h").exit_code == 0
 
 
 def test_a_deadline_past_the_controllers_horizon_is_refused_at_up(

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import time
 import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -209,21 +210,33 @@ def token_expiry(environ: Mapping[str, str]) -> float | None:
     return float(expires) if isinstance(expires, int | float) else None
 
 
-def check_token_life(info: Any, deadline_s: float, min_api_version: int) -> None:
-    """SpecError, one line, when the deadline is past the controller's horizon: SkyPilot's
-    token for it expires after `CONTROLLER_TOKEN_DAYS`, never renewed, and the controller
-    stops the run `TOKEN_MARGIN_S` before that (`horizon.py`), so a later deadline would be
-    missed for sure."""
-    life_s = CONTROLLER_TOKEN_DAYS * 86400 - TOKEN_MARGIN_S
-    if deadline_s <= life_s or not gets_skypilots_token(info, min_api_version):
+def check_token_life(
+    info: Any, deadline_s: float, min_api_version: int, environ: Mapping[str, str] | None = None
+) -> None:
+    """SpecError, one line, when the deadline is past the controller's horizon: the token it
+    will call SkyPilot with expires, never renewed, and the controller stops the run
+    `TOKEN_MARGIN_S` before that (`horizon.py`), so a later deadline would be missed for sure.
+    That token is SkyPilot's (`CONTROLLER_TOKEN_DAYS`) where the server gives one, else the
+    laptop's own (`environ`'s `SKYPILOT_SERVICE_ACCOUNT_TOKEN`, carried as a secret)."""
+    if gets_skypilots_token(info, min_api_version):
+        life_s = CONTROLLER_TOKEN_DAYS * 86400 - TOKEN_MARGIN_S
+        days = CONTROLLER_TOKEN_DAYS
+        whose = f"SkyPilot gives its job an API token valid {days * 24} h, never renewed"
+    else:
+        expires = token_expiry(environ or {})
+        if expires is None:
+            return
+        life_s = max(0.0, expires - TOKEN_MARGIN_S - time.time())
+        whose = f"the {TOKEN_ENV} it carries expires in {(expires - time.time()) / 3600:.0f} h"
+    if deadline_s <= life_s:
         return
+    hours = f"{life_s // 3600:.0f}"
     raise SpecError(
-        f"--deadline {deadline_s / 3600:g}h is past the deadline controller's horizon "
-        f"({life_s / 3600:g} h: SkyPilot gives its job an API token valid "
-        f"{CONTROLLER_TOKEN_DAYS * 24} h and never renews it, and the controller stops the run "
-        f"at a checkpoint {TOKEN_MARGIN_S / 3600:g} h before it expires); give --deadline "
-        f"{life_s / 3600:g}h or less and run `mncloud up --deadline ... --resume` for the rest "
-        "once it ends"
+        f"--deadline {deadline_s / 3600:g}h is past the deadline controller's horizon ({hours} h: "
+        f"{whose}, and the controller stops the run at a checkpoint "
+        f"{TOKEN_MARGIN_S / 3600:g} h before its token expires); give --deadline {hours}h or less "
+        "(or a token that lives longer) and run `mncloud up --deadline ... --resume` for the "
+        "rest once it ends"
     )
 
 
