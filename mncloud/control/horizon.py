@@ -53,7 +53,8 @@ def token_ends(backend: Backend) -> float | None:
     """When the SkyPilot API token this controller calls with expires (epoch seconds); None
     for a controller that calls no API server with a token (a local backend, no token, a
     token that never expires)."""
-    return None if backend.runs_here else token_expiry(os.environ)
+    ends = token_expiry(os.environ)
+    return None if ends is None or backend.runs_here else ends
 
 
 def _when(at: float) -> str:
