@@ -153,6 +153,27 @@ def test_a_controller_restarted_past_its_token_makes_no_call_and_says_what_runs(
     assert _status(fake_sky, training) == "CANCELLED"
 
 
+@pytest.mark.slow
+def test_a_controller_that_stalled_past_its_token_makes_no_call_at_its_next_look(
+    script: Path,  # noqa: F811
+    fake_sky: FakeSky,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The controller's last look came before its stop point and the next one after the expiry
+    (its VM stalled): that look makes no SkyPilot call (each would be a 401), ends the
+    controller as done, and its state names the training job that may still run."""
+    run, training, token = _late_run(script, fake_sky, tmp_path, monkeypatch)
+    expires = token_expiry({TOKEN_ENV: token})
+    assert expires is not None
+    run.clock.now = expires + 1
+    calls = len(fake_sky.calls)
+    run.ctl.look()
+    assert len(fake_sky.calls) == calls and fake_sky.refused == []
+    assert run.state.phase == "failed" and "mncloud down llm" in run.state.detail
+    assert fake_sky.live_jobs("llm") == [training]
+
+
 def test_the_fake_refuses_an_expired_token_as_skypilot_does(
     fake_sky: FakeSky, monkeypatch: pytest.MonkeyPatch
 ) -> None:
