@@ -203,9 +203,13 @@ def test_a_deadline_past_the_laptops_own_token_is_refused_at_up(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """No service accounts on the server: the controller carries the laptop's token, and stops
-    an hour before it expires. A deadline past that: one line naming the token and the bound,
-    exit 2, nothing launched; one within it is accepted."""
+    """A server too old to give the controller a token of its own: the controller carries the
+    laptop's, and stops an hour before it expires. A deadline past that: one line naming the
+    token and the bound, exit 2, nothing launched; one within it is accepted."""
+    from sky.server import constants as server_constants
+
+    old = int(server_constants.MIN_API_ACCESS_API_VERSION) - 1
+    fake_sky.health = {"api_version": str(old)}
     monkeypatch.setenv(TOKEN_ENV, fake_sky.issue_token(fake_sky.user, days=1))
     line = _one_line(_up_deadline(monkeypatch, script, tmp_path, "--deadline", "30h"))
     assert TOKEN_ENV in line and "expires in 24 h" in line and "--deadline 22h" in line

@@ -95,7 +95,7 @@ class ManagedJobs(JobModel, Auth):
         self.jobs[job_id] = FakeJob(
             job_id, name, loaded, kept, tasks, submitted_at=self.now(), user=self._caller()
         )
-        self._job_token(job_id, caller(self.user), loaded.tasks)  # `tokens.py`
+        self._job_token(job_id, self._caller(), loaded.tasks)  # `tokens.py`
         return [job_id], None
 
     def _jobs_queue_v2(self, **kw: Any) -> tuple[list[Any], int, dict[str, int], int, list[str]]:
