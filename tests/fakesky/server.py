@@ -331,7 +331,7 @@ class FakeSky(ManagedJobs, Clusters, Tokens):
         import sky
 
         inspect.signature(real("api_info")).bind(*args, **kwargs)
-        self._check_reachable()
+        self._check_reachable("api_info")
         self.calls.append(("api_info", args, kwargs))
         fields = {"status": server_common.ApiServerStatus.HEALTHY.value,
                   "api_version": str(server_constants.API_VERSION), "version": sky.__version__,
