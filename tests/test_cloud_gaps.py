@@ -105,13 +105,14 @@ def test_a_deadline_past_the_controllers_token_life_is_refused(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Point 5: where SkyPilot gives the controller its own token (service accounts), that
-    token lives 3 days, unrenewed: `--deadline 100h` is refused in one line naming the limit
-    and what to do, before anything is launched; 72 h is accepted."""
+    token lives 3 days, unrenewed, and the controller stops the run an hour before it expires
+    (`horizon.py`): `--deadline 100h` is refused in one line naming the limit and what to do,
+    before anything is launched; 71 h is accepted."""
     fake_sky.health = {"external_proxy_auth_enabled": True, "service_account_token_enabled": True}
     line = _one_line(_up_deadline(monkeypatch, script, tmp_path, "--deadline", "100h"))
-    assert "72 h" in line and "--deadline 72h" in line and "--resume" in line
+    assert "72 h" in line and "--deadline 71h" in line and "--resume" in line
     assert fake_sky.jobs == {}
-    assert _up_deadline(monkeypatch, script, tmp_path, "--deadline", "72h").exit_code == 0
+    assert _up_deadline(monkeypatch, script, tmp_path, "--deadline", "71h").exit_code == 0
 
 
 def test_the_token_life_is_skypilots() -> None:

@@ -78,7 +78,7 @@ ROOMS: list[tuple[str, str]] = [
                                   "logs lost meta netcheck notice status task"),
     ("mncloud.backends.registry", ""),
     ("mncloud.launch", ""),
-    ("mncloud.control", "access billing down elastic identity keeper lease loop markets "
+    ("mncloud.control", "access billing down elastic horizon identity keeper lease loop markets "
                         "outcomes pacing places placing progress recovery start state steering "
                         "unsure watch"),
     ("mncloud.operate", "logs status stop telemetry"),

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import time
 import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -187,18 +188,55 @@ def gets_skypilots_token(info: Any, min_api_version: int) -> bool:
     )
 
 
-def check_token_life(info: Any, deadline_s: float, min_api_version: int) -> None:
-    """SpecError, one line, when the controller would outlive its API token: SkyPilot's token
-    for it expires after `CONTROLLER_TOKEN_DAYS` and is never renewed; past that day every
-    look of the controller is refused while its training job runs on unsteered."""
-    life_h = CONTROLLER_TOKEN_DAYS * 24
-    if deadline_s <= life_h * 3600 or not gets_skypilots_token(info, min_api_version):
+TOKEN_MARGIN_S = 3600.0
+"""How long before its API token expires the controller stops the run (`horizon.py`): the
+stop's notice, its cancel and a run of unsure looks with backoff (`unsure.py`) fit in it."""
+
+
+def token_expiry(environ: Mapping[str, str]) -> float | None:
+    """When the service-account token in `environ` expires (its JWT's `exp`, or SkyPilot's
+    legacy `e`: `sky/users/token_service.py`); None without one, or one that never expires.
+    Read, not verified: the server verifies, the controller only plans by it."""
+    import jwt
+
+    token = environ.get(TOKEN_ENV, "")
+    if not token:
+        return None
+    try:
+        claims = jwt.decode(token.removeprefix("sky_"), options={"verify_signature": False})
+    except jwt.PyJWTError:
+        return None
+    expires = claims.get("exp", claims.get("e"))
+    return float(expires) if isinstance(expires, int | float) else None
+
+
+def check_token_life(
+    info: Any, deadline_s: float, min_api_version: int, environ: Mapping[str, str] | None = None
+) -> None:
+    """SpecError, one line, when the deadline is past the controller's horizon: the token it
+    will call SkyPilot with expires, never renewed, and the controller stops the run
+    `TOKEN_MARGIN_S` before that (`horizon.py`), so a later deadline would be missed for sure.
+    That token is SkyPilot's (`CONTROLLER_TOKEN_DAYS`) where the server gives one, else the
+    laptop's own (`environ`'s `SKYPILOT_SERVICE_ACCOUNT_TOKEN`, carried as a secret)."""
+    if gets_skypilots_token(info, min_api_version):
+        life_s = CONTROLLER_TOKEN_DAYS * 86400 - TOKEN_MARGIN_S
+        days = CONTROLLER_TOKEN_DAYS
+        whose = f"SkyPilot gives its job an API token valid {days * 24} h, never renewed"
+    else:
+        expires = token_expiry(environ or {})
+        if expires is None:
+            return
+        life_s = max(0.0, expires - TOKEN_MARGIN_S - time.time())
+        whose = f"the {TOKEN_ENV} it carries expires in {(expires - time.time()) / 3600:.0f} h"
+    if deadline_s <= life_s:
         return
+    hours = f"{life_s // 3600:.0f}"
     raise SpecError(
-        f"--deadline {deadline_s / 3600:g}h is longer than the deadline controller's SkyPilot "
-        f"API token lives ({life_h} h: SkyPilot gives its job a token valid "
-        f"{CONTROLLER_TOKEN_DAYS} days and never renews it); give --deadline {life_h}h or "
-        "less and run `mncloud up --deadline ... --resume` for the rest once it ends"
+        f"--deadline {deadline_s / 3600:g}h is past the deadline controller's horizon ({hours} h: "
+        f"{whose}, and the controller stops the run at a checkpoint "
+        f"{TOKEN_MARGIN_S / 3600:g} h before its token expires); give --deadline {hours}h or less "
+        "(or a token that lives longer) and run `mncloud up --deadline ... --resume` for the "
+        "rest once it ends"
     )
 
 

@@ -45,6 +45,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from mncloud.backends.base import RunState
+from mncloud.control.horizon import blind, token_ends, token_stop
 from mncloud.control.markets import Clock, Market, SystemClock
 from mncloud.control.progress import checkpoint_step, seconds_per_step
 from mncloud.control.state import ControlState, Decision, Launching, save_state, stop_requested
@@ -108,6 +109,8 @@ class Controller:
         self.stop_reason: str | None = None
         self.unsure = 0
         """Looks in a row that ended in an error (`unsure.py`)."""
+        self.token_ends = token_ends(self.backend)
+        """When this controller's API token expires: it stops the run before (`horizon.py`)."""
 
     # ------------------------------------------------------------------ loop
     def run(self) -> ControlState:
@@ -119,6 +122,8 @@ class Controller:
         st = self.state
         if st.started_at is None:
             st.started_at = self.clock.time()
+        if blind(self):  # past its token: no call
+            return st
         try:
             self._recover()
         except LaunchUnknown:
@@ -138,6 +143,9 @@ class Controller:
         from mncloud.control.unsure import on_tick_error
 
         st = self.state
+        if blind(self):  # past its token: no call
+            return
+        self.stop_reason = self.stop_reason or token_stop(self)  # before the token expires
         try:
             if st.launching is not None or st.closing is not None:
                 self._recover()

@@ -296,7 +296,7 @@ def start(state: ControlState) -> ControlState:
     host = host_of(state)
     info, min_version = host.api_login()  # refused before anything is cancelled or launched
     check_identity(info, _api_server(host), os.environ, min_version)
-    check_token_life(info, state.config.deadline_s, min_version)
+    check_token_life(info, state.config.deadline_s, min_version, os.environ)
     take(state)  # one controller per run: a live one refuses this `up` (or `--replace` ends it)
     try:
         state.controller_job_id = _launch_sky(state)

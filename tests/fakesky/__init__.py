@@ -57,6 +57,12 @@
   body. A job's row carries the YAML the client sent as `user_yaml` (SkyPilot's
   `original_user_yaml_content`).
 
+- **Tokens** (`tokens.py`): a managed job with `api_server_access` gets a 3-day
+  service-account token of its user where the server has service accounts
+  (`job_tokens[job_id]`, `issue_token`), as `sky/jobs/server/core.py` gives one; a client
+  that sends one past its expiry on the fake's clock gets `ApiServerAuthenticationError` (the
+  server's 401), each refusal kept in `refused`.
+
 - **Held to the real server** (`tests/test_sky_contract.py`, docs/guides/skypilot-contract.md):
   the same calls against SkyPilot's real API server, started offline, with the same
   assertions. So, as the server: `sky.api_status` lists every request (the finished ones with
@@ -70,7 +76,8 @@
 
 Modules: `model` (the jobs table and how a task's state moves), `jobs` and `clusters` (the
 server's answers), `server` (requests, faults, `install`), `auth` (logins and the scope of
-each caller's requests), `wire` (the real SDK and codecs).
+each caller's requests), `tokens` (service-account tokens' expiry), `wire` (the real SDK and
+codecs).
 """
 
 from tests.fakesky.model import ERROR, LAPTOP, PREEMPT, Event, FakeJob, FakeTask, User

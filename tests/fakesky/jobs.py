@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 from sky import exceptions as sx
@@ -45,6 +46,7 @@ class ManagedJobs(JobModel, Auth):
     logs: dict[tuple[int | str, str | int | None], str]
     cancel_polls: int
     cloud_access: bool
+    _job_token: Callable[[int, User, list[Any]], None]
 
     @staticmethod
     def _jobs_launch_client(task: Any, name: str | None, **_rest: Any) -> dict[str, Any]:
@@ -93,6 +95,7 @@ class ManagedJobs(JobModel, Auth):
         self.jobs[job_id] = FakeJob(
             job_id, name, loaded, kept, tasks, submitted_at=self.now(), user=self._caller()
         )
+        self._job_token(job_id, self._caller(), loaded.tasks)  # `tokens.py`
         return [job_id], None
 
     def _jobs_queue_v2(self, **kw: Any) -> tuple[list[Any], int, dict[str, int], int, list[str]]:

@@ -23,6 +23,7 @@ from tests.fakesky.auth import stamped
 from tests.fakesky.clusters import Clusters
 from tests.fakesky.jobs import ManagedJobs
 from tests.fakesky.model import LAPTOP, Event, FakeJob, FakeTask, User, request_body
+from tests.fakesky.tokens import Tokens
 from tests.fakesky.wire import (
     DAEMONS,
     MODULES,
@@ -54,7 +55,7 @@ INSTALLED: FakeSky | None = None
 """The fake `install` put in place for the running test (a driver sets its `clock`)."""
 
 
-class FakeSky(ManagedJobs, Clusters):
+class FakeSky(ManagedJobs, Clusters, Tokens):
     """SkyPilot's API server, answered locally; every call recorded as (name, args, kwargs)."""
 
     def __init__(self) -> None:
@@ -100,6 +101,7 @@ class FakeSky(ManagedJobs, Clusters):
         self.cloud_access = True
         """False: no cloud is enabled on the server, and every launch fails there as the real
         server's does (`NoCloudAccessError`, `sky/check.py`)."""
+        self._tokens_init()
         self._ledger: dict[str, dict[str, Any]] = {}
         """Every request the server got, as `sky.api_status` lists it (`RequestPayload`'s
         fields): name, user, body, status, times."""
@@ -206,7 +208,7 @@ class FakeSky(ManagedJobs, Clusters):
             bound = inspect.signature(the_real).bind(*args, **kwargs)
             bound.apply_defaults()
             sent = client(**bound.arguments) if client is not None else bound.arguments
-            self._check_reachable()
+            self._check_reachable(name)
             self._time_passes()
             self.calls.append((name, args, kwargs))
             request_id = f"req-{len(self.calls)}-{name}"
@@ -275,7 +277,7 @@ class FakeSky(ManagedJobs, Clusters):
         def call(*args: Any, **kwargs: Any) -> Any:
             bound = inspect.signature(the_real).bind(*args, **kwargs)
             bound.apply_defaults()
-            self._check_reachable()
+            self._check_reachable(name)
             self.calls.append((name, args, kwargs))
             failing = self._failing.get(name)
             if failing:  # `fail`: a direct call raises at once (no request to get)
@@ -290,9 +292,10 @@ class FakeSky(ManagedJobs, Clusters):
         """The API server the SDK would talk to (named in `ApiServerConnectionError`)."""
         return str(server_common.get_server_url())
 
-    def _check_reachable(self) -> None:
+    def _check_reachable(self, name: str = "get") -> None:
         if self._down:
             raise sx.ApiServerConnectionError(self.server_url)
+        self._check_token(name)  # an expired token: 401 (`tokens.py`)
 
     def get(self, *args: Any, **kwargs: Any) -> Any:
         bound = inspect.signature(real("get")).bind(*args, **kwargs)
@@ -328,7 +331,7 @@ class FakeSky(ManagedJobs, Clusters):
         import sky
 
         inspect.signature(real("api_info")).bind(*args, **kwargs)
-        self._check_reachable()
+        self._check_reachable("api_info")
         self.calls.append(("api_info", args, kwargs))
         fields = {"status": server_common.ApiServerStatus.HEALTHY.value,
                   "api_version": str(server_constants.API_VERSION), "version": sky.__version__,

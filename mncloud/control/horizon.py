@@ -1,0 +1,98 @@
+"""The controller's API token is its horizon: it stops the run before the token expires.
+
+Where SkyPilot's API server has service accounts, SkyPilot gives the controller's job a token
+of the launching user valid `CONTROLLER_TOKEN_DAYS` (`access.py`), never renewed while the job
+runs. Past its expiry every call of the controller is a 401 (`ApiServerAuthenticationError`
+on the client): no look, no budget stop, not even the cancel of its give-up. So the controller
+reads the token's expiry (the JWT's `exp` claim, `access.token_expiry`) and, `TOKEN_MARGIN_S`
+before it, stops the run as `mncloud down` would: a preemption notice (every rank saves the
+step it reached), the training job cancelled, checkpoints kept, the reason in the state:
+
+    h 0      up --deadline 70h --hours 60: controller job launched, token until h 72
+    h 70     past the deadline, work left: on-demand, late ("finishing on on-demand")
+    h 71     71 h = 72 h − TOKEN_MARGIN_S: stop (notice, cancel); phase `stopped`, detail
+             "the controller's SkyPilot API token expires …; newest complete checkpoint
+             step N kept"; exit 0 (SkyPilot does not restart it)
+    later    `mncloud up --deadline … --resume`: a new controller job, a new token, on
+             from step N
+
+Why not renew: SkyPilot 0.14.1 can rotate a token its creator owns
+(`POST /users/service-account-tokens/rotate`, `sky/users/server.py`), and the controller is
+that creator; but rotation replaces the token's hash on the server, so the copy SkyPilot keeps
+in the controller task's secret dies with it, and a controller SkyPilot restarts (a crash, a
+lost VM: `CONTROL_MAX_RESTARTS`) would start blind. Nor hand off to a fresh controller job:
+the lease (`lease.py`) admits no second `NAME-control` beside a live one, by design. A
+controller that starts already past its token's expiry (restarted late) makes no call: it
+says what may still run and how to stop it (`mncloud down`, from the laptop's own login).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from typing import TYPE_CHECKING, Protocol
+
+from mncloud.control.access import TOKEN_MARGIN_S, token_expiry
+from mncloud.deadline.policy import Mode
+
+if TYPE_CHECKING:
+    from mncloud.backends.base import Backend
+    from mncloud.control.markets import Clock
+    from mncloud.control.state import ControlState
+
+
+class Horizon(Protocol):
+    """The controller as this module sees it."""
+
+    state: ControlState
+    clock: Clock
+    token_ends: float | None
+
+
+def token_ends(backend: Backend) -> float | None:
+    """When the SkyPilot API token this controller calls with expires (epoch seconds); None
+    for a controller that calls no API server with a token (a local backend, no token, a
+    token that never expires)."""
+    ends = token_expiry(os.environ)
+    return None if ends is None or backend.runs_here else ends
+
+
+def _when(at: float) -> str:
+    return datetime.datetime.fromtimestamp(at, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def token_stop(ctl: Horizon) -> str | None:
+    """Why the run stops now, when the token expires within `TOKEN_MARGIN_S`; else None."""
+    ends = ctl.token_ends
+    if ends is None or ctl.clock.time() < ends - TOKEN_MARGIN_S:
+        return None
+    return (
+        f"the controller's SkyPilot API token expires at {_when(ends)} and SkyPilot does not "
+        "renew it: stopped before it does, so the training job never runs unsteered; "
+        f"continue with `mncloud up --deadline ... --resume --name {ctl.state.name}`"
+    )
+
+
+def blind(ctl: Horizon) -> bool:
+    """Whether the token has already expired (every SkyPilot call would be refused, a 401):
+    then the controller makes none, and ends, its state saying what may still run."""
+    from mncloud.control.state import save_state
+
+    ends, st = ctl.token_ends, ctl.state
+    if ends is None or ctl.clock.time() < ends:
+        return False
+    if st.final:  # stopped in time (`token_stop`): nothing to add
+        return True
+    live = st.market is not Mode.NONE or st.launching is not None
+    left = (
+        f"; its training job may still run: `mncloud down {st.name}` from your laptop stops it"
+        if live
+        else ""
+    )
+    st.phase = "failed"  # the live launch stays named in the state, for `mncloud down`
+    st.detail = (
+        f"controller stopped: its SkyPilot API token expired at {_when(ends)} before it could "
+        f"steer again{left}; continue with `mncloud up --deadline ... --resume --name {st.name}`"
+    )
+    save_state(st)
+    return True
