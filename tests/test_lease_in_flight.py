@@ -23,7 +23,7 @@ from mncloud.records.ledger import cost_summary
 from mncloud.records.store import fetch_record, list_records
 from tests.fakesky import FakeSky
 from tests.test_control import GAP
-from tests.test_control_cloud import Crash, Driver, _fresh_vm, _named
+from tests.test_control_cloud import Crash, Driver, _fresh_vm, _named, runner
 from tests.test_control_faults import _up_deadline
 from tests.test_skypilot import script  # noqa: F401 - a fixture
 
@@ -34,7 +34,10 @@ FINISHED_AFTER_S = 3 * lease.LAUNCH_POLL_S
 
 
 def _dies_launching(
-    fake_sky: FakeSky, monkeypatch: pytest.MonkeyPatch, script: Path, tmp_path: Path
+    fake_sky: FakeSky,
+    monkeypatch: pytest.MonkeyPatch,
+    script: Path,  # noqa: F811
+    tmp_path: Path,
 ) -> tuple[int, Driver, str]:
     """`up --deadline` from the laptop; its controller (job N, on its own VM) journals its
     first training launch, sends it and dies before the answer: the request stays in flight.
@@ -140,7 +143,7 @@ def test_resume_with_the_launch_still_in_flight_past_the_wait_is_refused_nothing
     """Bad input: the dead controller's launch is still in flight after `LAUNCH_WAIT_S`: one
     line naming the request and how to mend it, exit 2; nothing launched or cancelled, the
     old state in the bucket as it was. Once the server ends it, `--resume` goes on."""
-    controller, dead, old_run_id = _dies_launching(fake_sky, monkeypatch, script, tmp_path)
+    controller, dead, _run_id = _dies_launching(fake_sky, monkeypatch, script, tmp_path)
     fake_sky.set_status(controller, S.FAILED_CONTROLLER)
     pauses = _server_finishes_while_waiting(monkeypatch, fake_sky, dead, None)
     launches = len(fake_sky.called("jobs.launch"))
@@ -186,3 +189,58 @@ def test_resume_beside_a_job_the_dead_controller_steered_is_still_refused(
     assert result.exit_code == 2, result.output
     assert str(training) in result.stderr and "mncloud down llm" in result.stderr
     assert fake_sky.live_jobs() == [training]
+
+
+@pytest.mark.parametrize("then", ["controller", "down"])
+def test_a_launch_up_could_not_see_is_cancelled_by_the_new_controller_before_it_launches(
+    script: Path,  # noqa: F811
+    fake_sky: FakeSky,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    then: str,
+) -> None:
+    """The dead controller was another API user, and the server shows the laptop other users'
+    request bodies as null (auth on): `up --resume` cannot tell the launch in flight is the
+    run's and goes on. The new controller (the controller's identity, which sees its own
+    requests) knows the old run id from its state: before it launches, it waits for that
+    request and cancels the job it made. One live training job. (Or `down` first: it finds
+    that job by the old run id the new state keeps.)"""
+    import sky
+
+    from mncloud.cli import app
+    from tests.fakesky import LAPTOP, User
+    from tests.fakesky.wire import caller
+
+    controller_vm = User("controller-vm", "c0417001")
+    fake_sky.as_user(controller_vm)
+    controller, dead, old_run_id = _dies_launching(fake_sky, monkeypatch, script, tmp_path)
+    fake_sky.set_status(controller, S.FAILED_CONTROLLER)
+    fake_sky.as_user(LAPTOP)
+    seen = sky.api_status
+
+    def scoped(*args: Any, **kwargs: Any) -> list[Any]:
+        rows = seen(*args, **kwargs)
+        me = caller(LAPTOP).user_hash
+        return [r if r.user_id == me else r.model_copy(update={"request_body": None})
+                for r in rows]  # fmt: skip
+
+    with monkeypatch.context() as patch:
+        patch.setattr(sky, "api_status", scoped)
+        result = _up_deadline(monkeypatch, script, tmp_path, "--resume")
+    assert result.exit_code == 0, result.output
+    fake_sky.finish_in_flight()  # the server makes the old launch's job after `up` looked
+    (old_job,) = _named(fake_sky, "llm")
+    assert fake_sky.live_jobs("llm") == [old_job]
+    if then == "down":
+        assert runner.invoke(app, ["down", "llm", "--now"]).exit_code == 0
+        assert fake_sky.live_jobs() == []
+        return
+
+    fake_sky.as_user(controller_vm)
+    state = _fresh_vm(monkeypatch, tmp_path, "controller-vm-2")
+    assert old_run_id in state.earlier_run_ids
+    new = Driver(state, dead.clock)
+    new.ctl._recover()
+    new.tick()
+    old_again, new_job = _named(fake_sky, "llm")
+    assert old_again == old_job and fake_sky.live_jobs("llm") == [new_job]
