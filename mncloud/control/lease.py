@@ -24,7 +24,9 @@ while its training launch was still in flight at the API server, which goes on w
 before a new controller takes the run, every unfinished `sky.jobs.launch` request naming one
 of the run ids of the old state (in the bucket) is waited for, `LAUNCH_WAIT_S` at most, and
 only then is the queue asked for their jobs; the new state keeps those run ids
-(`earlier_run_ids`), so `down` and the next `up` look for them too:
+(`earlier_run_ids`), so `down` and the next `up` look for them too, and the new controller
+does so again before it launches (`recovery.earlier_launches`: a request this `up` could not
+see, another API user's, is waited for there):
 
     t=0     controller (job 12) journals run id llm-…-a1b2, sends `sky.jobs.launch`, dies
     t=60    up --deadline --name llm --resume: the request is in flight: waited for

@@ -12,6 +12,9 @@ SkyPilot restarted its managed job) finishes it before it decides anything:
                 event written only if the record lacks it. Not made, or cut short before its
                 supervisor started: what it left is marked over and the launch is made again.
 
+A controller that took the run from another (`up --resume`, `--replace`) first makes sure no
+launch of that one is live (`earlier_launches`: its jobs cancelled, `control/lease.py`).
+
 On a cloud the controller may be restarted on a fresh VM, its state from the bucket and its
 MNCLOUD_HOME empty: first what the state knows of its launches is written back there
 (`identity.restore`), and a journaled launch is looked for in SkyPilot's queue by the run id
