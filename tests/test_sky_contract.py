@@ -134,6 +134,8 @@ def test_the_server_names_each_request_and_whose_it_is(side: Side) -> None:
     assert json.loads(row.request_body)["env_vars"]["SKYPILOT_USER_ID"] == LAPTOP_ID
     daemons = {r.name for r in live.values() if r.user_id == "skypilot-system"}
     assert daemons >= DAEMONS  # the server's own, listed with the users' requests
+    assert find.launch_requests_naming(["contract-run-1"]) == [request_id]  # the lease's look
+    assert find.unfinished_requests([request_id]) == [request_id]
 
     assert sky.get(sky.api_cancel(request_id)) == [request_id]
     for wait in (sky.get, sky.stream_and_get):
@@ -142,9 +144,15 @@ def test_the_server_names_each_request_and_whose_it_is(side: Side) -> None:
     assert _row(request_id).status == "CANCELLED"
     assert request_id not in {r.request_id for r in sky.api_status(all_status=False)}
     find.wait_for_launch_requests("contract-run-1")  # nothing in flight names it: no wait
+    assert find.unfinished_requests([request_id]) == []  # CANCELLED is finished
+    assert find.settle_launch_requests(["contract-run-1"], wait_s=0, poll_s=1, sleep=_never) == []
     with pytest.raises(BackendError, match="cancelled") as refused:
         lost.resolve("contract-a", request_id, "contract-run-1")
     assert not isinstance(refused.value, lost.LaunchAnswerLost)
+
+
+def _never(_seconds: float) -> None:
+    raise AssertionError("nothing in flight: no wait")
 
 
 def test_no_managed_job_yet_the_queue_and_cancel_fail_and_mncloud_reads_none(

@@ -327,6 +327,15 @@ class ControllerHost(Protocol):
         waited for first), by request id."""
         ...
 
+    def settle_launches(
+        self, run_ids: Iterable[str], *, wait_s: float, poll_s: float,
+        sleep: Callable[[float], None],
+    ) -> list[str]:  # fmt: skip
+        """Wait up to `wait_s` (a look every `poll_s`, `sleep` between) for the host's
+        unfinished launch requests that name one of `run_ids`; those still unfinished then,
+        by request id (none: whatever they made, the queue lists)."""
+        ...
+
     def job_states(self, job_ids: Iterable[int]) -> dict[int, HostJob]:
         """The queue's view of `job_ids` (a job it no longer lists is left out)."""
         ...

@@ -149,6 +149,7 @@ def _training_ids(host: ControllerHost, st: ControlState) -> list[int]:
 
     ids = set(st.job_ids) | set(st.live.job_ids if st.live is not None else [])
     run_ids = set(st.run_ids) | ({st.live.run_id} if st.live is not None else set())
+    run_ids |= set(st.earlier_run_ids)  # a launch of a controller before (`lease.py`)
     if st.launching is not None and st.launching.run_id:
         host.wait_for_launch_requests(st.launching.run_id)
         run_ids.add(st.launching.run_id)

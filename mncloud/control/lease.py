@@ -19,6 +19,25 @@ on with it: listed by `sky.api_status`, not yet in the queue), and a controller 
 ids its state in the bucket lists: a new controller would overwrite that state and launch a
 second job beside it).
 
+And one way to a second training job: the last controller died (or `--replace` cancels it)
+while its training launch was still in flight at the API server, which goes on with it. So
+before a new controller takes the run, every unfinished `sky.jobs.launch` request naming one
+of the run ids of the old state (in the bucket) is waited for, `LAUNCH_WAIT_S` at most, and
+only then is the queue asked for their jobs; the new state keeps those run ids
+(`earlier_run_ids`), so `down` and the next `up` look for them too, and the new controller
+does so again before it launches (`recovery.earlier_launches`: a request this `up` could not
+see, another API user's, is waited for there):
+
+    t=0     controller (job 12) journals run id llm-…-a1b2, sends `sky.jobs.launch`, dies
+    t=60    up --deadline --name llm --resume: the request is in flight: waited for
+    t=90    the server finishes it: training job 14, PENDING; nothing steered it yet (the
+            launch was journaled, never recorded): cancelled; then llm-control launched
+    (or)    still in flight at t=660: refused in one line, exit 2, nothing launched
+
+`--resume` cancels only such a launch the dead controller never recorded; a training job it
+steered is refused as above (`mncloud down` gives it the stop notice first). `--replace`
+cancels both.
+
 The queue is SkyPilot's own record of what runs: no second lock to go stale, and it sees a
 controller launched from another laptop. A queue that cannot be asked refuses too (the
 error says why): starting a second controller blind is what costs money.
@@ -26,6 +45,7 @@ error says why): starting a second controller blind is what costs money.
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING
 
 from mncloud.errors import SpecError
@@ -33,6 +53,17 @@ from mncloud.errors import SpecError
 if TYPE_CHECKING:
     from mncloud.backends.base import ControllerHost
     from mncloud.control.state import ControlState
+
+#: How long a new controller waits for a launch of the run's last controller still in flight
+#: at the API server (a managed job's launch request ends once the job is submitted), and how
+#: often it looks meanwhile.
+LAUNCH_WAIT_S = 600.0
+LAUNCH_POLL_S = 5.0
+
+
+def pause(seconds: float) -> None:
+    """Between two looks at the last controller's launches in flight (tests: a fake clock)."""
+    time.sleep(seconds)
 
 
 def live_controllers(host: ControllerHost, name: str) -> list[int]:
@@ -70,18 +101,21 @@ def take(state: ControlState) -> None:
 
 def _left_unsteered(host: ControllerHost, state: ControlState) -> None:
     """No controller runs, but the training jobs the last one launched may (it died, FAILED
-    past its restarts, while its job trained on): a new controller would overwrite its state
-    and launch a second job beside them. Refused, or (`--replace`) cancelled first."""
-    from mncloud.constants import RUN_ID_ENV
-
-    run_ids = _run_ids(state)
-    jobs = [j.job_id for j in host.jobs_with_env(state.name, RUN_ID_ENV, run_ids) if j.live]
-    if not jobs:
+    past its restarts, while its job trained on, or while its launch was in flight): a new
+    controller would overwrite its state and launch a second job beside them. Refused, or
+    cancelled first: by `--replace`, and by `--resume` when only a launch the last
+    controller journaled and never recorded made them (nothing steered them yet)."""
+    old = _old_state(state)
+    run_ids = _settled(host, state, old)
+    unrecorded = old.launching.run_id if old is not None and old.launching else None
+    steered = _live(host, state, [r for r in run_ids if r != unrecorded])
+    unsteered = _live(host, state, [unrecorded] if unrecorded else [])
+    if state.existing == "replace" or (state.existing == "resume" and not steered):
+        host.cancel([*steered, *unsteered])
         return
-    if state.existing == "replace":
-        host.cancel(jobs)
+    if not steered and not unsteered:
         return
-    name, ids = state.name, ", ".join(str(i) for i in jobs)
+    name, ids = state.name, ", ".join(str(i) for i in [*steered, *unsteered])
     raise SpecError(
         f"run {name!r} still has training job {ids} live (SkyPilot managed job), launched by "
         f"a deadline controller that no longer runs: nothing steers it; stop it with "
@@ -90,21 +124,60 @@ def _left_unsteered(host: ControllerHost, state: ControlState) -> None:
     )
 
 
-def _run_ids(state: ControlState) -> list[str]:
-    """The run ids the run's last controller launched or journaled (its state in the bucket)."""
+def _old_state(state: ControlState) -> ControlState | None:
+    """The run's last controller's state, in the bucket (None: no state there)."""
     from mncloud.control.state import load_uri
 
-    old = load_uri(state.config.state_uri) if state.config.state_uri else None
+    return load_uri(state.config.state_uri) if state.config.state_uri else None
+
+
+def _run_ids(old: ControlState | None) -> list[str]:
+    """The run ids the run's last controllers launched or journaled (the old state's)."""
     if old is None:
         return []
     journaled = [old.launching.run_id] if old.launching and old.launching.run_id else []
-    return [*old.run_ids, *journaled]
+    live = [old.live.run_id] if old.live is not None else []
+    return list(dict.fromkeys([*old.earlier_run_ids, *old.run_ids, *live, *journaled]))
 
 
-def _end_first(host: ControllerHost, state: ControlState, controllers: list[int]) -> None:
-    """`--replace`: cancel the live controller, then what its run launched (by run id)."""
+def _settled(
+    host: ControllerHost,
+    state: ControlState,
+    old: ControlState | None,
+    done: str = "",
+) -> list[str]:
+    """The old state's run ids, once no launch request naming one is in flight (waited for,
+    `LAUNCH_WAIT_S` at most: SpecError after it), kept in the new state (`done`: what this
+    `up` did already, for the refusal)."""
+    run_ids = _run_ids(old)
+    flying = host.settle_launches(run_ids, wait_s=LAUNCH_WAIT_S, poll_s=LAUNCH_POLL_S, sleep=pause)
+    if flying:
+        ids = " ".join(flying)
+        raise SpecError(
+            f"run {state.name!r}: a training launch of its last deadline controller is still "
+            f"in flight at the SkyPilot API server after {LAUNCH_WAIT_S:g}s (request {ids}); "
+            f"{done}nothing was launched: run this `up` again once it ends (`sky api status`), "
+            f"or cancel it first (`sky api cancel {ids}`)"
+        )
+    state.earlier_run_ids = run_ids
+    return run_ids
+
+
+def _live(host: ControllerHost, state: ControlState, run_ids: list[str]) -> list[int]:
+    """The ids of the live jobs of the run that carry one of `run_ids`."""
     from mncloud.constants import RUN_ID_ENV
 
+    return [j.job_id for j in host.jobs_with_env(state.name, RUN_ID_ENV, run_ids) if j.live]
+
+
+def _end_first(
+    host: ControllerHost,
+    state: ControlState,
+    controllers: list[int],
+) -> None:
+    """`--replace`: cancel the live controller, then what its run launched (by run id, its
+    launches in flight waited for first: the state read after the cancel, as it left it)."""
     host.cancel(controllers)
-    jobs = host.jobs_with_env(state.name, RUN_ID_ENV, _run_ids(state))
-    host.cancel([job.job_id for job in jobs if job.live])
+    done = f"controller job {', '.join(str(i) for i in controllers)} was cancelled, "
+    run_ids = _settled(host, state, _old_state(state), done)
+    host.cancel(_live(host, state, run_ids))

@@ -12,6 +12,9 @@ SkyPilot restarted its managed job) finishes it before it decides anything:
                 event written only if the record lacks it. Not made, or cut short before its
                 supervisor started: what it left is marked over and the launch is made again.
 
+A controller that took the run from another (`up --resume`, `--replace`) first makes sure no
+launch of that one is live (`earlier_launches`: its jobs cancelled, `control/lease.py`).
+
 On a cloud the controller may be restarted on a fresh VM, its state from the bucket and its
 MNCLOUD_HOME empty: first what the state knows of its launches is written back there
 (`identity.restore`), and a journaled launch is looked for in SkyPilot's queue by the run id
@@ -54,6 +57,7 @@ def recover(ctl: Steering) -> None:
     if restored:
         log.info("resuming where the run's files were missing: %s written back from the state",
                  "; ".join(restored))  # fmt: skip
+    earlier_launches(ctl)
     if st.closing is not None:
         log.info("resuming: the launch was being taken down (%s); again", st.closing)
         ctl.down(0.0 if st.mode is Mode.NONE else ctl.stop_notice_s())
@@ -81,6 +85,35 @@ def recover(ctl: Steering) -> None:
         ctl.launch(pending.mode, pending.tick, pending.reason, again=True)
     ctl.decided(pending.decision)
     save_state(st)
+
+
+def earlier_launches(ctl: Steering) -> None:
+    """The jobs of the controllers before this one (`earlier_run_ids`, which `up` found ended,
+    `lease.py`): one their launch made after `up` looked (a request `up` could not see, such
+    as another API user's) is cancelled before this controller launches anything.
+    LaunchUnknown when SkyPilot cannot say: SkyPilot restarts the controller, which asks again."""
+    from mncloud.constants import RUN_ID_ENV
+    from mncloud.control.lease import LAUNCH_POLL_S, LAUNCH_WAIT_S
+
+    st = ctl.state
+    if ctl.backend.runs_here or not st.earlier_run_ids:
+        return
+    host = ctl.backend.controller_host()
+    try:
+        flying = host.settle_launches(
+            st.earlier_run_ids, wait_s=LAUNCH_WAIT_S, poll_s=LAUNCH_POLL_S, sleep=ctl.clock.sleep
+        )
+        if flying:
+            raise LaunchUnknown(f"launch request(s) {', '.join(flying)} still in flight")
+        jobs = host.jobs_with_env(st.name, RUN_ID_ENV, st.earlier_run_ids)
+        live = [job.job_id for job in jobs if job.live]
+        if live:
+            log.warning("job(s) %s of an earlier controller's launch live: cancelled", live)
+            host.cancel(live)
+    except MncloudError as err:
+        raise LaunchUnknown(
+            f"cannot tell whether a launch of the controller before this one is live: {err}"
+        ) from None
 
 
 def launch_made(ctl: Steering, pending: Launching) -> tuple[str, Any] | None:

@@ -276,6 +276,10 @@ class ControlState(BaseModel):
     """The launch made last (live, or over and not yet replaced): its run id and job ids."""
     job_ids: list[int] = Field(default_factory=list)
     """Every SkyPilot job id any launch of the run made (`down` makes sure each is over)."""
+    earlier_run_ids: list[str] = Field(default_factory=list)
+    """The run ids of the launches of the controllers before this one (`up --resume`,
+    `--replace`: `control/lease.py`), kept after their jobs were found ended, so `down` and
+    the next `up` look for them too; never billed here (`run_ids` is this controller's)."""
     controller_job_id: int | None = None
     """Clouds: the controller's own managed job (`<name>-control`)."""
     errors_retried: int = 0

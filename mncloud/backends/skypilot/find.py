@@ -20,7 +20,8 @@ SkyPilot reports them terminal (CANCELLING is not: its cluster is still being cl
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import math
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -163,6 +164,59 @@ def wait_for_launch_requests(run_id: str) -> None:
                 sky.get(request.request_id)
             except Exception:  # the launch failed: whatever it made, the queue lists
                 continue
+
+
+def launch_requests_naming(run_ids: Iterable[str]) -> list[str]:
+    """The ids of the API server's unfinished `jobs.launch` requests whose body names one of
+    `run_ids` (a dead controller's training launch: the server goes on with it)."""
+    import sky
+
+    wanted = [run_id for run_id in run_ids if run_id]
+    if not wanted:
+        return []
+    with sky_errors("list the SkyPilot API server's requests"):
+        requests = sky.api_status(all_status=False)
+    launch_name = launch_request_name()
+    return [
+        str(r.request_id) for r in requests
+        if r.name == launch_name and any(w in (r.request_body or "") for w in wanted)
+    ]  # fmt: skip
+
+
+def unfinished_requests(request_ids: Iterable[str]) -> list[str]:
+    """Those of `request_ids` the API server has not finished (PENDING, WAITING, RUNNING);
+    one it no longer lists is finished."""
+    import sky
+    from sky.server.requests.requests import RequestStatus
+
+    ids = list(request_ids)
+    if not ids:
+        return []
+    active = {status.value for status in RequestStatus.active_statuses()}
+    with sky_errors(f"ask the SkyPilot API server about requests {', '.join(ids)}"):
+        rows = sky.api_status(request_ids=ids)
+    return [str(r.request_id) for r in rows if str(getattr(r.status, "value", r.status)) in active]
+
+
+def settle_launch_requests(
+    run_ids: Iterable[str], *, wait_s: float, poll_s: float, sleep: Callable[[float], None]
+) -> list[str]:
+    """Wait up to `wait_s` (a look every `poll_s`) for the unfinished `jobs.launch` requests
+    naming one of `run_ids`; the ids of those still unfinished then (none: each ended, and
+    whatever it made the queue lists). Looks are counted, not timed: `sleep` is the clock."""
+    from tenacity import Retrying, retry_if_result, stop_after_attempt, wait_fixed
+
+    flying = launch_requests_naming(run_ids)
+    if not flying:
+        return []
+    looks = Retrying(
+        stop=stop_after_attempt(1 + math.ceil(wait_s / poll_s)),
+        wait=wait_fixed(poll_s),
+        retry=retry_if_result(bool),
+        retry_error_callback=lambda last: last.outcome.result() if last.outcome else flying,
+        sleep=sleep,
+    )
+    return list(looks(unfinished_requests, flying))
 
 
 def job_states(job_ids: Iterable[int]) -> dict[int, FoundJob]:

@@ -67,6 +67,12 @@ class SkyPilotHost:
     def launches_in_flight(self, job_name: str, *, wait: bool = False) -> list[str]:
         return find.launches_in_flight(job_name, wait=wait)
 
+    def settle_launches(
+        self, run_ids: Iterable[str], *, wait_s: float, poll_s: float,
+        sleep: Callable[[float], None],
+    ) -> list[str]:  # fmt: skip
+        return find.settle_launch_requests(run_ids, wait_s=wait_s, poll_s=poll_s, sleep=sleep)
+
     def job_states(self, job_ids: Iterable[int]) -> dict[int, HostJob]:
         return dict(find.job_states(job_ids))
 
