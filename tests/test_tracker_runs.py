@@ -1,0 +1,163 @@
+"""#59 end to end: the Hugging Face Trainer example logging to W&B (offline) and TensorBoard on
+2 local nodes under `--ckpt-dir` in S3, preempted twice. Every attempt's offline W&B run has
+the run's id and each resumed one is rewound to the step it resumed from; TensorBoard's event
+files, read back from the bucket with its `EventAccumulator`, give each step once, with the
+values of a run that never stopped.
+
+A preempted attempt is SIGKILLed (a spot VM vanishing): W&B's service writes an offline run's
+`.wandb` file in 32 KiB blocks, so a killed attempt's file may hold nothing yet (online, the
+rows reach the server as they are logged). What each attempt asked W&B for is in the log W&B
+writes line by line beside it (`logs/debug.log`: the run's config, with the rewind's branch
+point); the last attempt's `.wandb` file is read with W&B's own reader."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mncloud.render.trackers import TB_FOLDER
+from mncloud.storage.folders import survey
+from mncloud.storage.frameworkdirs import newest
+from tests.test_trackers import OfflineRun, _offline_run
+from tests.test_trainers import FLAGS, HF_SCRIPT, _bucket_file, _bucket_keys
+
+STEPS = 40
+ARGS = ["--max-steps", str(STEPS), "--save-steps", "10", "--save-total-limit", "0",
+        "--logging-steps", "1", "--report-to", "wandb,tensorboard",
+        "--compute-ms", "250"]  # fmt: skip
+
+
+def _offline(folder: Path) -> list[str]:
+    """`--env` for W&B offline, its runs under `folder` (local nodes share this disk)."""
+    return ["--env", "WANDB_MODE=offline", "--env", "WANDB_SILENT=true",
+            "--env", f"WANDB_DIR={folder}"]  # fmt: skip
+
+
+def _newest_committed(uri: str) -> int:
+    """The step of the newest committed `checkpoint-N` in the run's bucket (0: none)."""
+    found = newest([v.name for v in survey(uri) if v.committed])
+    return found.step if found is not None else 0
+
+
+def _starts(name: str) -> list[int]:
+    """The step each attempt's Trainer started from (its `start` events, rank 0's)."""
+    from tests.test_local import run_series
+
+    return [int(e.data["resumed_from"]) for e in run_series(name).events if e.event == "start"]
+
+
+def _tb_losses(uri: str, folder: Path) -> list[tuple[int, float]]:
+    """The Trainer's `train/loss` as TensorBoard shows the run's `tensorboard/` folder, copied
+    from the bucket into `folder` (its own reader, the purged events dropped)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    for key in _bucket_keys(uri):
+        if key.startswith(f"{TB_FOLDER}/"):
+            (folder / key).parent.mkdir(parents=True, exist_ok=True)
+            (folder / key).write_bytes(_bucket_file(uri, key))
+    events = EventAccumulator(str(folder / TB_FOLDER), purge_orphaned_data=True)
+    events.Reload()
+    return [(e.step, e.value) for e in events.Scalars("train/loss")]
+
+
+def _attempts(folder: Path) -> list[tuple[str, int | None]]:
+    """Each attempt's offline run under `folder`, in the order they started: its W&B run id
+    (in its folder's name, `offline-run-<time>-<id>`) and the `_step` its rewind keeps the
+    history to (the branch point in the config `wandb.init` logged), if any."""
+    found = []
+    for run in sorted(folder.glob("wandb/offline-run-*")):
+        said = (run / "logs" / "debug.log").read_text().split("\nconfig: ", 1)[1]
+        config = ast.literal_eval(said.split("\n", 1)[0])
+        point = config.get("_wandb", {}).get("branch_point")
+        found.append((run.name.split("-", 3)[3], point["step"] if point else None))
+    return found
+
+
+def _last_run(folder: Path) -> OfflineRun:
+    """The last attempt's offline run (it ended: its file whole), with W&B's own reader."""
+    (path,) = sorted(folder.glob("wandb/offline-run-*"))[-1].glob("*.wandb")
+    return _offline_run(path)[1]
+
+
+def _preempt_when(name: str, uri: str, ready: Callable[[], bool]) -> None:
+    from tests.test_local import cli, wait_until
+
+    wait_until(ready, 400, f"{name} ready to be preempted")
+    cli("chaos", "preempt", name, "--node", "1")
+
+
+@pytest.fixture(scope="module")
+def preempted_twice(tmp_path_factory: pytest.TempPathFactory, s3_server: Any) -> dict[str, Any]:
+    """The example preempted once a checkpoint was committed, and again once its relaunch
+    committed a newer one; an uninterrupted run of it beside the last attempt."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("wandb")
+    pytest.importorskip("tensorboard")
+    from tests.servers import use_s3
+    from tests.test_local import run_log, up, wait_final
+
+    home, wandb_dir = tmp_path_factory.mktemp("trk-home"), tmp_path_factory.mktemp("wandb")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MNCLOUD_HOME", str(home))
+        use_s3(s3_server, mp)
+        bucket = f"s3://{s3_server.make_bucket()}/exp"
+        name, uri = "trk-hf", f"{bucket}/trk-hf"
+        up(name, HF_SCRIPT, *FLAGS, *_offline(wandb_dir), "--bucket", bucket, script_args=ARGS)
+        _preempt_when(name, uri, lambda: _newest_committed(uri) >= 10)
+        _preempt_when(name, uri, lambda: len(_starts(name)) == 2 and
+                      _newest_committed(uri) > _starts(name)[1])  # fmt: skip
+        straight_dir = tmp_path_factory.mktemp("wandb-straight")
+        up("trk-ref", HF_SCRIPT, *FLAGS, *_offline(straight_dir), "--bucket", bucket,
+           script_args=ARGS[:-2])  # fmt: skip
+        state = wait_final(name, timeout=400)
+        assert state.state.value == "SUCCEEDED", run_log(name)
+        assert wait_final("trk-ref", timeout=400).state.value == "SUCCEEDED", run_log("trk-ref")
+        return {
+            "state": state, "starts": _starts(name), "attempts": _attempts(wandb_dir),
+            "wandb": [_last_run(wandb_dir)],
+            "tb": _tb_losses(uri, tmp_path_factory.mktemp("tb")),
+            "straight_tb": _tb_losses(f"{bucket}/trk-ref", tmp_path_factory.mktemp("tb-ref")),
+        }  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.catalog
+def test_every_attempt_logs_into_one_wandb_run_rewound_to_the_step_it_resumed_from(
+    preempted_twice: dict[str, Any],
+) -> None:
+    run = preempted_twice
+    assert (run["state"].preemptions, len(run["starts"])) == (2, 3), run["starts"]
+    first, *resumed = run["starts"]
+    assert first == 0 and all(step > 0 for step in resumed), run["starts"]
+    attempts = run["attempts"]
+    assert len({run_id for run_id, _ in attempts}) == 1, attempts
+    assert attempts[0][0].startswith("trk-hf-"), attempts
+    # W&B numbers its rows from 0: the rows of steps 1 … N are 0 … N−1, the next is N.
+    assert [step for _, step in attempts] == [None, *(step - 1 for step in resumed)], attempts
+    (last,) = run["wandb"]  # the attempt that ended: its `.wandb` file whole
+    assert (last.run_id, last.rewound_to) == (attempts[0][0], resumed[-1] - 1), last
+    rows = _loss_rows(last)
+    assert [row["train/global_step"] for row in rows] == list(range(resumed[-1] + 1, STEPS + 1))
+    assert [row["_step"] for row in rows] == list(range(resumed[-1], STEPS)), rows
+
+
+def _loss_rows(run: OfflineRun) -> list[dict[str, Any]]:
+    return [row for row in run.rows if "train/loss" in row]
+
+
+@pytest.mark.slow
+@pytest.mark.catalog
+def test_tensorboard_from_the_bucket_shows_each_step_once_as_the_uninterrupted_run(
+    preempted_twice: dict[str, Any],
+) -> None:
+    got, straight = preempted_twice["tb"], preempted_twice["straight_tb"]
+    assert [step for step, _ in straight] == list(range(1, STEPS + 1)), straight
+    assert [step for step, _ in got] == list(range(1, STEPS + 1)), got
+    assert [value for _, value in got] == pytest.approx([value for _, value in straight])
+    (last,) = preempted_twice["wandb"]
+    logged = [row["train/loss"] for row in _loss_rows(last)]  # W&B got the same values
+    assert logged == pytest.approx([value for _, value in straight][-len(logged) :])
