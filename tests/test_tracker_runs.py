@@ -161,3 +161,61 @@ def test_tensorboard_from_the_bucket_shows_each_step_once_as_the_uninterrupted_r
     (last,) = preempted_twice["wandb"]
     logged = [row["train/loss"] for row in _loss_rows(last)]  # W&B got the same values
     assert logged == pytest.approx([value for _, value in straight][-len(logged) :])
+
+
+# --------------------------------------------------------------------------- when a rewind is due
+
+RESUMED = {"WANDB_RUN_ID": "run-1", "WANDB_RESUME": "allow",
+           "MNCLOUD_RESUME_FROM": "/ckpt/checkpoint-40"}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("unit", "step"),
+    [("/ckpt/checkpoint-40", 40), ("/ckpt/epoch=3-step=40.ckpt", 40), ("/ckpt/last.ckpt", None),
+     ("", None)],
+)  # fmt: skip
+def test_the_resumed_step_is_the_one_in_the_units_name(unit: str, step: int | None) -> None:
+    from mncloud.train.trackers import resumed_step
+
+    assert resumed_step({"MNCLOUD_RESUME_FROM": unit} if unit else {}) == step
+
+
+@pytest.mark.parametrize(
+    ("change", "moment"),
+    [({}, "run-1?_step=39"), ({"MNCLOUD_TRACKER_OFF": "1"}, None),
+     ({"WANDB_RESUME": "must"}, None), ({"WANDB_RUN_ID": ""}, None),
+     ({"MNCLOUD_RESUME_FROM": "/ckpt/last.ckpt"}, None),
+     ({"MNCLOUD_RESUME_FROM": "/ckpt/checkpoint-0"}, None)],
+)  # fmt: skip
+def test_a_wandb_rewind_is_due_only_on_a_resumed_attempt_of_mncloud_s_run(
+    change: dict[str, str], moment: str | None
+) -> None:
+    """`--tracker none`, a `WANDB_RESUME` of the user's own, no id, or no step: no rewind."""
+    from mncloud.train.trackers import wandb_moment
+
+    assert wandb_moment({**RESUMED, **change}) == moment
+
+
+def test_a_rewind_w_b_refuses_is_a_warning_and_the_run_resumes_as_before(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """W&B's settings made with `resume="allow"` before mncloud's wrap (a script that set W&B up
+    first) refuse `resume_from`: one warning, and `wandb.init` resumes the run without it."""
+    wandb = pytest.importorskip("wandb")
+    from mncloud.train import trackers
+
+    monkeypatch.setattr(wandb, "init", wandb.init)
+    for key, value in {**RESUMED, "WANDB_MODE": "offline", "WANDB_SILENT": "true",
+                       "WANDB_DIR": str(tmp_path)}.items():  # fmt: skip
+        monkeypatch.setenv(key, value)
+    wandb.setup()  # W&B's settings read WANDB_RESUME=allow now
+    try:
+        trackers.rewind_wandb()
+        run = wandb.init(project="p")
+        assert run.id == "run-1"
+        run.finish()
+    finally:
+        wandb.teardown()
+    said = [r.getMessage() for r in caplog.records if "not rewound" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith("mncloud: W&B's history not rewound to "
+                                                 "run-1?_step=39: "), said  # fmt: skip
