@@ -22,8 +22,16 @@ import pytest
 from mncloud.render.trackers import TB_FOLDER
 from mncloud.storage.folders import survey
 from mncloud.storage.frameworkdirs import newest
+from tests.reference import _without_sleep
 from tests.test_trackers import OfflineRun, _offline_run
-from tests.test_trainers import FLAGS, HF_SCRIPT, _bucket_file, _bucket_keys
+from tests.test_trainers import (
+    FLAGS,
+    HF_SCRIPT,
+    PL_SCRIPT,
+    _bucket_file,
+    _bucket_keys,
+    _last_step,
+)
 
 STEPS = 40
 ARGS = ["--max-steps", str(STEPS), "--save-steps", "10", "--save-total-limit", "0",
@@ -50,18 +58,23 @@ def _starts(name: str) -> list[int]:
     return [int(e.data["resumed_from"]) for e in run_series(name).events if e.event == "start"]
 
 
-def _tb_losses(uri: str, folder: Path) -> list[tuple[int, float]]:
-    """The Trainer's `train/loss` as TensorBoard shows the run's `tensorboard/` folder, copied
-    from the bucket into `folder` (its own reader, the purged events dropped)."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
+def _copy_tb(uri: str, folder: Path) -> Path:
+    """The run's `tensorboard/` folder, copied from the bucket into `folder`."""
     for key in _bucket_keys(uri):
         if key.startswith(f"{TB_FOLDER}/"):
             (folder / key).parent.mkdir(parents=True, exist_ok=True)
             (folder / key).write_bytes(_bucket_file(uri, key))
-    events = EventAccumulator(str(folder / TB_FOLDER), purge_orphaned_data=True)
+    return folder / TB_FOLDER
+
+
+def _tb_losses(folder: Path, tag: str) -> list[tuple[int, float]]:
+    """`tag`'s scalars as TensorBoard shows `folder` (its own reader, the purged events
+    dropped)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(folder), purge_orphaned_data=True)
     events.Reload()
-    return [(e.step, e.value) for e in events.Scalars("train/loss")]
+    return [(e.step, e.value) for e in events.Scalars(tag)]
 
 
 def _attempts(folder: Path) -> list[tuple[str, int | None]]:
@@ -90,38 +103,48 @@ def _preempt_when(name: str, uri: str, ready: Callable[[], bool]) -> None:
     cli("chaos", "preempt", name, "--node", "1")
 
 
-@pytest.fixture(scope="module")
-def preempted_twice(tmp_path_factory: pytest.TempPathFactory, s3_server: Any) -> dict[str, Any]:
-    """The example preempted once a checkpoint was committed, and again once its relaunch
-    committed a newer one; an uninterrupted run of it beside the last attempt."""
-    pytest.importorskip("transformers")
-    pytest.importorskip("wandb")
-    pytest.importorskip("tensorboard")
+def _preempted_twice(
+    tmp_path_factory: pytest.TempPathFactory, s3_server: Any, name: str, script: Path,
+    args: list[str], newest: Callable[[str], int],
+) -> dict[str, Any]:  # fmt: skip
+    """`script` on 2 local nodes under `--ckpt-dir` in S3, W&B offline: preempted once its
+    newest checkpoint (`newest(uri)`, a step) is past 0, and again once its relaunch saved one
+    past the step it resumed from; an uninterrupted run of it beside the last attempt. The
+    attempts' W&B runs and each run's `tensorboard/` folder, copied from the bucket."""
     from tests.servers import use_s3
     from tests.test_local import run_log, up, wait_final
 
-    home, wandb_dir = tmp_path_factory.mktemp("trk-home"), tmp_path_factory.mktemp("wandb")
+    home, wandb_dir = tmp_path_factory.mktemp(f"{name}-home"), tmp_path_factory.mktemp("wandb")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("MNCLOUD_HOME", str(home))
         use_s3(s3_server, mp)
         bucket = f"s3://{s3_server.make_bucket()}/exp"
-        name, uri = "trk-hf", f"{bucket}/trk-hf"
-        up(name, HF_SCRIPT, *FLAGS, *_offline(wandb_dir), "--bucket", bucket, script_args=ARGS)
-        _preempt_when(name, uri, lambda: _newest_committed(uri) >= 10)
+        uri, ref = f"{bucket}/{name}", f"{name}-ref"
+        up(name, script, *FLAGS, *_offline(wandb_dir), "--bucket", bucket, script_args=args)
+        _preempt_when(name, uri, lambda: newest(uri) > 0)
         _preempt_when(name, uri, lambda: len(_starts(name)) == 2 and
-                      _newest_committed(uri) > _starts(name)[1])  # fmt: skip
-        straight_dir = tmp_path_factory.mktemp("wandb-straight")
-        up("trk-ref", HF_SCRIPT, *FLAGS, *_offline(straight_dir), "--bucket", bucket,
-           script_args=ARGS[:-2])  # fmt: skip
+                      newest(uri) > _starts(name)[1])  # fmt: skip
+        up(ref, script, *FLAGS, *_offline(tmp_path_factory.mktemp("wandb-ref")),
+           "--bucket", bucket, script_args=_without_sleep(args))  # fmt: skip
         state = wait_final(name, timeout=400)
         assert state.state.value == "SUCCEEDED", run_log(name)
-        assert wait_final("trk-ref", timeout=400).state.value == "SUCCEEDED", run_log("trk-ref")
+        assert wait_final(ref, timeout=400).state.value == "SUCCEEDED", run_log(ref)
         return {
             "state": state, "starts": _starts(name), "attempts": _attempts(wandb_dir),
-            "wandb": [_last_run(wandb_dir)],
-            "tb": _tb_losses(uri, tmp_path_factory.mktemp("tb")),
-            "straight_tb": _tb_losses(f"{bucket}/trk-ref", tmp_path_factory.mktemp("tb-ref")),
+            "wandb": [_last_run(wandb_dir)] if (wandb_dir / "wandb").exists() else [],
+            "tb": _copy_tb(uri, tmp_path_factory.mktemp("tb")),
+            "straight_tb": _copy_tb(f"{bucket}/{ref}", tmp_path_factory.mktemp("tb-ref")),
         }  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def preempted_twice(tmp_path_factory: pytest.TempPathFactory, s3_server: Any) -> dict[str, Any]:
+    """The Trainer example, logging to W&B and TensorBoard every step, preempted twice."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("wandb")
+    pytest.importorskip("tensorboard")
+    return _preempted_twice(tmp_path_factory, s3_server, "trk-hf", HF_SCRIPT, ARGS,
+                            _newest_committed)  # fmt: skip
 
 
 @pytest.mark.slow
@@ -154,7 +177,8 @@ def _loss_rows(run: OfflineRun) -> list[dict[str, Any]]:
 def test_tensorboard_from_the_bucket_shows_each_step_once_as_the_uninterrupted_run(
     preempted_twice: dict[str, Any],
 ) -> None:
-    got, straight = preempted_twice["tb"], preempted_twice["straight_tb"]
+    got = _tb_losses(preempted_twice["tb"], "train/loss")
+    straight = _tb_losses(preempted_twice["straight_tb"], "train/loss")
     assert [step for step, _ in straight] == list(range(1, STEPS + 1)), straight
     assert [step for step, _ in got] == list(range(1, STEPS + 1)), got
     assert [value for _, value in got] == pytest.approx([value for _, value in straight])
@@ -219,3 +243,35 @@ def test_a_rewind_w_b_refuses_is_a_warning_and_the_run_resumes_as_before(
     said = [r.getMessage() for r in caplog.records if "not rewound" in r.getMessage()]
     assert len(said) == 1 and said[0].startswith("mncloud: W&B's history not rewound to "
                                                  "run-1?_step=39: "), said  # fmt: skip
+
+
+# --------------------------------------------------------------------------- Lightning, from S3
+
+PL_ARGS = ["--epochs", "10", "--samples", "256", "--log-every-n-steps", "1", "--logger",
+           "--compute-ms", "250"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def pl_preempted_twice(tmp_path_factory: pytest.TempPathFactory, s3_server: Any) -> dict[str, Any]:
+    """The Lightning example (4 steps an epoch, saved at each epoch's end), its default
+    TensorBoard logger logging every step, preempted twice."""
+    pytest.importorskip("lightning")
+    pytest.importorskip("tensorboard")
+    return _preempted_twice(tmp_path_factory, s3_server, "trk-pl", PL_SCRIPT, PL_ARGS,
+                            lambda uri: _last_step(uri) or 0)  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.catalog
+def test_lightning_s_tensorboard_from_the_bucket_shows_each_step_once_after_two_preemptions(
+    pl_preempted_twice: dict[str, Any],
+) -> None:
+    """Lightning logs optimizer step k + 1 at step k: 40 steps are 0 … 39, each once, with the
+    values of the run that never stopped."""
+    run = pl_preempted_twice
+    assert (run["state"].preemptions, len(run["starts"])) == (2, 3), run["starts"]
+    got = _tb_losses(run["tb"] / "trk-pl", "loss")
+    straight = _tb_losses(run["straight_tb"] / "trk-pl-ref", "loss")
+    assert [step for step, _ in straight] == list(range(40)), straight
+    assert [step for step, _ in got] == list(range(40)), got
+    assert [value for _, value in got] == pytest.approx([value for _, value in straight])
