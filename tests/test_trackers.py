@@ -28,7 +28,8 @@ from tests.servers import _wait, free_port
 RUN_ID = "train-20261202T030000-abc123"
 TRACKER_VARS = {
     constants.WANDB_RUN_ID_ENV, constants.WANDB_RESUME_ENV, constants.WANDB_RUN_GROUP_ENV,
-    constants.MLFLOW_RUN_ID_ENV, constants.TB_DIR_ENV, constants.TRACKER_OFF_ENV,
+    constants.MLFLOW_RUN_ID_ENV, constants.TB_DIR_ENV, constants.TB_LOGGING_DIR_ENV,
+    constants.TRACKER_OFF_ENV,
 }  # fmt: skip
 
 
@@ -110,12 +111,16 @@ def test_the_users_own_setting_wins(
 def test_the_tensorboard_folder_is_a_logger_folder_in_ckpt_dir(
     project: Path, no_user_trackers: None, tmp_path: Path
 ) -> None:
+    from mncloud.spec import Tracker
     from mncloud.storage.folders import is_log
 
     spec = _spec(project, ckpt_dir="/ckpt/out", bucket=(tmp_path / "b").as_uri())
     env = task_env(spec, spot=False, run_id=RUN_ID)
     assert env[constants.TB_DIR_ENV] == tb_dir("/ckpt/out") == "/ckpt/out/tensorboard"
     assert is_log(Path(env[constants.TB_DIR_ENV]).name)  # synced file by file, restored
+    assert env[constants.TB_LOGGING_DIR_ENV] == env[constants.TB_DIR_ENV]  # the HF Trainer's
+    off = task_env(spec.updated(tracker=Tracker.NONE), spot=False, run_id=RUN_ID)
+    assert not ({constants.TB_DIR_ENV, constants.TB_LOGGING_DIR_ENV} & set(off)), off
 
 
 def test_tracker_none_sets_nothing(project: Path, no_user_trackers: None) -> None:
