@@ -73,6 +73,8 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=8, help="sequences per process per step")
     p.add_argument("--output-dir", default=os.environ.get("MNCLOUD_CKPT_DIR", "hf-out"))
     p.add_argument("--compute-ms", type=float, default=0.0, help="sleep per step (a stand-in)")
+    p.add_argument("--logging-steps", type=int, default=10)
+    p.add_argument("--report-to", default="none", help="the Trainer's loggers: tensorboard,wandb")
     args = p.parse_args()
 
     training_args = TrainingArguments(
@@ -82,13 +84,13 @@ def main() -> None:
         save_total_limit=args.save_total_limit or None,
         per_device_train_batch_size=args.batch_size,
         learning_rate=1e-3,
-        logging_steps=10,
+        logging_steps=args.logging_steps,
         seed=0,
         data_seed=0,
         full_determinism=True,
         use_cpu=not torch.cuda.is_available(),
         save_on_each_node=True,
-        report_to=[],
+        report_to=args.report_to.split(","),
     )
     # Seeded before the model is built, as the Trainer's examples do (run_clm.py): the
     # initial weights are then the same in every run, and so are the final ones.

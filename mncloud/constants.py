@@ -148,5 +148,7 @@ MLFLOW_TRACKING_URI_ENV = "MLFLOW_TRACKING_URI"
 MLFLOW_RUN_ID_ENV = "MLFLOW_RUN_ID"
 MLFLOW_EXPERIMENT_NAME_ENV = "MLFLOW_EXPERIMENT_NAME"
 TB_DIR_ENV = "MNCLOUD_TB_DIR"
+#: Read by the Hugging Face Trainer's `TensorBoardCallback`: set to `MNCLOUD_TB_DIR`.
+TB_LOGGING_DIR_ENV = "TENSORBOARD_LOGGING_DIR"
 #: `--tracker none`: set on every node, mncloud's callbacks then touch no tracker either.
 TRACKER_OFF_ENV = "MNCLOUD_TRACKER_OFF"

@@ -5,6 +5,7 @@ answer, and `--tracker none`."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -13,7 +14,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 
@@ -27,7 +28,8 @@ from tests.servers import _wait, free_port
 RUN_ID = "train-20261202T030000-abc123"
 TRACKER_VARS = {
     constants.WANDB_RUN_ID_ENV, constants.WANDB_RESUME_ENV, constants.WANDB_RUN_GROUP_ENV,
-    constants.MLFLOW_RUN_ID_ENV, constants.TB_DIR_ENV, constants.TRACKER_OFF_ENV,
+    constants.MLFLOW_RUN_ID_ENV, constants.TB_DIR_ENV, constants.TB_LOGGING_DIR_ENV,
+    constants.TRACKER_OFF_ENV,
 }  # fmt: skip
 
 
@@ -109,12 +111,16 @@ def test_the_users_own_setting_wins(
 def test_the_tensorboard_folder_is_a_logger_folder_in_ckpt_dir(
     project: Path, no_user_trackers: None, tmp_path: Path
 ) -> None:
+    from mncloud.spec import Tracker
     from mncloud.storage.folders import is_log
 
     spec = _spec(project, ckpt_dir="/ckpt/out", bucket=(tmp_path / "b").as_uri())
     env = task_env(spec, spot=False, run_id=RUN_ID)
     assert env[constants.TB_DIR_ENV] == tb_dir("/ckpt/out") == "/ckpt/out/tensorboard"
     assert is_log(Path(env[constants.TB_DIR_ENV]).name)  # synced file by file, restored
+    assert env[constants.TB_LOGGING_DIR_ENV] == env[constants.TB_DIR_ENV]  # the HF Trainer's
+    off = task_env(spec.updated(tracker=Tracker.NONE), spot=False, run_id=RUN_ID)
+    assert not ({constants.TB_DIR_ENV, constants.TB_LOGGING_DIR_ENV} & set(off)), off
 
 
 def test_tracker_none_sets_nothing(project: Path, no_user_trackers: None) -> None:
@@ -294,54 +300,98 @@ def test_a_lightning_run_preempted_twice_shows_each_step_once_in_tensorboard(
     assert [v for _, v in got] == pytest.approx([v for _, v in expected])
 
 
-def _wandb_offline_runs(folder: Path) -> list[tuple[str, list[int]]]:
-    """Each offline run under `folder`: its run id and history steps, read with W&B's own
-    reader of its `.wandb` files."""
+class OfflineRun(NamedTuple):
+    """One offline W&B run as its `.wandb` file holds it."""
+
+    run_id: str
+    rewound_to: int | None
+    """The `_step` its rewind (`resume_from`) keeps the history up to, if it has one."""
+    rows: list[dict[str, Any]]
+    """Its history rows, each with its `_step`."""
+    summary: dict[str, Any]
+
+
+def _value(item: Any) -> tuple[str, Any]:
+    return item.key or "/".join(item.nested_key), json.loads(item.value_json)
+
+
+def _offline_run(path: Path) -> tuple[float, OfflineRun]:
+    """The run in `path` (a `.wandb` file, read with W&B's own reader) and its start time."""
     from wandb.proto import wandb_internal_pb2
     from wandb.sdk.internal import datastore
 
-    found = []
-    for path in sorted(folder.glob("wandb/offline-run-*/*.wandb")):
-        store = datastore.DataStore()
-        store.open_for_scan(str(path))
-        run_ids, steps, kinds = [], [], []
-        while (data := store.scan_data()) is not None:
-            record = wandb_internal_pb2.Record()
-            record.ParseFromString(data)
-            kinds.append(kind := record.WhichOneof("record_type"))
-            if kind == "run":
-                run_ids.append(record.run.run_id)
-            elif kind == "history":
-                steps.append(record.history.step.num)
-        assert run_ids, (path, path.stat().st_size, kinds)
-        found.append((run_ids[0], steps))
-    return found
+    store = datastore.DataStore()
+    store.open_for_scan(str(path))
+    runs, rows, summary = [], [], {}
+    while (data := store.scan_data()) is not None:
+        record = wandb_internal_pb2.Record()
+        record.ParseFromString(data)
+        kind = record.WhichOneof("record_type")
+        if kind == "run":
+            runs.append(record.run)
+        elif kind == "history":
+            rows.append(dict(_value(item) for item in record.history.item))
+        elif kind == "summary":
+            summary.update(_value(item) for item in record.summary.update)
+    assert runs, (path, path.stat().st_size)
+    run = runs[0]
+    point = run.branch_point if run.HasField("branch_point") else None
+    if point is not None:
+        assert (point.run, point.metric) == (run.run_id, "_step"), point
+    rewound = int(point.value) if point is not None else None
+    return run.start_time.ToNanoseconds(), OfflineRun(run.run_id, rewound, rows, summary)
 
 
-def test_every_attempt_of_a_lightning_run_logs_into_the_same_wandb_run(
+def wandb_offline_runs(folder: Path) -> list[OfflineRun]:
+    """Each offline run under `folder`, in the order they started."""
+    found = [_offline_run(p) for p in folder.glob("wandb/offline-run-*/*.wandb")]
+    return [run for _, run in sorted(found, key=lambda pair: pair[0])]
+
+
+def rewound_history(runs: list[OfflineRun]) -> list[dict[str, Any]]:
+    """The history W&B shows for `runs`, one run's attempts: each attempt's rewind drops the
+    rows past its `_step` before its own rows follow."""
+    rows: list[dict[str, Any]] = []
+    for run in runs:
+        if run.rewound_to is not None:
+            rows = [row for row in rows if row["_step"] <= run.rewound_to]
+        rows += run.rows
+    return rows
+
+
+def test_every_attempt_of_a_lightning_run_logs_into_the_same_wandb_run_rewound(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, project: Path, no_user_trackers: None
 ) -> None:
-    """Lightning's `WandbLogger`, as a script makes it, offline: the first attempt and the one
-    resumed after a preemption each write an offline run, both with the run's W&B id (from
-    `task_env`, what every node gets)."""
+    """Lightning's `WandbLogger`, as a script makes it (it passes `resume="allow"`), offline:
+    three attempts (to step 6; from the checkpoint of step 4 to 10; from that of step 8 to
+    12), each an offline run with the run's W&B id (from `task_env`, what every node gets);
+    the resumed ones rewound to their step, so the history holds each step once."""
     pytest.importorskip("lightning")
     wandb = pytest.importorskip("wandb")
     from lightning.pytorch.loggers import WandbLogger
 
-    for key, value in task_env(_spec(project), spot=False, run_id=RUN_ID).items():
-        if key.startswith("WANDB_"):
-            monkeypatch.setenv(key, value)
+    env = task_env(_spec(project), spot=False, run_id=RUN_ID)
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
-    for max_steps, resume in ((6, None), (12, 4)):
+    original = wandb.init
+    for max_steps, resume in ((6, None), (10, 4), (12, 8)):
+        for key, value in env.items():  # each attempt a process of its own: what it starts with
+            if key.startswith("WANDB_"):
+                monkeypatch.setenv(key, value)
+        monkeypatch.setattr(wandb, "init", original)  # mncloud's rewind wraps it
         ckpt = _ckpt_of(tmp_path, resume) if resume else None
+        if ckpt is not None:  # as the restore sets it (the unit's name carries its step)
+            monkeypatch.setenv(constants.RESUME_FROM_ENV, str(ckpt))
         _lightning_attempt(tmp_path, max_steps, ckpt, WandbLogger(save_dir=tmp_path))
         wandb.finish()
-    wandb.teardown()  # W&B's service has written every record before it is read back
-    runs = _wandb_offline_runs(tmp_path)
-    assert [run_id for run_id, _ in runs] == [RUN_ID, RUN_ID], runs
-    # Offline, W&B numbers each run's rows from 0: 6 steps, then the 8 after step 4.
-    assert (len(runs[0][1]), len(runs[1][1])) == (6, 8), runs
+        wandb.teardown()  # as a process's end: its records written, W&B's settings dropped
+    runs = wandb_offline_runs(tmp_path)
+    assert [run.run_id for run in runs] == [RUN_ID] * 3, runs
+    assert [run.rewound_to for run in runs] == [None, 3, 7], runs  # rows 0…N−1: N steps kept
+    assert [run.rows[0]["_step"] for run in runs] == [0, 4, 8], runs  # each goes on at N
+    history = rewound_history(runs)
+    assert [row["trainer/global_step"] for row in history] == list(range(12)), history
+    assert [row["_step"] for row in history] == list(range(12)), history
 
 
 # --------------------------------------------------------------------------- on local nodes

@@ -10,6 +10,9 @@ run (a relaunch after a preemption, a replaced node) logs into the same tracker 
                       `MLFLOW_TRACKING_URI` is set
     MNCLOUD_TB_DIR    `<--ckpt-dir>/tensorboard`: a logger folder synced file by file, restored
                       on every relaunch (`mncloud.storage.folders.LOG_FOLDERS`)
+    TENSORBOARD_LOGGING_DIR
+                      the same folder, where the Hugging Face Trainer's `TensorBoardCallback`
+                      writes (its only setting for it in transformers 5)
 
 The W&B and MLflow clients read these themselves (the Trainer's `WandbCallback` and
 `MLflowCallback`, Lightning's `WandbLogger` through `wandb.init`), so an unchanged script picks
@@ -61,7 +64,7 @@ def tracker_env(spec: JobSpec, run_id: str | None) -> dict[str, str]:
     else:
         env[constants.WANDB_RUN_ID_ENV] = wandb_run_id(run_id)
     if spec.ckpt_dir:
-        env[constants.TB_DIR_ENV] = tb_dir(spec.ckpt_dir)
+        env[constants.TB_DIR_ENV] = env[constants.TB_LOGGING_DIR_ENV] = tb_dir(spec.ckpt_dir)
     # The user's own setting wins: `--env`, and on local nodes (which inherit it) their env.
     own = set(spec.envs) | (set(os.environ) if spec.is_local else set())
     return {k: v for k, v in env.items() if k not in own}

@@ -10,7 +10,8 @@ On the local backend and in `mncloud profile` every `Trainer` gets one without t
 end are events, from the main process. At the first save, a `--ckpt-dir` run whose
 `output_dir` lies outside `$MNCLOUD_CKPT_DIR` is warned in one line (`frameworks.SaveCheck`).
 Under `mncloud profile` it hands each step to the profiler (FLOPs and memory of the
-Trainer's own step).
+Trainer's own step). When made, it sets the trackers up for a resumed attempt: W&B's rewind
+and TensorBoard's `purge_step` (`mncloud.train.trackers`).
 """
 
 from __future__ import annotations
@@ -19,8 +20,10 @@ import os
 from typing import Any
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+from transformers.integrations import TensorBoardCallback
 
 from mncloud.constants import PROFILE_OUT_ENV
+from mncloud.train import trackers
 from mncloud.train.frameworks import SaveCheck, profile_state
 from mncloud.train.steptime import event, report
 
@@ -32,6 +35,8 @@ class MncloudCallback(TrainerCallback):
         self.check = SaveCheck("Trainer", "TrainingArguments(output_dir=…)")
         self._profile: Any = None
         self._batch: Any = None
+        trackers.rewind_wandb()
+        trackers.purge_hf(TensorBoardCallback)
         if os.environ.get(PROFILE_OUT_ENV):
             from mncloud.train.profiler import session
 

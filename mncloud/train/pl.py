@@ -23,7 +23,8 @@ line (`sitehook.imported`).
   without them, or of another world size, restores none (said once, from rank 0). Exact
   only from a checkpoint taken where Lightning resumes the data exactly: at an epoch's end.
 - **Trackers.** At `fit`'s setup its loggers are pointed at the run's one tracker run, and
-  a resumed `fit` rewinds its TensorBoard history to the step it resumed from
+  a resumed `fit` rewinds its TensorBoard history to the step it resumed from; W&B's is
+  rewound from the callback's making on, before Lightning opens the W&B run
   (`mncloud.train.trackers`).
 - **Saves outside `--ckpt-dir`.** At the first save, a `--ckpt-dir` run whose checkpoints go
   outside `$MNCLOUD_CKPT_DIR` (the `ModelCheckpoint`'s `dirpath`, else `default_root_dir`) is
@@ -65,6 +66,7 @@ class MncloudCallback(pl.Callback):
     def __init__(self) -> None:
         self.check = SaveCheck("Lightning Trainer", "ModelCheckpoint(dirpath=…)")
         self._profile: Any = None
+        trackers.rewind_wandb()
         if os.environ.get(PROFILE_OUT_ENV):
             from mncloud.train.profiler import session
 

@@ -10,6 +10,8 @@ backend and in `mncloud profile`, never on a cloud: `layout.site_hook_source`):
                           the processes only on an accelerator or with it; without, each
                           process trains alone: run_clm.py on `--cloud local`)
     lightning.pytorch     every `Trainer(...)` gets `pl.MncloudCallback`
+    wandb                 on a resumed attempt, `wandb.init` rewinds the run
+                          (`trackers.rewind_wandb`, which both callbacks call when made)
     torchtitan.*          its trainer's steps reported; on a CPU-only node what it needs
                           there (`titan.py`); `importing(name)` runs around those imports
 
@@ -26,13 +28,14 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from mncloud.train import titan
+from mncloud.train import titan, trackers
 
 #: The modules `imported` acts on (the site hook watches these, and torch).
 WATCHED = (
     "transformers.trainer",
     "transformers.training_args",
     "lightning.pytorch",
+    "wandb",
     *titan.PATCHED,
     *titan.NEEDS_TRITON,
 )
@@ -91,6 +94,8 @@ def imported(name: str, module: Any) -> None:
         from mncloud.train.hf import MncloudCallback
 
         with_callback(module.Trainer, MncloudCallback, MncloudCallback)
+    elif name == "wandb":
+        trackers.rewind_wandb()
     elif name == "lightning.pytorch":
         from mncloud.train.pl import MncloudCallback as LightningCallback
 

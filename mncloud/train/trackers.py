@@ -11,18 +11,27 @@ variables; docs/guides/trackers.md).
   from there and each step shows once.
 - **MLflow** (`MLFlowLogger`): it reads `MLFLOW_TRACKING_URI` but not `MLFLOW_RUN_ID`; a logger
   without a `run_id=` of the script's own gets the run `up` created.
-- **W&B** (`WandbLogger`) needs nothing: `wandb.init` reads `WANDB_RUN_ID` itself.
+- **W&B** (`WandbLogger`, the HF Trainer's `WandbCallback`, a plain `wandb.init`): it reads
+  `WANDB_RUN_ID` itself. An attempt that resumes from a `--ckpt-dir` unit of step N
+  (`$MNCLOUD_RESUME_FROM`, the step in the unit's name) rewinds it (`rewind_wandb`).
+- **TensorBoard, HF Trainer** (`TensorBoardCallback`): it writes to `TENSORBOARD_LOGGING_DIR`
+  (set to `MNCLOUD_TB_DIR`); a resumed `train` opens its writer with `purge_step` (`purge_hf`).
 
 Never raises: a logger this cannot adjust is left as the script made it.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import logging
 import os
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from mncloud import constants
+from mncloud.storage.frameworkdirs import entry_step
 
 log = logging.getLogger(__name__)
 
@@ -78,3 +87,91 @@ def _reopen(logger: Any) -> None:
     if writer is not None:
         writer.close()
         logger._experiment = None
+
+
+def resumed_step(env: Mapping[str, str]) -> int | None:
+    """The step of the `--ckpt-dir` unit this attempt resumes from (`$MNCLOUD_RESUME_FROM`'s
+    name: `checkpoint-40`, `epoch=4-step=40.ckpt`); None on a first attempt or a name without
+    one (`last.ckpt`)."""
+    unit = env.get(constants.RESUME_FROM_ENV)
+    return entry_step(Path(unit).name) if unit else None
+
+
+def wandb_moment(env: Mapping[str, str]) -> str | None:
+    """W&B's rewind of this attempt, `<run id>?_step=<N − 1>`: the history keeps the N rows of
+    steps 1 … N (W&B numbers them from 0) and the next row is N. None when no rewind is due:
+    a first attempt, `--tracker none`, no W&B id, or a `WANDB_RESUME` other than mncloud's."""
+    step = resumed_step(env)
+    run_id = env.get(constants.WANDB_RUN_ID_ENV)
+    if env.get(constants.TRACKER_OFF_ENV) or not step or not run_id:
+        return None
+    if env.get(constants.WANDB_RESUME_ENV) != "allow":
+        return None
+    return f"{run_id}?_step={step - 1}"
+
+
+def rewind_wandb() -> None:
+    """On an attempt resumed from step N (`wandb_moment`), make the process's first
+    `wandb.init` of this run rewind it to N (`resume_from`) instead of resuming it at its end.
+
+    W&B refuses `resume` and `resume_from` together, and Lightning's `WandbLogger` passes
+    `resume="allow"`: so mncloud's `WANDB_RESUME=allow` leaves the environment and goes into
+    the calls, and the first call with no id or this run's id and no `resume` but `allow` gets
+    `resume_from` in its place. A call the rewind fails for is made again as it was."""
+    moment = wandb_moment(os.environ)
+    if moment is None or importlib.util.find_spec("wandb") is None:
+        return
+    import wandb
+
+    if getattr(wandb.init, "_mncloud", False):
+        return
+    os.environ.pop(constants.WANDB_RESUME_ENV, None)
+    wandb.init = _rewinding(wandb.init, moment)
+
+
+def _rewinding(init: Any, moment: str) -> Any:
+    """`init` (W&B's) whose first call of run `moment`'s id rewinds it to `moment`."""
+    run_id = moment.split("?", 1)[0]
+    due = [moment]
+
+    @functools.wraps(init)
+    def rewound(*args: Any, **kwargs: Any) -> Any:
+        ours = kwargs.get("id") in (None, run_id) and kwargs.get("resume") in (None, "allow")
+        plain = {**kwargs, "resume": kwargs.get("resume") or "allow"}
+        if not (due and ours) or kwargs.get("resume_from") or kwargs.get("fork_from"):
+            return init(*args, **plain)
+        due.clear()
+        try:
+            return init(*args, **{**kwargs, "resume": None, "resume_from": moment})
+        except Exception as err:  # the training never fails for its tracker
+            log.warning("mncloud: W&B's history not rewound to %s: %s", moment, err)
+            return init(*args, **plain)
+
+    rewound._mncloud = True  # type: ignore[attr-defined]
+    return rewound
+
+
+def purge_hf(callback_cls: type) -> None:
+    """Make the HF Trainer's `TensorBoardCallback` (`callback_cls`) open its writer, on a
+    `train` resumed from step N (`state.global_step` at `on_train_begin`), with
+    `purge_step=N + 1`: the Trainer logs step N + 1 first, so TensorBoard drops what the
+    earlier attempts logged from there on and each step shows once. A writer the script gave
+    it is left alone."""
+    if getattr(callback_cls.on_train_begin, "_mncloud", False):
+        return
+    original = callback_cls.on_train_begin
+
+    @functools.wraps(original)
+    def on_train_begin(self: Any, args: Any, state: Any, control: Any, **kw: Any) -> Any:
+        make = getattr(self, "_SummaryWriter", None)
+        if os.environ.get(constants.TRACKER_OFF_ENV) or self.tb_writer is not None or not make:
+            return original(self, args, state, control, **kw)
+        if state.global_step > 0:
+            self._SummaryWriter = functools.partial(make, purge_step=state.global_step + 1)
+        try:
+            return original(self, args, state, control, **kw)
+        finally:
+            self._SummaryWriter = make
+
+    on_train_begin._mncloud = True  # type: ignore[attr-defined]
+    callback_cls.on_train_begin = on_train_begin  # type: ignore[attr-defined]
