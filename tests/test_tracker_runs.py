@@ -13,6 +13,7 @@ point); the last attempt's `.wandb` file is read with W&B's own reader."""
 from __future__ import annotations
 
 import ast
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -216,6 +217,21 @@ def test_a_wandb_rewind_is_due_only_on_a_resumed_attempt_of_mncloud_s_run(
     from mncloud.train.trackers import wandb_moment
 
     assert wandb_moment({**RESUMED, **change}) == moment
+
+
+def test_the_rewind_counts_the_rows_the_hf_trainer_logged_up_to_the_step(tmp_path: Path) -> None:
+    """W&B numbers rows, not steps: a Trainer logging every 10 steps with an evaluation at 20
+    has logged 5 rows by step 40 (`log_history`), so the history keeps rows 0 … 4."""
+    from mncloud.train.trackers import wandb_moment
+
+    unit = tmp_path / "checkpoint-40"
+    unit.mkdir()
+    history = [{"step": 10}, {"step": 20}, {"step": 20, "eval_loss": 1.0}, {"step": 30},
+               {"step": 40}]  # fmt: skip
+    (unit / "trainer_state.json").write_text(json.dumps({"log_history": history}))
+    assert wandb_moment({**RESUMED, "MNCLOUD_RESUME_FROM": str(unit)}) == "run-1?_step=4"
+    (unit / "trainer_state.json").write_text(json.dumps({"log_history": []}))
+    assert wandb_moment({**RESUMED, "MNCLOUD_RESUME_FROM": str(unit)}) is None
 
 
 def test_a_rewind_w_b_refuses_is_a_warning_and_the_run_resumes_as_before(

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import json
 import logging
 import os
 from collections.abc import Mapping
@@ -98,16 +99,30 @@ def resumed_step(env: Mapping[str, str]) -> int | None:
 
 
 def wandb_moment(env: Mapping[str, str]) -> str | None:
-    """W&B's rewind of this attempt, `<run id>?_step=<N − 1>`: the history keeps the N rows of
-    steps 1 … N (W&B numbers them from 0) and the next row is N. None when no rewind is due:
-    a first attempt, `--tracker none`, no W&B id, or a `WANDB_RESUME` other than mncloud's."""
+    """W&B's rewind of this attempt, `<run id>?_step=<rows − 1>`: W&B numbers its history's
+    rows from 0, one per `log` call, so the history keeps the rows logged up to step N and the
+    next row follows them. The rows are counted from the unit's `trainer_state.json` (the HF
+    Trainer logs one row per entry of its `log_history`, whatever `logging_steps`); without
+    one, one row per step (N). None when no rewind is due: a first attempt, `--tracker none`,
+    no W&B id, or a `WANDB_RESUME` other than mncloud's."""
     step = resumed_step(env)
     run_id = env.get(constants.WANDB_RUN_ID_ENV)
     if env.get(constants.TRACKER_OFF_ENV) or not step or not run_id:
         return None
     if env.get(constants.WANDB_RESUME_ENV) != "allow":
         return None
-    return f"{run_id}?_step={step - 1}"
+    rows = _rows_logged(Path(env[constants.RESUME_FROM_ENV]), step)
+    return f"{run_id}?_step={rows - 1}" if rows else None
+
+
+def _rows_logged(unit: Path, step: int) -> int:
+    """How many W&B rows the run logged up to `step`: the entries of the HF Trainer's
+    `log_history` (`trainer_state.json` in the unit) at or before it, else `step`."""
+    try:
+        history = json.loads((unit / "trainer_state.json").read_text())["log_history"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return step
+    return sum(1 for entry in history if int(entry.get("step", 0)) <= step)
 
 
 def rewind_wandb() -> None:
