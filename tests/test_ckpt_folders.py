@@ -302,6 +302,47 @@ def test_a_log_folder_is_synced_file_by_file_and_never_torn(s3_uri: str, tmp_pat
     assert c.verdict("lightning_logs").committed
 
 
+def test_a_log_file_held_open_and_growing_goes_up_as_it_is_every_few_seconds(
+    s3_uri: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """TensorBoard's event file is held open for writing and appended at every step: never
+    settled, it went up only at the end, and a preemption lost every step. A logger's file is
+    now sent as it is, at most every `LOG_SNAPSHOT_S` (on a fake clock here); a checkpoint's
+    file held open still waits until it settles."""
+    from mncloud.storage import foldersync
+
+    now = [1000.0]
+    monkeypatch.setattr(foldersync, "time", type("Clock", (), {"monotonic": lambda: now[0]}))
+    c = Cluster(tmp_path, s3_uri, nodes=1)
+    event = c.node[0].path / "tensorboard" / "run" / "events.out.tfevents.1"
+    held = c.node[0].path / "checkpoint-5" / "model.pt"
+    for path in (event, held):
+        path.parent.mkdir(parents=True)
+    node = NodeSync(c.node[0].path, tmp_path / "up", c.bucket, c.prefix, 0, 1,
+                    lambda: {os.path.realpath(event), os.path.realpath(held)})  # fmt: skip
+    key = c.key("tensorboard/run/events.out.tfevents.1")
+    event.write_bytes(b"step 1;")
+    held.write_bytes(b"weights")
+    node.sync()
+    assert c.bucket.get_bytes(key) == b"step 1;"  # held and unsettled, sent all the same
+    assert not c.bucket.exists(c.key("checkpoint-5/model.pt"))  # a checkpoint's: never so
+    with event.open("ab") as f:
+        f.write(b"step 2;")
+    now[0] += foldersync.LOG_SNAPSHOT_S - 1
+    node.sync()
+    assert c.bucket.get_bytes(key) == b"step 1;"  # not again before LOG_SNAPSHOT_S
+    with event.open("ab") as f:
+        f.write(b"step 3;")
+    now[0] += 1
+    node.sync()
+    assert c.bucket.get_bytes(key) == b"step 1;step 2;step 3;"
+    assert not c.bucket.exists(c.key("checkpoint-5/model.pt"))
+    for fresh in c.start():  # a preemption: no end of the attempt, the snapshot restored
+        assert (fresh.path / "tensorboard/run/events.out.tfevents.1").read_bytes() == (
+            b"step 1;step 2;step 3;"
+        )
+
+
 def test_a_changed_folder_stops_counting_before_its_new_files_go_up(
     s3_uri: str, tmp_path: Path
 ) -> None:

@@ -18,17 +18,17 @@ one is restored instead (for Lightning's `last.ckpt`, a copy of the newest `epoc
 stands in, never uploaded until the script writes `last.ckpt` itself). Too little disk for it:
 one line, exit 2, nothing fetched (the run script's node then refuses: `REFUSED_MARKER_ENV`).
 `run` scans every 0.25 s: a file changed since the last upload, still for one scan and open for
-writing by no process under `--watch`, is uploaded (a folder's file on S3 straight from the
-disk, hashed as it is read and counted only if it did not change meanwhile; any other copied
-aside first, a top-level file then recorded by this node's marker); a folder whose files are all
-uploaded is committed by this node's marker (`folders.write_marker`; a logger's folder only at
-the end, by a node that uploaded some of it), deleted first whenever one of its files changes or
-goes. A folder the framework deletes (its rotation) is deleted from the bucket, and with it the
-older ones of its family that the restore left there: the framework would have deleted them
-first. Nothing else absent from the node is ever deleted. SIGTERM ends it: everything is
-uploaded, and marked if the run script's exit code (read from `--rc-file`) says the node ended
-cleanly (0, or the preemption notice's 115): a node that crashed mid-save leaves its last folder
-uncommitted.
+writing by no process under `--watch`, is uploaded (a logger's file also unsettled, every
+`LOG_SNAPSHOT_S`; a folder's file on S3 straight from the disk, hashed as it is read and counted
+only if it did not change meanwhile; any other copied aside first, a top-level file then
+recorded by this node's marker); a folder whose files are all uploaded is committed by this
+node's marker (`folders.write_marker`; a logger's folder only at the end, by a node that
+uploaded some of it), deleted first whenever one of its files changes or goes. A folder the
+framework deletes (its rotation) is deleted from the bucket, and with it the older ones of its
+family that the restore left there: the framework would have deleted them first. Nothing else
+absent from the node is ever deleted. SIGTERM ends it: everything is uploaded, and marked if the
+run script's exit code (read from `--rc-file`) says the node ended cleanly (0, or the preemption
+notice's 115): a node that crashed mid-save leaves its last folder uncommitted.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ import shutil
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,6 +58,10 @@ from mncloud.storage.url import join_key
 
 SCAN_S = 0.25
 """Seconds between two scans of a node's folder."""
+LOG_SNAPSHOT_S = 5.0
+"""A logger's file that keeps changing (TensorBoard's event file, held open for writing and
+appended at every step: never settled) is uploaded as it is, a copy, at most this often; it
+would otherwise reach the bucket only at the end, and a preemption would lose every step."""
 CLEAN_EXITS = (0, PREEMPTED_EXIT_CODE)
 """Exit codes after which a node's pending folders are committed at its final flush."""
 
@@ -140,6 +145,7 @@ class NodeSync:
         self._marked: set[str] = set()  # units whose marker from this node is current
         self._wrote: set[str] = set()  # units this node uploaded a file of, this attempt
         self._stand_ins: dict[str, Signature] = {}  # copies restore put there, as it did
+        self._snapshots: dict[str, float] = {}  # a logger's file -> when last sent unsettled
         self.aside: dict[str, str] = {}  # units (a logger's files) restore left out -> why
         self.left: dict[str, str] = {}  # older folders left in the bucket -> the one restored
         self.resume_from: folders.Verdict | None = None  # what the framework resumes from
@@ -213,12 +219,17 @@ class NodeSync:
         for unit in {folders.unit_of(r)[0] for r in changed} & self.left.keys():
             self._bucket.delete(folders.marker_key(self._prefix, unit, self.node))
             del self.left[unit]  # written anew here (its old marker from this node gone first)
-        ready = [rel for rel in changed if final or self._seen.get(rel) == current[rel]]
+        growing = set() if final else {rel for rel in changed if self._snapshot_due(rel)}
+        ready = [
+            rel for rel in changed
+            if final or rel in growing or self._seen.get(rel) == current[rel]
+        ]  # fmt: skip
         self._seen = {rel: current[rel] for rel in changed}
         writers = self._writers() if ready and not final else set()
         uploaded = [
             rel for rel in ready
-            if os.path.realpath(self.path / rel) not in writers and self._upload(rel)
+            if (rel in growing or os.path.realpath(self.path / rel) not in writers)
+            and self._upload(rel, snapshot=rel in growing)
         ]  # fmt: skip
         for rel in removed:
             self._bucket.delete(self._key(rel))
@@ -255,6 +266,12 @@ class NodeSync:
                     delete_prefix(self._bucket, join_key(self._prefix, folders.COMMITS, name))
                     delete_prefix(self._bucket, join_key(self._prefix, name))
                     del self.left[name]
+
+    def _snapshot_due(self, rel: str) -> bool:
+        """A logger's file, not sent unsettled for `LOG_SNAPSHOT_S`: sent as it is now."""
+        last = self._snapshots.get(rel)
+        due = last is None or time.monotonic() - last >= LOG_SNAPSHOT_S
+        return due and folders.is_log(folders.unit_of(rel)[0])
 
     def _sig(self, rel: str) -> Signature | None:
         entry = self._synced.get(rel)
@@ -303,12 +320,16 @@ class NodeSync:
                 found += [name] if new else []
         return sorted(found)
 
-    def _upload(self, rel: str) -> bool:
+    def _upload(self, rel: str, *, snapshot: bool = False) -> bool:
         """Upload one file as it is now; False if it changed meanwhile (the next scan tries
         again). A folder's file on S3 goes straight from the disk, hashed as it is read (its
         marker covers it); any other is copied aside first and the copy uploaded: a one-file
-        unit has no marker to say it is whole."""
-        if folders.unit_of(rel)[1] and transfer.streams(self._bucket):
+        unit has no marker to say it is whole. `snapshot`: a logger's file still growing, its
+        copy sent whatever it grew meanwhile (an appended log's prefix is a log; the next scan
+        sees the change and the end of the attempt sends it whole)."""
+        if snapshot:
+            self._snapshots[rel] = time.monotonic()
+        elif folders.unit_of(rel)[1] and transfer.streams(self._bucket):
             return self._stream(rel, self._bucket)
         source = self.path / rel
         before = _signature(source)
@@ -317,12 +338,12 @@ class NodeSync:
             shutil.copyfile(source, self._staging)
         except OSError:
             return False  # removed or renamed meanwhile: the next scan sees it
-        if before is None or _signature(source) != before:
+        if before is None or (not snapshot and _signature(source) != before):
             return False
-        digest = folders.hash_file(self._staging)
+        digest, size = folders.hash_file(self._staging), self._staging.stat().st_size
         self._bucket.put_file(self._key(rel), self._staging)
         self._staging.unlink(missing_ok=True)
-        self._uploaded(rel, before, digest)
+        self._uploaded(rel, before, digest, size)
         if not folders.unit_of(rel)[1]:  # a one-file unit: its record, which a restore checks
             self._bucket.delete(folders.refused_key(self._prefix, rel))
             share = {folders.FILE_ENTRY: (before[0], digest)}
@@ -349,8 +370,8 @@ class NodeSync:
         self._uploaded(rel, before, digest)
         return True
 
-    def _uploaded(self, rel: str, sig: Signature, digest: str) -> None:
-        self._synced[rel] = Synced(sig, sig[0], digest)
+    def _uploaded(self, rel: str, sig: Signature, digest: str, size: int | None = None) -> None:
+        self._synced[rel] = Synced(sig, sig[0] if size is None else size, digest)
         self._seen.pop(rel, None)
         self._wrote.add(folders.unit_of(rel)[0])
 
