@@ -75,6 +75,7 @@ def main() -> None:
     p.add_argument("--devices", type=int, default=int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     p.add_argument("--compute-ms", type=float, default=0.0, help="sleep per step (a stand-in)")
     p.add_argument("--dropout", type=float, default=0.0, help="dropout after the hidden layer")
+    p.add_argument("--log-every-n-steps", type=int, default=10)
     p.add_argument("--ckpt-dir", default=os.environ.get("MNCLOUD_CKPT_DIR", "lightning-out"))
     p.add_argument(
         "--logger", action="store_true",
@@ -93,7 +94,7 @@ def main() -> None:
         callbacks=[ModelCheckpoint(dirpath=args.ckpt_dir, save_last=True)],
         logger=args.logger,
         enable_progress_bar=False,
-        log_every_n_steps=10,
+        log_every_n_steps=args.log_every_n_steps,
     )
     loader = DataLoader(data(args.samples), batch_size=32, shuffle=True)
     model = Regressor(compute_ms=args.compute_ms, dropout=args.dropout)

@@ -329,7 +329,7 @@ def test_a_log_file_held_open_and_growing_goes_up_as_it_is_every_few_seconds(
     with event.open("ab") as f:
         f.write(b"step 2;")
     now[0] += foldersync.LOG_SNAPSHOT_S - 1
-    node.sync()
+    node.sync(), node.sync()
     assert c.bucket.get_bytes(key) == b"step 1;"  # not again before LOG_SNAPSHOT_S
     with event.open("ab") as f:
         f.write(b"step 3;")
@@ -337,9 +337,15 @@ def test_a_log_file_held_open_and_growing_goes_up_as_it_is_every_few_seconds(
     node.sync()
     assert c.bucket.get_bytes(key) == b"step 1;step 2;step 3;"
     assert not c.bucket.exists(c.key("checkpoint-5/model.pt"))
+    with event.open("ab") as f:
+        f.write(b"step 4;")
+    (c.node[0].path / "epoch=0-step=4.ckpt").write_bytes(b"saved at 4")
+    node.sync(), node.sync()  # the checkpoint settles: the log goes up first, not yet due
+    assert c.bucket.get_bytes(key) == b"step 1;step 2;step 3;step 4;"
+    assert c.bucket.exists(c.key("epoch=0-step=4.ckpt"))
     for fresh in c.start():  # a preemption: no end of the attempt, the snapshot restored
         assert (fresh.path / "tensorboard/run/events.out.tfevents.1").read_bytes() == (
-            b"step 1;step 2;step 3;"
+            b"step 1;step 2;step 3;step 4;"
         )
 
 

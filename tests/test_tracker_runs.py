@@ -28,8 +28,10 @@ from tests.test_trackers import OfflineRun, _offline_run
 from tests.test_trainers import (
     FLAGS,
     HF_SCRIPT,
+    PL_SCRIPT,
     _bucket_file,
     _bucket_keys,
+    _last_step,
 )
 
 STEPS = 40
@@ -257,3 +259,35 @@ def test_a_rewind_w_b_refuses_is_a_warning_and_the_run_resumes_as_before(
     said = [r.getMessage() for r in caplog.records if "not rewound" in r.getMessage()]
     assert len(said) == 1 and said[0].startswith("mncloud: W&B's history not rewound to "
                                                  "run-1?_step=39: "), said  # fmt: skip
+
+
+# --------------------------------------------------------------------------- Lightning, from S3
+
+PL_ARGS = ["--epochs", "10", "--samples", "256", "--log-every-n-steps", "1", "--logger",
+           "--compute-ms", "250"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def pl_preempted_twice(tmp_path_factory: pytest.TempPathFactory, s3_server: Any) -> dict[str, Any]:
+    """The Lightning example (4 steps an epoch, saved at each epoch's end), its default
+    TensorBoard logger logging every step, preempted twice."""
+    pytest.importorskip("lightning")
+    pytest.importorskip("tensorboard")
+    return _preempted_twice(tmp_path_factory, s3_server, "trk-pl", PL_SCRIPT, PL_ARGS,
+                            lambda uri: _last_step(uri) or 0)  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.catalog
+def test_lightning_s_tensorboard_from_the_bucket_shows_each_step_once_after_two_preemptions(
+    pl_preempted_twice: dict[str, Any],
+) -> None:
+    """Lightning logs optimizer step k + 1 at step k: 40 steps are 0 … 39, each once, with the
+    values of the run that never stopped."""
+    run = pl_preempted_twice
+    assert (run["state"].preemptions, len(run["starts"])) == (2, 3), run["starts"]
+    got = _tb_losses(run["tb"] / "trk-pl", "loss")
+    straight = _tb_losses(run["straight_tb"] / "trk-pl-ref", "loss")
+    assert [step for step, _ in straight] == list(range(40)), straight
+    assert [step for step, _ in got] == list(range(40)), got
+    assert [value for _, value in got] == pytest.approx([value for _, value in straight])

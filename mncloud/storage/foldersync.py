@@ -60,8 +60,9 @@ SCAN_S = 0.25
 """Seconds between two scans of a node's folder."""
 LOG_SNAPSHOT_S = 5.0
 """A logger's file that keeps changing (TensorBoard's event file, held open for writing and
-appended at every step: never settled) is uploaded as it is, a copy, at most this often; it
-would otherwise reach the bucket only at the end, and a preemption would lose every step."""
+appended at every step: never settled) is uploaded as it is, a copy, at most this often and
+before any checkpoint's file (a resume finds the steps before it); it would otherwise reach
+the bucket only at the end, and a preemption would lose every step."""
 CLEAN_EXITS = (0, PREEMPTED_EXIT_CODE)
 """Exit codes after which a node's pending folders are committed at its final flush."""
 
@@ -219,17 +220,15 @@ class NodeSync:
         for unit in {folders.unit_of(r)[0] for r in changed} & self.left.keys():
             self._bucket.delete(folders.marker_key(self._prefix, unit, self.node))
             del self.left[unit]  # written anew here (its old marker from this node gone first)
-        growing = set() if final else {rel for rel in changed if self._snapshot_due(rel)}
-        ready = [
-            rel for rel in changed
-            if final or rel in growing or self._seen.get(rel) == current[rel]
-        ]  # fmt: skip
+        settled = [rel for rel in changed if final or self._seen.get(rel) == current[rel]]
+        writers = self._writers() if settled and not final else set()
+        free = [r for r in settled if os.path.realpath(self.path / r) not in writers]
+        saving = any(not _is_log(rel) for rel in free)  # a checkpoint's files going up
+        growing = {r for r in changed if _is_log(r) and (saving or self._due(r))} - {*free}
         self._seen = {rel: current[rel] for rel in changed}
-        writers = self._writers() if ready and not final else set()
-        uploaded = [
-            rel for rel in ready
-            if (rel in growing or os.path.realpath(self.path / rel) not in writers)
-            and self._upload(rel, snapshot=rel in growing)
+        uploaded = [  # a logger's files first: a resume from the checkpoint finds its steps
+            rel for rel in sorted({*free, *growing}, key=lambda rel: not _is_log(rel))
+            if self._upload(rel, snapshot=rel in growing)
         ]  # fmt: skip
         for rel in removed:
             self._bucket.delete(self._key(rel))
@@ -267,11 +266,10 @@ class NodeSync:
                     delete_prefix(self._bucket, join_key(self._prefix, name))
                     del self.left[name]
 
-    def _snapshot_due(self, rel: str) -> bool:
-        """A logger's file, not sent unsettled for `LOG_SNAPSHOT_S`: sent as it is now."""
+    def _due(self, rel: str) -> bool:
+        """Whether a logger's file was not sent unsettled for `LOG_SNAPSHOT_S`."""
         last = self._snapshots.get(rel)
-        due = last is None or time.monotonic() - last >= LOG_SNAPSHOT_S
-        return due and folders.is_log(folders.unit_of(rel)[0])
+        return last is None or time.monotonic() - last >= LOG_SNAPSHOT_S
 
     def _sig(self, rel: str) -> Signature | None:
         entry = self._synced.get(rel)
@@ -392,6 +390,10 @@ class NodeSync:
 
 
 # ---------------------------------------------------------------------- the VM's process
+
+
+def _is_log(rel: str) -> bool:
+    return folders.is_log(folders.unit_of(rel)[0])
 
 
 def _node_sync(args: argparse.Namespace) -> NodeSync:

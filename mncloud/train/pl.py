@@ -118,6 +118,7 @@ class MncloudCallback(pl.Callback):
         path = getattr(saver, "dirpath", None) or trainer.default_root_dir
         self.check.first_save(path, trainer.is_global_zero)
         checkpoint[RNG_KEY] = every_ranks_rng_states()
+        trackers.flush(trainer)
 
     def on_load_checkpoint(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]

@@ -82,6 +82,21 @@ def rewind(trainer: Any, step: int) -> None:
                 log.warning("mncloud: TensorBoard's history not rewound: %s", err)
 
 
+def flush(trainer: Any) -> None:
+    """At a checkpoint save: the TensorBoard writers' buffered events onto the disk, so that
+    the `--ckpt-dir` sync sends them before the checkpoint (a resume from it finds its steps
+    in the bucket; the writer otherwise keeps up to 10 events or 2 minutes in memory)."""
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    for logger in loggers_of(trainer):
+        writer = getattr(logger, "_experiment", None)
+        if isinstance(logger, TensorBoardLogger) and writer is not None:
+            try:
+                writer.flush()
+            except Exception as err:  # the training never fails for its tracker
+                log.warning("mncloud: TensorBoard's events not flushed: %s", err)
+
+
 def _reopen(logger: Any) -> None:
     """Close the logger's writer (only rank 0 has one): the next write opens it anew."""
     writer = getattr(logger, "_experiment", None)
