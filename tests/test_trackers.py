@@ -7,11 +7,8 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
-import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,49 +19,13 @@ from mncloud.records import mlflowrun
 from mncloud.render import task_env
 from mncloud.render.trackers import WANDB_ID_MAX, tb_dir, wandb_run_id
 from mncloud.request import build_spec
-from tests.servers import _wait, free_port
+from tests.servers import free_port
 
 RUN_ID = "train-20261202T030000-abc123"
 TRACKER_VARS = {
     constants.WANDB_RUN_ID_ENV, constants.WANDB_RESUME_ENV, constants.WANDB_RUN_GROUP_ENV,
     constants.MLFLOW_RUN_ID_ENV, constants.TB_DIR_ENV, constants.TRACKER_OFF_ENV,
 }  # fmt: skip
-
-
-def _mlflow_binary() -> str | None:
-    """`mlflow` for the server: `$MNCLOUD_TEST_MLFLOW`, beside this Python, or on PATH."""
-    given = os.environ.get("MNCLOUD_TEST_MLFLOW")
-    here = Path(sys.executable).parent / "mlflow"
-    return given or (str(here) if here.exists() else shutil.which("mlflow"))
-
-
-@pytest.fixture(scope="session")
-def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A real MLflow tracking server on 127.0.0.1 (sqlite store, local artifact root)."""
-    binary = _mlflow_binary()
-    if binary is None:
-        pytest.skip("no `mlflow` server binary (pip install mlflow, or MNCLOUD_TEST_MLFLOW=…)")
-    folder = tmp_path_factory.mktemp("mlflow")
-    port = free_port()
-    log = (folder / "server.log").open("wb")
-    proc = subprocess.Popen(
-        [binary, "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
-         "--backend-store-uri", f"sqlite:///{folder / 'db.sqlite'}",
-         "--default-artifact-root", (folder / "artifacts").as_uri()],
-        stdout=log, stderr=subprocess.STDOUT, cwd=folder, start_new_session=True,
-    )  # fmt: skip
-    uri = f"http://127.0.0.1:{port}"
-    try:
-        _wait(lambda: mlflowrun.call(uri, "experiments/search", {"max_results": 1}) is not None,
-              120, "mlflow server", proc)  # fmt: skip
-        yield uri
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)  # its own session: the server and its workers
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-        log.close()
 
 
 def _spec(project: Path, **flags: Any) -> Any:
