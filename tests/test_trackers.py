@@ -5,6 +5,7 @@ answer, and `--tracker none`."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import subprocess
@@ -367,3 +368,75 @@ def test_every_attempt_on_every_rank_of_a_local_run_gets_the_same_wandb_run(
     for env in _seen("trk-off"):
         assert {k for k, v in env.items() if v} == {constants.RUN_ID_ENV,
                                                     constants.TRACKER_OFF_ENV}, env  # fmt: skip
+
+
+# --------------------------------------------------------------------------- MLflow, resumed
+
+
+def _history(uri: str, run_id: str, key: str) -> list[tuple[int, float]]:
+    """Metric `key` of MLflow run `run_id` as the server holds it (MLflow's own client)."""
+    from mlflow.tracking import MlflowClient
+
+    points = MlflowClient(uri).get_metric_history(run_id, key)
+    return sorted((p.step, p.value) for p in points)
+
+
+@pytest.fixture
+def mlflow_hooked(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """MLflow's client and Lightning's `MLFlowLogger` wrapped as the site hook wraps them on a
+    node (undone after the test);
+    `fresh()` forgets what a process read, as a relaunched attempt's new process has."""
+    pytest.importorskip("mlflow")
+    from mlflow.tracking._tracking_service import client
+
+    from mncloud.train import mlflowhook
+
+    cls = client.TrackingServiceClient
+    monkeypatch.setattr(cls, "log_batch", cls.log_batch)
+    monkeypatch.setattr(cls, "log_metric", cls.log_metric)
+    mlflowhook.imported(client)
+    with contextlib.suppress(ImportError):
+        from lightning.pytorch.loggers import MLFlowLogger
+
+        monkeypatch.setattr(MLFlowLogger, "__init__", MLFlowLogger.__init__)
+        mlflowhook.joins_the_run(MLFlowLogger)
+    monkeypatch.setattr(mlflowhook, "_held", {})
+    return mlflowhook._held.clear
+
+
+def test_a_lightning_run_preempted_twice_logs_each_step_once_to_mlflow(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, project: Path, no_user_trackers: None,
+    mlflow_server: str, mlflow_hooked: Any,
+) -> None:  # fmt: skip
+    """Lightning's `MLFlowLogger` as a script makes it (no run id): attempts that log past
+    their last checkpoint (7 steps, saved at 4; to 11, saved at 8; to 16) all log into the run
+    `up` made, each step once, with the uninterrupted run's values; each resume is tagged."""
+    pytest.importorskip("lightning")
+    from lightning.pytorch.loggers import MLFlowLogger
+
+    from mncloud.train import mlflowhook
+
+    monkeypatch.setenv(constants.MLFLOW_TRACKING_URI_ENV, mlflow_server)
+    monkeypatch.setenv(mlflowrun.TIMEOUT_ENV, "120")
+    straight = tmp_path / "straight"
+    reference = MLFlowLogger(experiment_name="straight", tracking_uri=mlflow_server)
+    _lightning_attempt(straight, 16, None, reference)
+    expected = _history(mlflow_server, reference.run_id, "loss")
+    assert [s for s, _ in expected] == list(range(16)), expected
+
+    made = mlflowrun.with_mlflow_run(_spec(project), RUN_ID, pytest.fail)
+    mlflow_id = made.envs[constants.MLFLOW_RUN_ID_ENV]
+    monkeypatch.setenv(constants.MLFLOW_RUN_ID_ENV, mlflow_id)
+    run = tmp_path / "run"
+    for max_steps, resume in ((7, None), (11, 4), (16, 8)):
+        mlflow_hooked()  # a relaunch: a new process
+        logger = MLFlowLogger(tracking_uri=mlflow_server)  # the script's, unchanged
+        _lightning_attempt(run, max_steps, _ckpt_of(run, resume) if resume else None, logger)
+        assert logger.run_id == mlflow_id
+    got = _history(mlflow_server, mlflow_id, "loss")
+    assert [s for s, _ in got] == list(range(16)), got
+    assert [v for _, v in got] == pytest.approx([v for _, v in expected])
+    tags = mlflowrun.call(mlflow_server, f"runs/get?run_id={mlflow_id}")["run"]["data"]["tags"]
+    assert {t["key"]: t["value"] for t in tags}[mlflowhook.RESUMED_TAG] == "4,8"
+    found = mlflowrun.call(mlflow_server, "runs/search", {"experiment_ids": ["0"]})["runs"]
+    assert [r["info"]["run_id"] for r in found] == [mlflow_id]  # no run of the attempts' own
