@@ -440,3 +440,130 @@ def test_a_lightning_run_preempted_twice_logs_each_step_once_to_mlflow(
     assert {t["key"]: t["value"] for t in tags}[mlflowhook.RESUMED_TAG] == "4,8"
     found = mlflowrun.call(mlflow_server, "runs/search", {"experiment_ids": ["0"]})["runs"]
     assert [r["info"]["run_id"] for r in found] == [mlflow_id]  # no run of the attempts' own
+
+
+# --------------------------------------------------------------------------- links, figures
+
+
+def _record(spec: Any, run_id: str = RUN_ID) -> Any:
+    """A run record of `spec` (its task rendered, no plan), as `up` writes it."""
+    from mncloud.records.store import create_record
+
+    return create_record(spec, "name: t\n", None, "local", run_id=run_id, save=False)
+
+
+def test_the_mlflow_link_names_the_run_and_never_a_credential(
+    project: Path, no_user_trackers: None
+) -> None:
+    from mncloud.records.trackers import tracker_links
+
+    spec = _spec(project, env=["MLFLOW_TRACKING_URI=https://mlflow.internal:5000/",
+                               "MLFLOW_RUN_ID=abc123", "MLFLOW_EXPERIMENT_ID=7"])  # fmt: skip
+    assert tracker_links(_record(spec)) == {
+        "MLflow": "https://mlflow.internal:5000/#/experiments/7/runs/abc123"
+    }
+    secret = _spec(project, env=["MLFLOW_TRACKING_URI=https://me:hunter2@mlflow.internal",
+                                 "MLFLOW_RUN_ID=abc123", "MLFLOW_EXPERIMENT_ID=7"],
+                   allow_secret_env=True)  # fmt: skip
+    (link,) = tracker_links(_record(secret)).values()
+    assert link == "https://mlflow.internal/#/experiments/7/runs/abc123"
+    off = _spec(project, tracker="none", env=["MLFLOW_TRACKING_URI=https://m", "MLFLOW_RUN_ID=a",
+                                              "MLFLOW_EXPERIMENT_ID=7"])  # fmt: skip
+    assert tracker_links(_record(off)) == {}
+
+
+def test_a_wandb_link_only_when_its_entity_and_project_are_known(
+    project: Path, no_user_trackers: None
+) -> None:
+    from mncloud.records.trackers import tracker_links
+
+    assert tracker_links(_record(_spec(project, env=["WANDB_PROJECT=p"]))) == {}
+    spec = _spec(project, env=["WANDB_ENTITY=team", "WANDB_PROJECT=p"])
+    assert tracker_links(_record(spec)) == {"W&B": f"https://wandb.ai/team/p/runs/{RUN_ID}"}
+    from mncloud.spec import Recovery
+
+    nodes = spec.updated(recovery=Recovery.NODE)
+    group = wandb_run_id(RUN_ID, room=6)
+    assert tracker_links(_record(nodes)) == {"W&B": f"https://wandb.ai/team/p/groups/{group}"}
+
+
+def test_figures_a_server_does_not_take_are_one_warning(
+    project: Path, no_user_trackers: None
+) -> None:
+    from mncloud.records.trackers import post_figures
+
+    uri = f"http://127.0.0.1:{free_port()}"
+    spec = _spec(project, env=[f"MLFLOW_TRACKING_URI={uri}", "MLFLOW_RUN_ID=abc123"])
+    said = post_figures(_record(spec))
+    assert said is not None and said.startswith(f"warning: mncloud's figures not sent to MLflow "
+                                                f"at {uri} (")  # fmt: skip
+    assert post_figures(_record(_spec(project))) is None  # no MLflow run: nothing sent
+
+
+PREEMPTED_ONCE = """\
+import sys, time
+from pathlib import Path
+marker = Path(sys.argv[1]) / "started"
+if not marker.exists():  # the first attempt waits to be preempted
+    marker.touch()
+    time.sleep(300)
+"""
+
+
+def _mlflow_run(uri: str, mlflow_id: str) -> dict[str, Any]:
+    return dict(mlflowrun.call(uri, f"runs/get?run_id={mlflow_id}")["run"])
+
+
+@pytest.mark.slow
+def test_a_local_run_tells_its_mlflow_run_its_figures_and_resume_logs_into_it_again(
+    project: Path, tmp_path: Path, no_user_trackers: None, mlflow_server: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """2 local nodes preempted once: the MLflow run `up` made holds mncloud's figures at each
+    attempt's end (step = attempt), `status` and the run's web page link it; `up --resume`
+    logs into the same MLflow run, no new one."""
+    from mncloud.operate import run_status
+    from mncloud.records.store import load_current
+    from tests.test_local import cli, up, wait_final, wait_until
+
+    monkeypatch.setenv(mlflowrun.TIMEOUT_ENV, "120")
+    script = project / "waits.py"
+    script.write_text(PREEMPTED_ONCE)
+    flags = ("--nodes", "2", "--gpus", "cpu:1", "--recovery-delay", "0.5s",
+             "--env", f"MLFLOW_TRACKING_URI={mlflow_server}")  # fmt: skip
+    up("fig", script, *flags, script_args=[str(tmp_path)])
+    wait_until(lambda: (tmp_path / "started").exists(), 240, "the first attempt")
+    cli("chaos", "preempt", "fig")
+    state = wait_final("fig")
+    assert (state.state.value, state.preemptions) == ("SUCCEEDED", 1)
+    envs = load_current("fig").spec["envs"]
+    mlflow_id, experiment = envs["MLFLOW_RUN_ID"], envs["MLFLOW_EXPERIMENT_ID"]
+    link = f"{mlflow_server}/#/experiments/{experiment}/runs/{mlflow_id}"
+    assert run_status("fig").trackers == {"MLflow": link}
+    assert f"MLflow run: {link}" in " ".join(cli("status", "fig").output.split())
+
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(mlflow_server)
+    history = {k: [(m.step, m.value) for m in client.get_metric_history(mlflow_id, k)]
+               for k in ("mncloud.preemptions", "mncloud.restarts")}  # fmt: skip
+    # Attempt 1 ended by the preemption, attempt 2 by the finish.
+    assert sorted(history["mncloud.preemptions"]) == [(1, 1.0), (2, 1.0)], history
+    assert sorted(history["mncloud.restarts"]) == [(1, 0.0), (2, 1.0)], history
+    tags = {t["key"]: t["value"] for t in _mlflow_run(mlflow_server, mlflow_id)["data"]["tags"]}
+    assert (tags["mncloud.preemptions"], tags["mncloud.restarts"]) == ("1", "1"), tags
+    assert float(tags["mncloud.cost_usd"]) >= 0
+
+    from fastapi.testclient import TestClient
+
+    from mncloud.ui.app import create_app
+
+    page = TestClient(create_app()).get("/runs/fig")
+    assert f'<a href="{link}" rel="noopener noreferrer">MLflow run</a>' in page.text
+
+    up("fig", script, *flags, "--resume", script_args=[str(tmp_path)])
+    assert wait_final("fig").state.value == "SUCCEEDED"
+    again = load_current("fig")
+    assert again.spec["envs"]["MLFLOW_RUN_ID"] == mlflow_id
+    found = mlflowrun.call(mlflow_server, "runs/search", {"experiment_ids": [experiment]})
+    assert [r["info"]["run_id"] for r in found["runs"]] == [mlflow_id]
