@@ -384,8 +384,8 @@ def _history(uri: str, run_id: str, key: str) -> list[tuple[int, float]]:
 @pytest.fixture
 def mlflow_hooked(monkeypatch: pytest.MonkeyPatch) -> Any:
     """MLflow's client and Lightning's `MLFlowLogger` wrapped as the site hook wraps them on a
-    node (undone after the test);
-    `fresh()` forgets what a process read, as a relaunched attempt's new process has."""
+    node (undone after the test); `relaunch()` forgets what a process read and remembers
+    `MLFLOW_RUN_ID` again, as a relaunched attempt's new process does."""
     pytest.importorskip("mlflow")
     from mlflow.tracking._tracking_service import client
 
@@ -395,13 +395,20 @@ def mlflow_hooked(monkeypatch: pytest.MonkeyPatch) -> Any:
     monkeypatch.setattr(cls, "log_batch", cls.log_batch)
     monkeypatch.setattr(cls, "log_metric", cls.log_metric)
     mlflowhook.imported(client)
+    monkeypatch.setattr(mlflowhook, "_process", {})
     with contextlib.suppress(ImportError):
         from lightning.pytorch.loggers import MLFlowLogger
 
         monkeypatch.setattr(MLFlowLogger, "__init__", MLFlowLogger.__init__)
         mlflowhook.joins_the_run(MLFlowLogger)
     monkeypatch.setattr(mlflowhook, "_held", {})
-    return mlflowhook._held.clear
+
+    def relaunch() -> None:
+        mlflowhook._held.clear()
+        mlflowhook._process.clear()
+        mlflowhook.imported(client)  # where a new process's site hook remembers MLFLOW_RUN_ID
+
+    return relaunch
 
 
 def test_a_lightning_run_preempted_twice_logs_each_step_once_to_mlflow(
@@ -567,3 +574,79 @@ def test_a_local_run_tells_its_mlflow_run_its_figures_and_resume_logs_into_it_ag
     assert again.spec["envs"]["MLFLOW_RUN_ID"] == mlflow_id
     found = mlflowrun.call(mlflow_server, "runs/search", {"experiment_ids": [experiment]})
     assert [r["info"]["run_id"] for r in found["runs"]] == [mlflow_id]
+
+
+class _Preempted(Exception):
+    """Stands for the preemption that ends an attempt of the in-process Trainer runs."""
+
+
+def _hf_attempt(folder: Path, stop_at: int | None, resume: Path | None) -> None:
+    """One attempt of the Trainer example's model and data, logging to MLflow through the
+    Trainer's own `MLflowCallback` (`report_to="mlflow"`) every step, a checkpoint every 4;
+    `stop_at`: the attempt ends (preempted) once step `stop_at` logged."""
+    import mlflow
+    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, set_seed
+    from transformers import TrainingArguments as Args
+
+    from mncloud.train.hf import MncloudCallback
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+    try:
+        import hf_trainer as example
+    finally:
+        sys.path.pop(0)
+
+    class Preempt(TrainerCallback):
+        def on_log(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            if state.global_step == stop_at:
+                raise _Preempted
+
+    args = Args(output_dir=str(folder), max_steps=16, save_steps=4, logging_steps=1, seed=0,
+                data_seed=0, full_determinism=True, use_cpu=True, learning_rate=1e-3,
+                per_device_train_batch_size=8, report_to=["mlflow"], disable_tqdm=True)  # fmt: skip
+    set_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=128, n_positions=32, n_embd=64, n_layer=2,
+                                       n_head=2))  # fmt: skip
+    data = example.Tokens(256, 32, 128)
+    fit = Trainer(model=model, args=args, train_dataset=data,
+                  callbacks=[Preempt(), MncloudCallback()])  # fmt: skip
+    try:
+        fit.train(resume_from_checkpoint=str(resume) if resume else None)
+    except _Preempted:
+        pass
+    finally:
+        mlflow.end_run()  # a preempted process's run is gone with it
+
+
+def test_a_trainer_run_preempted_twice_logs_each_step_once_to_mlflow(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, project: Path, no_user_trackers: None,
+    mlflow_server: str, mlflow_hooked: Any,
+) -> None:  # fmt: skip
+    """The Trainer's `MLflowCallback` reads `MLFLOW_RUN_ID` itself: attempts that log past
+    their last checkpoint (to step 7, saved at 4; to 11, saved at 8; to 16) all log into the
+    run `up` made, each step once, with the uninterrupted run's values."""
+    pytest.importorskip("transformers")
+    from mncloud.train import mlflowhook
+
+    monkeypatch.setenv(constants.MLFLOW_TRACKING_URI_ENV, mlflow_server)
+    monkeypatch.setenv(mlflowrun.TIMEOUT_ENV, "120")
+    ids = {}
+    for name in ("straight", "run"):
+        made = mlflowrun.with_mlflow_run(_spec(project), f"{RUN_ID}-{name}", pytest.fail)
+        ids[name] = made.envs[constants.MLFLOW_RUN_ID_ENV]
+    monkeypatch.setenv(constants.MLFLOW_RUN_ID_ENV, ids["straight"])
+    mlflow_hooked()
+    _hf_attempt(tmp_path / "straight", None, None)
+    expected = _history(mlflow_server, ids["straight"], "loss")
+    assert [s for s, _ in expected] == list(range(1, 17)), expected
+
+    run = tmp_path / "run"
+    for stop_at, resume in ((7, None), (11, 4), (None, 8)):
+        monkeypatch.setenv(constants.MLFLOW_RUN_ID_ENV, ids["run"])  # mlflow.start_run took it
+        mlflow_hooked()  # a relaunch: a new process
+        _hf_attempt(run, stop_at, run / f"checkpoint-{resume}" if resume else None)
+    got = _history(mlflow_server, ids["run"], "loss")
+    assert [s for s, _ in got] == list(range(1, 17)), got
+    assert [v for _, v in got] == pytest.approx([v for _, v in expected])
+    tags = mlflowrun.call(mlflow_server, f"runs/get?run_id={ids['run']}")["run"]["data"]["tags"]
+    assert {t["key"]: t["value"] for t in tags}[mlflowhook.RESUMED_TAG] == "4,8"

@@ -32,12 +32,28 @@ RESUMED_TAG = "mncloud.resumed_from"
 
 #: Per MLflow run id: the step each metric key held when this process first logged to it.
 _held: dict[str, dict[str, int]] = {}
+#: `MLFLOW_RUN_ID` as this process started with it (`remember_run`).
+_process: dict[str, str] = {}
+
+
+def remember_run() -> None:
+    """Keep `MLFLOW_RUN_ID`: `mlflow.start_run()` (the Trainer's `MLflowCallback`) takes it
+    out of the environment once it used it."""
+    run_id = os.environ.get(constants.MLFLOW_RUN_ID_ENV)
+    if run_id:
+        _process["run_id"] = run_id
+
+
+def our_run() -> str | None:
+    """The MLflow run mncloud made for this run; None without one, or under `--tracker none`."""
+    if os.environ.get(constants.TRACKER_OFF_ENV):
+        return None
+    return os.environ.get(constants.MLFLOW_RUN_ID_ENV) or _process.get("run_id")
 
 
 def ours(run_id: str | None) -> bool:
     """Whether `run_id` is the run mncloud made for this run (and trackers are on)."""
-    mine = os.environ.get(constants.MLFLOW_RUN_ID_ENV)
-    return bool(mine) and run_id == mine and not os.environ.get(constants.TRACKER_OFF_ENV)
+    return run_id is not None and run_id == our_run()
 
 
 def held(client: Any, run_id: str) -> dict[str, int]:
@@ -84,6 +100,7 @@ def _without_held_metric(original: Callable[..., Any]) -> Callable[..., Any]:
 
 def imported(module: Any) -> None:
     """Wrap `module.TrackingServiceClient`'s `log_batch` and `log_metric` (once)."""
+    remember_run()
     cls = module.TrackingServiceClient
     if getattr(cls.log_batch, "_mncloud", False):
         return
@@ -101,8 +118,8 @@ def joins_the_run(logger_cls: type) -> None:
 
     @functools.wraps(original)
     def init(self: Any, *args: Any, **kwargs: Any) -> None:
-        run_id = os.environ.get(constants.MLFLOW_RUN_ID_ENV)
-        if kwargs.get("run_id") is None and len(args) <= _RUN_ID_AT and ours(run_id):
+        run_id = our_run()
+        if kwargs.get("run_id") is None and len(args) <= _RUN_ID_AT and run_id:
             kwargs["run_id"] = run_id
         original(self, *args, **kwargs)
 
@@ -117,8 +134,8 @@ _RUN_ID_AT = 8
 def resumed(step: int) -> None:
     """An attempt resumed from optimizer step `step` (rank 0, before its first step): the step
     added to the run's `mncloud.resumed_from` tag. Only where the script uses MLflow."""
-    run_id = os.environ.get(constants.MLFLOW_RUN_ID_ENV)
-    if step <= 0 or not ours(run_id) or "mlflow" not in sys.modules:
+    run_id = our_run()
+    if step <= 0 or run_id is None or "mlflow" not in sys.modules:
         return
     try:
         from mlflow.tracking import MlflowClient
