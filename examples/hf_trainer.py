@@ -16,6 +16,8 @@ from the newest one after a preemption. At the end the model goes to `output_dir
 (the RNG states are in each checkpoint).
 `save_on_each_node=True`: each node writes the folder on its own disk (nodes share no file
 system); under `--ckpt-dir` every node's copy is the same folder in the bucket.
+`--mlflow` logs every step to MLflow through the Trainer's own `MLflowCallback` (the server
+from `MLFLOW_TRACKING_URI`, the run from `MLFLOW_RUN_ID`, which mncloud sets).
 """
 
 from __future__ import annotations
@@ -73,6 +75,8 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=8, help="sequences per process per step")
     p.add_argument("--output-dir", default=os.environ.get("MNCLOUD_CKPT_DIR", "hf-out"))
     p.add_argument("--compute-ms", type=float, default=0.0, help="sleep per step (a stand-in)")
+    p.add_argument("--mlflow", action="store_true",
+                   help="log every step to MLflow (the Trainer's MLflowCallback)")  # fmt: skip
     args = p.parse_args()
 
     training_args = TrainingArguments(
@@ -82,13 +86,13 @@ def main() -> None:
         save_total_limit=args.save_total_limit or None,
         per_device_train_batch_size=args.batch_size,
         learning_rate=1e-3,
-        logging_steps=10,
+        logging_steps=1 if args.mlflow else 10,
         seed=0,
         data_seed=0,
         full_determinism=True,
         use_cpu=not torch.cuda.is_available(),
         save_on_each_node=True,
-        report_to=[],
+        report_to=["mlflow"] if args.mlflow else [],
     )
     # Seeded before the model is built, as the Trainer's examples do (run_clm.py): the
     # initial weights are then the same in every run, and so are the final ones.

@@ -650,3 +650,99 @@ def test_a_trainer_run_preempted_twice_logs_each_step_once_to_mlflow(
     assert [v for _, v in got] == pytest.approx([v for _, v in expected])
     tags = mlflowrun.call(mlflow_server, f"runs/get?run_id={ids['run']}")["run"]["data"]["tags"]
     assert {t["key"]: t["value"] for t in tags}[mlflowhook.RESUMED_TAG] == "4,8"
+
+
+PL_ARGS = ["--epochs", "10", "--samples", "256", "--dropout", "0.5", "--compute-ms", "250",
+           "--mlflow"]  # fmt: skip
+
+
+def _mlflow_runs(uri: str, experiment: str) -> list[dict[str, Any]]:
+    """The runs of experiment `experiment` (none when it does not exist)."""
+    try:
+        found = mlflowrun.experiment_id(uri, experiment)
+    except mlflowrun.TrackerUnreachable:
+        return []
+    return list(mlflowrun.call(uri, "runs/search", {"experiment_ids": [found]}).get("runs", []))
+
+
+def _preempted_twice(
+    tmp_path_factory: pytest.TempPathFactory, s3_server: Any, mlflow_server: str, name: str,
+    script: Path, args: list[str], ready: tuple[Any, Any],
+) -> dict[str, list[tuple[int, float]]]:  # fmt: skip
+    """`script` on 2 local nodes, `--ckpt-dir` in S3, MLflow at `mlflow_server`: preempted
+    (node 1) when `ready[0](uri)` and again when `ready[1](uri)` hold, then the same run
+    uninterrupted (`<name>-ref`). Each is checked to be one MLflow run (of its experiment,
+    `<name>`); their `loss` histories."""
+    from mncloud.records.store import load_current
+    from tests.servers import use_s3
+    from tests.test_local import cli, up, wait_final, wait_until
+    from tests.test_trainers import FLAGS
+
+    histories = {}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MNCLOUD_HOME", str(tmp_path_factory.mktemp(f"{name}-home")))
+        mp.setenv(mlflowrun.TIMEOUT_ENV, "120")
+        use_s3(s3_server, mp)
+        bucket = s3_server.make_bucket()
+        for run, when in ((name, ready), (f"{name}-ref", ())):
+            env = ["--env", f"MLFLOW_TRACKING_URI={mlflow_server}",
+                   "--env", f"MLFLOW_EXPERIMENT_NAME={run}"]  # fmt: skip
+            up(run, script, *FLAGS, *env, "--bucket", f"s3://{bucket}/exp", script_args=args)
+            uri = f"s3://{bucket}/exp/{run}"
+            for k, check in enumerate(when):
+                wait_until(lambda c=check, u=uri: c(u), 400, f"{run}'s checkpoint {k + 1}")
+                cli("chaos", "preempt", run, "--node", "1")
+            state = wait_final(run, timeout=400)
+            assert (state.state.value, state.preemptions) == ("SUCCEEDED", len(when))
+            mlflow_id = load_current(run).spec["envs"][constants.MLFLOW_RUN_ID_ENV]
+            assert [r["info"]["run_id"] for r in _mlflow_runs(mlflow_server, run)] == [mlflow_id]
+            histories[run] = _history(mlflow_server, mlflow_id, "loss")
+    return histories
+
+
+@pytest.mark.slow
+@pytest.mark.catalog
+def test_a_lightning_run_on_2_nodes_preempted_twice_is_one_mlflow_run_each_step_once(
+    tmp_path_factory: pytest.TempPathFactory, s3_server: Any, mlflow_server: str,
+    no_user_trackers: None,
+) -> None:  # fmt: skip
+    """#59's acceptance: the Lightning example with an `MLFlowLogger` of its own, 2 local
+    nodes, preempted after its step-8 and step-20 checkpoints: one MLflow run, whose `loss`
+    history has every step once and equals the uninterrupted run's."""
+    pytest.importorskip("lightning")
+    from tests.test_trainers import PL_SCRIPT, _last_step
+
+    def saved(step: int) -> Any:
+        return lambda uri: (_last_step(uri) or 0) >= step
+
+    got = _preempted_twice(tmp_path_factory, s3_server, mlflow_server, "plm", PL_SCRIPT,
+                           PL_ARGS, (saved(8), saved(20)))  # fmt: skip
+    assert _mlflow_runs(mlflow_server, "lightning_logs") == []  # no logger's run of its own
+    steps = [s for s, _ in got["plm"]]
+    assert steps == list(range(40)), steps  # 10 epochs of 4 steps, each once
+    assert [s for s, _ in got["plm-ref"]] == steps
+    assert [v for _, v in got["plm"]] == pytest.approx([v for _, v in got["plm-ref"]])
+
+
+HF_ARGS = ["--max-steps", "60", "--save-steps", "10", "--save-total-limit", "0",
+           "--compute-ms", "250", "--mlflow"]  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.catalog
+def test_a_trainer_run_on_2_nodes_preempted_twice_is_one_mlflow_run_each_step_once(
+    tmp_path_factory: pytest.TempPathFactory, s3_server: Any, mlflow_server: str,
+    no_user_trackers: None,
+) -> None:  # fmt: skip
+    """#59's acceptance: the Trainer example logging through the Trainer's `MLflowCallback`,
+    2 local nodes, preempted after checkpoint-20 and checkpoint-40 were committed: one MLflow
+    run, whose `loss` history has every step once and equals the uninterrupted run's."""
+    pytest.importorskip("transformers")
+    from tests.test_trainers import HF_SCRIPT, _committed
+
+    got = _preempted_twice(tmp_path_factory, s3_server, mlflow_server, "hfm", HF_SCRIPT,
+                           HF_ARGS, (_committed(20), _committed(40)))  # fmt: skip
+    steps = [s for s, _ in got["hfm"]]
+    assert steps == list(range(1, 61)), steps
+    assert [s for s, _ in got["hfm-ref"]] == steps
+    assert [v for _, v in got["hfm"]] == pytest.approx([v for _, v in got["hfm-ref"]])
