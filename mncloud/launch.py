@@ -191,10 +191,9 @@ def launch(
         check_resume_fits(spec)
     run_id = None if dryrun else run_id or _new_run_id(spec.name)
     if run_id is not None and record_events:  # `up`, not a deadline controller's relaunch
-        from mncloud.records.mlflowrun import earlier_run, with_mlflow_run
+        from mncloud.records.mlflowrun import with_mlflow_run
 
-        earlier = earlier_run(spec.name) if existing is Existing.RESUME else None
-        spec = with_mlflow_run(spec, run_id, notify, earlier)
+        spec = with_mlflow_run(spec, run_id, notify, resume=existing is Existing.RESUME)
     prepared = prepare(spec, options, run_id=run_id, approve=approve)
     if prepared.plan is not None and spec.bucket is not None and not dryrun:
         from mncloud.storage import prepare_bucket

@@ -55,16 +55,17 @@ def tracking_uri(spec: JobSpec) -> str | None:
 
 
 def with_mlflow_run(
-    spec: JobSpec, run_id: str, warn: Callable[[str], None], earlier: str | None = None
+    spec: JobSpec, run_id: str, warn: Callable[[str], None], resume: bool = False
 ) -> JobSpec:
-    """`spec` with `MLFLOW_RUN_ID` (and the tracking URI where the nodes would not otherwise
-    see it) in its `--env`: `earlier` (`up --resume`: the run's MLflow run, `earlier_run`)
-    while the server still has it, else a run created for `run_id`; `spec` unchanged when the
+    """`spec` with `MLFLOW_RUN_ID`, its experiment and the tracking URI in its `--env`: with
+    `resume` (`up --resume`) the MLflow run of the run's newest record (`earlier_run`) while
+    the server still has it, else a run created for `run_id`; `spec` unchanged when the
     tracker is off, the user chose a run, no server is set, or the server did not answer
     (`warn`ed)."""
     uri = tracking_uri(spec)
     if spec.tracker is Tracker.NONE or uri is None or constants.MLFLOW_RUN_ID_ENV in spec.envs:
         return spec
+    earlier = earlier_run(spec.name) if resume else None
     try:
         info = run_info(uri, earlier) if earlier is not None else None
         info = info or create_run(uri, spec, run_id)
