@@ -129,6 +129,29 @@ def test_up_creates_one_mlflow_run_tagged_with_the_run(
     assert len(found["runs"]) == 1
 
 
+def test_up_resume_logs_into_the_earlier_mlflow_run_while_the_server_holds_it(
+    project: Path, no_user_trackers: None, mlflow_server: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`up --resume`: the MLflow run of the run's newest record, not a new one; once that run
+    is deleted on the server, a new one."""
+    from mncloud.records.store import create_record
+
+    monkeypatch.setenv(mlflowrun.TIMEOUT_ENV, "120")
+    spec = _spec(project, env=[f"MLFLOW_TRACKING_URI={mlflow_server}",
+                               "MLFLOW_EXPERIMENT_NAME=resumes"])  # fmt: skip
+    first = mlflowrun.with_mlflow_run(spec, RUN_ID, pytest.fail)
+    create_record(first, "name: t\n", None, "local", run_id=RUN_ID)
+    earlier = first.envs[constants.MLFLOW_RUN_ID_ENV]
+    again = mlflowrun.with_mlflow_run(spec, f"{RUN_ID}-2", pytest.fail, resume=True)
+    assert again.envs[constants.MLFLOW_RUN_ID_ENV] == earlier
+    fresh = mlflowrun.with_mlflow_run(spec, f"{RUN_ID}-3", pytest.fail)  # no --resume
+    assert fresh.envs[constants.MLFLOW_RUN_ID_ENV] != earlier
+    mlflowrun.call(mlflow_server, "runs/delete", {"run_id": earlier})
+    after = mlflowrun.with_mlflow_run(spec, f"{RUN_ID}-4", pytest.fail, resume=True)
+    made = after.envs[constants.MLFLOW_RUN_ID_ENV]
+    assert made != earlier and mlflowrun.run_info(mlflow_server, made) is not None
+
+
 def test_an_mlflow_server_that_does_not_answer_is_one_warning(
     project: Path, no_user_trackers: None
 ) -> None:
@@ -431,8 +454,8 @@ def test_a_lightning_run_preempted_twice_logs_each_step_once_to_mlflow(
     expected = _history(mlflow_server, reference.run_id, "loss")
     assert [s for s, _ in expected] == list(range(16)), expected
 
-    made = mlflowrun.with_mlflow_run(_spec(project), RUN_ID, pytest.fail)
-    mlflow_id = made.envs[constants.MLFLOW_RUN_ID_ENV]
+    spec = _spec(project, env=["MLFLOW_EXPERIMENT_NAME=lit"])
+    mlflow_id = mlflowrun.with_mlflow_run(spec, RUN_ID, pytest.fail).envs["MLFLOW_RUN_ID"]
     monkeypatch.setenv(constants.MLFLOW_RUN_ID_ENV, mlflow_id)
     run = tmp_path / "run"
     for max_steps, resume in ((7, None), (11, 4), (16, 8)):
@@ -445,8 +468,8 @@ def test_a_lightning_run_preempted_twice_logs_each_step_once_to_mlflow(
     assert [v for _, v in got] == pytest.approx([v for _, v in expected])
     tags = mlflowrun.call(mlflow_server, f"runs/get?run_id={mlflow_id}")["run"]["data"]["tags"]
     assert {t["key"]: t["value"] for t in tags}[mlflowhook.RESUMED_TAG] == "4,8"
-    found = mlflowrun.call(mlflow_server, "runs/search", {"experiment_ids": ["0"]})["runs"]
-    assert [r["info"]["run_id"] for r in found] == [mlflow_id]  # no run of the attempts' own
+    assert [r["info"]["run_id"] for r in _mlflow_runs(mlflow_server, "lit")] == [mlflow_id]
+    assert _mlflow_runs(mlflow_server, "lightning_logs") == []  # no run of the loggers' own
 
 
 # --------------------------------------------------------------------------- links, figures
