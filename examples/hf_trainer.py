@@ -16,6 +16,8 @@ from the newest one after a preemption. At the end the model goes to `output_dir
 (the RNG states are in each checkpoint).
 `save_on_each_node=True`: each node writes the folder on its own disk (nodes share no file
 system); under `--ckpt-dir` every node's copy is the same folder in the bucket.
+`--mlflow` logs every step to MLflow through the Trainer's own `MLflowCallback` (the server
+from `MLFLOW_TRACKING_URI`, the run from `MLFLOW_RUN_ID`, which mncloud sets).
 """
 
 from __future__ import annotations
@@ -75,6 +77,8 @@ def main() -> None:
     p.add_argument("--compute-ms", type=float, default=0.0, help="sleep per step (a stand-in)")
     p.add_argument("--logging-steps", type=int, default=10)
     p.add_argument("--report-to", default="none", help="the Trainer's loggers: tensorboard,wandb")
+    p.add_argument("--mlflow", action="store_true",
+                   help="log every step to MLflow (the Trainer's MLflowCallback)")  # fmt: skip
     args = p.parse_args()
 
     training_args = TrainingArguments(
@@ -84,13 +88,13 @@ def main() -> None:
         save_total_limit=args.save_total_limit or None,
         per_device_train_batch_size=args.batch_size,
         learning_rate=1e-3,
-        logging_steps=args.logging_steps,
+        logging_steps=1 if args.mlflow else args.logging_steps,
         seed=0,
         data_seed=0,
         full_determinism=True,
         use_cpu=not torch.cuda.is_available(),
         save_on_each_node=True,
-        report_to=args.report_to.split(","),
+        report_to=["mlflow"] if args.mlflow else args.report_to.split(","),
     )
     # Seeded before the model is built, as the Trainer's examples do (run_clm.py): the
     # initial weights are then the same in every run, and so are the final ones.

@@ -22,6 +22,8 @@ checkpoint, so the resumed run draws the masks the uninterrupted one drew.
 2 would train each node alone, and mncloud's callback refuses it.
 `--logger` keeps Lightning's default logger, which writes `lightning_logs/` into the folder
 (`default_root_dir`): mncloud keeps it file by file, as logs, not as a checkpoint.
+`--mlflow` logs every step to MLflow instead, with an `MLFlowLogger` made as its docs make it
+(the server from `MLFLOW_TRACKING_URI`): mncloud gives it the run's one MLflow run.
 """
 
 from __future__ import annotations
@@ -81,9 +83,15 @@ def main() -> None:
         "--logger", action="store_true",
         help="keep Lightning's default logger: lightning_logs/ under default_root_dir",
     )  # fmt: skip
+    p.add_argument("--mlflow", action="store_true", help="log every step to MLflow")
     args = p.parse_args()
 
     L.seed_everything(0, workers=True)
+    logger = args.logger
+    if args.mlflow:
+        from lightning.pytorch.loggers import MLFlowLogger
+
+        logger = MLFlowLogger()
     trainer = L.Trainer(
         max_epochs=args.epochs,
         num_nodes=args.nodes,
@@ -92,9 +100,9 @@ def main() -> None:
         deterministic=True,
         default_root_dir=args.ckpt_dir,
         callbacks=[ModelCheckpoint(dirpath=args.ckpt_dir, save_last=True)],
-        logger=args.logger,
+        logger=logger,
         enable_progress_bar=False,
-        log_every_n_steps=args.log_every_n_steps,
+        log_every_n_steps=1 if args.mlflow else args.log_every_n_steps,
     )
     loader = DataLoader(data(args.samples), batch_size=32, shuffle=True)
     model = Regressor(compute_ms=args.compute_ms, dropout=args.dropout)

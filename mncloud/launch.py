@@ -193,7 +193,7 @@ def launch(
     if run_id is not None and record_events:  # `up`, not a deadline controller's relaunch
         from mncloud.records.mlflowrun import with_mlflow_run
 
-        spec = with_mlflow_run(spec, run_id, notify)
+        spec = with_mlflow_run(spec, run_id, notify, resume=existing is Existing.RESUME)
     prepared = prepare(spec, options, run_id=run_id, approve=approve)
     if prepared.plan is not None and spec.bucket is not None and not dryrun:
         from mncloud.storage import prepare_bucket

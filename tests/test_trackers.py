@@ -8,11 +8,8 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
-import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -23,7 +20,7 @@ from mncloud.records import mlflowrun
 from mncloud.render import task_env
 from mncloud.render.trackers import WANDB_ID_MAX, tb_dir, wandb_run_id
 from mncloud.request import build_spec
-from tests.servers import _wait, free_port
+from tests.servers import free_port
 
 RUN_ID = "train-20261202T030000-abc123"
 TRACKER_VARS = {
@@ -31,42 +28,6 @@ TRACKER_VARS = {
     constants.MLFLOW_RUN_ID_ENV, constants.TB_DIR_ENV, constants.TB_LOGGING_DIR_ENV,
     constants.TRACKER_OFF_ENV,
 }  # fmt: skip
-
-
-def _mlflow_binary() -> str | None:
-    """`mlflow` for the server: `$MNCLOUD_TEST_MLFLOW`, beside this Python, or on PATH."""
-    given = os.environ.get("MNCLOUD_TEST_MLFLOW")
-    here = Path(sys.executable).parent / "mlflow"
-    return given or (str(here) if here.exists() else shutil.which("mlflow"))
-
-
-@pytest.fixture(scope="session")
-def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A real MLflow tracking server on 127.0.0.1 (sqlite store, local artifact root)."""
-    binary = _mlflow_binary()
-    if binary is None:
-        pytest.skip("no `mlflow` server binary (pip install mlflow, or MNCLOUD_TEST_MLFLOW=…)")
-    folder = tmp_path_factory.mktemp("mlflow")
-    port = free_port()
-    log = (folder / "server.log").open("wb")
-    proc = subprocess.Popen(
-        [binary, "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
-         "--backend-store-uri", f"sqlite:///{folder / 'db.sqlite'}",
-         "--default-artifact-root", (folder / "artifacts").as_uri()],
-        stdout=log, stderr=subprocess.STDOUT, cwd=folder, start_new_session=True,
-    )  # fmt: skip
-    uri = f"http://127.0.0.1:{port}"
-    try:
-        _wait(lambda: mlflowrun.call(uri, "experiments/search", {"max_results": 1}) is not None,
-              120, "mlflow server", proc)  # fmt: skip
-        yield uri
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)  # its own session: the server and its workers
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-        log.close()
 
 
 def _spec(project: Path, **flags: Any) -> Any:
@@ -193,21 +154,37 @@ def test_tracker_none_creates_no_mlflow_run(project: Path, no_user_trackers: Non
     assert mlflowrun.with_mlflow_run(spec, RUN_ID, said.append) is spec and said == []
 
 
+def _packages_but(package: str, folder: Path) -> Path:
+    """A folder holding this Python's installed packages but `package` (links to each), for
+    a node whose Python lacks it."""
+    import site
+
+    folder.mkdir()
+    for root in map(Path, site.getsitepackages()):
+        for entry in root.iterdir():
+            name = entry.name.lower().replace("-", "_")
+            if not name.startswith(package) and not (folder / entry.name).exists():
+                (folder / entry.name).symlink_to(entry)
+    return folder
+
+
 def _preflight(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
-    """`python -m mncloud.doctor node` on this machine as a node of 1 (CPU), with `env`."""
+    """`python -m mncloud.doctor node` as a node of 1 (CPU) whose Python has this one's
+    packages but mlflow (`-S`: its own site-packages not read), with `env`."""
+    packages = tmp_path / "site"
+    if not packages.exists():
+        _packages_but("mlflow", packages)
     base = {k: v for k, v in os.environ.items() if k not in TRACKER_VARS}
-    base.update({"SKYPILOT_NODE_RANK": "0", "SKYPILOT_NUM_NODES": "1", **env})
+    path = [str(Path(__file__).resolve().parents[1]), str(packages)]
+    base.update({"SKYPILOT_NODE_RANK": "0", "SKYPILOT_NUM_NODES": "1",
+                 "PYTHONPATH": os.pathsep.join(path), **env})  # fmt: skip
     return subprocess.run(
-        [sys.executable, "-m", "mncloud.doctor", "node", "--workdir", str(tmp_path)],
+        [sys.executable, "-S", "-m", "mncloud.doctor", "node", "--workdir", str(tmp_path)],
         env=base, capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
 
 
 def test_a_tracker_package_missing_on_a_node_is_named_in_the_preflight(tmp_path: Path) -> None:
-    import importlib.util
-
-    if importlib.util.find_spec("mlflow") is not None:
-        pytest.skip("mlflow is installed here: the node this test needs lacks it")
     done = _preflight(tmp_path, MLFLOW_RUN_ID="abc123")
     assert done.returncode == 0, done.stderr  # a warning: the training goes on
     lines = [line for line in done.stderr.splitlines() if "'mlflow'" in line]

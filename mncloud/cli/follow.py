@@ -216,6 +216,19 @@ def goodput_line(name: str) -> str | None:
     )
 
 
+def tracker_lines(name: str) -> list[str]:
+    """`<tracker> run: <link>` for each tracker run the run's newest record names."""
+    from mncloud.errors import MncloudError
+    from mncloud.records.store import load_current
+    from mncloud.records.trackers import tracker_links
+
+    try:
+        links = tracker_links(load_current(name))
+    except MncloudError:
+        return []
+    return [f"{tracker} run: {link}" for tracker, link in links.items()]
+
+
 def _summary(backend: Backend, name: str) -> None:
     rehearsal = backend.rehearsal()
     progress = rehearsal.progress(name, summary=True)
@@ -231,6 +244,8 @@ def _summary(backend: Backend, name: str) -> None:
     goodput = goodput_line(name)
     if goodput:  # its command whole: a user copies it
         console.print(goodput, markup=False, highlight=False, soft_wrap=True)
+    for line in tracker_lines(name):  # a link whole: a user opens it
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
     if not sha or not fig or fig.restarts == 0:
         if sha:
             console.print("no restart happened: nothing to compare with a reference run")

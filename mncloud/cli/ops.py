@@ -179,6 +179,10 @@ def _detail_lines(shown: list[RunView | UnreadableRun]) -> None:
             )
     statuses = [s for s in shown if not isinstance(s, UnreadableRun)]
     for s in statuses:
+        for tracker, link in s.trackers.items():
+            line = Text(f"{tracker} run: {link}", style="dim")
+            console.print(Text(f"{s.name}: ", style="bold") + line, soft_wrap=True)
+    for s in statuses:
         if s.recovery == "node" and s.node_states:
             nodes = ", ".join(f"{n} {state}" for n, state in sorted(s.node_states.items()))
             quorum = ", ".join(map(str, s.quorum)) or "-"

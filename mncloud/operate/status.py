@@ -64,6 +64,9 @@ class RunView(RunStatus):
     """A `--deadline` run's controller view (filled by `run_status`), else None."""
     ckpt_dir: CkptDirView | None = None
     """A `--ckpt-dir` run's folder in its bucket (filled by `run_status`), else None."""
+    trackers: dict[str, str] = Field(default_factory=dict)
+    """The link of each tracker run it logs into (`records.trackers.tracker_links`): "MLflow",
+    "W&B"; only those known."""
 
 
 class UnreadableRun(BaseModel):
@@ -171,6 +174,10 @@ def _run_status(run_name: str) -> RunView:
         except MncloudError as err:
             prepend(status, f"{UNREADABLE}: {' '.join(str(err).split())[:120]}")
     _add_stragglers(status, record)
+    if record is not None:
+        from mncloud.records.trackers import tracker_links
+
+        status.trackers = tracker_links(record)
     if control is not None:
         _add_deadline(status, control)
     if control_error:

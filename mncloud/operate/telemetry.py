@@ -9,7 +9,7 @@ answers through `Backend`."""
 from __future__ import annotations
 
 import itertools
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from mncloud import layout
 from mncloud.backends.base import Backend, RunStatus
@@ -24,7 +24,7 @@ from mncloud.operate.status import (
 from mncloud.records.model import OPENS_SEGMENT, Event
 
 if TYPE_CHECKING:
-    from mncloud.records.goodput import GoodputLedger, StepMark, Telemetry
+    from mncloud.records.goodput import GoodputLedger, Telemetry
     from mncloud.records.model import RunRecord
     from mncloud.telemetry.curves import MetricsView
     from mncloud.telemetry.series import Series
@@ -64,7 +64,9 @@ def run_telemetry(
     if series is None and uri is not None and (bucket or on_disk):
         series = run_series(record, uri, metrics=False)
     if series is not None and series.steps:
-        steps = _series_marks(series)
+        from mncloud.records.goodput import series_marks
+
+        steps = series_marks(series)
     steps = steps or None  # a script that reports no steps: the split is unknown, not 0 %
     newest, final = ckpt_step, None
     if uri is not None and bucket:
@@ -140,20 +142,6 @@ def run_series(
         return read_series(series_uri) if raw else read_summary(series_uri, metrics=metrics)
     except (MncloudError, OSError, ValueError):
         return None
-
-
-def _series_marks(series: Series) -> list[StepMark]:
-    """The goodput ledger's step marks: one per step of each of the series' launches (the
-    earliest rank's time, the largest stall, the most steps a thinned row stands for), as
-    the ledger merges them, so that it handles one rank's rows, not every rank's."""
-    from mncloud.records.goodput import StepMark
-
-    group = {tag: k for k, launch in enumerate(series.launches()) for tag in launch.tags}
-    best: dict[tuple[int, int], list[Any]] = {}
-    for r in series.steps:  # by time: the first of a step is its earliest
-        seen = best.setdefault((group.get(r.launch, -1), r.step), [r.t, r.step, r.ckpt_s, r.n])
-        seen[2], seen[3] = max(seen[2], r.ckpt_s), max(seen[3], r.n)
-    return [StepMark(t=t, step=step, ckpt_s=c, n=n) for t, step, c, n in best.values()]
 
 
 def status_goodput(status: RunStatus) -> float | None:

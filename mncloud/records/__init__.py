@@ -11,6 +11,7 @@ create_record`): the package itself exports nothing, so every import names its r
     goodput.py    the goodput ledger: billed node-seconds and dollars split by what they bought
     rerun.py      rebuild a recorded run's tree in a worktree, with its spec and options
     mlflowrun.py  the run's one MLflow run, created at `up` over MLflow's REST API
+    trackers.py   the tracker runs' links, and mncloud's figures sent at each attempt's end
 
 Secret redaction is `mncloud.redact` (the ground floor: `request` refuses credential-shaped
 `--env` values with it); the ranks' telemetry segments are `mncloud.telemetry`.

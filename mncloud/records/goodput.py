@@ -50,12 +50,15 @@ import math
 import statistics
 import time
 from collections.abc import Iterable, Iterator
-from typing import Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from pydantic import BaseModel, Field
 
 from mncloud.records.ledger import Segment, cost_segments
 from mncloud.records.model import OPENS_SEGMENT, Event, RunRecord
+
+if TYPE_CHECKING:
+    from mncloud.telemetry.series import Series
 
 PartName = Literal[
     "useful", "redone", "unsaved", "startup", "recovery", "checkpoint_stall", "waiting", "idle",
@@ -494,3 +497,15 @@ def _unbilled(record: RunRecord, segments: list[Segment], opens: list[Event], no
     for seg, active in zip(segments, _active_nodes(record, opens), strict=False):
         total += (record.nodes - active) * (seg.end - seg.start)
     return total
+
+
+def series_marks(series: Series) -> list[StepMark]:
+    """The goodput ledger's step marks: one per step of each of the series' launches (the
+    earliest rank's time, the largest stall, the most steps a thinned row stands for), as
+    the ledger merges them, so that it handles one rank's rows, not every rank's."""
+    group = {tag: k for k, launch in enumerate(series.launches()) for tag in launch.tags}
+    best: dict[tuple[int, int], list[Any]] = {}
+    for r in series.steps:  # by time: the first of a step is its earliest
+        seen = best.setdefault((group.get(r.launch, -1), r.step), [r.t, r.step, r.ckpt_s, r.n])
+        seen[2], seen[3] = max(seen[2], r.ckpt_s), max(seen[3], r.n)
+    return [StepMark(t=t, step=step, ckpt_s=c, n=n) for t, step, c, n in best.values()]

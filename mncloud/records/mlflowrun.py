@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from mncloud import constants
+from mncloud.errors import MncloudError
 from mncloud.records.lineage import git, repo_root
 from mncloud.records.model import RecordError
 from mncloud.redact import looks_like_credential
@@ -53,27 +54,61 @@ def tracking_uri(spec: JobSpec) -> str | None:
     return uri if uri and uri.startswith(("http://", "https://")) else None
 
 
-def with_mlflow_run(spec: JobSpec, run_id: str, warn: Callable[[str], None]) -> JobSpec:
-    """`spec` with `MLFLOW_RUN_ID` (and the tracking URI where the nodes would not otherwise
-    see it) in its `--env`: a run created for `run_id`; `spec` unchanged when the tracker is
-    off, the user chose a run, no server is set, or the server did not answer (`warn`ed)."""
+def with_mlflow_run(
+    spec: JobSpec, run_id: str, warn: Callable[[str], None], resume: bool = False
+) -> JobSpec:
+    """`spec` with `MLFLOW_RUN_ID`, its experiment and the tracking URI in its `--env`: with
+    `resume` (`up --resume`) the MLflow run of the run's newest record (`earlier_run`) while
+    the server still has it, else a run created for `run_id`; `spec` unchanged when the
+    tracker is off, the user chose a run, no server is set, or the server did not answer
+    (`warn`ed)."""
     uri = tracking_uri(spec)
     if spec.tracker is Tracker.NONE or uri is None or constants.MLFLOW_RUN_ID_ENV in spec.envs:
         return spec
+    earlier = earlier_run(spec.name) if resume else None
     try:
-        mlflow_id = create_run(uri, spec, run_id)
+        info = run_info(uri, earlier) if earlier is not None else None
+        info = info or create_run(uri, spec, run_id)
     except TrackerUnreachable as err:
-        warn(f"warning: MLflow at {_shown(uri)} did not answer ({err}); training without it")
+        warn(f"warning: MLflow at {shown(uri)} did not answer ({err}); training without it")
         return spec
-    envs = {**spec.envs, constants.MLFLOW_RUN_ID_ENV: mlflow_id}
-    if not spec.is_local and not looks_like_credential(constants.MLFLOW_TRACKING_URI_ENV, uri):
-        envs.setdefault(constants.MLFLOW_TRACKING_URI_ENV, uri)  # a cloud node has no user env
+    envs = {**spec.envs, constants.MLFLOW_RUN_ID_ENV: str(info["run_id"])}
+    envs.setdefault(constants.MLFLOW_EXPERIMENT_ID_ENV, str(info["experiment_id"]))
+    if not looks_like_credential(constants.MLFLOW_TRACKING_URI_ENV, uri):
+        # A cloud node has no user env; the record keeps it for the run's link (`trackers`).
+        envs.setdefault(constants.MLFLOW_TRACKING_URI_ENV, uri)
     return spec.updated(envs=envs)
 
 
-def create_run(uri: str, spec: JobSpec, run_id: str) -> str:
+def earlier_run(name: str) -> str | None:
+    """The MLflow run of run `name`'s newest record on this machine (`up --resume` logs into
+    it again), if it had one."""
+    from mncloud.records.store import load_current
+
+    try:
+        envs = load_current(name).spec.get("envs") or {}
+    except MncloudError:
+        return None
+    found = envs.get(constants.MLFLOW_RUN_ID_ENV)
+    return str(found) if found else None
+
+
+def run_info(uri: str, mlflow_id: str) -> dict[str, Any] | None:
+    """Run `mlflow_id`'s info (`run_id`, `experiment_id`, …); None when the server does not
+    hold it, or holds it deleted."""
+    query = urllib.parse.urlencode({"run_id": mlflow_id})
+    try:
+        info: dict[str, Any] = call(uri, f"runs/get?{query}")["run"]["info"]
+    except TrackerUnreachable as err:
+        if "RESOURCE_DOES_NOT_EXIST" in str(err):
+            return None
+        raise
+    return None if info.get("lifecycle_stage") == "deleted" else info
+
+
+def create_run(uri: str, spec: JobSpec, run_id: str) -> dict[str, Any]:
     """Create the MLflow run of `run_id` in `MLFLOW_EXPERIMENT_NAME` (else the default
-    experiment) with mncloud's tags; its id."""
+    experiment) with mncloud's tags; its info (`run_id`, `experiment_id`, …)."""
     experiment = spec.envs.get(constants.MLFLOW_EXPERIMENT_NAME_ENV) or os.environ.get(
         constants.MLFLOW_EXPERIMENT_NAME_ENV
     )
@@ -93,7 +128,8 @@ def create_run(uri: str, spec: JobSpec, run_id: str) -> str:
         "start_time": int(time.time() * 1000),
         "tags": [{"key": k, "value": v} for k, v in tags.items()],
     }
-    return str(call(uri, "runs/create", body)["run"]["info"]["run_id"])
+    info: dict[str, Any] = call(uri, "runs/create", body)["run"]["info"]
+    return info
 
 
 def experiment_id(uri: str, name: str) -> str:
@@ -110,7 +146,7 @@ def experiment_id(uri: str, name: str) -> str:
 
 def call(uri: str, endpoint: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
     """One REST call (`body`: POST, else GET); its JSON answer."""
-    url = f"{_shown(uri).rstrip('/')}{_API}/{endpoint}"
+    url = f"{shown(uri).rstrip('/')}{_API}/{endpoint}"
     data = json.dumps(body).encode() if body is not None else None
     request = urllib.request.Request(url, data=data, method="POST" if data else "GET")
     request.add_header("Content-Type", "application/json")
@@ -164,7 +200,7 @@ def _commit(spec: JobSpec) -> str | None:
         return None
 
 
-def _shown(uri: str) -> str:
+def shown(uri: str) -> str:
     """The URI without any user or password in it."""
     parts = urllib.parse.urlsplit(uri)
     host = parts.netloc.rsplit("@", 1)[-1]

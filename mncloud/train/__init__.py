@@ -29,6 +29,7 @@ returns).
     hf.py           `MncloudCallback` for the Hugging Face Trainer (needs transformers)
     pl.py           `MncloudCallback` for Lightning (needs lightning)
     trackers.py     what Lightning's loggers do not read from the env: one tracker run per run
+    mlflowhook.py   a resumed attempt never logs a step twice to the run's MLflow run
     titan.py        torchtitan's trainer: its steps reported; on a CPU-only node, what it needs
 
 Needs torch (`pip install mncloud[train]`); nothing outside `mncloud.train` imports it.

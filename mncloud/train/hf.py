@@ -23,7 +23,7 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 from transformers.integrations import TensorBoardCallback
 
 from mncloud.constants import PROFILE_OUT_ENV
-from mncloud.train import trackers
+from mncloud.train import mlflowhook, trackers
 from mncloud.train.frameworks import SaveCheck, profile_state
 from mncloud.train.steptime import event, report
 
@@ -47,6 +47,7 @@ class MncloudCallback(TrainerCallback):
     ) -> None:
         if state.is_world_process_zero:
             event("start", resumed_from=state.global_step, world_size=args.world_size)
+            mlflowhook.resumed(state.global_step)
         model = kw.get("model")
         if self._profile is not None and model is not None:
             model.register_forward_pre_hook(self._seen, with_kwargs=True)

@@ -44,7 +44,7 @@ from lightning.fabric.utilities.seed import _collect_rng_states, _set_rng_states
 from lightning.pytorch.trainer.states import TrainerFn
 
 from mncloud.constants import PROFILE_OUT_ENV, SKYPILOT_NUM_NODES
-from mncloud.train import trackers
+from mncloud.train import mlflowhook, trackers
 from mncloud.train.frameworks import SaveCheck, profile_state
 from mncloud.train.state import Refusal
 from mncloud.train.steptime import event, report
@@ -86,6 +86,7 @@ class MncloudCallback(pl.Callback):
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.is_global_zero:
             event("start", resumed_from=trainer.global_step, world_size=trainer.world_size)
+            mlflowhook.resumed(trainer.global_step)
 
     def _state(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, Any]:
         return profile_state(pl_module, trainer.optimizers[0] if trainer.optimizers else None)

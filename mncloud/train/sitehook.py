@@ -9,11 +9,14 @@ backend and in `mncloud profile`, never on a cloud: `layout.site_hook_source`):
                           on a CPU-only node under torchrun, `use_cpu` (the Trainer joins
                           the processes only on an accelerator or with it; without, each
                           process trains alone: run_clm.py on `--cloud local`)
-    lightning.pytorch     every `Trainer(...)` gets `pl.MncloudCallback`
+    lightning.pytorch     every `Trainer(...)` gets `pl.MncloudCallback`; an `MLFlowLogger`
+                          made without a run id joins the run's (`MLFLOW_RUN_ID`)
     wandb                 on a resumed attempt, `wandb.init` rewinds the run
                           (`trackers.rewind_wandb`, which both callbacks call when made)
     torchtitan.*          its trainer's steps reported; on a CPU-only node what it needs
                           there (`titan.py`); `importing(name)` runs around those imports
+    mlflow's client       a resumed attempt does not log again the steps the run's MLflow
+                          run already holds (`mlflowhook.py`)
 
 A callback the script passed itself (the one line a cloud run needs) is not added twice.
 The hook also lets `torch.load` restore onto `cpu:0` (the Trainer's `map_location` on a
@@ -28,7 +31,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from mncloud.train import titan, trackers
+from mncloud.train import mlflowhook, titan, trackers
 
 #: The modules `imported` acts on (the site hook watches these, and torch).
 WATCHED = (
@@ -36,6 +39,7 @@ WATCHED = (
     "transformers.training_args",
     "lightning.pytorch",
     "wandb",
+    mlflowhook.CLIENT_MODULE,
     *titan.PATCHED,
     *titan.NEEDS_TRITON,
 )
@@ -88,6 +92,8 @@ def imported(name: str, module: Any) -> None:
     """Called once `name` (one of `WATCHED`) finished importing as `module`."""
     if name in titan.PATCHED:
         titan.imported(name, module)
+    elif name == mlflowhook.CLIENT_MODULE:
+        mlflowhook.imported(module)
     elif name == "transformers.training_args":
         processes_train_together(module.TrainingArguments)
     elif name == "transformers.trainer":
@@ -100,3 +106,4 @@ def imported(name: str, module: Any) -> None:
         from mncloud.train.pl import MncloudCallback as LightningCallback
 
         with_callback(module.Trainer, LightningCallback, LightningCallback)
+        mlflowhook.joins_the_run(module.loggers.MLFlowLogger)

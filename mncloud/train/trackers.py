@@ -9,8 +9,9 @@ variables; docs/guides/trackers.md).
   empty); an attempt resumed from step N opens its writer again with `purge_step=N` (Lightning
   logs optimizer step k + 1 at step k), so TensorBoard drops what the earlier attempts logged
   from there and each step shows once.
-- **MLflow** (`MLFlowLogger`): it reads `MLFLOW_TRACKING_URI` but not `MLFLOW_RUN_ID`; a logger
-  without a `run_id=` of the script's own gets the run `up` created.
+- **MLflow** (`MLFlowLogger`): it reads `MLFLOW_TRACKING_URI` but not `MLFLOW_RUN_ID`, and
+  opens its run before any callback runs: the site hook gives it the run `up` created
+  (`mncloud.train.mlflowhook.joins_the_run`).
 - **W&B** (`WandbLogger`, the HF Trainer's `WandbCallback`, a plain `wandb.init`): it reads
   `WANDB_RUN_ID` itself. An attempt that resumes from a `--ckpt-dir` unit of step N
   (`$MNCLOUD_RESUME_FROM`, the step in the unit's name) rewinds it (`rewind_wandb`).
@@ -54,7 +55,7 @@ def adopt(trainer: Any) -> None:
 
 
 def _adopt(logger: Any) -> None:
-    from lightning.pytorch.loggers import MLFlowLogger, TensorBoardLogger
+    from lightning.pytorch.loggers import TensorBoardLogger
 
     tb_dir = os.environ.get(constants.TB_DIR_ENV)
     if isinstance(logger, TensorBoardLogger) and tb_dir and not isinstance(logger._version, str):
@@ -62,9 +63,6 @@ def _adopt(logger: Any) -> None:
         logger._root_dir = tb_dir
         logger._name = ""
         logger._version = os.environ.get(constants.RUN_NAME_ENV) or "run"
-    run_id = os.environ.get(constants.MLFLOW_RUN_ID_ENV)
-    if isinstance(logger, MLFlowLogger) and run_id and logger._run_id is None:
-        logger._run_id = run_id
 
 
 def rewind(trainer: Any, step: int) -> None:

@@ -9,12 +9,15 @@ from typing import Any
 
 from mncloud.backends.local.nodes import RunLogs
 from mncloud.backends.local.state import Event
+from mncloud.records.model import RunRecord
 
 # Supervisor event kinds → run-record event kinds (records/); "launch" is mapped by attempt.
 _RECORD_KINDS = {"preempted": "preemption", "error": "failure", "outage": "failure",
                  "succeeded": "finish",
                  "failed": "failure", "cancelled": "finish", "node-lost": "node-lost",
                  "node-joined": "node-joined", "node-healed": "node-healed"}  # fmt: skip
+#: The run-record events that end an attempt: mncloud's figures then go to its tracker run.
+ATTEMPT_ENDS = ("preemption", "failure", "finish")
 
 
 class RecordWriter:
@@ -22,9 +25,11 @@ class RecordWriter:
     seconds during a storage outage, and supervision must never wait for it."""
 
     def __init__(
-        self, name: str, procs_per_node: int, log: RunLogs, spot: bool = False, price: float = 0.0
-    ) -> None:
+        self, name: str, procs_per_node: int, log: RunLogs, spot: bool = False, price: float = 0.0,
+        ckpt_uri: str | None = None,
+    ) -> None:  # fmt: skip
         self.name, self.procs_per_node, self.log = name, procs_per_node, log
+        self.ckpt_uri = ckpt_uri  # where the ranks' telemetry is (the goodput figure)
         self.spot, self.price = spot, price
         self._queue: queue.Queue[dict[str, Any] | None] = queue.Queue()
         self._thread = threading.Thread(target=self._write, name="mncloud-records", daemon=True)
@@ -60,13 +65,24 @@ class RecordWriter:
 
         while (item := self._queue.get()) is not None:
             try:
-                append_event(
+                record = append_event(
                     self.name, item["kind"], node=item["node"], cloud="local",
                     instance_type=f"cpu:{self.procs_per_node}", spot=self.spot,
                     hourly_price=item["price"], detail=item["detail"], at=item["at"],
                 )  # fmt: skip
             except Exception as err:  # a record must never break supervision
                 self.log.write(f"[mncloud] run record event not written: {err}")
+                continue
+            if record is not None and item["kind"] in ATTEMPT_ENDS:
+                self._tell_trackers(record)
+
+    def _tell_trackers(self, record: RunRecord) -> None:
+        """An attempt ended: mncloud's figures to the run's tracker run (`records.trackers`)."""
+        from mncloud.records.trackers import post_figures
+
+        warning = post_figures(record, self.ckpt_uri)
+        if warning:
+            self.log.write(f"[mncloud] {warning}")
 
     def flush(self, timeout: float = 60.0) -> None:
         """Let the writer finish what is queued (bounded: a bucket may be down)."""

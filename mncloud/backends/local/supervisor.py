@@ -99,7 +99,8 @@ class Supervisor:
         self._stop_note = ""
         self.logs = RunLogs(folder, self.launch.num_nodes)
         self._records = RecordWriter(self.launch.name, self.launch.procs_per_node, self.logs,
-                                     self.launch.spot, self.launch.hourly_price)  # fmt: skip
+                                     self.launch.spot, self.launch.hourly_price,
+                                     self.launch.ckpt_uri)  # fmt: skip
         self._chaos_lines = 0
         self._preempt_requests: list[dict[str, Any]] = []
         self._procs: dict[int, subprocess.Popen[bytes]] = {}

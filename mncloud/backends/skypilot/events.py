@@ -20,10 +20,17 @@ request says so (`LaunchRequest.record_events`), and the run's meta remembers it
 
 from __future__ import annotations
 
+import logging
 import time
+from typing import TYPE_CHECKING
 
 from mncloud.backends.base import RunState, RunStatus
 from mncloud.backends.skypilot.meta import CLUSTER, RunMeta, load_meta, save_meta
+
+if TYPE_CHECKING:
+    from mncloud.records.model import RunRecord
+
+log = logging.getLogger(__name__)
 
 
 def record_launch(meta: RunMeta) -> None:
@@ -56,8 +63,18 @@ def record_end(meta: RunMeta, status: RunStatus) -> None:
     kind = "failure" if status.state is RunState.FAILED else "finish"
     at = ended if meta.kind == CLUSTER else status.ended_at or ended or time.time()
     detail = f"SkyPilot: {status.detail or status.state.value.lower()}"
-    append_event(meta.name, kind, detail=detail, at=at, run_id=meta.run_id)
+    _tell_trackers(append_event(meta.name, kind, detail=detail, at=at, run_id=meta.run_id))
     meta.end_recorded = True
+
+
+def _tell_trackers(record: RunRecord | None) -> None:
+    """An attempt's end recorded: mncloud's figures to the run's tracker run; a server that
+    does not take them is logged, never raised (`records.trackers.post_figures`)."""
+    from mncloud.records.trackers import post_figures
+
+    warning = post_figures(record) if record is not None else None
+    if warning:
+        log.warning("%s", warning)
 
 
 def follow_times(meta: RunMeta, status: RunStatus) -> bool:
@@ -82,7 +99,9 @@ def follow_times(meta: RunMeta, status: RunStatus) -> bool:
             "SkyPilot: the job's VMs run it" if kind == "running" else
             "SkyPilot: the job waits for VMs (nothing billed)")  # fmt: skip
         extra = placement if kind == "running" else {}
-        append_event(meta.name, kind, detail=detail, at=at, run_id=meta.run_id, **extra)
+        now = append_event(meta.name, kind, detail=detail, at=at, run_id=meta.run_id, **extra)
+        if kind in (end_kind, "preemption"):
+            _tell_trackers(now)
     if any(kind == end_kind for kind, _ in added):
         meta.end_recorded = True
     if meta.kind == CLUSTER:
