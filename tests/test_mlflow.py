@@ -421,3 +421,33 @@ def test_a_trainer_run_on_2_nodes_preempted_twice_is_one_mlflow_run_each_step_on
     assert steps == list(range(1, 61)), steps
     assert [s for s, _ in got["hfm-ref"]] == steps
     assert [v for _, v in got["hfm"]] == pytest.approx([v for _, v in got["hfm-ref"]])
+
+
+def test_on_a_cloud_mncloud_s_callbacks_wrap_mlflow_and_a_later_logger_joins_the_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No site hook on a cloud node: making mncloud's callback wraps MLflow's client (each
+    step once) and a Lightning `MLFlowLogger` made after it gets the run `up` made."""
+    pytest.importorskip("mlflow")
+    pytest.importorskip("lightning")
+    from lightning.pytorch.loggers import MLFlowLogger
+    from mlflow.tracking._tracking_service import client
+
+    from mncloud.train import mlflowhook
+    from mncloud.train.hf import MncloudCallback as TrainerCallback
+    from mncloud.train.pl import MncloudCallback as LightningCallback
+
+    cls = client.TrackingServiceClient
+    for target, name in ((cls, "log_batch"), (cls, "log_metric"), (MLFlowLogger, "__init__")):
+        original = getattr(target, name)
+        monkeypatch.setattr(target, name, getattr(original, "__wrapped__", original))
+    monkeypatch.setattr(mlflowhook, "_process", {})
+    monkeypatch.delenv(constants.MLFLOW_RUN_ID_ENV, raising=False)
+    LightningCallback(), TrainerCallback()
+    assert not getattr(cls.log_batch, "_mncloud", False)  # no MLflow run of mncloud's: as is
+    monkeypatch.setenv(constants.MLFLOW_RUN_ID_ENV, "0123abcd")
+    TrainerCallback()
+    assert cls.log_batch._mncloud and cls.log_metric._mncloud
+    LightningCallback()
+    assert MLFlowLogger(tracking_uri="http://127.0.0.1:9")._run_id == "0123abcd"
+    assert MLFlowLogger(tracking_uri="http://127.0.0.1:9", run_id="mine")._run_id == "mine"

@@ -37,6 +37,7 @@ class MncloudCallback(TrainerCallback):
         self._batch: Any = None
         trackers.rewind_wandb()
         trackers.purge_hf(TensorBoardCallback)
+        mlflowhook.install()
         if os.environ.get(PROFILE_OUT_ENV):
             from mncloud.train.profiler import session
 

@@ -15,6 +15,8 @@ and everything under `--tracker none`, are left alone. Never raises into the scr
 from __future__ import annotations
 
 import functools
+import importlib
+import importlib.util
 import logging
 import os
 import sys
@@ -106,6 +108,18 @@ def imported(module: Any) -> None:
         return
     cls.log_batch = _without_held_batch(cls.log_batch)
     cls.log_metric = _without_held_metric(cls.log_metric)
+
+
+def install() -> None:
+    """Wrap MLflow's client where no site hook runs (a cloud node): called when mncloud's
+    Trainer or Lightning callback is made, before either trainer logs a metric. Only for a
+    run with an MLflow run of mncloud's, where mlflow is installed."""
+    if our_run() is None or importlib.util.find_spec("mlflow") is None:
+        return
+    try:
+        imported(importlib.import_module(CLIENT_MODULE))
+    except Exception as err:  # the training never fails for its tracker
+        log.warning("mncloud: MLflow's client left as it is, redone steps logged again: %s", err)
 
 
 def joins_the_run(logger_cls: type) -> None:

@@ -67,6 +67,8 @@ class MncloudCallback(pl.Callback):
         self.check = SaveCheck("Lightning Trainer", "ModelCheckpoint(dirpath=…)")
         self._profile: Any = None
         trackers.rewind_wandb()
+        mlflowhook.install()
+        mlflowhook.joins_the_run(pl.loggers.MLFlowLogger)  # one made after this joins the run
         if os.environ.get(PROFILE_OUT_ENV):
             from mncloud.train.profiler import session
 
