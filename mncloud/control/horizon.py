@@ -37,6 +37,7 @@ from mncloud.deadline.policy import Mode
 
 if TYPE_CHECKING:
     from mncloud.backends.base import Backend
+    from mncloud.control.handoff import Handing
     from mncloud.control.markets import Clock
     from mncloud.control.state import ControlState
 
@@ -61,14 +62,18 @@ def _when(at: float) -> str:
     return datetime.datetime.fromtimestamp(at, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
 
 
-def token_stop(ctl: Horizon) -> str | None:
-    """Why the run stops now, when the token expires within `TOKEN_MARGIN_S`; else None."""
+def token_stop(ctl: Handing) -> str | None:
+    """Why the run stops now, when the token expires within `TOKEN_MARGIN_S` and the run was
+    not handed to a fresh controller (`handoff.py`); else None."""
+    from mncloud.control.handoff import missed
+
     ends = ctl.token_ends
     if ends is None or ctl.clock.time() < ends - TOKEN_MARGIN_S:
         return None
     return (
         f"the controller's SkyPilot API token expires at {_when(ends)} and SkyPilot does not "
-        "renew it: stopped before it does, so the training job never runs unsteered; "
+        f"renew it, and {missed(ctl)}: stopped before it expires, so the training job never "
+        "runs unsteered; "
         f"continue with `mncloud up --deadline ... --resume --name {ctl.state.name}`"
     )
 
