@@ -27,7 +27,7 @@ late restart of the old one, a successor the holder gave up on) exits 0, touchin
 A successor that fails to launch is launched again `RETRY_S` later; one that ends before it
 runs is given up. Until the run is handed, the holder's stop point stays (`horizon.token_stop`,
 `TOKEN_MARGIN_S` before its expiry): the run is stopped at a checkpoint, the reason naming
-the hand-off that did not come (`missed`). The hand-off waits while a launch or take-down
+the hand-off that did not come (`missed`), and a successor not yet running is cancelled. The hand-off waits while a launch or take-down
 of the training job is journaled (`launching`, `closing`): it is finished first.
 """
 
@@ -137,6 +137,9 @@ def hand(ctl: Handing) -> None:
     if now < ends - TOKEN_MARGIN_S - HANDOFF_MARGIN_S:
         return
     nxt = st.successor
+    if now >= ends - TOKEN_MARGIN_S:  # the stop point: the run is stopped (`token_stop`)
+        _give_up(ctl)
+        return
     if nxt is None or nxt.key == st.controller_key or (nxt.failed and now >= nxt.at + RETRY_S):
         _launch(ctl)
         return
@@ -193,6 +196,21 @@ def _launch(ctl: Handing) -> None:
     else:
         log.info("hand-off: successor controller job %s launched", st.successor.job_id)
     save_state(st)
+
+
+def _give_up(ctl: Handing) -> None:
+    """At the stop point, a successor not yet handed the run is cancelled (had it started, it
+    would find the run stopped and exit): no `NAME-control` outlives the stop."""
+    st = ctl.state
+    nxt = st.successor
+    if nxt is None or nxt.key == st.controller_key or nxt.failed:
+        return
+    nxt.failed = f"controller job {nxt.job_id} had not started by the stop point"
+    if nxt.job_id is not None:
+        try:
+            ctl.backend.controller_host().cancel([nxt.job_id])
+        except MncloudError as err:  # it exits by itself once it starts: the run is stopped
+            log.warning("hand-off: the successor job %s not cancelled: %s", nxt.job_id, err)
 
 
 def _hand(ctl: Handing, *, save: bool) -> None:
