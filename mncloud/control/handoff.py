@@ -27,8 +27,9 @@ late restart of the old one, a successor the holder gave up on) exits 0, touchin
 A successor that fails to launch is launched again `RETRY_S` later; one that ends before it
 runs is given up. Until the run is handed, the holder's stop point stays (`horizon.token_stop`,
 `TOKEN_MARGIN_S` before its expiry): the run is stopped at a checkpoint, the reason naming
-the hand-off that did not come (`missed`), and a successor not yet running is cancelled. The hand-off waits while a launch or take-down
-of the training job is journaled (`launching`, `closing`): it is finished first.
+the hand-off that did not come (`missed`), and a successor not yet running is cancelled.
+The hand-off waits while a launch or take-down of the training job is journaled
+(`launching`, `closing`, a look cut short by an error): it is finished first.
 """
 
 from __future__ import annotations
