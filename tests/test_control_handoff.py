@@ -181,3 +181,126 @@ def test_a_failed_successor_launch_falls_back_to_the_stop(
     assert fake_sky.live_jobs("llm") == [] and fake_sky.live_jobs("llm-control") == [first]
     assert len(fake_sky.called("jobs.launch")) >= 2  # the successor's launch tried again
     assert fake_sky.refused == []
+
+
+class Crash(Exception):
+    """The controller's VM is lost mid-action."""
+
+
+def _successor_runs(
+    script: Path,  # noqa: F811
+    fake: FakeSky,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    *,
+    running: bool = True,
+) -> tuple[VM, VM, int]:
+    """`up --deadline 100h --hours 90`, steered hourly until the controller launched its
+    successor, whose VM comes up (`running`): (holder, successor, the live training job)."""
+    clock = FakeClock()
+    fake.clock, fake.health = clock.time, dict(ACCOUNTS)
+    up = _up_deadline(monkeypatch, script, tmp_path, "--deadline", "100h", "--hours", "90")
+    assert up.exit_code == 0, up.output
+    (first,) = _named(fake, "llm-control")
+    holder = VM(fake, first, clock, tmp_path, monkeypatch)
+    holder.look()
+    while _successor(fake, holder) is None:
+        clock.now += HOUR
+        _trains(fake)
+        holder.look()
+    nxt = _successor(fake, holder)
+    assert nxt is not None
+    if running:
+        fake.set_status(nxt, S.RUNNING)
+    return holder, VM(fake, nxt, clock, tmp_path, monkeypatch), _trains(fake)
+
+
+@pytest.mark.slow
+def test_a_hand_off_waits_for_a_training_launch_in_flight(
+    script: Path,  # noqa: F811
+    fake_sky: FakeSky,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """SkyPilot fails the training job; the controller's relaunch is cut short (its VM lost
+    mid-call: `launching` journaled). Its successor runs, but the next look finishes the
+    launch first; the run is handed only at the look after, and the successor adopts that
+    launch: one training job."""
+    holder, successor, training = _successor_runs(
+        script, fake_sky, tmp_path, monkeypatch, running=False
+    )
+    ctl = holder.run.ctl
+    launcher = ctl.launcher
+
+    def crash(*_args: object, **_kw: object) -> None:
+        raise Crash
+
+    fake_sky.set_status(training, S.FAILED_CONTROLLER)
+    monkeypatch.setattr(ctl, "launcher", crash)
+    with pytest.raises(Crash):
+        holder.look()
+    assert holder.run.state.launching is not None
+    monkeypatch.setattr(ctl, "launcher", launcher)
+    fake_sky.set_status(successor.job_id, S.RUNNING)
+    holder.clock.now += 60
+    holder.look()
+    assert holder.run.state.controller_key == "" and not ctl.succeeded  # not handed yet
+    assert holder.run.state.launching is None
+    (relaunched,) = fake_sky.live_jobs("llm")
+    holder.clock.now += 60
+    holder.look()
+    assert holder.run.state.controller_key == successor.key and ctl.succeeded
+    successor.clock.now += 60
+    successor.look()
+    assert fake_sky.live_jobs("llm") == [relaunched]
+    assert successor.run.state.live is not None
+    assert relaunched in successor.run.state.live.job_ids
+
+
+@pytest.mark.slow
+def test_a_successor_takes_the_run_from_a_holder_that_died(
+    script: Path,  # noqa: F811
+    fake_sky: FakeSky,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The holder's job fails past its restarts before it hands off: the successor, waiting,
+    sees its job over and takes the run, adopting the training job (never cancelled)."""
+    holder, successor, training = _successor_runs(script, fake_sky, tmp_path, monkeypatch)
+    successor.look()
+    assert successor.run.state.controller_key == ""  # still the holder's: it waits
+    fake_sky.set_status(holder.job_id, S.FAILED)
+    successor.clock.now += 60
+    successor.look()
+    assert successor.run.state.controller_key == successor.key
+    assert successor.run.state.controller_job_id == successor.job_id
+    successor.clock.now += 300
+    successor.look()
+    assert fake_sky.live_jobs("llm") == [training] and _status(fake_sky, training) == "RUNNING"
+
+
+@pytest.mark.slow
+def test_the_old_controller_restarted_after_the_hand_off_touches_nothing(
+    script: Path,  # noqa: F811
+    fake_sky: FakeSky,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """After the hand-off, SkyPilot restarts the old controller (a crash before its exit):
+    with the state naming another key it makes no SkyPilot call, saves nothing, and ends
+    (exit 0), leaving the successor the only one steering."""
+    from mncloud import control
+
+    holder, successor, training = _successor_runs(script, fake_sky, tmp_path, monkeypatch)
+    holder.look()
+    successor.look()
+    assert successor.run.state.controller_key == successor.key
+    uri = successor.run.state.config.state_uri or ""
+    with holder.on():
+        restarted = Driver(_fresh_vm(monkeypatch, tmp_path, "vm-restarted"), holder.clock)
+        before, calls = control.load_uri(uri), len(fake_sky.calls)
+        restarted.ctl.run()
+    assert restarted.ctl.succeeded and len(fake_sky.calls) == calls
+    after = control.load_uri(uri)
+    assert before is not None and after is not None and after.updated_at == before.updated_at
+    assert fake_sky.live_jobs("llm") == [training]

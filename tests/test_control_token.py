@@ -223,22 +223,6 @@ def test_a_deadline_past_the_laptops_own_token_is_refused_at_up(
     assert stored is not None and not stored.config.hands_off  # its successor: the same token
 
 
-def test_a_deadline_past_72h_is_accepted_where_the_controller_hands_off(
-    script: Path,  # noqa: F811
-    fake_sky: FakeSky,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Where SkyPilot gives each controller job a token of its own, `--deadline` has no bound
-    from it: the controller hands the run to a fresh controller job before its token expires
-    (`handoff.py`; `test_control_handoff.py`), and its state says it will."""
-    fake_sky.health = dict(ACCOUNTS)
-    up = _up_deadline(monkeypatch, script, tmp_path, "--deadline", "200h", "--hours", "150")
-    assert up.exit_code == 0, up.output
-    stored = control.load_uri(layout_uri(tmp_path))
-    assert stored is not None and stored.config.hands_off
-
-
 def layout_uri(tmp_path: Path) -> str:
     """Run llm's controller state in the test's bucket."""
     from mncloud import layout
