@@ -107,9 +107,12 @@ def test_a_deadline_past_the_controllers_token_life_is_accepted_as_it_hands_off(
     """Point 5: where SkyPilot gives the controller its own token (service accounts), that
     token lives 3 days, unrenewed; the controller hands the run to a fresh controller job
     (a fresh token) before it expires (`handoff.py`), so `--deadline 100h` is accepted, its
-    state saying the controller hands off (`test_control_handoff.py` follows one past 72 h)."""
+    state saying the controller hands off (`test_control_handoff.py` follows one past 72 h),
+    even where the laptop's own token (which SkyPilot's replaces) expires sooner."""
     from mncloud import control, layout
+    from mncloud.control.access import TOKEN_ENV
 
+    monkeypatch.setenv(TOKEN_ENV, fake_sky.issue_token(fake_sky.user, days=1))
     fake_sky.health = {"external_proxy_auth_enabled": True, "service_account_token_enabled": True}
     up = _up_deadline(monkeypatch, script, tmp_path, "--deadline", "100h")
     assert up.exit_code == 0, up.output
