@@ -18,8 +18,10 @@ import pytest
 import yaml
 from sky.jobs import ManagedJobStatus as S
 
+from mncloud.backends.skypilot.meta import load_meta
 from mncloud.control.access import TOKEN_ENV, TOKEN_MARGIN_S, token_expiry
 from mncloud.control.handoff import HANDOFF_ENV, HANDOFF_MARGIN_S
+from mncloud.records.store import list_records
 from tests.fakesky import FakeSky
 from tests.test_control import FakeClock
 from tests.test_control_cloud import Driver, _fresh_vm, _named, _status
@@ -98,7 +100,7 @@ def test_the_controller_hands_off_before_its_token_expires_and_the_run_goes_on(
     (first,) = _named(fake_sky, "llm-control")
     holder = VM(fake_sky, first, clock, tmp_path, monkeypatch)
     holder.look()
-    training, start, handed = _trains(fake_sky), clock.now, []
+    training, start, handed, cost = _trains(fake_sky), clock.now, [], 0.0
     waiting: VM | None = None
     while clock.now < start + 140 * HOUR:
         clock.now += HOUR
@@ -118,6 +120,11 @@ def test_the_controller_hands_off_before_its_token_expires_and_the_run_goes_on(
             waiting.look()  # the run is its own: it adopts the training job and steers
             assert fake_sky.live_jobs("llm") == [training], "adopted, not cancelled"
             assert waiting.run.state.controller_job_id == waiting.job_id
+            live = waiting.run.state.live
+            with waiting.on():  # its fresh VM has the launch's records back: billed on
+                assert live is not None and load_meta("llm") is not None
+                assert live.run_id in {r.run_id for r in list_records("llm")}
+            cost = waiting.run.state.cost
             handed.append((clock.now - start, holder, waiting))
             holder, waiting = waiting, None
             continue
@@ -129,6 +136,7 @@ def test_the_controller_hands_off_before_its_token_expires_and_the_run_goes_on(
         ]
         nxt = _successor(fake_sky, holder)
         if nxt is not None:
+            assert holder.token not in fake_sky.job(nxt).yaml  # a secret, and SkyPilot's anew
             fake_sky.set_status(nxt, S.RUNNING)  # its VM came up
             waiting = VM(fake_sky, nxt, clock, tmp_path, monkeypatch)
 
@@ -144,6 +152,7 @@ def test_the_controller_hands_off_before_its_token_expires_and_the_run_goes_on(
     assert holder.run.state.market.value == "on-demand"
     assert fake_sky.refused == []
     assert "handed off at h 131" in holder.run.state.controller
+    assert holder.run.state.cost > cost  # the last successor's ledger goes on
 
 
 @pytest.mark.slow
