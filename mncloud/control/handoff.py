@@ -115,11 +115,12 @@ def _waited(ctl: Handing) -> bool:
 
 
 def _holder_live(ctl: Handing) -> bool:
-    """Whether the job holding the run is live (unknown: yes)."""
+    """Whether the job holding the run is live (unknown, or a job id never recorded: yes)."""
     from mncloud.control.lease import live_controllers
 
+    holder = ctl.state.controller_job_id
     try:
-        return ctl.state.controller_job_id in live_controllers(
+        return holder is None or holder in live_controllers(
             ctl.backend.controller_host(), ctl.state.name
         )
     except MncloudError:
