@@ -154,6 +154,17 @@ def test_the_controller_hands_off_before_its_token_expires_and_the_run_goes_on(
     assert "handed off at h 131" in holder.run.state.controller
     assert holder.run.state.cost > cost  # the last successor's ledger goes on
 
+    from mncloud.cli import app
+    from tests.test_control_cloud import runner
+
+    monkeypatch.setenv("MNCLOUD_HOME", str(tmp_path / "laptop"))  # `status` from the laptop
+    monkeypatch.delenv(TOKEN_ENV)
+    monkeypatch.delenv(HANDOFF_ENV)
+    shown = runner.invoke(app, ["status", "llm"], env={"COLUMNS": "300"})
+    assert shown.exit_code == 0, shown.output
+    words = " ".join(shown.output.split())
+    assert f"job {handed[1][2].job_id} (llm-control); the controller handed off at h 131" in words
+
 
 @pytest.mark.slow
 def test_a_failed_successor_launch_falls_back_to_the_stop(
