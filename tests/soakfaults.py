@@ -18,8 +18,9 @@
                       then SkyPilot's controller is back (a new job) and the run goes on
     interrupted_up    another run's `up --deadline` cut short while its controller launch is
                       held in flight, then `up` again: refused; never two controllers
-    long_up           `up --deadline 100h` where SkyPilot would give the controller a 3-day
-                      token: refused in one line naming the 72 h
+    long_up           `up --deadline 100h` where the controller could carry only the
+                      laptop's own token (a server too old to give it one), which expires
+                      in a day: refused in one line naming that token
 
 Checks at the end (`final_checks`): the controller never gave up on a fault a second look
 mends (`unsure.py`), and no launch SkyPilot failed was counted as an error in the user's code.
@@ -218,23 +219,33 @@ def _interrupted_up(s: Soak) -> None:
 
 
 def _long_up(s: Soak) -> None:
-    """`up --deadline 100h` where the controller would get SkyPilot's 3-day token: refused,
-    one line naming the 72 h, before anything else is asked."""
+    """`up --deadline 100h` where the controller could carry only the laptop's own token (a
+    server too old to give it one), which expires in a day, as would a successor's: refused,
+    one line naming that token, before anything else is asked. (Where SkyPilot gives the
+    controller its token, it hands off and a long deadline is fine: test_control_handoff.py.)"""
+    from sky.server import constants as server_constants
+
+    from mncloud.control.access import TOKEN_ENV
     from mncloud.control.start import start
 
     fake = s.fake
-    fake.health = {"service_account_token_enabled": True}
+    fake.health = {"api_version": str(int(server_constants.MIN_API_ACCESS_API_VERSION) - 1)}
     config = s.run.state.config.model_copy(update={"deadline_s": 100 * 3600.0})
-    home, jobs = os.environ["MNCLOUD_HOME"], len(fake.jobs)
+    home, jobs, token = os.environ["MNCLOUD_HOME"], len(fake.jobs), os.environ.get(TOKEN_ENV)
+    s.monkeypatch.setenv(TOKEN_ENV, fake.issue_token(fake.user, days=1))
     try:
         start(_from_laptop(s, config=config, existing="resume"))
         s.report.violations.append(f"fault {s.n}: a 100 h deadline accepted")
     except MncloudError as err:
-        if "72 h" not in str(err) or "\n" in str(err):
+        if TOKEN_ENV not in str(err) or "expires in" not in str(err) or "\n" in str(err):
             s.report.violations.append(f"fault {s.n}: a 100 h deadline refused as {err}")
     finally:
         fake.health = {}
         s.monkeypatch.setenv("MNCLOUD_HOME", home)
+        if token is None:
+            s.monkeypatch.delenv(TOKEN_ENV)
+        else:
+            s.monkeypatch.setenv(TOKEN_ENV, token)
     if len(fake.jobs) != jobs:
         s.report.violations.append(f"fault {s.n}: a 100 h deadline launched something")
 

@@ -60,17 +60,18 @@ def _late_run(
 
 
 @pytest.mark.slow
-def test_a_late_run_is_stopped_at_a_checkpoint_before_the_token_expires(
+def test_a_late_run_whose_successor_never_runs_is_stopped_at_a_checkpoint_before_expiry(
     script: Path,  # noqa: F811
     fake_sky: FakeSky,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The run misses its 70 h deadline and goes on on-demand ("finishing on on-demand"). Up
-    to 72 h + 1 look on the fake clock: every SkyPilot call the controller makes is answered
+    """The run misses its 70 h deadline and goes on on-demand ("finishing on on-demand"); the
+    successor controller it launches to hand off to (`handoff.py`) never gets its VM. Up to
+    72 h + 1 look on the fake clock: every SkyPilot call the controller makes is answered
     (none refused for an expired token); before the expiry it stops the run as `down` would
-    (a notice, the training job cancelled), says why, and exits as done; after it, a look
-    makes no call. The training job never runs with nobody steering it."""
+    (a notice, the training job cancelled) and cancels the successor, says why, and exits as
+    done; after it, a look makes no call. The training job never runs with nobody steering it."""
     run, _first, token = _late_run(script, fake_sky, tmp_path, monkeypatch)
     expires = token_expiry({TOKEN_ENV: token})
     assert expires is not None and 71 * HOUR < expires - run.clock.now < 72 * HOUR
@@ -91,7 +92,10 @@ def test_a_late_run_is_stopped_at_a_checkpoint_before_the_token_expires(
     assert run.clock.now < expires, "stopped only at the expiry"
     assert run.state.phase == "stopped", run.state.detail
     assert "API token expires" in run.state.detail and "--resume" in run.state.detail
+    assert "had not started by the stop point" in run.state.detail
     assert _status(fake_sky, training) == "CANCELLED" and not fake_sky.live_jobs("llm")
+    (controller, successor) = _named(fake_sky, "llm-control")
+    assert _status(fake_sky, successor) == "CANCELLED"
     assert len(fake_sky.calls) > calls  # the stop was made through SkyPilot, token valid
 
     run.clock.now = expires + 1  # 72 h + 1 look
@@ -102,7 +106,6 @@ def test_a_late_run_is_stopped_at_a_checkpoint_before_the_token_expires(
     assert stored is not None and stored.phase == "stopped"
 
     # As the detail says: `--resume` goes on under a new controller job with a new token.
-    (controller,) = _named(fake_sky, "llm-control")
     fake_sky.set_status(controller, S.SUCCEEDED)  # it exited 0: done
     monkeypatch.delenv(TOKEN_ENV)
     again = _up_deadline(monkeypatch, script, tmp_path, "--deadline", "70h", "--hours", "60",
@@ -213,20 +216,15 @@ def test_a_deadline_past_the_laptops_own_token_is_refused_at_up(
     monkeypatch.setenv(TOKEN_ENV, fake_sky.issue_token(fake_sky.user, days=1))
     line = _one_line(_up_deadline(monkeypatch, script, tmp_path, "--deadline", "30h"))
     assert TOKEN_ENV in line and "expires in 24 h" in line and "--deadline 22h" in line
+    assert "a fresh controller would carry the same one" in line
     assert fake_sky.jobs == {}
     assert _up_deadline(monkeypatch, script, tmp_path, "--deadline", "20h").exit_code == 0
+    stored = control.load_uri(layout_uri(tmp_path))
+    assert stored is not None and not stored.config.hands_off  # its successor: the same token
 
 
-def test_a_deadline_past_the_controllers_horizon_is_refused_at_up(
-    script: Path,  # noqa: F811
-    fake_sky: FakeSky,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Bad input: a deadline the controller would stop before (its token's 72 h less the
-    margin it keeps to stop cleanly): one line naming the bound and `--resume`, exit 2,
-    nothing launched."""
-    fake_sky.health = dict(ACCOUNTS)
-    line = _one_line(_up_deadline(monkeypatch, script, tmp_path, "--deadline", "72h"))
-    assert "71 h" in line and "--deadline 71h" in line and "--resume" in line
-    assert fake_sky.jobs == {}
+def layout_uri(tmp_path: Path) -> str:
+    """Run llm's controller state in the test's bucket."""
+    from mncloud import layout
+
+    return layout.control_state_uri(f"file://{tmp_path / 'bucket'}/llm")

@@ -78,9 +78,9 @@ ROOMS: list[tuple[str, str]] = [
                                   "logs lost meta netcheck notice status task"),
     ("mncloud.backends.registry", ""),
     ("mncloud.launch", ""),
-    ("mncloud.control", "access billing down elastic horizon identity keeper lease loop markets "
-                        "outcomes pacing places placing progress recovery start state steering "
-                        "unsure watch"),
+    ("mncloud.control", "access billing down elastic handoff horizon identity keeper lease loop "
+                        "markets outcomes pacing places placing progress recovery start state "
+                        "steering unsure watch"),
     ("mncloud.operate", "logs status stop telemetry"),
     ("mncloud.ui", "app curves serve svg views"),
     ("mncloud.cli", "_common chaos ckpt control doctor exec export follow gpus job_options "

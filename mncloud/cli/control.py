@@ -151,6 +151,9 @@ def _control(name: str, state_uri: str | None, workdir: Path | None) -> None:
             name,
         )
         raise typer.Exit(code=CRASHED) from None
+    if getattr(controller, "succeeded", False):  # exit 0: the run is another's (`handoff.py`)
+        console.print(f"{name}: steered by {final.controller}", highlight=False, soft_wrap=True)
+        return
     console.print(f"{name}: {final.phase}; {final.detail}", highlight=False, soft_wrap=True)
 
 

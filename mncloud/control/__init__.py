@@ -31,6 +31,7 @@ existing=Existing.RESUME)`, so training resumes from the newest complete checkpo
     billing.py  the live launch's ledger follows SkyPilot's queue times (waiting unbilled)
     watch.py    `status` of a cloud deadline run asks SkyPilot how its controller is
     access.py   what the controller VM launches with: secrets as SkyPilot secrets
+    handoff.py  the run handed to a fresh controller job (a fresh token) before the token expires
     horizon.py  the controller's API token: the run stopped at a checkpoint before it expires
     elastic.py  `--min-nodes`: a spot launch on the nodes spot offers, grown back at the next
                 checkpoint

@@ -213,29 +213,30 @@ def token_expiry(environ: Mapping[str, str]) -> float | None:
 def check_token_life(
     info: Any, deadline_s: float, min_api_version: int, environ: Mapping[str, str] | None = None
 ) -> None:
-    """SpecError, one line, when the deadline is past the controller's horizon: the token it
-    will call SkyPilot with expires, never renewed, and the controller stops the run
-    `TOKEN_MARGIN_S` before that (`horizon.py`), so a later deadline would be missed for sure.
-    That token is SkyPilot's (`CONTROLLER_TOKEN_DAYS`) where the server gives one, else the
-    laptop's own (`environ`'s `SKYPILOT_SERVICE_ACCOUNT_TOKEN`, carried as a secret)."""
+    """SpecError, one line, when the deadline is past the controller's horizon. Where SkyPilot
+    gives each controller job a token of its own (`gets_skypilots_token`), there is none: the
+    controller hands the run to a fresh controller job, with a fresh token, before its own
+    expires (`handoff.py`). Elsewhere the controller carries the laptop's token (`environ`'s
+    `SKYPILOT_SERVICE_ACCOUNT_TOKEN`, as a secret), never renewed, and so would a successor:
+    the controller stops the run `TOKEN_MARGIN_S` before it expires (`horizon.py`), so a
+    later deadline would be missed for sure."""
     if gets_skypilots_token(info, min_api_version):
-        life_s = CONTROLLER_TOKEN_DAYS * 86400 - TOKEN_MARGIN_S
-        days = CONTROLLER_TOKEN_DAYS
-        whose = f"SkyPilot gives its job an API token valid {days * 24} h, never renewed"
-    else:
-        expires = token_expiry(environ or {})
-        if expires is None:
-            return
-        life_s = max(0.0, expires - TOKEN_MARGIN_S - time.time())
-        whose = f"the {TOKEN_ENV} it carries expires in {(expires - time.time()) / 3600:.0f} h"
+        return
+    expires = token_expiry(environ or {})
+    if expires is None:
+        return
+    life_s = max(0.0, expires - TOKEN_MARGIN_S - time.time())
     if deadline_s <= life_s:
         return
     hours = f"{life_s // 3600:.0f}"
     raise SpecError(
         f"--deadline {deadline_s / 3600:g}h is past the deadline controller's horizon ({hours} h: "
-        f"{whose}, and the controller stops the run at a checkpoint "
-        f"{TOKEN_MARGIN_S / 3600:g} h before its token expires); give --deadline {hours}h or less "
-        "(or a token that lives longer) and run `mncloud up --deadline ... --resume` for the "
+        f"the {TOKEN_ENV} it carries expires in {(expires - time.time()) / 3600:.0f} h, and "
+        "SkyPilot gives no controller job a token of its own here, so a fresh controller would "
+        f"carry the same one; the controller stops the run at a checkpoint "
+        f"{TOKEN_MARGIN_S / 3600:g} h before it expires); give --deadline {hours}h or less, a "
+        "token that lives longer, or enable service accounts on the server "
+        "(ENABLE_SERVICE_ACCOUNTS=true), and run `mncloud up --deadline ... --resume` for the "
         "rest once it ends"
     )
 

@@ -45,8 +45,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from mncloud.backends.base import RunState
+from mncloud.control.handoff import hand, own_key, steers, wait_turn
 from mncloud.control.horizon import blind, token_ends, token_stop
 from mncloud.control.markets import Clock, Market, SystemClock
+from mncloud.control.pacing import pause_s
 from mncloud.control.progress import checkpoint_step, seconds_per_step
 from mncloud.control.state import ControlState, Decision, Launching, save_state, stop_requested
 from mncloud.control.steering import Course, LaunchMade, OnePlace
@@ -70,8 +72,6 @@ log = logging.getLogger(__name__)
 #: A spot launch's supervisor waits this long before relaunching by itself: never, in effect
 #: (the controller decides when spot runs again).
 SPOT_RECOVERY_HOLD_S = 86400.0
-#: Wall seconds between looks at the backend inside a tick (finish, failure), at most.
-MAX_POLL_S = 30.0
 #: The preemption notice (wall seconds) the controller's own stops give the nodes: at most
 #: this, one tick of wall time when that is shorter, but never under `MIN_NOTICE_S`.
 STOP_NOTICE_S = 30.0
@@ -110,7 +110,8 @@ class Controller:
         self.unsure = 0
         """Looks in a row that ended in an error (`unsure.py`)."""
         self.token_ends = token_ends(self.backend)
-        """When this controller's API token expires: it stops the run before (`horizon.py`)."""
+        """When this controller's API token expires: it hands off or stops before (`horizon.py`)."""
+        self.handoff_key, self.succeeded = own_key(), False  # `handoff.py`
 
     # ------------------------------------------------------------------ loop
     def run(self) -> ControlState:
@@ -122,7 +123,7 @@ class Controller:
         st = self.state
         if st.started_at is None:
             st.started_at = self.clock.time()
-        if blind(self):  # past its token: no call
+        if blind(self) or not wait_turn(self):  # past its token; not (yet) its run
             return st
         try:
             self._recover()
@@ -131,10 +132,10 @@ class Controller:
         except MncloudError as err:
             on_tick_error(self, err)
         save_state(st)
-        while not st.final:
+        while not st.final and not self.succeeded:
             self.look()
-            if not st.final:
-                self.clock.sleep(max(self._pause(), backoff_s(self.unsure)))
+            if not st.final and not self.succeeded:
+                self.clock.sleep(max(pause_s(st, self.clock.time()), backoff_s(self.unsure)))
         return st
 
     def look(self) -> None:
@@ -143,7 +144,10 @@ class Controller:
         from mncloud.control.unsure import on_tick_error
 
         st = self.state
-        if blind(self):  # past its token: no call
+        if blind(self) or not steers(self):  # past its token; not (yet) its run
+            return
+        hand(self)  # to a fresh controller job before the token expires
+        if self.succeeded:
             return
         self.stop_reason = self.stop_reason or token_stop(self)  # before the token expires
         try:
@@ -166,15 +170,6 @@ class Controller:
         from mncloud.control.pacing import run_seconds
 
         return int(run_seconds(self.state, now) // self.state.config.gap_s)
-
-    def _pause(self) -> float:
-        from mncloud.control.pacing import run_seconds
-
-        cfg, now = self.state.config, self.clock.time()
-        tick_wall = cfg.gap_s / cfg.time_scale
-        run_s = run_seconds(self.state, now)
-        to_next = ((run_s // cfg.gap_s + 1) * cfg.gap_s - run_s) / cfg.time_scale
-        return max(0.01, min(to_next, MAX_POLL_S, max(0.2, tick_wall / 5)))
 
     def step(self) -> None:
         """One look: the end of the launch if it came (`outcomes.py`); a decision if a new

@@ -36,6 +36,18 @@ if TYPE_CHECKING:
     from mncloud.control.markets import Clock
     from mncloud.control.state import ControlState
 
+#: Wall seconds between looks at the backend inside a tick (finish, failure), at most.
+MAX_POLL_S = 30.0
+
+
+def pause_s(state: ControlState, now: float) -> float:
+    """Wall seconds from a look to the controller's next: to the next tick, or sooner."""
+    cfg = state.config
+    tick_wall = cfg.gap_s / cfg.time_scale
+    run_s = run_seconds(state, now)
+    to_next = ((run_s // cfg.gap_s + 1) * cfg.gap_s - run_s) / cfg.time_scale
+    return max(0.01, min(to_next, MAX_POLL_S, max(0.2, tick_wall / 5)))
+
 
 def run_seconds(state: ControlState, now: float) -> float:
     """Run time since tick 0 at wall time `now` (see the module docstring)."""

@@ -38,6 +38,7 @@ from mncloud.control.access import (
     check_identity,
     check_token_life,
     controller_access,
+    gets_skypilots_token,
     on_this_machine_only,
     redact_url,
 )
@@ -297,9 +298,11 @@ def start(state: ControlState) -> ControlState:
     info, min_version = host.api_login()  # refused before anything is cancelled or launched
     check_identity(info, _api_server(host), os.environ, min_version)
     check_token_life(info, state.config.deadline_s, min_version, os.environ)
+    hands_off = gets_skypilots_token(info, min_version)  # a successor gets a fresh token
+    state.config = state.config.model_copy(update={"hands_off": hands_off})
     take(state)  # one controller per run: a live one refuses this `up` (or `--replace` ends it)
     try:
-        state.controller_job_id = _launch_sky(state)
+        state.controller_job_id = launch_sky(state)
     except MncloudError as err:  # no phantom PENDING run: the state says it never started
         state.phase, state.detail = "failed", f"the controller was not launched: {err}"
         save_state(state)
@@ -396,8 +399,9 @@ def render_control_task(
     return env.get_template(CONTROL_TEMPLATE).render(**values)
 
 
-def _launch_sky(state: ControlState) -> int | None:
-    """Launch the controller as a CPU managed job; return its job id."""
+def launch_sky(state: ControlState, envs: dict[str, str] | None = None) -> int | None:
+    """Launch the controller as a CPU managed job (`envs`: plain envs added to its task, a
+    successor's hand-off key: `handoff.py`); return its job id."""
     import yaml
 
     from mncloud.control.down import host_of
@@ -408,6 +412,7 @@ def _launch_sky(state: ControlState) -> int | None:
     access = controller_access(
         api_server, list(spec.get("secrets") or []), os.environ, spec.get("envs")
     )
+    access.envs.update(envs or {})
     save_state(state)  # to the bucket too: the controller starts from there
     config = yaml.safe_load(render_control_task(state, api_server, access))
     return host.launch_controller(state.name, config, access.secrets)

@@ -130,6 +130,9 @@ class ControlConfig(BaseModel):
     """Clouds: spot is tried again this long after it was last seen missing."""
     state_uri: str | None = None
     """Where the state is mirrored beside the checkpoints (runs with a bucket)."""
+    hands_off: bool = False
+    """Clouds: SkyPilot gives each controller job a token of its own, so the controller hands
+    the run to a fresh controller job before its token expires (`control/handoff.py`)."""
     places: tuple[PlaceConfig, ...] = ()
     """Two or more: spot in any of them (`control/places.py`); on-demand in the first, the
     home place. None: one place, as `spot_price` and `trace` say."""
@@ -194,6 +197,20 @@ class LiveLaunch(BaseModel):
     """SkyPilot's request id of the launch."""
     meta: dict[str, Any] = Field(default_factory=dict)
     """The backend's own record of the launch (SkyPilot's `skypilot.json`), to write back."""
+
+
+class Successor(BaseModel):
+    """The controller job a controller hands the run to (`control/handoff.py`)."""
+
+    key: str
+    """Its `MNCLOUD_HANDOFF_KEY`: how it knows the run is handed to it."""
+    at: float
+    """Wall time its launch was sent."""
+    job_id: int | None = None
+    failed: str | None = None
+    """Why it will not take over (its launch failed, its job ended): the stop falls back."""
+    handed_at: float | None = None
+    """Wall time the run was handed to it: it steers from then on."""
 
 
 class ControlState(BaseModel):
@@ -282,6 +299,11 @@ class ControlState(BaseModel):
     the next `up` look for them too; never billed here (`run_ids` is this controller's)."""
     controller_job_id: int | None = None
     """Clouds: the controller's own managed job (`<name>-control`)."""
+    controller_key: str = ""
+    """Clouds: the `MNCLOUD_HANDOFF_KEY` of the controller that holds the run ("": the one
+    `up` launched); a controller with another key does not steer (`control/handoff.py`)."""
+    successor: Successor | None = None
+    """Clouds: the controller job the run is (being) handed to (`control/handoff.py`)."""
     errors_retried: int = 0
     """Launches that failed in the user's code and were made again (of `--max-restarts`)."""
     relaunches: int = 0
