@@ -218,6 +218,7 @@ def test_a_budget_the_first_tick_would_cross_launches_nothing(tmp_path: Path) ->
 
     class Backend:
         name = "fake"
+        runs_here = True  # as the local backend's: no API server to ask for earlier launches
         downs = 0
 
         def status(self, name: str) -> RunStatus:

@@ -96,7 +96,7 @@ def earlier_launches(ctl: Steering) -> None:
     from mncloud.control.lease import LAUNCH_POLL_S, LAUNCH_WAIT_S
 
     st = ctl.state
-    if ctl.backend.runs_here or not st.earlier_run_ids:
+    if not st.earlier_run_ids or ctl.backend.runs_here:
         return
     host = ctl.backend.controller_host()
     try:
