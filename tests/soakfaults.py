@@ -40,7 +40,7 @@ from sky.jobs import ManagedJobStatus as S
 
 from mncloud import control
 from mncloud.errors import MncloudError, SpecError
-from tests.fakesky import FakeSky, User
+from tests.fakesky import LAPTOP, FakeSky, User
 
 NEW_FAULTS = ("crash_in_launch", "second_user", "cancel_error", "api_status_error",
               "unauthorized", "server_failed", "controller_died", "interrupted_up",
@@ -65,6 +65,8 @@ class Soak:
     homes: list[tuple[str, float]] = field(default_factory=list)
     """Each controller VM's home and when it went."""
     n: int = 0
+    vm_user: User | None = None
+    """The controller VM's API user while a fault acts from the laptop."""
 
 
 def apply(kind: str, s: Soak) -> None:
@@ -141,11 +143,23 @@ def _restart(s: Soak, *, crash: bool) -> None:
 
 
 def _from_laptop(s: Soak, **update: Any) -> control.ControlState:
-    """The run's `up --deadline` again from another laptop (its own home), as `update` says."""
+    """The run's `up --deadline` again from another laptop (its own home, the laptop's API
+    user), as `update` says; `_back_on_vm` returns to the controller's VM."""
     st = s.run.state
+    if s.vm_user is None:  # (twice in one fault: the VM's user kept from the first)
+        s.vm_user = s.fake.user
+    s.fake.as_user(LAPTOP)
     s.monkeypatch.setenv("MNCLOUD_HOME", str(s.tmp_path / f"laptop-{s.report.seed}-{s.n}"))
     fields = {"name": st.name, "config": st.config, "spec": st.spec, "options": st.options}
     return control.ControlState(**{**fields, **update})
+
+
+def _back_on_vm(s: Soak, home: str) -> None:
+    """Back from `_from_laptop`: the controller VM's home and API user."""
+    s.monkeypatch.setenv("MNCLOUD_HOME", home)
+    if s.vm_user is not None:
+        s.fake.as_user(s.vm_user)
+    s.vm_user = None
 
 
 def _controller_died(s: Soak) -> None:
@@ -170,7 +184,7 @@ def _controller_died(s: Soak) -> None:
     except MncloudError:
         pass
     finally:
-        s.monkeypatch.setenv("MNCLOUD_HOME", home)
+        _back_on_vm(s, home)
     if len(fake.jobs) != jobs:
         s.report.violations.append(f"fault {s.n}: a resume beside job {training} launched")
     _controller_job(fake, s.monkeypatch, st)  # SkyPilot's controller back (a new job)
@@ -208,7 +222,7 @@ def _interrupted_up(s: Soak) -> None:
             pass
     finally:
         fake.held.discard("jobs.launch")
-        s.monkeypatch.setenv("MNCLOUD_HOME", home)
+        _back_on_vm(s, home)
     fake.finish_in_flight()
     made = fake.live_jobs("llm-b-control")
     if len(made) > 1:
@@ -234,7 +248,7 @@ def _long_up(s: Soak) -> None:
             s.report.violations.append(f"fault {s.n}: a 100 h deadline refused as {err}")
     finally:
         fake.health = {}
-        s.monkeypatch.setenv("MNCLOUD_HOME", home)
+        _back_on_vm(s, home)
     if len(fake.jobs) != jobs:
         s.report.violations.append(f"fault {s.n}: a 100 h deadline launched something")
 
