@@ -50,6 +50,7 @@ def plain_soak(
     from mncloud.backends.skypilot import SkyPilotBackend, cancel
     from mncloud.launch import Existing, launch
     from mncloud.request import build_spec
+    from tests.cloudsoak import schedule
 
     monkeypatch.setitem(cancel.cancel_jobs.__kwdefaults__, "wait_s", 0.0)  # `down` again
     monkeypatch.setitem(cancel.cancel_jobs.__kwdefaults__, "sleep", lambda _s: None)
@@ -69,9 +70,9 @@ def plain_soak(
     existing, final = Existing.REFUSE, True
     users: set[int] = set()
     """The jobs a node of which failed in the user's program (`node_failed`)."""
-    for n in range(faults):
-        kind = rng.choice(kinds)
-        users |= _apply(kind, rng, fake)
+    for n, moment in enumerate(schedule(rng, faults, kinds)):  # every kind, each seed
+        for kind in moment:
+            users |= _apply(kind, rng, fake)
         if final:
             with contextlib.suppress(MncloudError):  # a lost answer, or a failed launch
                 launch(spec, existing=existing, approve=lambda _plan: True)
