@@ -74,6 +74,12 @@ def _look(run: Driver, fake: FakeSky, report: Report, gap: float) -> None:
     live = fake.live_jobs("llm")
     if len(live) > 1:
         report.violations.append(f"look {report.looks}: two live training jobs {live}")
+    training = [j for j in live if any(t.status in _LIVE for t in fake.job(j).tasks)]
+    if run.state.final and training:  # ended, and nobody steers what still trains
+        report.violations.append(
+            f"look {report.looks}: the controller ended the run ({run.state.phase}) while "
+            f"job {training} trains on"
+        )
 
 
 def _apply(kind: str, rng: random.Random, fake: FakeSky, run: Driver) -> None:
@@ -387,14 +393,15 @@ def _credentials_kept(fake: FakeSky, tmp_path: Path, report: Report) -> None:
 
 
 def soak_state(script: Path, tmp_path: Path, **flags: Any) -> control.ControlState:
-    """A cloud deadline run with a secret, a long deadline and many restarts allowed."""
+    """A cloud deadline run with a secret, a long deadline and (unless `flags` say) many
+    restarts allowed."""
     from mncloud.request import build_spec
     from mncloud.spec.launch import LaunchOptions
 
     bucket = f"file://{tmp_path / 'bucket'}"
+    flags.setdefault("max_restarts", 50)
     spec = build_spec(script, gpus="H100:8", nodes=4, name="llm", bucket=bucket,
-                      secret=["SOAK_TOKEN"], max_restarts=50, env=[f"NOTE={ENV_VALUE}"],
-                      **flags)  # fmt: skip
+                      secret=["SOAK_TOKEN"], env=[f"NOTE={ENV_VALUE}"], **flags)  # fmt: skip
     state = control.deadline_state(
         spec, LaunchOptions(hours=2, recovery_minutes=10), deadline_s=12 * 3600,
         hours_given=True, spot_price=10.0, on_demand_price=30.0, policy="uniform-progress",

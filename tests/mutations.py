@@ -10,7 +10,8 @@ test fails. The short form (3 seeds × 12 faults) is in the suite; `bench/soak_m
 runs the long one (10 × 20) and prints the fix × seeds table of docs/benchmarks.md.
 
 The soaks (`soak_once`): `controller` (a deadline run, `tests/cloudsoak.py`), `plain`
-(`tests/plainsoak.py`), each on a managed job or, `-group`, a job group (`--recovery node`).
+(`tests/plainsoak.py`), each on a managed job or, `-group`, a job group (`--recovery node`; under
+the controller with `--max-restarts 0`, so that the failed node ends the run).
 """
 
 from __future__ import annotations
@@ -155,5 +156,7 @@ def soak_once(
 
             script.write_text("from mncloud.train import Replicas\nreplicas = Replicas({})\n")
             mp.setattr(jobgroup, "require_bucket", lambda _spec: None)
-        state = soak_state(script, folder, **({"recovery": "node"} if group else {}))
+        # a job group with no restart left: a failed node ends the run, its rest must not train on
+        flags = {"recovery": "node", "max_restarts": 0} if group else {}
+        state = soak_state(script, folder, **flags)
         return controller_soak(fake, mp, folder, state, seed, faults).violations
