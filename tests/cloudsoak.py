@@ -311,7 +311,7 @@ def _later_fault(
     if kind == "second_up":
         _second_up(run, fake, monkeypatch, tmp_path, report)
     else:
-        _node_failed(rng, fake)
+        _node_failed(rng, fake, run)
     return False
 
 
@@ -364,13 +364,19 @@ def _second_up(
         report.violations.append(f"look {report.looks}: a second up launched something")
 
 
-def _node_failed(rng: random.Random, fake: FakeSky) -> None:
-    """One node of the live launch fails past its restarts (a job group's others train on)."""
+def _node_failed(rng: random.Random, fake: FakeSky, run: Driver) -> None:
+    """One training node of the live launch fails past its restarts (a job group's others
+    train on); none live: at the controller's next launch, a few looks at most."""
+    for _ in range(3):
+        if fake.live_jobs("llm") or run.state.final:
+            break
+        run.ctl.look()
+        run.clock.now += 1.0
     live = fake.live_jobs("llm")
-    if not live:
+    if not live or run.state.final:
         return
     tasks = fake.job(live[0]).tasks
-    nodes = [t for t in tasks if t.primary] or tasks
+    nodes = [t for t in tasks if t.primary and t.status in _LIVE] or tasks
     node = rng.choice(nodes)
     fake.set_status(live[0], S.FAILED, task=node.name, reason=f"{node.name}'s program exited 1")
 

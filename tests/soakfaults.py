@@ -163,14 +163,20 @@ def _back_on_vm(s: Soak, home: str) -> None:
 
 
 def _controller_died(s: Soak) -> None:
-    """The controller's job FAILED_CONTROLLER while its training job trains: `up --resume`
-    refused in one line; nothing launched beside it. Then the controller is back."""
+    """The controller's job FAILED_CONTROLLER while its training job trains (at its next
+    look that has one live, within a few): `up --resume` refused in one line; nothing launched
+    beside it. Then the controller is back."""
     from mncloud.control.start import start
     from tests.cloudsoak import _controller_job
 
     fake, st = s.fake, s.run.state
+    for _ in range(3):  # a launch waiting for its next look: the controller makes it first
+        if fake.live_jobs("llm") or st.final:
+            break
+        s.run.ctl.look()
+        s.run.clock.now += 1.0
     training = fake.live_jobs("llm")
-    if st.controller_job_id is None or not training:
+    if st.controller_job_id is None or not training or st.final:
         return
     fake.set_status(st.controller_job_id, S.FAILED_CONTROLLER)
     home, jobs = os.environ["MNCLOUD_HOME"], len(fake.jobs)
