@@ -365,8 +365,9 @@ def _second_up(
 
 
 def _node_failed(rng: random.Random, fake: FakeSky, run: Driver) -> None:
-    """One training node of the live launch fails past its restarts (a job group's others
-    train on); none live: at the controller's next launch, a few looks at most."""
+    """One node of the live launch fails in the user's program past its restarts (a job
+    group's others train on): a running node (a job still waiting for VMs gets them first);
+    none live: at the controller's next launch, a few looks at most."""
     for _ in range(3):
         if fake.live_jobs("llm") or run.state.final:
             break
@@ -376,7 +377,11 @@ def _node_failed(rng: random.Random, fake: FakeSky, run: Driver) -> None:
     if not live or run.state.final:
         return
     tasks = fake.job(live[0]).tasks
-    nodes = [t for t in tasks if t.primary and t.status in _LIVE] or tasks
+    if not any(t.status is S.RUNNING for t in tasks):
+        if tasks[0].status not in _FROM["recovered"]:
+            return  # (CANCELLING: it only ends)
+        fake.set_status(live[0], S.RUNNING)  # the cloud gives it its VMs; the program starts
+    nodes = [t for t in tasks if t.primary and t.status is S.RUNNING] or tasks
     node = rng.choice(nodes)
     fake.set_status(live[0], S.FAILED, task=node.name, reason=f"{node.name}'s program exited 1")
 
