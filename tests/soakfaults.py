@@ -129,9 +129,9 @@ def _restart(s: Soak, *, crash: bool) -> None:
         with s.monkeypatch.context() as patch:
             patch.setattr(sky.jobs, "launch", sent_then_killed)
             with contextlib.suppress(Crash):
-                for _ in range(3):
+                for _ in range(6):  # its next launch: a backoff may come first
                     s.run.ctl.look()
-                    s.run.clock.now += 1.0
+                    s.run.clock.now += 60.0
         fake.held.discard("jobs.launch")
     else:
         fake.as_user(User(f"controller-vm-{s.n}", f"c0{s.n:06x}"))
@@ -212,10 +212,12 @@ def _interrupted_up(s: Soak) -> None:
     other = {"name": "llm-b", "config": st.config.model_copy(update={"state_uri": uri}),
              "existing": "resume"}  # fmt: skip
 
+    sent: list[str] = []
+
     def sent_then_interrupted(_self: Any, run_name: str, config: Any, secrets: Any) -> None:
         import sky
 
-        sky.jobs.launch(sky.Task.from_yaml_config(config), name=f"{run_name}-control")
+        sent.append(sky.jobs.launch(sky.Task.from_yaml_config(config), name=f"{run_name}-control"))
         raise KeyboardInterrupt
 
     home = os.environ["MNCLOUD_HOME"]
@@ -223,14 +225,21 @@ def _interrupted_up(s: Soak) -> None:
     try:
         with s.monkeypatch.context() as patch:
             patch.setattr(host.SkyPilotHost, "launch_controller", sent_then_interrupted)
-            with contextlib.suppress(KeyboardInterrupt, MncloudError):
-                start(_from_laptop(s, **other))
+            for _attempt in range(5):  # an API error before the launch: the user runs it again
+                with contextlib.suppress(KeyboardInterrupt, MncloudError):
+                    start(_from_laptop(s, **other))
+                if sent:
+                    break
         fake.held.discard("jobs.launch")
-        try:
-            start(_from_laptop(s, **other))
+        for _attempt in range(5):  # the API server away says so; the user runs it again
+            try:
+                start(_from_laptop(s, **other))
+            except SpecError:
+                break
+            except MncloudError:
+                continue
             s.report.violations.append(f"fault {s.n}: up after an interrupted up not refused")
-        except MncloudError:
-            pass
+            break
     finally:
         fake.held.discard("jobs.launch")
         _back_on_vm(s, home)
