@@ -34,12 +34,14 @@ from sky.jobs import ManagedJobStatus as S
 
 from mncloud import control
 from mncloud.errors import MncloudError, SpecError
-from tests.fakesky import LAPTOP, FakeSky
+from tests.fakesky import LAPTOP, FakeSky, User
 from tests.soakfaults import NEW_FAULTS, Soak, apply, final_checks
 from tests.test_control import GAP
 from tests.test_control_cloud import Driver, _fresh_vm
 
 SECRET = "soak-s3cr3t-value-7f3a"
+CONTROLLER_VM = User("controller-vm", "c0417000")
+"""The controller VM's API user (its own service-account identity, not the laptop's)."""
 FAULTS = ("api_error", "lost_answer", "slow_cancel", "preempt", "recovered", "job_failed",
           "no_capacity", "restart")  # fmt: skip
 
@@ -72,6 +74,12 @@ def _look(run: Driver, fake: FakeSky, report: Report, gap: float) -> None:
     live = fake.live_jobs("llm")
     if len(live) > 1:
         report.violations.append(f"look {report.looks}: two live training jobs {live}")
+    training = [j for j in live if any(t.status in _LIVE for t in fake.job(j).tasks)]
+    if run.state.final and training:  # ended, and nobody steers what still trains
+        report.violations.append(
+            f"look {report.looks}: the controller ended the run ({run.state.phase}) while "
+            f"job {training} trains on"
+        )
 
 
 def _apply(kind: str, rng: random.Random, fake: FakeSky, run: Driver) -> None:
@@ -106,23 +114,10 @@ def soak(
     rng, report = random.Random(seed), Report(seed)
     s = Soak(rng, fake, Driver(state), monkeypatch, tmp_path, report)
     _controller_job(fake, monkeypatch, state)
-    for n in range(faults):
-        s.n = n
-        kind = rng.choice(_menu(menu, first=not report.looks))  # a run first
-        report.faults[kind] = report.faults.get(kind, 0) + 1
-        if kind in LATER_FAULTS:
-            if _later_fault(kind, rng, fake, s.run, monkeypatch, tmp_path, report):
-                break  # `down`: the run is over
-        elif kind in NEW_FAULTS:
-            apply(kind, s)
-        elif kind == "restart":
-            s.homes.append((os.environ["MNCLOUD_HOME"], s.run.clock.now))
-            fresh = _fresh_vm(monkeypatch, tmp_path, f"vm-{seed}-{n}")
-            s.run = Driver(fresh, s.run.clock)
-            with contextlib.suppress(MncloudError):  # LaunchUnknown: SkyPilot restarts it
-                s.run.ctl._recover()
-        else:
-            _apply(kind, rng, fake, s.run)
+    fake.as_user(CONTROLLER_VM)  # its VM's own identity; the laptop's is LAPTOP
+    for moment in schedule(rng, faults, _kinds(menu), early=FAULTS):
+        if _moment(s, moment):
+            break  # `down`: the run is over
         for _ in range(rng.randint(1, 3)):
             if s.run.state.final:
                 break
@@ -143,11 +138,53 @@ def soak(
     return report
 
 
-def _menu(menu: tuple[str, ...] | None, *, first: bool) -> list[str]:
-    """The fault kinds to draw from: before the first look, the early ones only."""
-    kinds = FAULTS if first else FAULTS + LATER_FAULTS + NEW_FAULTS
-    chosen = [k for k in kinds if menu is None or k in menu]
-    return chosen or ["recovered"]
+def _moment(s: Soak, kinds: list[str]) -> bool:
+    """The faults of one moment, in turn; True when one ended the run (`down`)."""
+    fake, report, rng = s.fake, s.report, s.rng
+    for kind in kinds:
+        s.n += 1
+        report.faults[kind] = report.faults.get(kind, 0) + 1
+        if kind in LATER_FAULTS:
+            if _later_fault(kind, rng, fake, s.run, s.monkeypatch, s.tmp_path, report):
+                return True
+        elif kind in NEW_FAULTS:
+            apply(kind, s)
+        elif kind == "restart":
+            s.homes.append((os.environ["MNCLOUD_HOME"], s.run.clock.now))
+            fresh = _fresh_vm(s.monkeypatch, s.tmp_path, f"vm-{report.seed}-{s.n}")
+            s.run = Driver(fresh, s.run.clock)
+            with contextlib.suppress(MncloudError):  # LaunchUnknown: SkyPilot restarts it
+                s.run.ctl._recover()
+        else:
+            _apply(kind, rng, fake, s.run)
+    return False
+
+
+def _kinds(menu: tuple[str, ...] | None) -> list[str]:
+    kinds = [k for k in FAULTS + LATER_FAULTS + NEW_FAULTS if menu is None or k in menu]
+    return kinds or ["recovered"]
+
+
+def schedule(
+    rng: random.Random, faults: int, kinds: list[str], early: tuple[str, ...] = ()
+) -> list[list[str]]:
+    """`faults` moments of faults: every kind once per round, each round in a seeded random
+    order, so that each seed meets every kind once `faults` reaches their number; with fewer
+    moments than kinds, some moments bring two faults at once (an API error while a node
+    fails). The first fault is one of `early` (there is a run first), `down` (it ends the
+    run) comes last."""
+    deck: list[str] = []
+    while len(deck) < max(faults, len(kinds)):
+        deck += rng.sample(kinds, len(kinds))
+    deck = deck[: max(faults, len(kinds))]
+    if "down" in deck:
+        deck = [k for k in deck if k != "down"] + ["down"]
+    first = next((i for i, k in enumerate(deck) if k in early), 0) if early else 0
+    deck.insert(0, deck.pop(first))
+    moments: list[list[str]] = [[] for _ in range(min(faults, len(deck)))]
+    for i, kind in enumerate(deck):
+        moments[i * len(moments) // len(deck)].append(kind)
+    return moments
 
 
 def _down_at_the_end(s: Soak) -> None:
@@ -274,7 +311,7 @@ def _later_fault(
     if kind == "second_up":
         _second_up(run, fake, monkeypatch, tmp_path, report)
     else:
-        _node_failed(rng, fake)
+        _node_failed(rng, fake, run)
     return False
 
 
@@ -306,8 +343,9 @@ def _second_up(
 
     from mncloud.control.start import start
 
-    home, jobs = os.environ["MNCLOUD_HOME"], len(fake.jobs)
+    home, jobs, vm = os.environ["MNCLOUD_HOME"], len(fake.jobs), fake.user
     monkeypatch.setenv("MNCLOUD_HOME", str(tmp_path / f"laptop-{report.looks}"))
+    fake.as_user(LAPTOP)
     st = run.state
     again = control.ControlState(name=st.name, config=st.config, spec=st.spec, options=st.options)
     try:
@@ -321,17 +359,29 @@ def _second_up(
         pass
     finally:
         monkeypatch.setenv("MNCLOUD_HOME", home)
+        fake.as_user(vm)
     if len(fake.jobs) != jobs or len(fake.live_jobs("llm-control")) > 1:
         report.violations.append(f"look {report.looks}: a second up launched something")
 
 
-def _node_failed(rng: random.Random, fake: FakeSky) -> None:
-    """One node of the live launch fails past its restarts (a job group's others train on)."""
+def _node_failed(rng: random.Random, fake: FakeSky, run: Driver) -> None:
+    """One node of the live launch fails in the user's program past its restarts (a job
+    group's others train on): a running node (a job still waiting for VMs gets them first);
+    none live: at the controller's next launch, a few looks at most."""
+    for _ in range(3):
+        if fake.live_jobs("llm") or run.state.final:
+            break
+        run.ctl.look()
+        run.clock.now += 1.0
     live = fake.live_jobs("llm")
-    if not live:
+    if not live or run.state.final:
         return
     tasks = fake.job(live[0]).tasks
-    nodes = [t for t in tasks if t.primary] or tasks
+    if not any(t.status is S.RUNNING for t in tasks):
+        if tasks[0].status not in _FROM["recovered"]:
+            return  # (CANCELLING: it only ends)
+        fake.set_status(live[0], S.RUNNING)  # the cloud gives it its VMs; the program starts
+    nodes = [t for t in tasks if t.primary and t.status is S.RUNNING] or tasks
     node = rng.choice(nodes)
     fake.set_status(live[0], S.FAILED, task=node.name, reason=f"{node.name}'s program exited 1")
 
@@ -354,14 +404,15 @@ def _credentials_kept(fake: FakeSky, tmp_path: Path, report: Report) -> None:
 
 
 def soak_state(script: Path, tmp_path: Path, **flags: Any) -> control.ControlState:
-    """A cloud deadline run with a secret, a long deadline and many restarts allowed."""
+    """A cloud deadline run with a secret, a long deadline and (unless `flags` say) many
+    restarts allowed."""
     from mncloud.request import build_spec
     from mncloud.spec.launch import LaunchOptions
 
     bucket = f"file://{tmp_path / 'bucket'}"
+    flags.setdefault("max_restarts", 50)
     spec = build_spec(script, gpus="H100:8", nodes=4, name="llm", bucket=bucket,
-                      secret=["SOAK_TOKEN"], max_restarts=50, env=[f"NOTE={ENV_VALUE}"],
-                      **flags)  # fmt: skip
+                      secret=["SOAK_TOKEN"], env=[f"NOTE={ENV_VALUE}"], **flags)  # fmt: skip
     state = control.deadline_state(
         spec, LaunchOptions(hours=2, recovery_minutes=10), deadline_s=12 * 3600,
         hours_given=True, spot_price=10.0, on_demand_price=30.0, policy="uniform-progress",

@@ -1,224 +1,162 @@
-"""Each fix the cloud fault soak guards, taken back out in-process (issue #52's mutation check).
+"""Each fix the cloud fault soak guards, taken back out of the source (issue #58).
 
-`MUTATIONS[name].undo(monkeypatch)` puts the code back as it was before the fix (the old
-function, or the old value, patched in for one test); `soak_catches` runs the soak
-(`tests/cloudsoak.py`) on seeds until one reports a violation. The short form
-(`tests/test_soak_mutations.py`) draws from the faults about the fix (`menu`) and stops at the
-first seed that catches it; the long form (`bench/soak_mutations.sh`) runs every seed of the
-whole menu and reports, per mutation, the seeds that caught it (docs/benchmarks.md).
+The fixes are patches in one file, `tests/guarded_fixes.diff` (a `# fix:` entry each: the soak
+that must catch it, the fix's own test, and a unified diff whose `-` lines are the lines it
+guards). `revert` copies the `mncloud/` package into a folder and applies one patch there with
+`git apply`; `check` runs, in a fresh interpreter whose `mncloud` is that copy, the soak on a
+fixed set of seeds with every fault kind (`tests/test_soak_mutations.py::test_soak_seeds`) and
+the fix's own test. A fix counts as guarded when every seed reports a violation and its own
+test fails. The short form (3 seeds × 12 faults) is in the suite; `bench/soak_mutations.py`
+runs the long one (10 × 20) and prints the fix × seeds table of docs/benchmarks.md.
 
-    request name      `find.launch_request_name`: the bare SDK name `jobs.launch`, never what
-                      the server lists (`sky.jobs.launch`): a launch in flight not waited for
-    all_users         every queue read of the caller's jobs only (`all_users=False`)
-    unsure retry      the first error in a look fails the run (`UNSURE_LOOKS = 0`)
-    group cancel      a failed launch's live rest (a job group's other nodes) not cancelled
-                      before the relaunch (`outcomes._cancel_the_rest`)
-    lease             any number of controllers (`lease.take` does nothing)
-    lost answer       a launch whose answer was lost taken for a failed one
-    1 failed rest     a plain run's failed group's rest left training (`cancel_failed_rest`)
-    2 in flight       an `up` cut short while its controller launch was in flight not seen
-    3 group lost      a job group's lost answer taken for a failed launch (the second path)
-    4 dead controller a new controller launched beside a dead one's live training job
-    5 token life      a deadline past the controller's 3-day token accepted
-    6 server failed   a launch the server failed (connection-type error) taken for a lost
-                      answer, resolved as "made no job", counted as the user's error
+The soaks (`soak_once`): `controller` (a deadline run, `tests/cloudsoak.py`), `plain`
+(`tests/plainsoak.py`), each on a managed job or, `-group`, a job group (`--recovery node`; under
+the controller with `--max-restarts 0`, so that the failed node ends the run).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+REPO = Path(__file__).resolve().parents[1]
+FIXES_FILE = Path(__file__).with_name("guarded_fixes.diff")
+SOAKS = ("controller", "controller-group", "plain", "plain-group")
+RUN_ENV = "MNCLOUD_SOAK_RUN"
+"""What `test_soak_seeds` runs, as JSON (soak, seeds, faults, out): set by `check` only."""
+
 
 @dataclass(frozen=True)
-class Mutation:
-    undo: Callable[[pytest.MonkeyPatch], None]
-    menu: tuple[str, ...]
-    """The soak's faults about the fix (the short form draws from these only)."""
-    group: bool = False
-    """Soaked on a job group (`--recovery node`) rather than a plain managed job."""
-    plain: bool = False
-    """Soaked as a plain `up` (no deadline controller: `tests/plainsoak.py`)."""
+class Fix:
+    name: str
+    soak: str
+    """The soak that must catch it (one of `SOAKS`)."""
+    test: str
+    """The fix's own test (a pytest node id): it must fail with the fix taken out."""
+    why: str
+    patch: str
+    """The unified diff that takes the fix out (against the repository's root)."""
 
 
-def _request_name(mp: pytest.MonkeyPatch) -> None:
-    from mncloud.backends.skypilot import find
-
-    mp.setattr(find, "launch_request_name", lambda: "jobs.launch")
-
-
-def _all_users(mp: pytest.MonkeyPatch) -> None:
-    import sky
-
-    asked = sky.jobs.queue_v2  # the fake's, installed before
-
-    def mine_only(*args: Any, **kwargs: Any) -> Any:
-        return asked(*args, **{**kwargs, "all_users": False})
-
-    mp.setattr(sky.jobs, "queue_v2", mine_only)
+def fixes(path: Path = FIXES_FILE) -> dict[str, Fix]:
+    """The entries of `guarded_fixes.diff`, by name."""
+    found: dict[str, Fix] = {}
+    for entry in re.split(r"^# fix: ", path.read_text(), flags=re.M)[1:]:
+        name, _, rest = entry.partition("\n")
+        fields = dict(re.findall(r"^# (soak|test|why): (.*)$", rest, flags=re.M))
+        patch = rest[rest.index("--- a/") :]
+        fix = Fix(name.strip(), fields["soak"], fields["test"], fields["why"], patch)
+        if fix.soak not in SOAKS or fix.name in found:
+            raise ValueError(f"{path.name}: entry {fix.name!r}: soak {fix.soak!r} or name")
+        found[fix.name] = fix
+    return found
 
 
-def _unsure_retry(mp: pytest.MonkeyPatch) -> None:
-    from mncloud.control import unsure
-
-    mp.setattr(unsure, "UNSURE_LOOKS", 0)
-
-
-def _group_cancel(mp: pytest.MonkeyPatch) -> None:
-    from mncloud.control import outcomes
-
-    mp.setattr(outcomes, "_cancel_the_rest", lambda _ctl: None)
-
-
-def _lease(mp: pytest.MonkeyPatch) -> None:
-    from mncloud.control import lease
-
-    mp.setattr(lease, "take", lambda _state: None)
+def revert(fix: Fix, folder: Path) -> Path:
+    """A copy of `mncloud/` under `folder` with `fix` taken out; AssertionError, naming the
+    fix, when its patch no longer applies (the guarded lines moved: mend the entry)."""
+    shutil.copytree(REPO / "mncloud", folder / "mncloud",
+                    ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
+    done = subprocess.run(["git", "apply", "--whitespace=nowarn", "-"], input=fix.patch,
+                          cwd=folder, capture_output=True, text=True)  # fmt: skip
+    if done.returncode:
+        raise AssertionError(f"fix {fix.name!r}: its patch no longer applies: {done.stderr}")
+    return folder
 
 
-def _lost_answer(mp: pytest.MonkeyPatch) -> None:
-    from mncloud.backends.skypilot import backend
-
-    mp.setattr(backend, "lost_answer_errors", lambda: ())  # caught nowhere: launch failed
-
-
-def _failed_rest(mp: pytest.MonkeyPatch) -> None:
-    from mncloud.backends.skypilot import backend
-
-    mp.setattr(backend, "cancel_failed_rest", lambda _meta, status: status)
+@dataclass
+class Verdict:
+    caught: dict[int, str]
+    """Per seed, its first violation ('' for none)."""
+    own_test_failed: bool | None
+    """None: no own test was run."""
+    output: str
 
 
-def _in_flight(mp: pytest.MonkeyPatch) -> None:
-    from mncloud.backends.skypilot import find
-
-    mp.setattr(find, "launches_in_flight", lambda _name, wait=False: [])
-
-
-def _group_lost(mp: pytest.MonkeyPatch) -> None:
-    """The job group's own launch as it was: any error of the wait is a failed launch."""
-    import sky as sky_module
-
-    from mncloud.backends.skypilot import backend
-
-    fixed = backend.SkyPilotBackend._launch_managed_job
-
-    def old(self: Any, entry: Any, name: str, meta: Any) -> int:
-        if not isinstance(entry, sky_module.Dag):
-            return fixed(self, entry, name, meta)
-        with backend.sky_errors(f"launch job group {name}"):
-            request_id = sky_module.jobs.launch(entry, name=name)
-            meta.request_id = str(request_id)
-            backend.save_meta(meta)
-            job_ids, _handle = sky_module.stream_and_get(request_id, output_stream=self.progress)
-        return int(job_ids[0])
-
-    mp.setattr(backend.SkyPilotBackend, "_launch_managed_job", old)
-
-
-def _dead_controller(mp: pytest.MonkeyPatch) -> None:
-    from mncloud.control import lease
-
-    mp.setattr(lease, "_left_unsteered", lambda _host, _state: None)
+def check(
+    fix: Fix | None, soak: str, seeds: list[int], faults: int, folder: Path, *, own: bool = True
+) -> Verdict:
+    """The soak `soak` on `seeds` (`faults` each, every kind), and (`own`) the fix's own test,
+    with `fix` taken out of a copy of the package under `folder` (None: the source as it is)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = [str(revert(fix, folder / "src"))] if fix is not None else []
+    out, xml = folder / "seeds.json", folder / "tests.xml"
+    run = {"soak": soak, "seeds": seeds, "faults": faults, "out": str(out)}
+    env = {**os.environ, RUN_ENV: json.dumps(run),
+           "PYTHONPATH": os.pathsep.join([*path, str(REPO)])}  # fmt: skip
+    tests = ["tests/test_soak_mutations.py::test_soak_seeds"]
+    if own and fix is not None:
+        tests.append(fix.test)
+    # -P and --import-mode=append: `mncloud` is the copy's, not the repository's
+    argv = [sys.executable, "-P", "-m", "pytest", *tests, "-n", "0", "-q", "-p",
+            "no:cacheprovider", "--import-mode=append", f"--junitxml={xml}",
+            f"--basetemp={folder / 'tmp'}"]  # fmt: skip
+    done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True)
+    output = done.stdout[-4000:] + done.stderr[-2000:]
+    if not out.exists():
+        raise AssertionError(f"the soak did not run ({fix and fix.name}): {output}")
+    caught = {int(seed): found for seed, found in json.loads(out.read_text()).items()}
+    failed = _failed(xml, fix.test) if own and fix is not None else None
+    return Verdict(caught, failed, output)
 
 
-def _token_life(mp: pytest.MonkeyPatch) -> None:
-    import importlib
-
-    start = importlib.import_module("mncloud.control.start")
-
-    mp.setattr(start, "check_token_life", lambda *_args: None)
-
-
-def _server_failed(mp: pytest.MonkeyPatch) -> None:
-    """No `api_status` look at a failed request; a launch resolved to no job returns None (the
-    run PENDING, then "launch failed" with no failure kind: the user's error)."""
-    import sky as sky_module
-
-    from mncloud.backends.skypilot import backend, lost
-
-    mp.setattr(lost, "server_failed", lambda _request_id: False)
-
-    def old(self: Any, entry: Any, name: str, meta: Any) -> int | None:
-        with backend.sky_errors(f"launch managed job {name}"):
-            request_id = sky_module.jobs.launch(entry, name=name)
-            meta.request_id = str(request_id)
-            backend.save_meta(meta)
-        try:
-            with backend.sky_errors(name, keep=backend.lost_answer_errors()):
-                job_ids, _ = sky_module.stream_and_get(request_id, output_stream=self.progress)
-        except backend.lost_answer_errors():
-            return backend.resolve_lost(name, str(request_id), meta.run_id)
-        return int(job_ids[0]) if job_ids else None
-
-    fixed_status = backend.SkyPilotBackend.status
-
-    def status(self: Any, run_name: str) -> Any:
-        answer = fixed_status(self, run_name)
-        if answer.detail.startswith("launch failed"):
-            answer.failure = None
-        return answer
-
-    mp.setattr(backend.SkyPilotBackend, "_launch_managed_job", old)
-    mp.setattr(backend.SkyPilotBackend, "status", status)
-
-
-_BASE = ("recovered", "preempt")
-MUTATIONS: dict[str, Mutation] = {
-    "request name": Mutation(_request_name, ("crash_in_launch", *_BASE)),
-    "all_users": Mutation(_all_users, ("second_user", *_BASE)),
-    "unsure retry": Mutation(_unsure_retry, ("api_error", "unauthorized", "cancel_error")),
-    "group cancel": Mutation(_group_cancel, ("node_failed", *_BASE), group=True),
-    "lease": Mutation(_lease, ("second_up", *_BASE)),
-    "lost answer": Mutation(_lost_answer, ("lost_answer", *_BASE), plain=True),
-    "1 failed rest": Mutation(_failed_rest, ("node_failed", *_BASE), group=True, plain=True),
-    "2 in flight": Mutation(_in_flight, ("interrupted_up", *_BASE)),
-    "3 group lost": Mutation(_group_lost, ("lost_answer", *_BASE), group=True, plain=True),
-    "4 dead controller": Mutation(_dead_controller, ("controller_died", *_BASE)),
-    "5 token life": Mutation(_token_life, ("long_up", *_BASE)),
-    "6 server failed": Mutation(_server_failed, ("server_failed", *_BASE)),
-}
+def _failed(xml: Path, node: str) -> bool:
+    """Whether test `node` (any of its parameters) failed or erred in the JUnit report `xml`;
+    AssertionError when it did not run (skipped or not collected: it proves nothing)."""
+    name = node.rpartition("::")[2]
+    ran = [case for case in ET.parse(xml).iter("testcase")
+           if case.get("name", "").partition("[")[0] == name
+           and case.find("skipped") is None]  # fmt: skip
+    if not ran:
+        raise AssertionError(f"{node} did not run")
+    return any(case.find("failure") is not None or case.find("error") is not None for case in ran)
 
 
 def soak_once(
     fake: Any,
-    mutation: Mutation | None,
+    soak: str,
     script: Path,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     seed: int,
     faults: int,
-    *,
-    menu: tuple[str, ...] | None = None,
 ) -> list[str]:
-    """One seed of the soak on the installed `fake` (the `fake_sky` fixture's, emptied: a
-    second `install` would not replace the first), a fresh home, `mutation` taken out: its
+    """One seed of soak `soak` (every fault kind) on the installed `fake` (the `fake_sky`
+    fixture's, emptied: a second `install` would not replace the first), a fresh home: its
     violations."""
-    from tests.cloudsoak import SECRET, soak, soak_state
+    from tests.cloudsoak import SECRET, soak_state
+    from tests.cloudsoak import soak as controller_soak
     from tests.fakesky import FakeSky, server
 
-    folder = tmp_path / f"seed-{seed}"
+    folder = tmp_path / f"{soak}-{seed}"
     folder.mkdir()
+    group = soak.endswith("-group")
     with monkeypatch.context() as mp:
         mp.setenv("MNCLOUD_HOME", str(folder / "home"))
         mp.setenv("SOAK_TOKEN", SECRET)
         fake.__dict__.clear()
         fake.__dict__.update(FakeSky().__dict__)
         mp.setattr(server, "INSTALLED", fake)
-        if mutation is not None:
-            mutation.undo(mp)
-        group = mutation is not None and mutation.group
-        if mutation is not None and mutation.plain:
+        if soak.startswith("plain"):
             from tests.plainsoak import plain_soak
 
-            return plain_soak(fake, mp, folder, script, seed, faults, group=group, menu=menu)
+            return plain_soak(fake, mp, folder, script, seed, faults, group=group)
         if group:
             from mncloud.render import jobgroup
 
             script.write_text("from mncloud.train import Replicas\nreplicas = Replicas({})\n")
             mp.setattr(jobgroup, "require_bucket", lambda _spec: None)
-        state = soak_state(script, folder, **({"recovery": "node"} if group else {}))
-        return soak(fake, mp, folder, state, seed, faults, menu).violations
+        # a job group with no restart left: a failed node ends the run, its rest must not train on
+        flags = {"recovery": "node", "max_restarts": 0} if group else {}
+        state = soak_state(script, folder, **flags)
+        return controller_soak(fake, mp, folder, state, seed, faults).violations

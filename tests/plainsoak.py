@@ -7,8 +7,11 @@ failed group's rest cancelled and billed to its end.
 Faults: a lost launch answer, a launch the server failed, API errors at the queue, a spot
 preemption and SkyPilot's recovery, one node (or the job) failing past its restarts. After
 each look: never two live training jobs; a run `status` calls FAILED has nothing left
-training (CANCELLING, its VMs going, is fine). A failed run is resumed; at the end `down`,
-then nothing live, and the record bills what the VMs ran, within one look.
+training (CANCELLING, its VMs going, is fine), and its failure kind is the world's: the
+user's (`Failure.USER`) exactly when a node of its job failed in the user's program, else
+SkyPilot's (a launch the server failed, or no job made, is `INFRA`), never none. A failed run
+is resumed; at the end `down`, then nothing live, and the record bills what the VMs ran,
+within one look.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import pytest
 from sky import exceptions as sx
 from sky.jobs import ManagedJobStatus as S
 
-from mncloud.backends.base import RunState
+from mncloud.backends.base import Failure, RunState, RunStatus
 from mncloud.errors import MncloudError
 from tests.fakesky import FakeSky
 
@@ -47,6 +50,7 @@ def plain_soak(
     from mncloud.backends.skypilot import SkyPilotBackend, cancel
     from mncloud.launch import Existing, launch
     from mncloud.request import build_spec
+    from tests.cloudsoak import schedule
 
     monkeypatch.setitem(cancel.cancel_jobs.__kwdefaults__, "wait_s", 0.0)  # `down` again
     monkeypatch.setitem(cancel.cancel_jobs.__kwdefaults__, "sleep", lambda _s: None)
@@ -64,9 +68,11 @@ def plain_soak(
     rng, violations, backend = random.Random(seed), [], SkyPilotBackend()
     kinds = [k for k in PLAIN_FAULTS if menu is None or k in menu] or ["recovered"]
     existing, final = Existing.REFUSE, True
-    for n in range(faults):
-        kind = rng.choice(kinds)
-        _apply(kind, rng, fake)
+    users: set[int] = set()
+    """The jobs a node of which failed in the user's program (`node_failed`)."""
+    for n, moment in enumerate(schedule(rng, faults, kinds)):  # every kind, each seed
+        for kind in moment:
+            users |= _apply(kind, rng, fake)
         if final:
             with contextlib.suppress(MncloudError):  # a lost answer, or a failed launch
                 launch(spec, existing=existing, approve=lambda _plan: True)
@@ -77,7 +83,7 @@ def plain_soak(
                 status = backend.status("llm")
             except MncloudError:
                 continue
-            violations += _check(fake, status.state, n)
+            violations += _check(fake, status, n) + _kind(status, users, n)
             final = status.state.is_final
     fake.reachable()
     fake._failing.clear()  # the API back
@@ -93,7 +99,8 @@ def plain_soak(
     return violations + _money(fake, now[0])
 
 
-def _apply(kind: str, rng: random.Random, fake: FakeSky) -> None:
+def _apply(kind: str, rng: random.Random, fake: FakeSky) -> set[int]:
+    """Fault `kind` in the fake's world; the job a node of which it failed (the user's)."""
     live = fake.live_jobs("llm")
     if kind == "lost_answer":
         fake.lose("jobs.launch")
@@ -102,7 +109,7 @@ def _apply(kind: str, rng: random.Random, fake: FakeSky) -> None:
     elif kind == "api_error":
         fake.fail("jobs.queue_v2", sx.ApiServerConnectionError(fake.server_url), rng.randint(1, 2))
     elif not live:
-        return
+        return set()
     elif kind == "preempt":
         if fake.job(live[0]).tasks[-1].status is S.RUNNING:
             fake.set_status(live[0], S.RECOVERING)
@@ -115,15 +122,33 @@ def _apply(kind: str, rng: random.Random, fake: FakeSky) -> None:
         node = rng.choice([t for t in tasks if t.primary] or tasks)
         if node.status in _TRAINING:
             fake.set_status(live[0], S.FAILED, task=node.name, reason="the program exited 1")
+            return {live[0]}
+    return set()
 
 
-def _check(fake: FakeSky, state: RunState, n: int) -> list[str]:
+def _check(fake: FakeSky, status: RunStatus, n: int) -> list[str]:
     live = fake.live_jobs("llm")
     found = [f"fault {n}: two live training jobs {live}"] if len(live) > 1 else []
     training = [j for j in live if any(t.status in _TRAINING for t in fake.job(j).tasks)]
-    if state is RunState.FAILED and training:
+    if status.state is RunState.FAILED and training:
         found.append(f"fault {n}: status FAILED while job {training} trains on")
     return found
+
+
+def _kind(status: RunStatus, users: set[int], n: int) -> list[str]:
+    """A FAILED run's failure kind against the world: the user's exactly when a node of its
+    job failed in the user's program (`users`), else SkyPilot's; never none."""
+    from mncloud.backends.skypilot.meta import load_meta
+
+    if status.state is not RunState.FAILED:
+        return []
+    meta = load_meta("llm")
+    job = meta.job_id if meta is not None else None
+    theirs = job in users
+    if status.failure is None or (status.failure is Failure.USER) != theirs:
+        truth = "the user's program" if theirs else f"SkyPilot's ({status.detail})"
+        return [f"fault {n}: job {job} FAILED as {status.failure}, it was {truth}"]
+    return []
 
 
 def _money(fake: FakeSky, now: float) -> list[str]:

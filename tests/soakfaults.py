@@ -41,7 +41,7 @@ from sky.jobs import ManagedJobStatus as S
 
 from mncloud import control
 from mncloud.errors import MncloudError, SpecError
-from tests.fakesky import FakeSky, User
+from tests.fakesky import LAPTOP, FakeSky, User
 
 NEW_FAULTS = ("crash_in_launch", "second_user", "cancel_error", "api_status_error",
               "unauthorized", "server_failed", "controller_died", "interrupted_up",
@@ -66,6 +66,8 @@ class Soak:
     homes: list[tuple[str, float]] = field(default_factory=list)
     """Each controller VM's home and when it went."""
     n: int = 0
+    vm_user: User | None = None
+    """The controller VM's API user while a fault acts from the laptop."""
 
 
 def apply(kind: str, s: Soak) -> None:
@@ -128,9 +130,9 @@ def _restart(s: Soak, *, crash: bool) -> None:
         with s.monkeypatch.context() as patch:
             patch.setattr(sky.jobs, "launch", sent_then_killed)
             with contextlib.suppress(Crash):
-                for _ in range(3):
+                for _ in range(6):  # its next launch: a backoff may come first
                     s.run.ctl.look()
-                    s.run.clock.now += 1.0
+                    s.run.clock.now += 60.0
         fake.held.discard("jobs.launch")
     else:
         fake.as_user(User(f"controller-vm-{s.n}", f"c0{s.n:06x}"))
@@ -142,36 +144,59 @@ def _restart(s: Soak, *, crash: bool) -> None:
 
 
 def _from_laptop(s: Soak, **update: Any) -> control.ControlState:
-    """The run's `up --deadline` again from another laptop (its own home), as `update` says."""
+    """The run's `up --deadline` again from another laptop (its own home, the laptop's API
+    user), as `update` says; `_back_on_vm` returns to the controller's VM."""
     st = s.run.state
+    if s.vm_user is None:  # (twice in one fault: the VM's user kept from the first)
+        s.vm_user = s.fake.user
+    s.fake.as_user(LAPTOP)
     s.monkeypatch.setenv("MNCLOUD_HOME", str(s.tmp_path / f"laptop-{s.report.seed}-{s.n}"))
     fields = {"name": st.name, "config": st.config, "spec": st.spec, "options": st.options}
     return control.ControlState(**{**fields, **update})
 
 
+def _back_on_vm(s: Soak, home: str) -> None:
+    """Back from `_from_laptop`: the controller VM's home and API user."""
+    s.monkeypatch.setenv("MNCLOUD_HOME", home)
+    if s.vm_user is not None:
+        s.fake.as_user(s.vm_user)
+    s.vm_user = None
+
+
 def _controller_died(s: Soak) -> None:
-    """The controller's job FAILED_CONTROLLER while its training job trains: `up --resume`
-    refused in one line; nothing launched beside it. Then the controller is back."""
+    """The controller's job FAILED_CONTROLLER while its training job trains (at its next
+    look that has one live, within a few): `up --resume` refused in one line; nothing launched
+    beside it. Then the controller is back."""
     from mncloud.control.start import start
     from tests.cloudsoak import _controller_job
 
     fake, st = s.fake, s.run.state
-    training = fake.live_jobs("llm")
-    if st.controller_job_id is None or not training:
+    for _ in range(3):  # a launch waiting for its next look: the controller makes it first
+        if fake.live_jobs("llm") or st.final:
+            break
+        s.run.ctl.look()
+        s.run.clock.now += 1.0
+    training, controllers = fake.live_jobs("llm"), fake.live_jobs("llm-control")
+    if not controllers or not training or st.final:
         return
-    fake.set_status(st.controller_job_id, S.FAILED_CONTROLLER)
+    for job in controllers:  # (a state restarted from the bucket may not name it)
+        fake.set_status(job, S.FAILED_CONTROLLER)
     home, jobs = os.environ["MNCLOUD_HOME"], len(fake.jobs)
     try:
-        start(_from_laptop(s, existing="resume"))
-        s.report.violations.append(f"fault {s.n}: --resume beside live job {training} accepted")
-    except SpecError as err:
-        said = str(err)
-        if "\n" in said or "mncloud down llm" not in said or str(training[0]) not in said:
-            s.report.violations.append(f"fault {s.n}: --resume refused as {said!r}")
-    except MncloudError:
-        pass
+        for _attempt in range(5):  # the API server away says so; the user runs it again
+            try:
+                start(_from_laptop(s, existing="resume"))
+            except SpecError as err:
+                said = str(err)
+                if "\n" in said or "mncloud down llm" not in said or str(training[0]) not in said:
+                    s.report.violations.append(f"fault {s.n}: --resume refused as {said!r}")
+            except MncloudError:
+                continue
+            else:
+                s.report.violations.append(f"fault {s.n}: --resume beside job {training} accepted")
+            break
     finally:
-        s.monkeypatch.setenv("MNCLOUD_HOME", home)
+        _back_on_vm(s, home)
     if len(fake.jobs) != jobs:
         s.report.violations.append(f"fault {s.n}: a resume beside job {training} launched")
     _controller_job(fake, s.monkeypatch, st)  # SkyPilot's controller back (a new job)
@@ -188,10 +213,12 @@ def _interrupted_up(s: Soak) -> None:
     other = {"name": "llm-b", "config": st.config.model_copy(update={"state_uri": uri}),
              "existing": "resume"}  # fmt: skip
 
+    sent: list[str] = []
+
     def sent_then_interrupted(_self: Any, run_name: str, config: Any, secrets: Any) -> None:
         import sky
 
-        sky.jobs.launch(sky.Task.from_yaml_config(config), name=f"{run_name}-control")
+        sent.append(sky.jobs.launch(sky.Task.from_yaml_config(config), name=f"{run_name}-control"))
         raise KeyboardInterrupt
 
     home = os.environ["MNCLOUD_HOME"]
@@ -199,17 +226,24 @@ def _interrupted_up(s: Soak) -> None:
     try:
         with s.monkeypatch.context() as patch:
             patch.setattr(host.SkyPilotHost, "launch_controller", sent_then_interrupted)
-            with contextlib.suppress(KeyboardInterrupt, MncloudError):
-                start(_from_laptop(s, **other))
+            for _attempt in range(5):  # an API error before the launch: the user runs it again
+                with contextlib.suppress(KeyboardInterrupt, MncloudError):
+                    start(_from_laptop(s, **other))
+                if sent:
+                    break
         fake.held.discard("jobs.launch")
-        try:
-            start(_from_laptop(s, **other))
+        for _attempt in range(5):  # the API server away says so; the user runs it again
+            try:
+                start(_from_laptop(s, **other))
+            except SpecError:
+                break
+            except MncloudError:
+                continue
             s.report.violations.append(f"fault {s.n}: up after an interrupted up not refused")
-        except MncloudError:
-            pass
+            break
     finally:
         fake.held.discard("jobs.launch")
-        s.monkeypatch.setenv("MNCLOUD_HOME", home)
+        _back_on_vm(s, home)
     fake.finish_in_flight()
     made = fake.live_jobs("llm-b-control")
     if len(made) > 1:
@@ -241,7 +275,7 @@ def _long_up(s: Soak) -> None:
             s.report.violations.append(f"fault {s.n}: a 100 h deadline refused as {err}")
     finally:
         fake.health = {}
-        s.monkeypatch.setenv("MNCLOUD_HOME", home)
+        _back_on_vm(s, home)
         if token is None:
             s.monkeypatch.delenv(TOKEN_ENV)
         else:

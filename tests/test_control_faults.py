@@ -153,23 +153,31 @@ def _group_run(
     return run, job
 
 
+@pytest.mark.parametrize("max_restarts", [1, 0], ids=["relaunch", "run-ends"])
 def test_a_failed_node_of_a_job_group_cancels_its_siblings_before_the_relaunch(
+    max_restarts: int,
     script: Path,  # noqa: F811
     fake_sky: FakeSky,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Issue #43 point 4: one node FAILED, SkyPilot keeps the other nodes training; the
-    controller's relaunch must not make a second gang beside them."""
-    run, job = _group_run(script, tmp_path, monkeypatch, fake_sky, max_restarts=1)
+    controller's relaunch must not make a second gang beside them, and a run the failure
+    ends (no restart left) must not leave them training unsteered (#58: the cancel is the
+    controller's own; nothing else ends them)."""
+    run, job = _group_run(script, tmp_path, monkeypatch, fake_sky, max_restarts=max_restarts)
     node = fake_sky.job(job).tasks[2].name
     fake_sky.set_status(job, S.FAILED, task=node, reason="node 1's program exited 1")
     for _ in range(4):
         _looks(run, 1, gap=1)
         assert len(fake_sky.live_jobs("llm")) <= 1
-    assert len(_launches(fake_sky)) == 2 and fake_sky.live_jobs("llm") != [job]
+    assert fake_sky.called("jobs.cancel"), "the failed group's rest was never cancelled"
     assert all(t.status.is_terminal() for t in fake_sky.job(job).tasks)
-    assert run.state.errors_retried == 1
+    if max_restarts:
+        assert len(_launches(fake_sky)) == 2 and fake_sky.live_jobs("llm") != [job]
+        assert run.state.errors_retried == 1
+    else:
+        assert run.state.phase == "failed" and len(_launches(fake_sky)) == 1
 
 
 def test_one_recovering_node_is_not_spot_gone_for_the_group(

@@ -1,90 +1,85 @@
-"""The mutation check of the cloud fault soak (issue #52), short form: each fix the soak
-guards taken back out in turn (`tests/mutations.py`), and the soak must fail for it, in one of
-a few seeds of a dozen faults drawn from those about the fix. All waits are on fake clocks.
-`bench/soak_mutations.sh` runs the long form (every fault kind, ≥ 10 seeds × ≥ 20 faults)."""
+"""The mutation check of the cloud fault soak (issue #58), short form: each fix the soak guards
+taken back out of a copy of the source (`tests/guarded_fixes.diff`, `tests/mutations.py`), the
+soak run there with every fault kind on 3 seeds of 12 faults, and each seed must catch it; the
+fix's own test must fail there too. All waits are on fake clocks. `bench/soak_mutations.py`
+runs the long form (10 seeds × 20 faults) and prints the fix × seeds table."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 import pytest
 
 from tests.fakesky import FakeSky
-from tests.mutations import MUTATIONS, Mutation, soak_once
+from tests.mutations import RUN_ENV, SOAKS, check, fixes, soak_once
 from tests.test_skypilot import script  # noqa: F401 - a fixture
 
 pytestmark = pytest.mark.catalog
-SEEDS = 4
+SEEDS = [0, 1, 2]
 FAULTS = 12
 
 
-@pytest.mark.parametrize("name", list(MUTATIONS))
-def test_the_soak_fails_with_each_guarded_fix_taken_out(
-    name: str,
+@pytest.mark.parametrize("name", list(fixes()))
+def test_each_fix_taken_out_of_the_source_is_caught_in_every_seed(
+    name: str, tmp_path: Path
+) -> None:
+    fix = fixes()[name]
+    verdict = check(fix, fix.soak, SEEDS, FAULTS, tmp_path)
+    missed = [seed for seed, found in verdict.caught.items() if not found]
+    for seed, found in verdict.caught.items():
+        print(f"{name}: seed {seed}: {found[:160] or 'not caught'}")
+    assert verdict.own_test_failed, f"{fix.test} passes with {name!r} taken out"
+    assert sorted(verdict.caught) == SEEDS and not missed, (
+        f"{name!r} taken out: seeds {missed} of the {fix.soak} soak did not catch it"
+    )
+
+
+@pytest.mark.parametrize("soak", SOAKS)
+def test_the_short_form_finds_nothing_with_every_fix_in(
+    soak: str,
     script: Path,  # noqa: F811
     fake_sky: FakeSky,  # emptied for each seed
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    mutation = MUTATIONS[name]
-    for seed in range(SEEDS):
-        found = soak_once(
-            fake_sky, mutation, script, tmp_path, monkeypatch, seed, FAULTS, menu=mutation.menu
-        )
-        if found:
-            print(f"{name}: seed {seed} caught it: {found[0]}")
-            return
-    pytest.fail(f"{name} taken out: none of {SEEDS} seeds of the soak failed")
+    """The control: the same soaks and seeds, nothing taken out, find nothing."""
+    for seed in SEEDS:
+        assert soak_once(fake_sky, soak, script, tmp_path, monkeypatch, seed, FAULTS) == []
 
 
-@pytest.mark.parametrize("plain", [False, True], ids=["controller", "plain"])
-def test_the_short_form_passes_with_every_fix_in(
-    plain: bool,
+def test_every_fix_names_a_soak_and_a_test_and_guards_lines() -> None:
+    """Each entry of `guarded_fixes.diff` is whole: a soak, an own test that exists, a patch
+    of the package that changes lines (takes the fix out, or puts the old path back)."""
+    for fix in fixes().values():
+        path, _, test = fix.test.partition("::")
+        assert f"def {test}(" in (Path(__file__).parents[1] / path).read_text(), fix.name
+        changed = [line for line in fix.patch.splitlines()
+                   if line[:1] in ("+", "-") and line[:3] not in ("+++", "---")]  # fmt: skip
+        assert changed and "+++ b/mncloud/" in fix.patch, fix.name
+
+
+RUN = os.environ.get(RUN_ENV)
+
+
+@pytest.mark.skipif(not RUN, reason="one reverted soak's seeds: `tests/mutations.check` runs it")
+def test_soak_seeds(
     script: Path,  # noqa: F811
     fake_sky: FakeSky,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The control: the same soak, nothing taken out, finds nothing (a job group here, the
-    harder case)."""
-    keep = Mutation(lambda _mp: None, (), group=True, plain=plain)
-    assert soak_once(fake_sky, keep, script, tmp_path, monkeypatch, 0, FAULTS) == []
-
-
-LONG_SEEDS = int(os.environ.get("MNCLOUD_MUTATION_SEEDS", "0"))
-LONG_FAULTS = int(os.environ.get("MNCLOUD_MUTATION_FAULTS", "20"))
-_KEEP = {
-    "(none: controller, job)": Mutation(lambda _mp: None, ()),
-    "(none: controller, group)": Mutation(lambda _mp: None, (), group=True),
-    "(none: plain up, group)": Mutation(lambda _mp: None, (), group=True, plain=True),
-}
-
-
-@pytest.mark.skipif(not LONG_SEEDS, reason="the long form: bench/soak_mutations.sh")
-@pytest.mark.parametrize("name", [*_KEEP, *MUTATIONS])
-def test_long_form(
-    name: str,
-    script: Path,  # noqa: F811
-    fake_sky: FakeSky,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Every fault kind, `MNCLOUD_MUTATION_SEEDS` seeds of `MNCLOUD_MUTATION_FAULTS` faults:
-    the seeds that caught the mutation (a control, nothing taken out: none may)."""
-    mutation = _KEEP.get(name) or MUTATIONS[name]
-    caught = []
-    for seed in range(LONG_SEEDS):
-        found = soak_once(fake_sky, mutation, script, tmp_path, monkeypatch, seed, LONG_FAULTS)
-        if found:
-            caught.append((seed, found[0]))
-    line = (f"{name}: {LONG_SEEDS} seeds x {LONG_FAULTS} faults, caught by "
-            f"{len(caught)}: {[seed for seed, _ in caught]}"
-            + (f"; first: {caught[0][1][:160]}" if caught else ""))  # fmt: skip
-    print(line)
-    report = os.environ.get("MNCLOUD_MUTATION_REPORT")
-    if report:
-        with open(report, "a") as out:
-            out.write(line + "\n")
-    if name in _KEEP:
-        assert caught == []
+    """The seeds `RUN_ENV` names, of its soak, on this interpreter's `mncloud` (a reverted
+    copy): per seed its first violation (an error the run raised is one), written to the JSON
+    file it names."""
+    job = json.loads(RUN or "{}")
+    found = {}
+    for seed in job["seeds"]:
+        try:
+            violations = soak_once(fake_sky, job["soak"], script, tmp_path, monkeypatch, seed,
+                                   job["faults"])  # fmt: skip
+        except Exception as err:  # the reverted code broke the soak's run: caught as well
+            violations = [f"the run raised {type(err).__name__}: {err}"]
+        found[seed] = violations[0] if violations else ""
+    Path(job["out"]).write_text(json.dumps(found))
