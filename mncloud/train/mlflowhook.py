@@ -15,7 +15,6 @@ and everything under `--tracker none`, are left alone. Never raises into the scr
 from __future__ import annotations
 
 import functools
-import importlib
 import importlib.util
 import logging
 import os
@@ -117,7 +116,9 @@ def install() -> None:
     if our_run() is None or importlib.util.find_spec("mlflow") is None:
         return
     try:
-        imported(importlib.import_module(CLIENT_MODULE))
+        from mlflow.tracking._tracking_service import client  # CLIENT_MODULE
+
+        imported(client)
     except Exception as err:  # the training never fails for its tracker
         log.warning("mncloud: MLflow's client left as it is, redone steps logged again: %s", err)
 
