@@ -64,7 +64,8 @@ HEAVY_MODULES = ("test_fsdp", "test_node_recovery", "test_trainers", "test_torch
                  "test_soak", "test_elastic", "test_local", "test_control_places",
                  "test_series", "test_runs", "test_preempt", "test_controller_crash",
                  "test_resume_reads", "test_published_scripts", "test_first_cloud_run",
-                 "test_plan_is_up", "test_cloud_setup", "test_mlflow")  # fmt: skip
+                 "test_plan_is_up", "test_cloud_setup", "test_mlflow", "test_soak_mutations",
+                 "test_tracker_runs")  # fmt: skip
 
 
 def _heavy_modules_first(items: list[pytest.Item]) -> None:
