@@ -80,6 +80,23 @@ def _trains(fake: FakeSky) -> int:
     return training
 
 
+def _long_run(
+    script: Path,  # noqa: F811
+    fake: FakeSky,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> VM:
+    """`up --deadline 100h --hours 90` on a fake clock, its controller's VM after one look."""
+    clock = FakeClock()
+    fake.clock, fake.health = clock.time, dict(ACCOUNTS)
+    up = _up_deadline(monkeypatch, script, tmp_path, "--deadline", "100h", "--hours", "90")
+    assert up.exit_code == 0, up.output
+    (first,) = _named(fake, "llm-control")
+    holder = VM(fake, first, clock, tmp_path, monkeypatch)
+    holder.look()
+    return holder
+
+
 @pytest.mark.slow
 def test_the_controller_hands_off_before_its_token_expires_and_the_run_goes_on(
     script: Path,  # noqa: F811
@@ -93,13 +110,8 @@ def test_the_controller_hands_off_before_its_token_expires_and_the_run_goes_on(
     job (never cancelled) and steers past 72 h + 1 look, and hands off again before 144 h.
     Exactly one training job is live at every look and one controller holds the run; no
     SkyPilot call is made with an expired token."""
-    clock = FakeClock()
-    fake_sky.clock, fake_sky.health = clock.time, dict(ACCOUNTS)
-    up = _up_deadline(monkeypatch, script, tmp_path, "--deadline", "100h", "--hours", "90")
-    assert up.exit_code == 0, up.output
-    (first,) = _named(fake_sky, "llm-control")
-    holder = VM(fake_sky, first, clock, tmp_path, monkeypatch)
-    holder.look()
+    holder = _long_run(script, fake_sky, tmp_path, monkeypatch)
+    clock = holder.clock
     training, start, handed, cost = _trains(fake_sky), clock.now, [], 0.0
     waiting: VM | None = None
     while clock.now < start + 140 * HOUR:
@@ -178,13 +190,8 @@ def test_a_failed_successor_launch_falls_back_to_the_stop(
     naming the failed hand-off; no SkyPilot call with an expired token, nothing left live."""
     from mncloud.errors import BackendError
 
-    clock = FakeClock()
-    fake_sky.clock, fake_sky.health = clock.time, dict(ACCOUNTS)
-    up = _up_deadline(monkeypatch, script, tmp_path, "--deadline", "100h", "--hours", "90")
-    assert up.exit_code == 0, up.output
-    (first,) = _named(fake_sky, "llm-control")
-    holder = VM(fake_sky, first, clock, tmp_path, monkeypatch)
-    holder.look()
+    holder = _long_run(script, fake_sky, tmp_path, monkeypatch)
+    clock, first = holder.clock, holder.job_id
     assert holder.expires is not None
     while clock.now < holder.expires - TOKEN_MARGIN_S - HANDOFF_MARGIN_S - HOUR:
         clock.now += HOUR
@@ -217,13 +224,8 @@ def _successor_runs(
 ) -> tuple[VM, VM, int]:
     """`up --deadline 100h --hours 90`, steered hourly until the controller launched its
     successor, whose VM comes up (`running`): (holder, successor, the live training job)."""
-    clock = FakeClock()
-    fake.clock, fake.health = clock.time, dict(ACCOUNTS)
-    up = _up_deadline(monkeypatch, script, tmp_path, "--deadline", "100h", "--hours", "90")
-    assert up.exit_code == 0, up.output
-    (first,) = _named(fake, "llm-control")
-    holder = VM(fake, first, clock, tmp_path, monkeypatch)
-    holder.look()
+    holder = _long_run(script, fake, tmp_path, monkeypatch)
+    clock = holder.clock
     while _successor(fake, holder) is None:
         clock.now += HOUR
         _trains(fake)
