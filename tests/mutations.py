@@ -6,7 +6,9 @@ guards). `revert` copies the `mncloud/` package into a folder and applies one pa
 `git apply`; `check` runs, in a fresh interpreter whose `mncloud` is that copy, the soak on a
 fixed set of seeds with every fault kind (`tests/test_soak_mutations.py::test_soak_seeds`) and
 the fix's own test. A fix counts as guarded when every seed reports a violation and its own
-test fails. The short form (3 seeds × 12 faults) is in the suite; `bench/soak_mutations.py`
+test fails; an entry of soak `none` (`OWN_TEST_ONLY`: no soak reaches it yet, its `# unsoaked:`
+line says why) is checked by its own test only. The short form (3 seeds × 12 faults) is in
+the suite; `bench/soak_mutations.py`
 runs the long one (10 × 20) and prints the fix × seeds table of docs/benchmarks.md.
 
 The soaks (`soak_once`): `controller` (a deadline run, `tests/cloudsoak.py`), `plain`
