@@ -9,9 +9,8 @@ controller restarted on a fresh VM (an empty home, the state from the bucket); a
 laptop, one node of a job group failing; (`soakfaults.NEW_FAULTS`, issue #52) requests held
 in flight across a controller restart and an interrupted `up`, a second API user, `jobs.cancel`
 and `api_status` failing, a 401, the controller's job dying while its training job lives, a
-launch the server failed beside a lost answer, the controller killed mid-launch before an
-`up --resume`. At the end, `down` from the laptop's API user, then whatever request is still
-in flight finishes. Invariants: never two live
+launch the server failed beside a lost answer. At the end, `down` from the laptop's API user,
+then whatever request is still in flight finishes. Invariants: never two live
 training jobs of the run; after `down` nothing live (the controller's own job included); the
 run's secret and the API server's password in no state, record or task YAML, and its `--env`
 value not in the controller's state in the bucket; the ledger's billed seconds (every home's
