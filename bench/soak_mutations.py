@@ -8,7 +8,8 @@ every fault kind; its own test runs there too and must fail. Then each soak once
 every fix in, the control: no seed may report anything. Prints a markdown table, one row per
 fix (a cell per seed: `x` caught, `.` not), for docs/benchmarks.md; `--json`: one JSON line per
 row instead. Exit 1 when a control seed found something, a fix was missed in some seed, or
-its own test passed. One soak process at a time (run it under `nice`).
+its own test passed. An entry no soak reaches yet (soak `none`) runs its own test only. One
+soak process at a time (run it under `nice`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.mutations import SOAKS, check, fixes
+from tests.mutations import OWN_TEST_ONLY, SOAKS, check, fixes
 
 
 def main() -> int:
@@ -39,11 +40,13 @@ def main() -> int:
         for n, (name, fix) in enumerate(chosen.items()):
             began = time.monotonic()
             verdict = check(fix, fix.soak, seeds, args.faults, Path(scratch) / f"fix-{n}")
-            missed = [s for s in seeds if not verdict.caught.get(s)]
+            soaked = fix.soak != OWN_TEST_ONLY  # else its own test only (`fix.unsoaked`)
+            missed = [s for s in seeds if soaked and not verdict.caught.get(s)]
             bad |= bool(missed) or not verdict.own_test_failed
             rows.append({"fix": name, "soak": fix.soak, "caught": len(seeds) - len(missed),
                          "missed": missed, "own_test_failed": verdict.own_test_failed,
-                         "cells": "".join("." if s in missed else "x" for s in seeds),
+                         "cells": "".join("." if s in missed else "x" for s in seeds)
+                         if soaked else "own test only",
                          "first": next((v for v in verdict.caught.values() if v), ""),
                          "seconds": round(time.monotonic() - began)})  # fmt: skip
             _say(rows[-1], args.json)

@@ -6,7 +6,9 @@ guards). `revert` copies the `mncloud/` package into a folder and applies one pa
 `git apply`; `check` runs, in a fresh interpreter whose `mncloud` is that copy, the soak on a
 fixed set of seeds with every fault kind (`tests/test_soak_mutations.py::test_soak_seeds`) and
 the fix's own test. A fix counts as guarded when every seed reports a violation and its own
-test fails. The short form (3 seeds × 12 faults) is in the suite; `bench/soak_mutations.py`
+test fails; an entry of soak `none` (`OWN_TEST_ONLY`: no soak reaches it yet, its `# unsoaked:`
+line says why) is checked by its own test only. The short form (3 seeds × 12 faults) is in
+the suite; `bench/soak_mutations.py`
 runs the long one (10 × 20) and prints the fix × seeds table of docs/benchmarks.md.
 
 The soaks (`soak_once`): `controller` (a deadline run, `tests/cloudsoak.py`), `plain`
@@ -32,6 +34,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 FIXES_FILE = Path(__file__).with_name("guarded_fixes.diff")
 SOAKS = ("controller", "controller-group", "plain", "plain-group")
+OWN_TEST_ONLY = "none"
+"""The soak of a fix no soak reaches yet (its entry's `# unsoaked:` says why): its own test only."""
 RUN_ENV = "MNCLOUD_SOAK_RUN"
 """What `test_soak_seeds` runs, as JSON (soak, seeds, faults, out): set by `check` only."""
 
@@ -40,12 +44,13 @@ RUN_ENV = "MNCLOUD_SOAK_RUN"
 class Fix:
     name: str
     soak: str
-    """The soak that must catch it (one of `SOAKS`)."""
+    """The soak that must catch it (one of `SOAKS`; `OWN_TEST_ONLY`: none, `unsoaked` why)."""
     test: str
     """The fix's own test (a pytest node id): it must fail with the fix taken out."""
     why: str
     patch: str
     """The unified diff that takes the fix out (against the repository's root)."""
+    unsoaked: str = ""
 
 
 def fixes(path: Path = FIXES_FILE) -> dict[str, Fix]:
@@ -53,10 +58,12 @@ def fixes(path: Path = FIXES_FILE) -> dict[str, Fix]:
     found: dict[str, Fix] = {}
     for entry in re.split(r"^# fix: ", path.read_text(), flags=re.M)[1:]:
         name, _, rest = entry.partition("\n")
-        fields = dict(re.findall(r"^# (soak|test|why): (.*)$", rest, flags=re.M))
+        fields = dict(re.findall(r"^# (soak|test|why|unsoaked): (.*)$", rest, flags=re.M))
         patch = rest[rest.index("--- a/") :]
-        fix = Fix(name.strip(), fields["soak"], fields["test"], fields["why"], patch)
-        if fix.soak not in SOAKS or fix.name in found:
+        fix = Fix(name.strip(), fields["soak"], fields["test"], fields["why"], patch,
+                  fields.get("unsoaked", ""))  # fmt: skip
+        own_only = fix.soak == OWN_TEST_ONLY and fix.unsoaked
+        if (fix.soak not in SOAKS and not own_only) or fix.name in found:
             raise ValueError(f"{path.name}: entry {fix.name!r}: soak {fix.soak!r} or name")
         found[fix.name] = fix
     return found
@@ -87,14 +94,16 @@ def check(
     fix: Fix | None, soak: str, seeds: list[int], faults: int, folder: Path, *, own: bool = True
 ) -> Verdict:
     """The soak `soak` on `seeds` (`faults` each, every kind), and (`own`) the fix's own test,
-    with `fix` taken out of a copy of the package under `folder` (None: the source as it is)."""
+    with `fix` taken out of a copy of the package under `folder` (None: the source as it is).
+    A fix of `OWN_TEST_ONLY`: its own test only (no seed caught it)."""
     folder.mkdir(parents=True, exist_ok=True)
     path = [str(revert(fix, folder / "src"))] if fix is not None else []
     out, xml = folder / "seeds.json", folder / "tests.xml"
     run = {"soak": soak, "seeds": seeds, "faults": faults, "out": str(out)}
     env = {**os.environ, RUN_ENV: json.dumps(run),
            "PYTHONPATH": os.pathsep.join([*path, str(REPO)])}  # fmt: skip
-    tests = ["tests/test_soak_mutations.py::test_soak_seeds"]
+    soaked = fix is None or fix.soak != OWN_TEST_ONLY
+    tests = ["tests/test_soak_mutations.py::test_soak_seeds"] if soaked else []
     if own and fix is not None:
         tests.append(fix.test)
     # -P and --import-mode=append: `mncloud` is the copy's, not the repository's
@@ -103,6 +112,8 @@ def check(
             f"--basetemp={folder / 'tmp'}"]  # fmt: skip
     done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True)
     output = done.stdout[-4000:] + done.stderr[-2000:]
+    if not soaked:
+        out.write_text("{}")
     if not out.exists():
         raise AssertionError(f"the soak did not run ({fix and fix.name}): {output}")
     caught = {int(seed): found for seed, found in json.loads(out.read_text()).items()}
