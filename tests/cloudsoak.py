@@ -364,15 +364,22 @@ def _second_up(
         report.violations.append(f"look {report.looks}: a second up launched something")
 
 
+def until_live(fake: FakeSky, run: Driver, looks: int = 12) -> None:
+    """Looks a minute apart until a training job is live or the run ended, `looks` at most: a
+    launch waiting for its next look, or for a backoff's end (after a 401, no capacity, a
+    crash in launch), is made first."""
+    for _ in range(looks):
+        if fake.live_jobs("llm") or run.state.final:
+            return
+        run.ctl.look()
+        run.clock.now += 60.0
+
+
 def _node_failed(rng: random.Random, fake: FakeSky, run: Driver) -> None:
     """One node of the live launch fails in the user's program past its restarts (a job
     group's others train on): a running node (a job still waiting for VMs gets them first);
     none live: at the controller's next launch, a few looks at most."""
-    for _ in range(3):
-        if fake.live_jobs("llm") or run.state.final:
-            break
-        run.ctl.look()
-        run.clock.now += 1.0
+    until_live(fake, run)
     live = fake.live_jobs("llm")
     if not live or run.state.final:
         return

@@ -168,14 +168,10 @@ def _controller_died(s: Soak) -> None:
     look that has one live, within a few): `up --resume` refused in one line; nothing launched
     beside it. Then the controller is back."""
     from mncloud.control.start import start
-    from tests.cloudsoak import _controller_job
+    from tests.cloudsoak import _controller_job, until_live
 
     fake, st = s.fake, s.run.state
-    for _ in range(3):  # a launch waiting for its next look: the controller makes it first
-        if fake.live_jobs("llm") or st.final:
-            break
-        s.run.ctl.look()
-        s.run.clock.now += 1.0
+    until_live(fake, s.run)
     training, controllers = fake.live_jobs("llm"), fake.live_jobs("llm-control")
     if not controllers or not training or st.final:
         return
