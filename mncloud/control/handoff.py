@@ -173,8 +173,7 @@ def _successor_state(ctl: Handing) -> str:
         if nxt.job_id is None:
             nxt.failed = "its launch was not made"
             return "none"
-    jobs = [j for j in host.jobs_named(f"{st.name}-control") if j.job_id == nxt.job_id]
-    job = jobs[0] if jobs else None
+    job = host.job_states([nxt.job_id]).get(nxt.job_id)
     if job is None:
         return "none"
     if job.statuses and job.statuses[0] == "RUNNING":

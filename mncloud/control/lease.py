@@ -108,8 +108,8 @@ def _left_unsteered(host: ControllerHost, state: ControlState) -> None:
     old = _old_state(state)
     run_ids = _settled(host, state, old)
     unrecorded = old.launching.run_id if old is not None and old.launching else None
-    steered = _live(host, state, [r for r in run_ids if r != unrecorded])
-    unsteered = _live(host, state, [unrecorded] if unrecorded else [])
+    steered = live_jobs(host, state.name, [r for r in run_ids if r != unrecorded])
+    unsteered = live_jobs(host, state.name, [unrecorded] if unrecorded else [])
     if state.existing == "replace" or (state.existing == "resume" and not steered):
         host.cancel([*steered, *unsteered])
         return
@@ -163,11 +163,11 @@ def _settled(
     return run_ids
 
 
-def _live(host: ControllerHost, state: ControlState, run_ids: list[str]) -> list[int]:
-    """The ids of the live jobs of the run that carry one of `run_ids`."""
+def live_jobs(host: ControllerHost, name: str, run_ids: list[str]) -> list[int]:
+    """The ids of the live jobs of run `name` that carry one of `run_ids`."""
     from mncloud.constants import RUN_ID_ENV
 
-    return [j.job_id for j in host.jobs_with_env(state.name, RUN_ID_ENV, run_ids) if j.live]
+    return [j.job_id for j in host.jobs_with_env(name, RUN_ID_ENV, run_ids) if j.live]
 
 
 def _end_first(
@@ -180,4 +180,4 @@ def _end_first(
     host.cancel(controllers)
     done = f"controller job {', '.join(str(i) for i in controllers)} was cancelled, "
     run_ids = _settled(host, state, _old_state(state), done)
-    host.cancel(_live(host, state, run_ids))
+    host.cancel(live_jobs(host, state.name, run_ids))

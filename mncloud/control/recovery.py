@@ -92,8 +92,7 @@ def earlier_launches(ctl: Steering) -> None:
     `lease.py`): one their launch made after `up` looked (a request `up` could not see, such
     as another API user's) is cancelled before this controller launches anything.
     LaunchUnknown when SkyPilot cannot say: SkyPilot restarts the controller, which asks again."""
-    from mncloud.constants import RUN_ID_ENV
-    from mncloud.control.lease import LAUNCH_POLL_S, LAUNCH_WAIT_S
+    from mncloud.control.lease import LAUNCH_POLL_S, LAUNCH_WAIT_S, live_jobs
 
     st = ctl.state
     if not st.earlier_run_ids or ctl.backend.runs_here:
@@ -105,8 +104,7 @@ def earlier_launches(ctl: Steering) -> None:
         )
         if flying:
             raise LaunchUnknown(f"launch request(s) {', '.join(flying)} still in flight")
-        jobs = host.jobs_with_env(st.name, RUN_ID_ENV, st.earlier_run_ids)
-        live = [job.job_id for job in jobs if job.live]
+        live = live_jobs(host, st.name, st.earlier_run_ids)
         if live:
             log.warning("job(s) %s of an earlier controller's launch live: cancelled", live)
             host.cancel(live)
