@@ -24,7 +24,7 @@ from mncloud.render.trackers import TB_FOLDER
 from mncloud.storage.folders import survey
 from mncloud.storage.frameworkdirs import newest
 from tests.reference import _without_sleep
-from tests.test_trackers import OfflineRun, _offline_run
+from tests.test_trackers import OfflineRun, _offline_run, wandb_offline_runs
 from tests.test_trainers import (
     FLAGS,
     HF_SCRIPT,
@@ -91,6 +91,23 @@ def _attempts(folder: Path) -> list[tuple[str, int | None]]:
     return found
 
 
+def _figures(folder: Path, ends: int) -> list[OfflineRun]:
+    """mncloud's figures runs under `folder` (`records.wandbfigures`), once `ends` are whole:
+    the supervisor writes the last one as the run ends."""
+    from mncloud.records.wandbfigures import FIGURES_DIR
+    from tests.test_local import wait_until
+
+    def whole() -> list[OfflineRun]:
+        try:
+            runs = wandb_offline_runs(folder / FIGURES_DIR)
+        except (AssertionError, OSError, ValueError):  # one still being written
+            return []
+        return runs if all("mncloud.cost_usd" in r.summary for r in runs) else []
+
+    wait_until(lambda: len(whole()) >= ends, 120, f"{ends} figures runs")
+    return whole()
+
+
 def _last_run(folder: Path) -> OfflineRun:
     """The last attempt's offline run (it ended: its file whole), with W&B's own reader."""
     (path,) = sorted(folder.glob("wandb/offline-run-*"))[-1].glob("*.wandb")
@@ -130,7 +147,12 @@ def _preempted_twice(
         state = wait_final(name, timeout=400)
         assert state.state.value == "SUCCEEDED", run_log(name)
         assert wait_final(ref, timeout=400).state.value == "SUCCEEDED", run_log(ref)
+        figures = _figures(wandb_dir, 3)  # one per attempt's end: 2 preemptions, the finish
+        from mncloud.records.ledger import cost_summary
+        from mncloud.records.store import load_current
+
         return {
+            "figures": figures, "cost": cost_summary(load_current(name)).total,
             "state": state, "starts": _starts(name), "attempts": _attempts(wandb_dir),
             "wandb": [_last_run(wandb_dir)] if (wandb_dir / "wandb").exists() else [],
             "tb": _copy_tb(uri, tmp_path_factory.mktemp("tb")),
@@ -167,6 +189,13 @@ def test_every_attempt_logs_into_one_wandb_run_rewound_to_the_step_it_resumed_fr
     rows = _loss_rows(last)
     assert [row["train/global_step"] for row in rows] == list(range(resumed[-1] + 1, STEPS + 1))
     assert [row["_step"] for row in rows] == list(range(resumed[-1], STEPS)), rows
+    # mncloud's figures at each attempt's end, in the same W&B run: summary fields, no rows.
+    figures = run["figures"]
+    assert [(f.run_id, f.rows) for f in figures] == [(attempts[0][0], [])] * 3, figures
+    said = [(f.summary["mncloud.preemptions"], f.summary["mncloud.restarts"]) for f in figures]
+    assert said == [(1, 0), (2, 1), (2, 2)], said
+    costs = [f.summary["mncloud.cost_usd"] for f in figures]
+    assert costs == sorted(costs) and costs[-1] == round(run["cost"], 4), (costs, run["cost"])
 
 
 def _loss_rows(run: OfflineRun) -> list[dict[str, Any]]:

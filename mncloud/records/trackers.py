@@ -92,24 +92,48 @@ def figures(record: RunRecord, ckpt_uri: str | None = None) -> dict[str, float]:
     return out
 
 
-def post_figures(record: RunRecord, ckpt_uri: str | None = None) -> str | None:
-    """Send `figures(record)` to the run's MLflow run (if it has one); the one warning line
-    when the server did not take them (never raises)."""
-    envs: Mapping[str, str] = record.spec.get("envs") or {}
-    uri, mlflow_id = _mlflow_of(envs)
-    if not uri or not mlflow_id or record.spec.get("tracker") == Tracker.NONE.value:
-        return None
-    now = int(time.time() * 1000)
+def post_figures(record: RunRecord, ckpt_uri: str | None = None) -> list[str]:
+    """Send `figures(record)` to the run's MLflow run and W&B run (`wandbfigures`), those it
+    has; one warning line per tracker that did not take them (never raises)."""
+    if record.spec.get("tracker") == Tracker.NONE.value:
+        return []
+    values: dict[str, float] | None = None
+    warnings = []
+    for tracker, send in (("MLflow", _to_mlflow), ("W&B", _to_wandb)):
+        try:
+            values = figures(record, ckpt_uri) if values is None else values
+            send(record, values)
+        except Exception as err:  # the training never fails for its tracker
+            warnings.append(f"warning: mncloud's figures not sent to {tracker} ({_line(err)})")
+    return warnings
+
+
+def _to_mlflow(record: RunRecord, values: dict[str, float]) -> None:
+    uri, mlflow_id = _mlflow_of(record.spec.get("envs") or {})
+    if not uri or not mlflow_id:
+        return
+    now, attempt = int(time.time() * 1000), int(values["mncloud.restarts"]) + 1
+    body = {
+        "run_id": mlflow_id,
+        "metrics": [{"key": k, "value": v, "timestamp": now, "step": attempt}
+                    for k, v in values.items()],
+        "tags": [{"key": k, "value": f"{v:g}"} for k, v in values.items()],
+    }  # fmt: skip
     try:
-        values = figures(record, ckpt_uri)
-        attempt = int(values["mncloud.restarts"]) + 1
-        body = {
-            "run_id": mlflow_id,
-            "metrics": [{"key": k, "value": v, "timestamp": now, "step": attempt}
-                        for k, v in values.items()],
-            "tags": [{"key": k, "value": f"{v:g}"} for k, v in values.items()],
-        }  # fmt: skip
         mlflowrun.call(uri, "runs/log-batch", body)
-    except Exception as err:  # the training never fails for its tracker
-        return f"warning: mncloud's figures not sent to MLflow at {mlflowrun.shown(uri)} ({err})"
-    return None
+    except Exception as err:
+        raise RuntimeError(f"{mlflowrun.shown(uri)}: {_line(err)}") from err
+
+
+def _to_wandb(record: RunRecord, values: dict[str, float]) -> None:
+    from mncloud.records import wandbfigures
+
+    wandbfigures.post(record, values)
+
+
+def _line(err: BaseException) -> str:
+    """`err` in one line, with no credential in it."""
+    from mncloud.redact import redactor_for
+
+    said = " ".join(str(err).split()) or type(err).__name__
+    return redactor_for().scrub(said)

@@ -80,8 +80,7 @@ class RecordWriter:
         """An attempt ended: mncloud's figures to the run's tracker run (`records.trackers`)."""
         from mncloud.records.trackers import post_figures
 
-        warning = post_figures(record, self.ckpt_uri)
-        if warning:
+        for warning in post_figures(record, self.ckpt_uri):
             self.log.write(f"[mncloud] {warning}")
 
     def flush(self, timeout: float = 60.0) -> None:

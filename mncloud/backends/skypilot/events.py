@@ -72,8 +72,7 @@ def _tell_trackers(record: RunRecord | None) -> None:
     does not take them is logged, never raised (`records.trackers.post_figures`)."""
     from mncloud.records.trackers import post_figures
 
-    warning = post_figures(record) if record is not None else None
-    if warning:
+    for warning in post_figures(record) if record is not None else []:
         log.warning("%s", warning)
 
 
