@@ -433,3 +433,39 @@ def test_every_attempt_on_every_rank_of_a_local_run_gets_the_same_wandb_run(
     for env in _seen("trk-off"):
         assert {k for k, v in env.items() if v} == {constants.RUN_ID_ENV,
                                                     constants.TRACKER_OFF_ENV}, env  # fmt: skip
+
+
+PLAIN_SCRIPT = """\
+import json, os, sys
+import torch
+torch.manual_seed(0)
+w = torch.zeros(3)
+for step in range(5):
+    w -= 0.1 * (w - torch.ones(3))
+    print("STEP", os.environ["RANK"], step, round(float(w.sum()), 6), flush=True)
+imported = sorted({m.split(".")[0] for m in sys.modules} & {"wandb", "mlflow", "tensorboard"})
+print("IMPORTED", os.environ["RANK"], json.dumps(imported), flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_a_script_with_no_tracker_runs_the_same_with_trackers_on_and_off(
+    project: Path, no_user_trackers: None
+) -> None:
+    """A script that logs to no tracker: the same output by default as under `--tracker
+    none`, no tracker package imported into it, and no tracker file beside it (no W&B
+    folder, no MLflow runs, no figures run)."""
+    from tests.test_local import run_log, up, wait_final
+
+    script = project / "plain.py"
+    script.write_text(PLAIN_SCRIPT)
+    said = {}
+    for name, flags in (("plain-on", ()), ("plain-off", ("--tracker", "none"))):
+        up(name, script, "--nodes", "2", "--gpus", "cpu:1", *flags)
+        assert wait_final(name).state.value == "SUCCEEDED", run_log(name)
+        said[name] = sorted(line.split("] ", 1)[-1] for line in run_log(name).splitlines()
+                            if "STEP " in line or "IMPORTED " in line)  # fmt: skip
+    assert said["plain-on"] == said["plain-off"] and len(said["plain-on"]) == 12, said
+    assert all(line.endswith("[]") for line in said["plain-on"] if "IMPORTED" in line)
+    left = {p.name for p in project.rglob("*")} & {"wandb", "mlruns", "mncloud-figures"}
+    assert left == set(), left
