@@ -280,6 +280,45 @@ def test_a_hand_off_waits_for_a_training_launch_in_flight(
 
 
 @pytest.mark.slow
+def test_a_stop_point_reached_mid_launch_still_cancels_the_pending_successor(
+    script: Path,  # noqa: F811
+    fake_sky: FakeSky,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The successor never gets its VM, and at the holder's stop point a relaunch of the
+    training job is journaled (its VM lost mid-call): the look finishes that launch and stops
+    the run at a checkpoint, and the successor still pending is cancelled all the same, so no
+    `llm-control` outlives the stop (an `up --resume` would be refused beside it)."""
+    holder, successor, training = _successor_runs(
+        script, fake_sky, tmp_path, monkeypatch, running=False
+    )
+    ctl, clock = holder.run.ctl, holder.clock
+    launcher = ctl.launcher
+
+    def crash(*_args: object, **_kw: object) -> None:
+        raise Crash
+
+    assert holder.expires is not None
+    clock.now = holder.expires - TOKEN_MARGIN_S - 60
+    fake_sky.set_status(training, S.FAILED_CONTROLLER)
+    monkeypatch.setattr(ctl, "launcher", crash)
+    with pytest.raises(Crash):
+        holder.look()
+    assert holder.run.state.launching is not None
+    monkeypatch.setattr(ctl, "launcher", launcher)
+    for _ in range(10):  # from the stop point on, until the stop is done
+        clock.now += 120
+        holder.look()
+        if holder.run.state.final:
+            break
+    assert clock.now < holder.expires and holder.run.state.phase == "stopped"
+    assert _status(fake_sky, successor.job_id) == "CANCELLED"
+    assert fake_sky.live_jobs("llm-control") == [holder.job_id]
+    assert fake_sky.live_jobs("llm") == [] and fake_sky.refused == []
+
+
+@pytest.mark.slow
 def test_a_successor_takes_the_run_from_a_holder_that_died(
     script: Path,  # noqa: F811
     fake_sky: FakeSky,

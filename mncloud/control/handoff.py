@@ -132,16 +132,16 @@ def hand(ctl: Handing) -> None:
     once its job runs (`ctl.succeeded`: this controller then ends)."""
     st = ctl.state
     ends, now = ctl.token_ends, ctl.clock.time()
-    if not st.config.hands_off or ends is None or ctl.stop_reason is not None:
+    if not st.config.hands_off or ends is None or ctl.stop_reason is not None or st.final:
         return
-    if st.final or st.launching is not None or st.closing is not None:
+    if now >= ends - TOKEN_MARGIN_S:  # the stop point: the run is stopped (`token_stop`), its
+        _give_up(ctl)  # successor cancelled even where the journal is finished first
+        return
+    if st.launching is not None or st.closing is not None:
         return  # the journal is finished first
     if now < ends - TOKEN_MARGIN_S - HANDOFF_MARGIN_S:
         return
     nxt = st.successor
-    if now >= ends - TOKEN_MARGIN_S:  # the stop point: the run is stopped (`token_stop`)
-        _give_up(ctl)
-        return
     if nxt is None or nxt.key == st.controller_key or (nxt.failed and now >= nxt.at + RETRY_S):
         _launch(ctl)
         return
