@@ -120,6 +120,28 @@ def test_a_deadline_past_the_controllers_token_life_is_accepted_as_it_hands_off(
     assert stored is not None and stored.config.hands_off
 
 
+def test_a_controller_reaching_the_server_by_password_does_not_hand_off(
+    script: Path,  # noqa: F811
+    fake_sky: FakeSky,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An endpoint that carries a password: the controller's task asks for no token of
+    SkyPilot's (`api_server_access: false`) and reaches the server by that password, which
+    does not expire; so it plans no hand-off, even where the server has service accounts (a
+    successor would get no fresh token either)."""
+    from mncloud import control, layout
+
+    fake_sky.health = {"service_account_token_enabled": True}
+    endpoint = "https://ops:pw-7f3a91@sky.example.com"
+    up = _up_deadline(monkeypatch, script, tmp_path, "--deadline", "100h", endpoint=endpoint)
+    assert up.exit_code == 0, up.output
+    stored = control.load_uri(layout.control_state_uri(f"file://{tmp_path / 'bucket'}/llm"))
+    assert stored is not None and not stored.config.hands_off
+    (job,) = fake_sky.live_jobs("llm-control")
+    assert "api_server_access: false" in fake_sky.job(job).yaml, fake_sky.job(job).yaml
+
+
 def test_the_token_life_is_skypilots() -> None:
     from sky.jobs import constants
 

@@ -205,11 +205,12 @@ def _up_deadline(
     script: Path,  # noqa: F811
     tmp_path: Path,
     *extra: str,
+    endpoint: str = "https://sky.example.com",
 ) -> Any:
     """`mncloud up --deadline` of run llm from the laptop (its own MNCLOUD_HOME)."""
     from mncloud.cli import app
 
-    monkeypatch.setenv("SKYPILOT_API_SERVER_ENDPOINT", "https://sky.example.com")
+    monkeypatch.setenv("SKYPILOT_API_SERVER_ENDPOINT", endpoint)
     monkeypatch.chdir(script.parent)
     monkeypatch.setenv("MNCLOUD_HOME", str(tmp_path / "laptop"))
     args = ["up", "train.py", "--gpus", "H100:8", "--nodes", "4", "--name", "llm", "--yes",

@@ -296,9 +296,12 @@ def start(state: ControlState) -> ControlState:
 
     host = host_of(state)
     info, min_version = host.api_login()  # refused before anything is cancelled or launched
-    check_identity(info, _api_server(host), os.environ, min_version)
+    api_server = _api_server(host)
+    check_identity(info, api_server, os.environ, min_version)
     check_token_life(info, state.config.deadline_s, min_version, os.environ)
-    hands_off = gets_skypilots_token(info, min_version)  # a successor gets a fresh token
+    # A successor gets a fresh token: where SkyPilot gives the controller one, which it does
+    # only for a task with `api_server_access` (no password in the endpoint: `_control_yaml`).
+    hands_off = gets_skypilots_token(info, min_version) and redact_url(api_server) == api_server
     state.config = state.config.model_copy(update={"hands_off": hands_off})
     take(state)  # one controller per run: a live one refuses this `up` (or `--replace` ends it)
     try:
