@@ -9,7 +9,8 @@ controller restarted on a fresh VM (an empty home, the state from the bucket); a
 laptop, one node of a job group failing; (`soakfaults.NEW_FAULTS`, issue #52) requests held
 in flight across a controller restart and an interrupted `up`, a second API user, `jobs.cancel`
 and `api_status` failing, a 401, the controller's job dying while its training job lives, a
-launch the server failed beside a lost answer. At the end, `down` from the laptop's API user,
+launch the server failed beside a lost answer; (`soaklease.LEASE_FAULTS`, #58) the controller
+killed mid-launch, then `up --resume`. At the end, `down` from the laptop's API user,
 then whatever request is still in flight finishes. Invariants: never two live
 training jobs of the run; after `down` nothing live (the controller's own job included); the
 run's secret and the API server's password in no state, record or task YAML, and its `--env`
@@ -36,6 +37,7 @@ from mncloud import control
 from mncloud.errors import MncloudError, SpecError
 from tests.fakesky import LAPTOP, FakeSky, User
 from tests.soakfaults import NEW_FAULTS, Soak, apply, final_checks
+from tests.soaklease import LEASE_FAULTS, lease_fault
 from tests.test_control import GAP
 from tests.test_control_cloud import Driver, _fresh_vm
 
@@ -149,6 +151,8 @@ def _moment(s: Soak, kinds: list[str]) -> bool:
                 return True
         elif kind in NEW_FAULTS:
             apply(kind, s)
+        elif kind in LEASE_FAULTS:
+            lease_fault(kind, s)
         elif kind == "restart":
             s.homes.append((os.environ["MNCLOUD_HOME"], s.run.clock.now))
             fresh = _fresh_vm(s.monkeypatch, s.tmp_path, f"vm-{report.seed}-{s.n}")
@@ -161,7 +165,8 @@ def _moment(s: Soak, kinds: list[str]) -> bool:
 
 
 def _kinds(menu: tuple[str, ...] | None) -> list[str]:
-    kinds = [k for k in FAULTS + LATER_FAULTS + NEW_FAULTS if menu is None or k in menu]
+    every = FAULTS + LATER_FAULTS + NEW_FAULTS + LEASE_FAULTS
+    kinds = [k for k in every if menu is None or k in menu]
     return kinds or ["recovered"]
 
 
