@@ -118,11 +118,11 @@ def _restart(s: Soak, *, crash: bool) -> None:
     _on_fresh_vm(s)
 
 
-def _killed_launching(s: Soak, finish_after: int | None) -> bool:
+def _killed_launching(s: Soak, finish_after: int | None, looks: int = 6, gap: float = 60.0) -> bool:
     """The training job lost (SkyPilot's), the controller's relaunch sent and held in flight,
-    the controller killed before its answer (a backoff may come first: a few looks); the
-    server finishes the request after `finish_after` later requests (None: when told).
-    Whether it was killed so (else it launched nothing in those looks)."""
+    the controller killed before its answer (a backoff may come first: `looks` looks `gap`
+    apart at most); the server finishes the request after `finish_after` later requests
+    (None: when told). Whether it was killed so (else it launched nothing in those looks)."""
     import sky
 
     fake, killed = s.fake, False
@@ -140,9 +140,9 @@ def _killed_launching(s: Soak, finish_after: int | None) -> bool:
     with s.monkeypatch.context() as patch:
         patch.setattr(sky.jobs, "launch", sent_then_killed)
         try:
-            for _ in range(6):  # its next launch: a backoff may come first
+            for _ in range(looks):  # its next launch: a backoff may come first
                 s.run.ctl.look()
-                s.run.clock.now += 60.0
+                s.run.clock.now += gap
         except Crash:
             killed = True
     fake.held.discard("jobs.launch")

@@ -36,10 +36,14 @@ from mncloud.control import lease
 from mncloud.errors import MncloudError, SpecError
 from tests.fakesky import LAPTOP, FakeSky
 from tests.soakfaults import Soak, _back_on_vm, _from_laptop, _killed_launching, _on_fresh_vm
+from tests.test_control import GAP
 
 LEASE_FAULTS = ("dead_in_launch", "dead_unseen")
 VM_UP_S = (420.0, 600.0, 900.0)
 """How long after the `up` the new controller's VM comes up."""
+KILL_LOOKS = 12
+"""Looks, a decision apart, for the controller's next training launch (the one it dies in):
+a controller whose policy waits (ahead of its schedule, no capacity) may launch an hour on."""
 
 
 def lease_fault(kind: str, s: Soak) -> None:
@@ -53,7 +57,7 @@ def lease_fault(kind: str, s: Soak) -> None:
     laptop = _logins_on(s) if unseen else None
     try:
         with _goes_through(fake):
-            killed = _killed_launching(s, finish_after=None)
+            killed = _killed_launching(s, finish_after=None, looks=KILL_LOOKS, gap=GAP)
         if not killed:
             return
         s.homes.append((os.environ["MNCLOUD_HOME"], s.run.clock.now))  # its VM went with it
