@@ -33,6 +33,11 @@ class BackendError(MncloudError):
     """Launching or operating a run failed."""
 
 
+class AnswerLost(BackendError):
+    """A launch was sent and its answer lost on the way: what it made is unknown, not failed
+    (the server goes on with it)."""
+
+
 class RunNotFoundError(BackendError):
     """No run with that name exists."""
 

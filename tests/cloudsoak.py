@@ -9,9 +9,10 @@ controller restarted on a fresh VM (an empty home, the state from the bucket); a
 laptop, one node of a job group failing; (`soakfaults.NEW_FAULTS`, issue #52) requests held
 in flight across a controller restart and an interrupted `up`, a second API user, `jobs.cancel`
 and `api_status` failing, a 401, the controller's job dying while its training job lives, a
-launch the server failed beside a lost answer; (`soaktoken.TOKEN_FAULTS`, issue #58) the
-controller's token near its expiry: a hand-off to a successor controller job, a stop before
-the expiry, a controller stalled past it. At the end, `down` from the laptop's API user,
+launch the server failed beside a lost answer; (`soaklease.LEASE_FAULTS`, #58) the controller
+killed mid-launch, then `up --resume`; (`soaktoken.TOKEN_FAULTS`, #58) the controller's token
+near its expiry: a hand-off to a successor controller job, a stop before the expiry, a
+controller stalled past it. At the end, `down` from the laptop's API user,
 then whatever request is still in flight finishes. Invariants: never two live
 training jobs of the run; after `down` nothing live (the controller's own job included); the
 run's secret and the API server's password in no state, record or task YAML, and its `--env`
@@ -38,6 +39,7 @@ from mncloud import control
 from mncloud.errors import MncloudError, SpecError
 from tests.fakesky import LAPTOP, FakeSky, User
 from tests.soakfaults import NEW_FAULTS, Soak, apply, final_checks
+from tests.soaklease import LEASE_FAULTS, lease_fault
 from tests.soaktoken import TOKEN_FAULTS, token_fault
 from tests.test_control import GAP
 from tests.test_control_cloud import Driver, _fresh_vm
@@ -152,6 +154,8 @@ def _moment(s: Soak, kinds: list[str]) -> bool:
                 return True
         elif kind in NEW_FAULTS:
             apply(kind, s)
+        elif kind in LEASE_FAULTS:
+            lease_fault(kind, s)
         elif kind in TOKEN_FAULTS:
             token_fault(kind, s)
         elif kind == "restart":
@@ -166,7 +170,7 @@ def _moment(s: Soak, kinds: list[str]) -> bool:
 
 
 def _kinds(menu: tuple[str, ...] | None) -> list[str]:
-    every = FAULTS + LATER_FAULTS + NEW_FAULTS + TOKEN_FAULTS
+    every = FAULTS + LATER_FAULTS + NEW_FAULTS + LEASE_FAULTS + TOKEN_FAULTS
     kinds = [k for k in every if menu is None or k in menu]
     return kinds or ["recovered"]
 

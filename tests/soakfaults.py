@@ -110,37 +110,63 @@ def _skypilot_lost_it(s: Soak) -> None:
 def _restart(s: Soak, *, crash: bool) -> None:
     """The controller restarted on a fresh VM: after a kill while its relaunch was held in
     flight (`crash`), or as another API user."""
+    if crash:
+        _killed_launching(s, finish_after=s.rng.randint(1, 6))
+    else:
+        s.fake.as_user(User(f"controller-vm-{s.n}", f"c0{s.n:06x}"))
+    s.homes.append((os.environ["MNCLOUD_HOME"], s.run.clock.now))  # that VM went now
+    _on_fresh_vm(s)
+
+
+def _killed_launching(s: Soak, finish_after: int | None, looks: int = 6, gap: float = 60.0) -> bool:
+    """The training job lost (SkyPilot's), the controller's relaunch sent and held in flight,
+    the controller killed before its answer (a backoff may come first: `looks` looks `gap`
+    apart at most); the server finishes the request after `finish_after` later requests
+    (None: when told). Whether it was killed so (else it launched nothing in those looks)."""
     import sky
 
+    fake, killed = s.fake, False
+    _skypilot_lost_it(s)
+    fake.held.add("jobs.launch")
+    fake.finish_after = finish_after
+    sent = sky.jobs.launch
+
+    def sent_then_killed(*args: Any, **kwargs: Any) -> Any:
+        request_id = sent(*args, **kwargs)
+        if kwargs.get("name") == "llm":
+            raise Crash
+        return request_id
+
+    with s.monkeypatch.context() as patch:
+        patch.setattr(sky.jobs, "launch", sent_then_killed)
+        try:
+            for _ in range(looks):  # its next launch: a backoff may come first
+                s.run.ctl.look()
+                s.run.clock.now += gap
+        except Crash:
+            killed = True
+    fake.held.discard("jobs.launch")
+    return killed
+
+
+def _on_fresh_vm(s: Soak) -> None:
+    """The controller (re)started on a fresh VM: an empty home, the state from the bucket; its
+    recovery as `Controller.run` makes it: LaunchUnknown ends the process and SkyPilot restarts
+    it a minute later (a few times here), another error is a look's (`unsure.py`)."""
+    from mncloud.control.recovery import LaunchUnknown
     from tests.test_control_cloud import Driver, _fresh_vm
 
-    fake = s.fake
-    if crash:
-        _skypilot_lost_it(s)
-        fake.held.add("jobs.launch")
-        fake.finish_after = s.rng.randint(1, 6)
-        sent = sky.jobs.launch
-
-        def sent_then_killed(*args: Any, **kwargs: Any) -> Any:
-            request_id = sent(*args, **kwargs)
-            if kwargs.get("name") == "llm":
-                raise Crash
-            return request_id
-
-        with s.monkeypatch.context() as patch:
-            patch.setattr(sky.jobs, "launch", sent_then_killed)
-            with contextlib.suppress(Crash):
-                for _ in range(6):  # its next launch: a backoff may come first
-                    s.run.ctl.look()
-                    s.run.clock.now += 60.0
-        fake.held.discard("jobs.launch")
-    else:
-        fake.as_user(User(f"controller-vm-{s.n}", f"c0{s.n:06x}"))
-    s.homes.append((os.environ["MNCLOUD_HOME"], s.run.clock.now))
     fresh = _fresh_vm(s.monkeypatch, s.tmp_path, f"vm-{s.report.seed}-{s.n}")
     s.run = Driver(fresh, s.run.clock)
-    with contextlib.suppress(MncloudError):  # LaunchUnknown: SkyPilot restarts it
-        s.run.ctl._recover()
+    for _restart in range(5):
+        try:
+            s.run.ctl._recover()
+        except LaunchUnknown:
+            s.run.clock.now += 60.0
+            continue
+        except MncloudError:
+            pass
+        break
 
 
 def _from_laptop(s: Soak, **update: Any) -> control.ControlState:

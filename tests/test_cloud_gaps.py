@@ -98,6 +98,37 @@ def test_up_resume_beside_a_dead_controllers_live_training_job_is_refused(
     assert training not in fake_sky.live_jobs() and len(fake_sky.live_jobs("llm-control")) == 1
 
 
+@pytest.mark.parametrize("lost", [1, 2])
+def test_a_lost_answer_to_the_controllers_own_launch_is_not_a_failed_run(
+    script: Path,  # noqa: F811
+    fake_sky: FakeSky,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    lost: int,
+) -> None:
+    """`up --deadline`'s launch of llm-control goes through and its answer is lost (once:
+    asked again, the job found; twice: unknown). Before: "failed: the controller was not
+    launched" in the bucket's state, which the controller then started from (a final state:
+    nothing to do, the run never trained), and `up --resume` refused beside that controller.
+    Now: found, or one line saying it may run; the state never "failed"; a second `up` refused
+    naming the controller."""
+    from mncloud import control, layout
+
+    fake_sky.lose("jobs.launch", lost)
+    result = _up_deadline(monkeypatch, script, tmp_path)
+    (controller,) = _named(fake_sky, "llm-control")
+    bucket = control.load_uri(layout.control_state_uri(f"file://{tmp_path / 'bucket'}/llm"))
+    assert bucket is not None and bucket.phase != "failed" and not bucket.final
+    if lost == 1:
+        assert result.exit_code == 0, result.output
+        assert control.load_state("llm", fresh=False).controller_job_id == controller
+    else:
+        line = _one_line(result)
+        assert "answer was lost" in line and "mncloud status llm" in line
+    again = _one_line(_up_deadline(monkeypatch, script, tmp_path, "--resume"))
+    assert str(controller) in again and fake_sky.live_jobs() == [controller]
+
+
 def test_a_deadline_past_the_controllers_token_life_is_accepted_as_it_hands_off(
     script: Path,  # noqa: F811
     fake_sky: FakeSky,

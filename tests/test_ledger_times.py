@@ -24,7 +24,7 @@ from mncloud.records.model import RunRecord
 from mncloud.records.store import list_records
 from tests.fakesky import PREEMPT, FakeSky
 from tests.test_control import GAP
-from tests.test_control_cloud import Driver, _named, _state
+from tests.test_control_cloud import Driver, _fresh_vm, _named, _state
 from tests.test_skypilot import script  # noqa: F401 - a fixture
 
 pytestmark = pytest.mark.catalog
@@ -143,6 +143,34 @@ def test_a_stint_seen_recovering_is_not_billed_again_when_cancelled() -> None:
     follow(RunTimes(running=True, ran_s=200.0, since=100.0), 300.0)  # CANCELLING
     follow(RunTimes(running=False, ran_s=500.0, since=100.0, ended_at=600.0), 600.0)
     assert sum(s.end - s.start for s in cost_segments(record, 7200.0)) == 0.0
+
+
+@pytest.mark.parametrize("end", [S.CANCELLED, S.FAILED_NO_RESOURCE])
+def test_a_launch_adopted_after_its_job_ended_bills_nothing_and_stays_closed(
+    script: Path,  # noqa: F811
+    fake_sky: FakeSky,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    end: S,
+) -> None:
+    """The controller dies mid-launch; the server makes the job, which ends (cancelled, or no
+    capacity) before the controller is back 7 minutes later and adopts it: its `launch` event
+    is written then, after SkyPilot's `end_at`. Before: the end event went in before the
+    launch, and the record billed from the adoption on, open for ever (cloud soak seed 1000
+    with a controller killed mid-launch: 60 s of a job that never ran). Now: nothing billed."""
+    from tests.test_lease_in_flight import _dies_launching
+
+    _controller, dead, run_id = _dies_launching(fake_sky, monkeypatch, script, tmp_path)
+    fake_sky.finish_in_flight()
+    (job,) = _named(fake_sky, "llm")
+    fake_sky.set_status(job, end)
+    dead.clock.now += 420.0
+    back = Driver(_fresh_vm(monkeypatch, tmp_path, "controller-vm-2"), dead.clock)
+    back.ctl._recover()
+    back.tick(3)
+    (record,) = [r for r in list_records("llm") if r.run_id == run_id]
+    assert fake_sky.running_seconds(job) == [0.0]
+    assert cost_summary(record, now=back.clock.now + 7200).total == 0.0
 
 
 def _ends(record: RunRecord) -> list[tuple[str, float]]:

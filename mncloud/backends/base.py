@@ -298,7 +298,8 @@ class ControllerHost(Protocol):
         self, run_name: str, config: dict[str, Any], secrets: dict[str, str]
     ) -> int | None:
         """Launch run `run_name`'s controller (its task's config, its secrets' values) as the
-        job `RUN_NAME-control`; the job's id."""
+        job `RUN_NAME-control`; the job's id. `errors.AnswerLost` when it was sent and what it
+        made cannot be told (a lost answer asked again in vain): not a failed launch."""
         ...
 
     def may_ask(self) -> bool:

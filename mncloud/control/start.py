@@ -55,7 +55,7 @@ from mncloud.control.state import (
     stop_requested,
 )
 from mncloud.deadline.policy import DEFAULT_POLICY
-from mncloud.errors import MncloudError, SpecError
+from mncloud.errors import AnswerLost, BackendError, MncloudError, SpecError
 from mncloud.spec import DEFAULT_RECOVERY_MINUTES
 
 if TYPE_CHECKING:
@@ -306,6 +306,12 @@ def start(state: ControlState) -> ControlState:
     take(state)  # one controller per run: a live one refuses this `up` (or `--replace` ends it)
     try:
         state.controller_job_id = launch_sky(state)
+    except AnswerLost:  # sent: it may run, on the state saved for it (never "failed")
+        raise BackendError(
+            f"run {name!r}: the launch of its deadline controller ({name}-control) was sent but "
+            f"SkyPilot's answer was lost; it may be running: `mncloud status {name}` shows it "
+            f"once the API server answers, `mncloud down {name}` stops it"
+        ) from None
     except MncloudError as err:  # no phantom PENDING run: the state says it never started
         state.phase, state.detail = "failed", f"the controller was not launched: {err}"
         save_state(state)

@@ -100,6 +100,12 @@ def catch_up(
         added.append(("running", times.since))
         return added
     ran_s = times.ran_s if times.since is not None else 0.0
+    if opened is not None and times.ended_at is not None and times.ended_at < opened.start:
+        # Ended before its launch was recorded (a launch adopted after a crash): closed where
+        # it opened, never left open; what it ran before, where the run seconds put it.
+        extra = max(0.0, ran_s - closed_s)
+        unseen = _unseen(extra, times.ended_at - extra) if extra > SAME_S else []
+        return [*unseen, (end_kind, opened.start)]
     if opened is None:
         extra = max(0.0, ran_s - closed_s)
         if times.since is not None and not seen and (extra > SAME_S or times.recovering):

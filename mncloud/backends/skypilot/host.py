@@ -40,13 +40,21 @@ class SkyPilotHost:
     def launch_controller(
         self, run_name: str, config: dict[str, Any], secrets: dict[str, str]
     ) -> int | None:
+        """An answer lost on the way is asked for again (`lost.resolve`), never taken for a
+        failed launch: the server goes on with it (LaunchAnswerLost when it cannot say)."""
         import sky
 
+        from mncloud.backends.skypilot.lost import lost_answer_errors, resolve
+
         task = sky.Task.from_yaml_config(config, secrets_overrides=list(secrets.items()))
-        with sky_errors(f"launch the deadline controller of {run_name}"):
-            job_ids, _handle = sky.stream_and_get(
-                sky.jobs.launch(task, name=f"{run_name}-control"), output_stream=sys.stderr
-            )
+        action, name = f"launch the deadline controller of {run_name}", f"{run_name}-control"
+        with sky_errors(action):
+            request_id = sky.jobs.launch(task, name=name)
+        try:
+            with sky_errors(action, keep=lost_answer_errors()):
+                job_ids, _handle = sky.stream_and_get(request_id, output_stream=sys.stderr)
+        except lost_answer_errors():
+            return resolve(name, str(request_id), None)
         return int(job_ids[0]) if job_ids else None
 
     def may_ask(self) -> bool:

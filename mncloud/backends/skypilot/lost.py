@@ -23,10 +23,10 @@ from typing import Any
 
 from mncloud.backends.skypilot.errors import translate_error
 from mncloud.backends.skypilot.find import launched_jobs
-from mncloud.errors import BackendError
+from mncloud.errors import AnswerLost, BackendError
 
 
-class LaunchAnswerLost(BackendError):
+class LaunchAnswerLost(AnswerLost):
     """The launch was sent and its answer lost: the job may run. Not a failure."""
 
 
