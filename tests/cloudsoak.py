@@ -381,11 +381,26 @@ def until_live(fake: FakeSky, run: Driver, looks: int = 12) -> None:
         run.clock.now += 60.0
 
 
+def until_steered(fake: FakeSky, run: Driver) -> None:
+    """Looks a tick apart until a training job is live and the controller steers it (nothing
+    of it journaled half done: `closing`, a take-down whose cancel failed; `launching`, a
+    launch not yet answered; finishing either cancels the whole job anyway), or the run
+    ended; a few ticks past `probe_after_s` at most (a controller with no capacity anywhere
+    waits that long before it tries spot again)."""
+    for _ in range(int(run.state.config.probe_after_s // GAP) + 3):
+        st = run.state
+        if st.final or (fake.live_jobs("llm") and st.closing is None and st.launching is None):
+            return
+        run.ctl.look()
+        run.clock.now += GAP
+
+
 def _node_failed(rng: random.Random, fake: FakeSky, run: Driver) -> None:
     """One node of the live launch fails in the user's program past its restarts (a job
-    group's others train on): a running node (a job still waiting for VMs gets them first);
-    none live: at the controller's next launch, a few looks at most."""
-    until_live(fake, run)
+    group's others train on): a running node (a job still waiting for VMs gets them first)
+    of a launch the controller steers, not one it is taking down (its own cancel would hide
+    a missing group cancel); none yet: it waits for one (`until_steered`)."""
+    until_steered(fake, run)
     live = fake.live_jobs("llm")
     if not live or run.state.final:
         return
