@@ -96,7 +96,15 @@ def _apply(kind: str, rng: random.Random, fake: FakeSky, run: Driver) -> None:
     elif kind in ("preempt", "recovered", "job_failed", "no_capacity") and live:
         now = fake.job(live[0]).tasks[0].status
         if now in _FROM.get(kind, _LIVE):  # SkyPilot's own transitions only
-            fake.set_status(live[0], _TO[kind])
+            _set_live(fake, live[0], _TO[kind])
+
+
+def _set_live(fake: FakeSky, job: int, status: S) -> None:
+    """`status` on the job's tasks SkyPilot has not ended (a job group's failed node stays
+    failed: a preemption, or the VMs coming back, does not revive it)."""
+    for task in fake.job(job).tasks:
+        if not task.status.is_terminal():
+            fake.set_status(job, status, task=task.name)
 
 
 def soak(
@@ -128,7 +136,7 @@ def soak(
         for job in fake.live_jobs("llm"):  # the cloud gives the job its VMs again
             waits = fake.job(job).tasks[0].status in _FROM["recovered"]
             if rng.random() < 0.5 and waits:
-                fake.set_status(job, S.RUNNING)
+                _set_live(fake, job, S.RUNNING)
         if s.run.state.final:
             break
     _down_at_the_end(s)
@@ -408,7 +416,7 @@ def _node_failed(rng: random.Random, fake: FakeSky, run: Driver) -> None:
     if not any(t.status is S.RUNNING for t in tasks):
         if tasks[0].status not in _FROM["recovered"]:
             return  # (CANCELLING: it only ends)
-        fake.set_status(live[0], S.RUNNING)  # the cloud gives it its VMs; the program starts
+        _set_live(fake, live[0], S.RUNNING)  # the cloud gives it its VMs; the program starts
     nodes = [t for t in tasks if t.primary and t.status is S.RUNNING] or tasks
     node = rng.choice(nodes)
     fake.set_status(live[0], S.FAILED, task=node.name, reason=f"{node.name}'s program exited 1")
