@@ -152,7 +152,8 @@ def soak(
 def _moment(s: Soak, kinds: list[str]) -> bool:
     """The faults of one moment, in turn; True when one ended the run (`down`)."""
     fake, report, rng = s.fake, s.report, s.rng
-    for kind in kinds:
+    # a failed node last: a fault after it that ends the whole job would end the rest it leaves
+    for kind in sorted(kinds, key=lambda k: k == "node_failed"):
         s.n += 1
         report.faults[kind] = report.faults.get(kind, 0) + 1
         if kind in LATER_FAULTS:
