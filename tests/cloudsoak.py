@@ -98,7 +98,15 @@ def _apply(kind: str, rng: random.Random, fake: FakeSky, run: Driver) -> None:
     elif kind in ("preempt", "recovered", "job_failed", "no_capacity") and live:
         now = fake.job(live[0]).tasks[0].status
         if now in _FROM.get(kind, _LIVE):  # SkyPilot's own transitions only
-            fake.set_status(live[0], _TO[kind])
+            _set_live(fake, live[0], _TO[kind])
+
+
+def _set_live(fake: FakeSky, job: int, status: S) -> None:
+    """`status` on the job's tasks SkyPilot has not ended (a job group's failed node stays
+    failed: a preemption, or the VMs coming back, does not revive it)."""
+    for task in fake.job(job).tasks:
+        if not task.status.is_terminal():
+            fake.set_status(job, status, task=task.name)
 
 
 def soak(
@@ -130,7 +138,7 @@ def soak(
         for job in fake.live_jobs("llm"):  # the cloud gives the job its VMs again
             waits = fake.job(job).tasks[0].status in _FROM["recovered"]
             if rng.random() < 0.5 and waits:
-                fake.set_status(job, S.RUNNING)
+                _set_live(fake, job, S.RUNNING)
         if s.run.state.final:
             break
     _down_at_the_end(s)
@@ -146,7 +154,8 @@ def soak(
 def _moment(s: Soak, kinds: list[str]) -> bool:
     """The faults of one moment, in turn; True when one ended the run (`down`)."""
     fake, report, rng = s.fake, s.report, s.rng
-    for kind in kinds:
+    # a failed node last: a fault after it that ends the whole job would end the rest it leaves
+    for kind in sorted(kinds, key=lambda k: k == "node_failed"):
         s.n += 1
         report.faults[kind] = report.faults.get(kind, 0) + 1
         if kind in LATER_FAULTS:
@@ -385,11 +394,26 @@ def until_live(fake: FakeSky, run: Driver, looks: int = 12) -> None:
         run.clock.now += 60.0
 
 
+def until_steered(fake: FakeSky, run: Driver) -> None:
+    """Looks a tick apart until a training job is live and the controller steers it (nothing
+    of it journaled half done: `closing`, a take-down whose cancel failed; `launching`, a
+    launch not yet answered; finishing either cancels the whole job anyway), or the run
+    ended; a few ticks past `probe_after_s` at most (a controller with no capacity anywhere
+    waits that long before it tries spot again)."""
+    for _ in range(int(run.state.config.probe_after_s // GAP) + 3):
+        st = run.state
+        if st.final or (fake.live_jobs("llm") and st.closing is None and st.launching is None):
+            return
+        run.ctl.look()
+        run.clock.now += GAP
+
+
 def _node_failed(rng: random.Random, fake: FakeSky, run: Driver) -> None:
     """One node of the live launch fails in the user's program past its restarts (a job
-    group's others train on): a running node (a job still waiting for VMs gets them first);
-    none live: at the controller's next launch, a few looks at most."""
-    until_live(fake, run)
+    group's others train on): a running node (a job still waiting for VMs gets them first)
+    of a launch the controller steers, not one it is taking down (its own cancel would hide
+    a missing group cancel); none yet: it waits for one (`until_steered`)."""
+    until_steered(fake, run)
     live = fake.live_jobs("llm")
     if not live or run.state.final:
         return
@@ -397,7 +421,7 @@ def _node_failed(rng: random.Random, fake: FakeSky, run: Driver) -> None:
     if not any(t.status is S.RUNNING for t in tasks):
         if tasks[0].status not in _FROM["recovered"]:
             return  # (CANCELLING: it only ends)
-        fake.set_status(live[0], S.RUNNING)  # the cloud gives it its VMs; the program starts
+        _set_live(fake, live[0], S.RUNNING)  # the cloud gives it its VMs; the program starts
     nodes = [t for t in tasks if t.primary and t.status is S.RUNNING] or tasks
     node = rng.choice(nodes)
     fake.set_status(live[0], S.FAILED, task=node.name, reason=f"{node.name}'s program exited 1")
