@@ -203,7 +203,7 @@ def test_a_tracker_package_missing_on_a_node_is_named_in_the_preflight(tmp_path:
 
 
 def _lightning_attempt(
-    folder: Path, max_steps: int, resume: Path | None, logger: Any = True
+    folder: Path, max_steps: int, resume: Path | None, logger: Any = True, every: int = 1
 ) -> None:
     """One attempt of the Lightning example (its default TensorBoard logger, a loss logged
     every step, mncloud's callback as the site hook adds it), from checkpoint `resume`."""
@@ -220,7 +220,7 @@ def _lightning_attempt(
     L.seed_everything(0, workers=True)
     saves = ModelCheckpoint(dirpath=folder / "ckpt", every_n_train_steps=4, save_top_k=-1)
     fit = L.Trainer(
-        max_steps=max_steps, deterministic=True, default_root_dir=folder, log_every_n_steps=1,
+        max_steps=max_steps, deterministic=True, default_root_dir=folder, log_every_n_steps=every,
         enable_progress_bar=False, enable_model_summary=False, logger=logger,
         callbacks=[saves, MncloudCallback()],
     )  # fmt: skip
@@ -336,13 +336,17 @@ def rewound_history(runs: list[OfflineRun]) -> list[dict[str, Any]]:
     return rows
 
 
+@pytest.mark.parametrize("every", [1, 3])
 def test_every_attempt_of_a_lightning_run_logs_into_the_same_wandb_run_rewound(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, project: Path, no_user_trackers: None
-) -> None:
+    every: int,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, project: Path, no_user_trackers: None,
+) -> None:  # fmt: skip
     """Lightning's `WandbLogger`, as a script makes it (it passes `resume="allow"`), offline:
     three attempts (to step 6; from the checkpoint of step 4 to 10; from that of step 8 to
     12), each an offline run with the run's W&B id (from `task_env`, what every node gets);
-    the resumed ones rewound to their step, so the history holds each step once."""
+    the resumed ones rewound to the rows logged up to their step (the checkpoint holds how
+    many: one per step, or one per 3 with `log_every_n_steps=3`), so the history holds each
+    logged step once, as the uninterrupted run's."""
     pytest.importorskip("lightning")
     wandb = pytest.importorskip("wandb")
     from lightning.pytorch.loggers import WandbLogger
@@ -359,16 +363,19 @@ def test_every_attempt_of_a_lightning_run_logs_into_the_same_wandb_run_rewound(
         ckpt = _ckpt_of(tmp_path, resume) if resume else None
         if ckpt is not None:  # as the restore sets it (the unit's name carries its step)
             monkeypatch.setenv(constants.RESUME_FROM_ENV, str(ckpt))
-        _lightning_attempt(tmp_path, max_steps, ckpt, WandbLogger(save_dir=tmp_path))
+        _lightning_attempt(tmp_path, max_steps, ckpt, WandbLogger(save_dir=tmp_path), every)
         wandb.finish()
         wandb.teardown()  # as a process's end: its records written, W&B's settings dropped
     runs = wandb_offline_runs(tmp_path)
     assert [run.run_id for run in runs] == [RUN_ID] * 3, runs
-    assert [run.rewound_to for run in runs] == [None, 3, 7], runs  # rows 0…N−1: N steps kept
-    assert [run.rows[0]["_step"] for run in runs] == [0, 4, 8], runs  # each goes on at N
+    logged = list(range(every - 1, 12, every))  # Lightning logs step k + 1 at step k
+    # Rows 0…R−1 are the R rows of the steps up to the checkpoint; each attempt goes on at R.
+    kept = [sum(1 for s in logged if s < n) for n in (4, 8)]
+    assert [run.rewound_to for run in runs] == [None, *(r - 1 for r in kept)], runs
+    assert [run.rows[0]["_step"] for run in runs] == [0, *kept], runs
     history = rewound_history(runs)
-    assert [row["trainer/global_step"] for row in history] == list(range(12)), history
-    assert [row["_step"] for row in history] == list(range(12)), history
+    assert [row["trainer/global_step"] for row in history] == logged, history
+    assert [row["_step"] for row in history] == list(range(len(logged))), history
 
 
 # --------------------------------------------------------------------------- on local nodes

@@ -66,6 +66,7 @@ class MncloudCallback(pl.Callback):
     def __init__(self) -> None:
         self.check = SaveCheck("Lightning Trainer", "ModelCheckpoint(dirpath=…)")
         self._profile: Any = None
+        self._at_batch_end = False  # a save now comes before this batch's metrics are logged
         trackers.rewind_wandb()
         mlflowhook.install()
         mlflowhook.joins_the_run(pl.loggers.MLFlowLogger)  # one made after this joins the run
@@ -96,6 +97,7 @@ class MncloudCallback(pl.Callback):
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
+        self._at_batch_end = False
         if self._profile is not None:
             step = trainer.global_step + 1
             self._profile.step_started(step, self._state(trainer, pl_module), batch)
@@ -113,6 +115,13 @@ class MncloudCallback(pl.Callback):
         report(trainer.global_step, **metrics)
         if self._profile is not None:
             self._profile.step_done(self._state(trainer, pl_module))
+        self._at_batch_end = True  # ModelCheckpoint's save (callbacks come last) is next
+
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._at_batch_end = False  # the batch's metrics were logged before validation
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._at_batch_end = False
 
     def on_save_checkpoint(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
@@ -121,6 +130,9 @@ class MncloudCallback(pl.Callback):
         path = getattr(saver, "dirpath", None) or trainer.default_root_dir
         self.check.first_save(path, trainer.is_global_zero)
         checkpoint[RNG_KEY] = every_ranks_rng_states()
+        rows = trackers.logged_rows(trainer, self._at_batch_end)
+        if rows is not None:
+            checkpoint[trackers.WANDB_ROWS_KEY] = rows  # a resume rewinds W&B to them
         trackers.flush(trainer)
 
     def on_load_checkpoint(

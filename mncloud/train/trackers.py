@@ -28,6 +28,7 @@ import importlib.util
 import json
 import logging
 import os
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -128,14 +129,33 @@ def wandb_moment(env: Mapping[str, str]) -> str | None:
     return f"{run_id}?_step={rows - 1}" if rows else None
 
 
+#: A Lightning checkpoint's key for the W&B rows logged up to it (`logged_rows`).
+WANDB_ROWS_KEY = "mncloud_wandb_rows"
+
+
 def _rows_logged(unit: Path, step: int) -> int:
-    """How many W&B rows the run logged up to `step`: the entries of the HF Trainer's
-    `log_history` (`trainer_state.json` in the unit) at or before it, else `step`."""
+    """How many W&B rows the run logged up to `step`: as a Lightning checkpoint file holds it
+    (`WANDB_ROWS_KEY`), the entries of the HF Trainer's `log_history` (`trainer_state.json`
+    in the unit) at or before it, else `step` (one row per step)."""
+    if unit.suffix == ".ckpt" and (rows := _rows_in_checkpoint(unit)):
+        return rows
     try:
         history = json.loads((unit / "trainer_state.json").read_text())["log_history"]
     except (OSError, ValueError, KeyError, TypeError):
         return step
     return sum(1 for entry in history if int(entry.get("step", 0)) <= step)
+
+
+def _rows_in_checkpoint(unit: Path) -> int | None:
+    """`WANDB_ROWS_KEY` of Lightning checkpoint `unit`, its tensors memory-mapped (not read)."""
+    try:
+        import torch
+
+        held = torch.load(unit, map_location="cpu", mmap=True, weights_only=False)
+    except Exception:  # not a checkpoint torch reads like this: one row per step
+        return None
+    rows = held.get(WANDB_ROWS_KEY) if isinstance(held, dict) else None
+    return rows if isinstance(rows, int) and rows > 0 else None
 
 
 def rewind_wandb() -> None:
@@ -155,6 +175,21 @@ def rewind_wandb() -> None:
         return
     os.environ.pop(constants.WANDB_RESUME_ENV, None)
     wandb.init = _rewinding(wandb.init, moment)
+
+
+def logged_rows(trainer: Any, at_batch_end: bool) -> int | None:
+    """At a Lightning save: how many W&B rows hold the steps up to it, the process's W&B run's
+    row count (`run.step`), and the row Lightning logs for this batch after a save made at
+    its end (`on_train_batch_end` comes before the batch's metrics are logged); None without
+    a W&B run."""
+    run = getattr(sys.modules.get("wandb"), "run", None)
+    if run is None or os.environ.get(constants.TRACKER_OFF_ENV):
+        return None
+    try:
+        logs = bool(at_batch_end and trainer._logger_connector.should_update_logs)
+        return int(run.step) + logs
+    except Exception:  # a Lightning or W&B without these: one row per step, as before
+        return None
 
 
 def _rewinding(init: Any, moment: str) -> Any:
