@@ -252,17 +252,7 @@ def test_a_hand_off_waits_for_a_training_launch_in_flight(
         script, fake_sky, tmp_path, monkeypatch, running=False
     )
     ctl = holder.run.ctl
-    launcher = ctl.launcher
-
-    def crash(*_args: object, **_kw: object) -> None:
-        raise Crash
-
-    fake_sky.set_status(training, S.FAILED_CONTROLLER)
-    monkeypatch.setattr(ctl, "launcher", crash)
-    with pytest.raises(Crash):
-        holder.look()
-    assert holder.run.state.launching is not None
-    monkeypatch.setattr(ctl, "launcher", launcher)
+    _dies_mid_relaunch(holder, fake_sky, training, monkeypatch)
     fake_sky.set_status(successor.job_id, S.RUNNING)
     holder.clock.now += 60
     holder.look()
@@ -279,6 +269,25 @@ def test_a_hand_off_waits_for_a_training_launch_in_flight(
     assert relaunched in successor.run.state.live.job_ids
 
 
+def _dies_mid_relaunch(
+    holder: VM, fake_sky: FakeSky, training: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The training job fails and the holder's look dies inside its relaunch's call (the
+    launch journaled, its answer never had): its launcher is whole again after."""
+    ctl = holder.run.ctl
+    launcher = ctl.launcher
+
+    def crash(*_args: object, **_kw: object) -> None:
+        raise Crash
+
+    fake_sky.set_status(training, S.FAILED_CONTROLLER)
+    monkeypatch.setattr(ctl, "launcher", crash)
+    with pytest.raises(Crash):
+        holder.look()
+    assert holder.run.state.launching is not None
+    monkeypatch.setattr(ctl, "launcher", launcher)
+
+
 @pytest.mark.slow
 def test_a_stop_point_reached_mid_launch_still_cancels_the_pending_successor(
     script: Path,  # noqa: F811
@@ -293,20 +302,10 @@ def test_a_stop_point_reached_mid_launch_still_cancels_the_pending_successor(
     holder, successor, training = _successor_runs(
         script, fake_sky, tmp_path, monkeypatch, running=False
     )
-    ctl, clock = holder.run.ctl, holder.clock
-    launcher = ctl.launcher
-
-    def crash(*_args: object, **_kw: object) -> None:
-        raise Crash
-
+    clock = holder.clock
     assert holder.expires is not None
     clock.now = holder.expires - TOKEN_MARGIN_S - 60
-    fake_sky.set_status(training, S.FAILED_CONTROLLER)
-    monkeypatch.setattr(ctl, "launcher", crash)
-    with pytest.raises(Crash):
-        holder.look()
-    assert holder.run.state.launching is not None
-    monkeypatch.setattr(ctl, "launcher", launcher)
+    _dies_mid_relaunch(holder, fake_sky, training, monkeypatch)
     for _ in range(10):  # from the stop point on, until the stop is done
         clock.now += 120
         holder.look()
