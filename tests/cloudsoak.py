@@ -18,8 +18,9 @@ training jobs of the run; after `down` nothing live (the controller's own job in
 run's secret and the API server's password in no state, record or task YAML, and its `--env`
 value not in the controller's state in the bucket; the ledger's billed seconds (every home's
 records of the run, each read up to when its controller VM went) equal the seconds the fake's
-VMs ran the training jobs, within one tick; and `soakfaults.final_checks`. `soak()` returns
-what it did, for docs/benchmarks.md (`bench/cloud_soak.sh` runs the long version).
+VMs ran the training jobs, within one tick (`soakledger.money_kept`); and
+`soakfaults.final_checks`. `soak()` returns what it did, for docs/benchmarks.md
+(`bench/cloud_soak.sh` runs the long version).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from mncloud.errors import MncloudError, SpecError
 from tests.fakesky import LAPTOP, FakeSky, User
 from tests.soakfaults import NEW_FAULTS, Soak, apply, final_checks
 from tests.soaklease import LEASE_FAULTS, lease_fault
+from tests.soakledger import money_kept
 from tests.soaktoken import TOKEN_FAULTS, token_fault
 from tests.test_control import GAP
 from tests.test_control_cloud import Driver, _fresh_vm
@@ -147,7 +149,7 @@ def soak(
     _credentials_kept(fake, tmp_path, report)
     final_checks(s)
     s.homes.append((os.environ["MNCLOUD_HOME"], s.run.clock.now))
-    _money_kept(fake, monkeypatch, s.homes, report)
+    money_kept(fake, monkeypatch, s.homes, report)
     return report
 
 
@@ -227,45 +229,6 @@ def _down_at_the_end(s: Soak) -> None:
     fake.finish_in_flight()
     if fake.live_jobs():
         report.violations.append(f"after down: live {fake.live_jobs()}")
-
-
-def _money_kept(
-    fake: FakeSky, monkeypatch: pytest.MonkeyPatch, homes: list[tuple[str, float]], report: Report
-) -> None:
-    """The ledger bills what the VMs ran, within one tick: per launch (run id), the union of
-    the segments every home's record of it bills, each home's read up to when it went."""
-    from mncloud.records.ledger import cost_segments
-    from mncloud.records.store import list_records
-
-    spans: dict[str, list[tuple[float, float]]] = {}
-    for home, went in homes:
-        monkeypatch.setenv("MNCLOUD_HOME", home)
-        for record in list_records("llm"):
-            billed = spans.setdefault(record.run_id, [])
-            billed.extend((s.start, min(s.end, went)) for s in cost_segments(record, went))
-    report.billed_s = sum(_union(billed) for billed in spans.values())
-    report.ran_s = sum(_ran_s(fake, j) for j in fake.jobs if fake.job(j).name == "llm")
-    if abs(report.billed_s - report.ran_s) > GAP:
-        report.violations.append(
-            f"billed {report.billed_s:.0f} s, the VMs ran {report.ran_s:.0f} s"
-        )
-
-
-def _ran_s(fake: FakeSky, job: int) -> float:
-    """Seconds the job's VMs ran it, in the ledger's unit (a record's price is all nodes'): a
-    job group's, the mean of its node tasks' (task 0, the lighthouse, is not in the price)."""
-    ran = fake.running_seconds(job)
-    return ran[0] if len(ran) == 1 else sum(ran[1:]) / len(ran[1:])
-
-
-def _union(spans: list[tuple[float, float]]) -> float:
-    """Seconds covered by `spans` (overlaps counted once)."""
-    total, reach = 0.0, float("-inf")
-    for start, end in sorted(spans):
-        start = max(start, reach)
-        if end > start:
-            total, reach = total + end - start, end
-    return total
 
 
 def _down(run: Driver) -> None:

@@ -31,9 +31,14 @@ the API user with `as_user`, which a token would override.
 
 Not yet on a job group's run (`--recovery node`, the controller-group soak): there the ledger
 check reported seconds billed past what the VMs ran in the short form's seeds, not yet
-explained; the faults leave such a run alone. Open too: in the long form's control (10 seeds
-of 20 faults), seeds 3 and 8 report the ledger off (+390 s; -7457 s, a launch whose answer was
-lost that ran through a long hand-off window billed by no controller's home).
+explained; the faults leave such a run alone. The +390 s the long form's control reported (a
+holder's launch no look of it saw, left open at its hand-off) is `soakledger._superseded`'s.
+Open: a launch its `blind` controller last saw waiting (its looks failing), then recovered
+and ran until the laptop's `down` cancelled it, is billed by no home (`down` on the laptop
+holds neither its record nor its `skypilot.json`, so `billing.close_downed` cannot close it;
+`up --resume`'s controller holds it only in `earlier_run_ids`, whose records `identity.restore`
+neither fetches nor follows): -7457 s in seed 8 of 20 faults before the
+schedule changed at 89ccab2 (f5c35c5's soak reproduces it on main's `mncloud/`).
 """
 
 from __future__ import annotations

@@ -1,0 +1,102 @@
+"""The cloud fault soak's ledger check (`tests/cloudsoak.py`): the ledger's billed seconds,
+every controller home's records of the run each read up to when its VM went, equal the
+seconds the fake's VMs ran the training jobs, within one tick.
+
+A launch is billed from its `launch` event until a look reads the queue (`ledger.catch_up`:
+waiting unbilled). A controller that hands off, or dies, before its next look leaves that
+guess open in its home; the home that took the record over (it holds the same `launch` and
+what the queue said after it) bills the launch instead (`_superseded`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pytest
+
+from mncloud.records.ledger import Segment
+from mncloud.records.model import RunRecord
+from tests.fakesky import FakeSky
+from tests.test_control import GAP
+
+if TYPE_CHECKING:
+    from tests.cloudsoak import Report
+
+
+def money_kept(
+    fake: FakeSky, monkeypatch: pytest.MonkeyPatch, homes: list[tuple[str, float]], report: Report
+) -> None:
+    """The ledger bills what the VMs ran, within one tick: per launch (run id), the union of
+    the segments every home's record of it bills, each home's read up to when it went; but
+    a launch still unconfirmed when its home went (`_superseded`) as the home that took the
+    record over bills it."""
+    from mncloud.records.store import list_records
+
+    held: list[tuple[float, list[RunRecord]]] = []
+    for home, went in homes:
+        monkeypatch.setenv("MNCLOUD_HOME", home)
+        held.append((went, list_records("llm")))
+    spans: dict[str, list[tuple[float, float]]] = {}
+    for went, records in held:
+        for record in records:
+            billed = spans.setdefault(record.run_id, [])
+            billed.extend(_billed(record, went, held))
+    report.billed_s = sum(_union(billed) for billed in spans.values())
+    report.ran_s = sum(_ran_s(fake, j) for j in fake.jobs if fake.job(j).name == "llm")
+    if abs(report.billed_s - report.ran_s) > GAP:
+        report.violations.append(
+            f"billed {report.billed_s:.0f} s, the VMs ran {report.ran_s:.0f} s"
+        )
+
+
+def _billed(
+    record: RunRecord, went: float, held: list[tuple[float, list[RunRecord]]]
+) -> list[tuple[float, float]]:
+    """The spans `record` bills, read up to `went` (when its home went), less a launch's
+    segment `_superseded` there."""
+    from mncloud.records.ledger import cost_segments
+
+    segments = cost_segments(record, went)
+    if segments and _superseded(record, segments[-1], went, held):
+        segments = segments[:-1]
+    return [(s.start, min(s.end, went)) for s in segments]
+
+
+def _superseded(
+    record: RunRecord, last: Segment, went: float, held: list[tuple[float, list[RunRecord]]]
+) -> bool:
+    """Whether `last`, `record`'s segment still open when its home went at `went`, is a
+    launch no look of that home saw (opened by `launch`: billed until a look says what the
+    queue reports) that a later home's record of the same launch followed on (it holds that
+    launch event and more after it: the queue's account replaces the guess). A controller
+    that hands off or dies before its next look leaves such a guess behind; the product's
+    own count then goes on from the successor's record."""
+    if not last.open or last.opened_by != "launch":
+        return False
+    for later, records in held:
+        for other in records:
+            if later <= went or other.run_id != record.run_id:
+                continue
+            events = other.events
+            if any(e.kind == "launch" and e.time == last.start for e in events) and any(
+                e.time >= last.start and e.kind != "launch" for e in events
+            ):
+                return True
+    return False
+
+
+def _ran_s(fake: FakeSky, job: int) -> float:
+    """Seconds the job's VMs ran it, in the ledger's unit (a record's price is all nodes'): a
+    job group's, the mean of its node tasks' (task 0, the lighthouse, is not in the price)."""
+    ran = fake.running_seconds(job)
+    return ran[0] if len(ran) == 1 else sum(ran[1:]) / len(ran[1:])
+
+
+def _union(spans: list[tuple[float, float]]) -> float:
+    """Seconds covered by `spans` (overlaps counted once)."""
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(spans):
+        start = max(start, reach)
+        if end > start:
+            total, reach = total + end - start, end
+    return total
