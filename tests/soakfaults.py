@@ -42,6 +42,7 @@ from sky.jobs import ManagedJobStatus as S
 from mncloud import control
 from mncloud.errors import MncloudError, SpecError
 from tests.fakesky import LAPTOP, FakeSky, User
+from tests.test_control import GAP
 
 NEW_FAULTS = ("crash_in_launch", "second_user", "cancel_error", "api_status_error",
               "unauthorized", "server_failed", "controller_died", "interrupted_up",
@@ -149,13 +150,17 @@ def _killed_launching(s: Soak, finish_after: int | None, looks: int = 6, gap: fl
     return killed
 
 
-def _on_fresh_vm(s: Soak) -> None:
+def _on_fresh_vm(s: Soak, key: str | None = None) -> None:
     """The controller (re)started on a fresh VM: an empty home, the state from the bucket; its
     recovery as `Controller.run` makes it: LaunchUnknown ends the process and SkyPilot restarts
-    it a minute later (a few times here), another error is a look's (`unsure.py`)."""
+    it a minute later (a few times here), another error is a look's (`unsure.py`). `key`: a new
+    controller job's hand-off key ("": one `up` launched; None: the restarted job's own)."""
+    from mncloud.control.handoff import HANDOFF_ENV
     from mncloud.control.recovery import LaunchUnknown
     from tests.test_control_cloud import Driver, _fresh_vm
 
+    if key is not None:  # (not a successor's left in the environment by a hand-off before)
+        s.monkeypatch.setenv(HANDOFF_ENV, key)
     fresh = _fresh_vm(s.monkeypatch, s.tmp_path, f"vm-{s.report.seed}-{s.n}")
     s.run = Driver(fresh, s.run.clock)
     for _restart in range(5):
@@ -190,16 +195,16 @@ def _back_on_vm(s: Soak, home: str) -> None:
 
 
 def _controller_died(s: Soak) -> None:
-    """The controller's job FAILED_CONTROLLER while its training job trains (at its next
-    look that has one live, within a few): `up --resume` refused in one line; nothing launched
-    beside it. Then the controller is back."""
+    """The controller's job FAILED_CONTROLLER while a training job it steers trains (once one
+    does: `_trains`): `up --resume` refused in one line; nothing launched beside it. Then the
+    controller is back."""
     from mncloud.control.start import start
-    from tests.cloudsoak import _controller_job, until_live
+    from tests.cloudsoak import _controller_job
 
     fake, st = s.fake, s.run.state
-    until_live(fake, s.run)
+    steered = _trains(s)
     training, controllers = fake.live_jobs("llm"), fake.live_jobs("llm-control")
-    if not controllers or not training or st.final:
+    if not controllers or steered is None or st.final:
         return
     for job in controllers:  # (a state restarted from the bucket may not name it)
         fake.set_status(job, S.FAILED_CONTROLLER)
@@ -210,7 +215,7 @@ def _controller_died(s: Soak) -> None:
                 start(_from_laptop(s, existing="resume"))
             except SpecError as err:
                 said = str(err)
-                if "\n" in said or "mncloud down llm" not in said or str(training[0]) not in said:
+                if "\n" in said or "mncloud down llm" not in said or str(steered) not in said:
                     s.report.violations.append(f"fault {s.n}: --resume refused as {said!r}")
             except MncloudError:
                 continue
@@ -222,6 +227,43 @@ def _controller_died(s: Soak) -> None:
     if len(fake.jobs) != jobs:
         s.report.violations.append(f"fault {s.n}: a resume beside job {training} launched")
     _controller_job(fake, s.monkeypatch, st)  # SkyPilot's controller back (a new job)
+
+
+def _trains(s: Soak, rounds: int = 4) -> int | None:
+    """The job of the live launch of the controller holding the run (`s.run`), training: looks
+    a tick apart until that launch is live and steered (`cloudsoak.until_steered`: nothing of
+    it journaled half done), the cloud giving it its VMs where it waits for them; a job with a
+    task being cancelled only ends (a `--resume` finds it over), so the looks go on past it.
+    None: the run ended, or no such job within `rounds` of those looks."""
+    from tests.cloudsoak import until_steered
+
+    fake, run = s.fake, s.run
+    for _ in range(rounds):
+        until_steered(fake, run)
+        st = run.state
+        if st.final:
+            return None
+        half_done = st.closing is not None or st.launching is not None
+        steers = st.live.job_ids if st.live is not None and not half_done else []
+        for job in (j for j in fake.live_jobs("llm") if j in steers):
+            if _vms_given(fake, job):
+                return job
+        run.ctl.look()
+        run.clock.now += GAP
+    return None
+
+
+def _vms_given(fake: FakeSky, job: int) -> bool:
+    """Whether `job` trains: every task SkyPilot has not ended RUNNING, once the cloud gives
+    those waiting for VMs theirs; never one with a task being cancelled (it only ends)."""
+    from tests.cloudsoak import _FROM, _set_live
+
+    unended = [t.status for t in fake.job(job).tasks if not t.status.is_terminal()]
+    if not unended or S.CANCELLING in unended:
+        return False
+    if all(status in (S.RUNNING, *_FROM["recovered"]) for status in unended):
+        _set_live(fake, job, S.RUNNING)
+    return all(t.status is S.RUNNING for t in fake.job(job).tasks if not t.status.is_terminal())
 
 
 def _interrupted_up(s: Soak) -> None:

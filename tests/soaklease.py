@@ -80,7 +80,7 @@ def lease_fault(kind: str, s: Soak) -> None:
     if made:  # the new controller: its first look, checked as every look is
         from tests.cloudsoak import _look
 
-        _on_fresh_vm(s)
+        _on_fresh_vm(s, key="")  # the controller `up` launched
         _look(s.run, fake, s.report, 60.0)
     else:  # refused: SkyPilot's controller back (a new job), as after `controller_died`
         from tests.cloudsoak import _controller_job
