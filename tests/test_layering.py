@@ -69,7 +69,8 @@ ROOMS: list[tuple[str, str]] = [
                      "stepmodel timing traces"),
     ("mncloud.deadline", "places policy pricing replay replay_places"),
     ("mncloud.render", "bandwidth jobgroup network schema trackers"),
-    ("mncloud.records", "model lineage index store ledger goodput rerun mlflowrun trackers"),
+    ("mncloud.records", "model lineage index store ledger goodput rerun mlflowrun "
+     "wandbfigures trackers"),
     ("mncloud.backends", "base"),
     ("mncloud.backends.local", "__main__ backend chaos ckptdir execute exits figures lifecycle "
                                "metadata netcheck nodes processes recordwriter replacing "

@@ -12,6 +12,7 @@ create_record`): the package itself exports nothing, so every import names its r
     rerun.py      rebuild a recorded run's tree in a worktree, with its spec and options
     mlflowrun.py  the run's one MLflow run, created at `up` over MLflow's REST API
     trackers.py   the tracker runs' links, and mncloud's figures sent at each attempt's end
+    wandbfigures.py  those figures into the W&B run (online API, or an offline run beside)
 
 Secret redaction is `mncloud.redact` (the ground floor: `request` refuses credential-shaped
 `--env` values with it); the ranks' telemetry segments are `mncloud.telemetry`.
