@@ -18,13 +18,14 @@ as metrics at step = the attempt's number (one point per attempt):
 
 from __future__ import annotations
 
+import functools
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from mncloud import constants, layout
 from mncloud.records import mlflowrun
 from mncloud.records.model import RunRecord
-from mncloud.spec import Recovery, Tracker
+from mncloud.spec import Tracker
 
 #: The figure names, as tags and metrics of the MLflow run.
 FIGURES = ("mncloud.cost_usd", "mncloud.goodput", "mncloud.restarts", "mncloud.preemptions")
@@ -54,19 +55,16 @@ def _mlflow_of(envs: Mapping[str, str]) -> tuple[str | None, str | None]:
 
 def _wandb_link(record: RunRecord, envs: Mapping[str, str]) -> str | None:
     """The W&B run's page (under node recovery, its group's), when entity and project are set."""
-    from mncloud.render.trackers import NODE_SUFFIX_ROOM, wandb_run_id
+    from mncloud.records.wandbfigures import wandb_names
 
     entity, project = envs.get("WANDB_ENTITY"), envs.get("WANDB_PROJECT")
     if not entity or not project:
         return None
     api = mlflowrun.shown(envs.get("WANDB_BASE_URL") or "https://api.wandb.ai").rstrip("/")
     app = api.replace("://api.", "://", 1)
-    if record.spec.get("recovery") == Recovery.NODE.value:
-        group = envs.get(constants.WANDB_RUN_GROUP_ENV) or wandb_run_id(
-            record.run_id, room=NODE_SUFFIX_ROOM
-        )
+    group, run = wandb_names(record, envs)
+    if group is not None:
         return f"{app}/{entity}/{project}/groups/{group}"
-    run = envs.get(constants.WANDB_RUN_ID_ENV) or wandb_run_id(record.run_id)
     return f"{app}/{entity}/{project}/runs/{run}"
 
 
@@ -97,21 +95,22 @@ def post_figures(record: RunRecord, ckpt_uri: str | None = None) -> list[str]:
     has; one warning line per tracker that did not take them (never raises)."""
     if record.spec.get("tracker") == Tracker.NONE.value:
         return []
-    values: dict[str, float] | None = None
+    # Read (the ledger, the ranks' series in the bucket) once, and only for a tracker run.
+    values = functools.cache(lambda: figures(record, ckpt_uri))
     warnings = []
     for tracker, send in (("MLflow", _to_mlflow), ("W&B", _to_wandb)):
         try:
-            values = figures(record, ckpt_uri) if values is None else values
             send(record, values)
         except Exception as err:  # the training never fails for its tracker
             warnings.append(f"warning: mncloud's figures not sent to {tracker} ({_line(err)})")
     return warnings
 
 
-def _to_mlflow(record: RunRecord, values: dict[str, float]) -> None:
+def _to_mlflow(record: RunRecord, figures_of: Callable[[], dict[str, float]]) -> None:
     uri, mlflow_id = _mlflow_of(record.spec.get("envs") or {})
     if not uri or not mlflow_id:
         return
+    values = figures_of()
     now, attempt = int(time.time() * 1000), int(values["mncloud.restarts"]) + 1
     body = {
         "run_id": mlflow_id,
@@ -125,10 +124,10 @@ def _to_mlflow(record: RunRecord, values: dict[str, float]) -> None:
         raise RuntimeError(f"{mlflowrun.shown(uri)}: {_line(err)}") from err
 
 
-def _to_wandb(record: RunRecord, values: dict[str, float]) -> None:
+def _to_wandb(record: RunRecord, figures_of: Callable[[], dict[str, float]]) -> None:
     from mncloud.records import wandbfigures
 
-    wandbfigures.post(record, values)
+    wandbfigures.post(record, figures_of)
 
 
 def _line(err: BaseException) -> str:

@@ -24,7 +24,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -49,27 +49,36 @@ _MODE, _DIR, _PROJECT, _ENTITY, _BASE_URL = (
 )
 
 
-def run_ids(record: RunRecord, envs: Mapping[str, str]) -> list[str]:
-    """The W&B run ids of `record`'s run: one, or one per node under node recovery."""
+def wandb_names(record: RunRecord, envs: Mapping[str, str]) -> tuple[str | None, str]:
+    """(group, run id) of `record`'s W&B run as its nodes got them (`render.trackers`): under
+    node recovery the group, each node's run `<group>-n<k>`; else no group and the run's id."""
     from mncloud.render.trackers import NODE_SUFFIX_ROOM, wandb_run_id
 
-    spec = record.spec
-    if spec.get("recovery") == Recovery.NODE.value:
+    if record.spec.get("recovery") == Recovery.NODE.value:
         group = envs.get(constants.WANDB_RUN_GROUP_ENV) or wandb_run_id(
             record.run_id, room=NODE_SUFFIX_ROOM
         )
-        return [f"{group}-n{k}" for k in range(int(spec.get("nodes") or 1))]
-    return [envs.get(constants.WANDB_RUN_ID_ENV) or wandb_run_id(record.run_id)]
+        return group, group
+    return None, envs.get(constants.WANDB_RUN_ID_ENV) or wandb_run_id(record.run_id)
 
 
-def post(record: RunRecord, values: Mapping[str, float]) -> None:
-    """`values` into the run's W&B run(s) (module docstring); raises what went wrong."""
+def run_ids(record: RunRecord, envs: Mapping[str, str]) -> list[str]:
+    """The W&B run ids of `record`'s run: one, or one per node under node recovery."""
+    group, run = wandb_names(record, envs)
+    if group is None:
+        return [run]
+    return [f"{group}-n{k}" for k in range(int(record.spec.get("nodes") or 1))]
+
+
+def post(record: RunRecord, figures_of: Callable[[], Mapping[str, float]]) -> None:
+    """The figures (`figures_of()`, read only when a W&B run will take them) into the run's
+    W&B run(s) (module docstring); raises what went wrong."""
     spec = record.spec
     local = spec.get("clouds") == [LOCAL_CLOUD]
     envs = {**(os.environ if local else {}), **(spec.get("envs") or {})}  # local nodes inherit
     mode = (envs.get(_MODE) or "online").lower()
     job: dict[str, Any] = {"project": envs.get(_PROJECT), "entity": envs.get(_ENTITY),
-                           "values": dict(values), "mode": mode}  # fmt: skip
+                           "mode": mode}  # fmt: skip
     if mode in ("offline", "dryrun") and local:
         folder = Path(envs.get(_DIR) or ".")
         if not folder.is_absolute():
@@ -80,7 +89,7 @@ def post(record: RunRecord, values: Mapping[str, float]) -> None:
     elif mode == "online" and job["project"]:
         job["runs"], job["base_url"] = run_ids(record, envs), envs.get(_BASE_URL)
     if job.get("runs"):
-        _in_child(job)
+        _in_child({**job, "values": dict(figures_of())})
 
 
 def _in_child(job: Mapping[str, Any]) -> None:

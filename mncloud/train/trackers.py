@@ -166,8 +166,10 @@ def rewind_wandb() -> None:
     `resume="allow"`: so mncloud's `WANDB_RESUME=allow` leaves the environment and goes into
     the calls, and the first call with no id or this run's id and no `resume` but `allow` gets
     `resume_from` in its place. A call the rewind fails for is made again as it was."""
+    if importlib.util.find_spec("wandb") is None:
+        return  # (before `wandb_moment`, which may read the checkpoint's row count)
     moment = wandb_moment(os.environ)
-    if moment is None or importlib.util.find_spec("wandb") is None:
+    if moment is None:
         return
     import wandb
 
