@@ -244,3 +244,46 @@ def test_a_launch_up_could_not_see_is_cancelled_by_the_new_controller_before_it_
     new.tick()
     old_again, new_job = _named(fake_sky, "llm")
     assert old_again == old_job and fake_sky.live_jobs("llm") == [new_job]
+
+
+def test_the_next_controller_ends_the_record_of_a_job_the_dead_one_left_open(
+    script: Path,  # noqa: F811
+    fake_sky: FakeSky,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The controller dies while the job it steers trains; that job then ends (cancelled
+    outside mncloud) with no look of a controller after it: its record, in the bucket, bills
+    on to whenever it is read. The controller `up --resume` starts closes it at SkyPilot's
+    end of the job (`billing.close_earlier`): the bucket's copy bills what the job ran, and
+    stays so however late it is read."""
+    assert _up_deadline(monkeypatch, script, tmp_path).exit_code == 0
+    (controller,) = _named(fake_sky, "llm-control")
+    fake_sky.set_status(controller, S.RUNNING)
+    dead = Driver(_fresh_vm(monkeypatch, tmp_path, "controller-vm"))
+    dead.tick()
+    (training,) = _named(fake_sky, "llm")
+    fake_sky.set_status(training, S.RUNNING)
+    dead.tick(1, gap=GAP)
+    (run_id,) = dead.state.run_ids
+    dead.clock.now += 600.0  # it trains on; the controller's job dies before its next look
+    fake_sky.set_status(controller, S.FAILED_CONTROLLER)
+    fake_sky.set_status(training, S.CANCELLED)  # `sky jobs cancel`: nobody looks after it
+    dead.clock.now += 1200.0
+    bucket = f"file://{tmp_path / 'bucket'}/llm"
+    left = fetch_record(bucket, run_id)
+    assert left is not None and not left.finished  # open: it bills on
+
+    assert _up_deadline(monkeypatch, script, tmp_path, "--resume").exit_code == 0
+    state = _fresh_vm(monkeypatch, tmp_path, "controller-vm-2")
+    assert run_id in state.earlier_run_ids
+    new = Driver(state, dead.clock)
+    new.ctl._recover()
+    new.tick()
+    closed = fetch_record(bucket, run_id)
+    assert closed is not None and closed.finished
+    price = next(e.hourly_price for e in closed.events if e.kind == "launch")
+    (ran_s,) = fake_sky.running_seconds(training)
+    assert ran_s > 600.0 and price is not None
+    late = new.clock.now + 24 * 3600
+    assert cost_summary(closed, now=late).total == pytest.approx(price * ran_s / 3600)

@@ -19,7 +19,7 @@ from mncloud.backends.base import RunState
 from mncloud.backends.skypilot import SkyPilotBackend
 from mncloud.deadline.policy import Mode
 from mncloud.errors import BackendError
-from mncloud.records.ledger import cost_summary, observed_spot_hazard
+from mncloud.records.ledger import cost_segments, cost_summary, observed_spot_hazard
 from mncloud.records.model import RunRecord
 from mncloud.records.store import list_records
 from tests.fakesky import PREEMPT, FakeSky
@@ -233,6 +233,50 @@ def test_down_ends_the_live_launch_s_record_at_skypilot_s_end(
     ran_s = fake_sky.running_seconds(job)[-1]
     assert ran_s == (2 * GAP if ran else 0.0)
     assert _billed_s("llm", run.clock.now + 7200) == pytest.approx(ran_s)
+    price = next(e for e in record.events if e.kind == "launch").hourly_price
+    stopped = control.load_uri(run.state.config.state_uri)
+    assert stopped is not None and stopped.phase == "stopped"
+    assert stopped.cost == pytest.approx(price * ran_s / 3600)
+
+
+@pytest.mark.parametrize("recovery", ["gang", "node"])
+def test_down_from_a_laptop_ends_the_bucket_s_records_at_skypilot_s_end(
+    script: Path,  # noqa: F811
+    fake_sky: FakeSky,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    recovery: str,
+) -> None:
+    """The controller's last look saw its job wait for VMs; the cloud then gave them and the
+    job trained, with no look after (the controller stalled, its token spent). `mncloud down`
+    from a laptop, which holds neither the record nor `skypilot.json`: the bucket's copy of
+    the record ends at SkyPilot's `end_at` and bills what ran, as does the stopped state (before:
+    closed by no home, the stint billed nowhere, a −7457 s soak ledger)."""
+    from mncloud.control.down import stop_cloud
+    from mncloud.records.store import fetch_record
+    from mncloud.render import jobgroup
+
+    if recovery == "node":  # a job group
+        script.write_text("from mncloud.train import Replicas\nreplicas = Replicas({})\n")
+        monkeypatch.setattr(jobgroup, "require_bucket", lambda _spec: None)
+    run = Driver(_state(script, tmp_path, recovery=recovery))
+    _looks(run, 2)  # the launch; a look sees it wait
+    (job,) = _named(fake_sky, "llm")
+    (run_id,) = run.state.run_ids
+    fake_sky.set_status(job, S.RUNNING)
+    run.clock.now += 3 * GAP  # it trains; no look comes
+    monkeypatch.setenv("MNCLOUD_HOME", str(tmp_path / "laptop"))
+    laptop = control.load_uri(run.state.config.state_uri)
+    assert laptop is not None and list_records("llm") == []
+    stop_cloud(laptop, 0.0, wait_s=30.0, sleep=lambda _s: None)
+    record = fetch_record(f"file://{tmp_path / 'bucket'}/llm", run_id)
+    assert record is not None and record.finished
+    assert _ends(record) == [("finish", fake_sky.job(job).tasks[-1].end_at)]
+    ran_s = fake_sky.running_seconds(job)[-1]
+    assert ran_s == 3 * GAP
+    assert cost_summary(record, now=run.clock.now + 7200).total > 0
+    billed = sum(s.end - s.start for s in cost_segments(record, run.clock.now + 7200))
+    assert billed == pytest.approx(ran_s)
     price = next(e for e in record.events if e.kind == "launch").hourly_price
     stopped = control.load_uri(run.state.config.state_uri)
     assert stopped is not None and stopped.phase == "stopped"

@@ -341,6 +341,11 @@ class ControllerHost(Protocol):
         """The queue's view of `job_ids` (a job it no longer lists is left out)."""
         ...
 
+    def job_status(self, job: HostJob, name: str, nodes: int, spot: bool) -> RunStatus:
+        """The status of `job` of run `name` (its queue times included) where this machine
+        holds no record of the launch that made it (an earlier controller's)."""
+        ...
+
     def cancel(
         self,
         job_ids: Iterable[int],

@@ -28,7 +28,8 @@ existing=Existing.RESUME)`, so training resumes from the newest complete checkpo
     places.py   the course across places: spot anywhere, on-demand in the home place
     unsure.py   an error in a tick is "unsure, look again" (bounded backoff), not the end
     lease.py    one controller per cloud run: SkyPilot's queue is the lease
-    billing.py  the live launch's ledger follows SkyPilot's queue times (waiting unbilled)
+    billing.py  the live launch's ledger follows SkyPilot's queue times (waiting unbilled); a
+                launch no controller looks at again is closed at SkyPilot's end
     watch.py    `status` of a cloud deadline run asks SkyPilot how its controller is
     access.py   what the controller VM launches with: secrets as SkyPilot secrets
     handoff.py  the run handed to a fresh controller job (a fresh token) before the token expires

@@ -14,8 +14,11 @@ controller happened to look:
     (CANCELLING bills on while SkyPilot tears the VMs down; CANCELLED closes at its `end_at`)
 
 One end event per launch: the queue's (`finish`/`failure` at SkyPilot's `end_at`), or where the
-queue gave none, the controller's (`close`, which asks the queue first). A launch `mncloud down`
-cancelled, which no controller looks at again, is ended by `close_downed` at SkyPilot's end.
+queue gave none, the controller's (`close`, which asks the queue first). A launch no controller
+looks at again is ended at SkyPilot's end from the bucket's copy of its record, its job found by
+run id (`close_open`): one an earlier controller left open (it died, or `--replace` ended it) by
+the next controller's looks (`close_earlier`), and every one `mncloud down` cancelled, from the
+laptop too (`close_downed`).
 
 A job group's status gives its node tasks' times as one job's (`skypilot/group.group_times`).
 A status without the queue's times (the local backend) keeps the older way:
@@ -33,7 +36,7 @@ from mncloud.deadline.policy import Mode
 from mncloud.errors import MncloudError
 
 if TYPE_CHECKING:
-    from mncloud.backends.base import Backend, RunStatus
+    from mncloud.backends.base import Backend, ControllerHost, RunStatus
     from mncloud.control.state import ControlState
     from mncloud.control.steering import Course, Steering
     from mncloud.records.ledger import CostSummary
@@ -50,23 +53,30 @@ _DETAILS = {
 
 
 def follow(ctl: Steering, status: RunStatus | None) -> bool:
-    """Bring the live launch's record up to what the queue says ran; whether it could (the
-    status has the queue's times and the launch has a record)."""
-    if status is None or status.times is None or ctl.backend.records_own_events:
+    """Bring the live launch's record up to what the queue says ran (and the records an
+    earlier controller left open, `close_earlier`); whether it could (the status has the
+    queue's times and the launch has a record)."""
+    if ctl.backend.records_own_events:
+        return False
+    close_earlier(ctl.state, ctl.backend.controller_host(), ctl.clock.time())
+    if status is None or status.times is None:
         return False
     return follow_queue(ctl.state, status, ctl.clock.time())
 
 
-def follow_queue(st: ControlState, status: RunStatus | None, now: float) -> bool:
-    """`follow` of run `st`'s live launch without a controller (`close_downed`)."""
+def follow_queue(
+    st: ControlState, status: RunStatus | None, now: float, run_id: str | None = None
+) -> bool:
+    """`follow` of run `st`'s live launch (or its launch `run_id`) without a controller
+    (`close_downed`, `close_earlier`)."""
     from mncloud.records.ledger import catch_up
     from mncloud.records.store import append_event, find_record
 
     if status is None or status.times is None:
         return False
-    if not st.run_ids:
+    if run_id is None and not st.run_ids:
         return False
-    run_id = st.run_ids[-1]
+    run_id = run_id or st.run_ids[-1]
     try:
         record = find_record(run_id)
     except MncloudError:
@@ -79,6 +89,60 @@ def follow_queue(st: ControlState, status: RunStatus | None, now: float) -> bool
         detail = _DETAILS.get(kind, f"SkyPilot: {status.detail}")
         append_event(st.name, kind, detail=detail, at=at, run_id=run_id, **extra)  # type: ignore[arg-type]
     return True
+
+
+def close_earlier(st: ControlState, host: ControllerHost, now: float) -> None:
+    """The records of the launches of the controllers before this one (`earlier_run_ids`,
+    `lease.py`) still open here, each followed to SkyPilot's end of its job as that
+    controller's next look would have (none comes: it died, or `--replace` ended it) and
+    written back to the bucket: no copy of the run's records bills a job that ended. One
+    not ended yet (still being cancelled), or SkyPilot unsure now: again at the next look."""
+    close_open(st, host, st.earlier_run_ids, now)
+
+
+def close_open(
+    st: ControlState, host: ControllerHost, run_ids: list[str], now: float | None,
+    *, fetch: bool = False,
+) -> float | None:  # fmt: skip
+    """Each of `run_ids` whose record (here, or with `fetch` the bucket's copy, kept here) is
+    open, followed to what SkyPilot's queue says of its job (found by run id; `now` None:
+    only a job that ended, up to its end) and written back; the latest end followed."""
+    from mncloud.constants import RUN_ID_ENV
+    from mncloud.control.identity import fetch_record_of
+    from mncloud.records.store import find_record
+
+    latest = None
+    for run_id in run_ids:
+        try:
+            record = find_record(run_id)  # (`identity.restore` fetched the bucket's copy)
+        except MncloudError:
+            record = fetch_record_of(st, run_id) if fetch else None
+        if record is None or record.finished or not any(e.kind == "launch" for e in record.events):
+            continue
+        spot = bool(_placement(record.events).get("spot"))
+        try:
+            jobs = host.jobs_with_env(st.name, RUN_ID_ENV, [run_id])
+            status = host.job_status(jobs[-1], st.name, st.config.nodes, spot) if jobs else None
+        except MncloudError as err:
+            log.info("the record of launch %s stays open for now: %s", run_id, err)
+            continue
+        ended = status.times.ended_at if status is not None and status.times else None
+        upto = now if now is not None else ended
+        if upto is None or not follow_queue(st, status, upto, run_id):
+            continue
+        latest = max(latest or upto, upto)
+        if ended is not None and status is not None:  # (a stint unseen ends in `waiting`)
+            _ended(st.name, run_id, status, ended)
+    return latest
+
+
+def _ended(name: str, run_id: str, status: RunStatus, ended: float) -> None:
+    """Launch `run_id`'s end event at SkyPilot's `ended`, unless its record has one."""
+    from mncloud.records.store import append_event, find_record
+
+    if not find_record(run_id).finished:
+        kind = "failure" if status.state is RunState.FAILED else "finish"
+        append_event(name, kind, detail=f"SkyPilot: {status.detail}", at=ended, run_id=run_id)
 
 
 def close(ctl: Steering, kind: str, detail: str) -> None:
@@ -111,28 +175,29 @@ def live_status(backend: Backend, st: ControlState) -> RunStatus | None:
 
 
 def close_downed(st: ControlState) -> None:
-    """After `mncloud down` cancelled run `st`'s jobs: the live launch's record closed at
-    SkyPilot's `end_at`, as the controller's next look would have (`follow`; none comes now),
-    and its cost kept in the state (`launch_costs`, what the laptop's `status` shows). Only
-    where this machine holds that launch's record and SkyPilot's record of it (the controller's
-    home); elsewhere (a laptop) the cost stays as the controller last counted it."""
+    """After `mncloud down` cancelled run `st`'s jobs: each launch's record still open closed
+    at SkyPilot's `end_at`, as the controller's next look would have (`follow`; none comes
+    now), and the cost kept in the state (`launch_costs`, what the laptop's `status` shows).
+    The live launch's as this machine's `skypilot.json` of it says (the controller's home);
+    every other, and all of them on a laptop, from the bucket's copy, its job found by run id
+    (`close_open`). SkyPilot or the bucket unreadable now: as the controller left it."""
     from mncloud.backends.registry import get_backend
     from mncloud.records.store import find_record
 
     backend = get_backend(st.config.backend)
-    if backend.records_own_events or backend.runs_here or not st.run_ids:
+    if backend.records_own_events or backend.runs_here:
         return
-    run_id = st.run_ids[-1]
-    try:
-        if find_record(run_id).finished:
-            return
-        status = live_status(backend, st)
-        ended = status.times.ended_at if status and status.times else None
-        if ended is None or not follow_queue(st, status, ended):
-            return  # not ended as SkyPilot says: the record stays open
-    except MncloudError:  # SkyPilot or the record unreadable now: as the controller left it
-        return
-    count_costs(st, ended)
+    ended = None
+    with contextlib.suppress(MncloudError):  # (not held here, or SkyPilot unsure: below)
+        if st.run_ids and not find_record(st.run_ids[-1]).finished:
+            status = live_status(backend, st)
+            ended = status.times.ended_at if status and status.times else None
+            if ended is not None and not follow_queue(st, status, ended):
+                ended = None
+    run_ids = [*st.earlier_run_ids, *st.run_ids]
+    later = close_open(st, backend.controller_host(), run_ids, None, fetch=True)
+    if ended is not None or later is not None:
+        count_costs(st, max(ended or 0.0, later or 0.0))
 
 
 def _placement(events: list[Event]) -> dict[str, object]:

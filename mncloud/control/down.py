@@ -13,8 +13,8 @@ run id (the backend's `ControllerHost`). Nothing is cancelled by name. In this o
     3. a running training job gets the preemption notice through the bucket (its ranks save
        the step they reached); every live one is cancelled by id, and waited for until
        SkyPilot reports it terminal
-    4. the live launch's record, where this machine holds it (the controller's home), closed
-       at SkyPilot's end time (`billing.close_downed`), its cost kept in the state
+    4. every launch's record still open closed at SkyPilot's end time, from the bucket's copy
+       where this machine lacks it (a laptop; `billing.close_downed`), the cost kept in the state
     5. the state marked stopped, here and in the bucket; what was cancelled said in one line
 
 A second `down` finds nothing live and says so. A job still live after the wait, or a SkyPilot

@@ -81,9 +81,10 @@ def restore(st: ControlState) -> list[str]:
         record_backend(st.name, st.config.backend)
         done.append("backend.json")
     have = {r.run_id for r in list_records(st.name)}
-    wanted = [*st.run_ids, *([st.live.run_id] if st.live is not None else [])]
+    live = [st.live.run_id] if st.live is not None else []
+    wanted = [*st.earlier_run_ids, *st.run_ids, *live]  # (earlier ones: `billing.close_earlier`)
     missing = [run_id for run_id in dict.fromkeys(wanted) if run_id not in have]
-    fetched = [run_id for run_id in missing if _fetch(st, run_id) is not None]
+    fetched = [run_id for run_id in missing if fetch_record_of(st, run_id) is not None]
     if fetched:
         done.append(f"run record(s) {', '.join(fetched)}")
     return done
@@ -106,7 +107,7 @@ def find(st: ControlState, pending: Launching) -> tuple[str, RunRecord | None] |
         log.warning("run id %s names jobs %s; adopting the newest", pending.run_id,
                     [j.job_id for j in jobs])  # fmt: skip
     job = jobs[-1]
-    record = _fetch(st, pending.run_id)
+    record = fetch_record_of(st, pending.run_id)
     host.adopt(job, _adopted(st, pending, record))
     record_backend(st.name, st.config.backend)
     return pending.run_id, record
@@ -129,7 +130,8 @@ def _adopted(st: ControlState, pending: Launching, record: RunRecord | None) -> 
     )
 
 
-def _fetch(st: ControlState, run_id: str) -> RunRecord | None:
+def fetch_record_of(st: ControlState, run_id: str) -> RunRecord | None:
+    """Run `st`'s launch `run_id`'s record from the bucket (kept here too); None: none there."""
     from mncloud.records.store import fetch_record
     from mncloud.spec import JobSpec
 

@@ -18,7 +18,7 @@ from mncloud.backends.skypilot.errors import sky_errors
 from mncloud.backends.skypilot.meta import JOB_GROUP, MANAGED_JOB, RunMeta, load_meta, save_meta
 
 if TYPE_CHECKING:
-    from mncloud.backends.base import Adopted, HostJob, RunState
+    from mncloud.backends.base import Adopted, HostJob, RunState, RunStatus
 
 
 class SkyPilotHost:
@@ -83,6 +83,16 @@ class SkyPilotHost:
 
     def job_states(self, job_ids: Iterable[int]) -> dict[int, HostJob]:
         return dict(find.job_states(job_ids))
+
+    def job_status(self, job: HostJob, name: str, nodes: int, spot: bool) -> RunStatus:
+        from mncloud.backends.skypilot.group import job_group_status
+        from mncloud.backends.skypilot.status import managed_job_status
+
+        group = len(job.tasks) > 1
+        meta = RunMeta(kind=JOB_GROUP if group else MANAGED_JOB, name=name, nodes=nodes,
+                       spot=spot, job_id=job.job_id, tasks=list(job.tasks) if group else [],
+                       cloud=job.cloud, region=job.region, max_restarts=0)  # fmt: skip
+        return job_group_status(meta) if group else managed_job_status(meta)
 
     def cancel(
         self,
