@@ -193,19 +193,20 @@ def schedule(
     order, so that each seed meets every kind once `faults` reaches their number; with fewer
     moments than kinds, some moments bring two faults at once (an API error while a node
     fails). The first fault is one of `early` (there is a run first), `down` (it ends the
-    run) comes last."""
+    run) comes last, in a moment of its own: a fault beside it would have no look after it."""
     deck: list[str] = []
     while len(deck) < max(faults, len(kinds)):
         deck += rng.sample(kinds, len(kinds))
     deck = deck[: max(faults, len(kinds))]
+    alone = faults > 1 and "down" in deck
     if "down" in deck:
-        deck = [k for k in deck if k != "down"] + ["down"]
+        deck = [k for k in deck if k != "down"] + ([] if alone else ["down"])
     first = next((i for i, k in enumerate(deck) if k in early), 0) if early else 0
     deck.insert(0, deck.pop(first))
-    moments: list[list[str]] = [[] for _ in range(min(faults, len(deck)))]
+    moments: list[list[str]] = [[] for _ in range(min(faults - alone, len(deck)))]
     for i, kind in enumerate(deck):
         moments[i * len(moments) // len(deck)].append(kind)
-    return moments
+    return [*moments, *([["down"]] if alone else [])]
 
 
 def _down_at_the_end(s: Soak) -> None:

@@ -3,9 +3,10 @@ every controller home's records of the run each read up to when its VM went, equ
 seconds the fake's VMs ran the training jobs, within one tick.
 
 A launch is billed from its `launch` event until a look reads the queue (`ledger.catch_up`:
-waiting unbilled). A controller that hands off, or dies, before its next look leaves that
-guess open in its home; the home that took the record over (it holds the same `launch` and
-what the queue said after it) bills the launch instead (`_superseded`).
+waiting unbilled), and a stint from when it ran until a look sees it end. A controller that
+hands off, or dies, before its next look leaves that guess open in its home; the home that
+took the record over (it holds the same event and what the queue said after it) bills the
+launch instead (`_superseded`).
 """
 
 from __future__ import annotations
@@ -65,22 +66,22 @@ def _billed(
 def _superseded(
     record: RunRecord, last: Segment, went: float, held: list[tuple[float, list[RunRecord]]]
 ) -> bool:
-    """Whether `last`, `record`'s segment still open when its home went at `went`, is a
-    launch no look of that home saw (opened by `launch`: billed until a look says what the
-    queue reports) that a later home's record of the same launch followed on (it holds that
-    launch event and more after it: the queue's account replaces the guess). A controller
-    that hands off or dies before its next look leaves such a guess behind; the product's
-    own count then goes on from the successor's record."""
-    if not last.open or last.opened_by != "launch":
+    """Whether `last`, `record`'s segment still open when its home went at `went`, is one a
+    later home's record of the same launch followed on (it holds the event that opened it
+    and more after it): that home read the queue since, and its account replaces the guess
+    left open. A controller that hands off or dies before its next look leaves one behind:
+    a `launch` no look saw, or a stint that ended after its last look (a later controller
+    closes that at SkyPilot's end, `billing.close_earlier`); the product's own count then
+    goes on from that later record."""
+    if not last.open:
         return False
     for later, records in held:
         for other in records:
             if later <= went or other.run_id != record.run_id:
                 continue
-            events = other.events
-            if any(e.kind == "launch" and e.time == last.start for e in events) and any(
-                e.time >= last.start and e.kind != "launch" for e in events
-            ):
+            opener = [i for i, e in enumerate(other.events)
+                      if e.kind == last.opened_by and e.time == last.start]  # fmt: skip
+            if opener and opener[0] < len(other.events) - 1:
                 return True
     return False
 

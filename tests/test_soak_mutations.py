@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from pathlib import Path
 
 import pytest
@@ -35,15 +34,7 @@ def test_each_fix_taken_out_of_the_source_is_caught_in_every_seed(
     if fix.soak == OWN_TEST_ONLY:  # no soak reaches it yet (`fix.unsoaked`): its test only
         return
     assert sorted(verdict.caught) == SEEDS, verdict.caught
-    if missed and missed == KNOWN_MISSES.get(name):
-        pytest.xfail(f"{name!r} taken out: seeds {missed} not caught, a known miss (#58's note)")
     assert not missed, f"{name!r} taken out: seeds {missed} of the {fix.soak} soak did not catch it"
-
-
-KNOWN_MISSES = {"group cancel": [1]}
-"""Seeds known to miss a reverted fix in the short form, each named in the issue's note: the
-group cancel's seed 1 once the lease faults joined the deck (not yet looked into). Exactly
-these seeds mark the test xfail; any other miss fails it."""
 
 
 @pytest.mark.parametrize("soak", SOAKS)
@@ -54,28 +45,10 @@ def test_the_short_form_finds_nothing_with_every_fix_in(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The control: the same soaks and seeds, nothing taken out, find nothing but the one
-    known ledger gap (`OVER_BILLED`), which marks the test xfail instead of passing it."""
-    known = []
+    """The control: the same soaks and seeds, nothing taken out, find nothing."""
     for seed in SEEDS:
         found = soak_once(fake_sky, soak, script, tmp_path, monkeypatch, seed, FAULTS)
-        assert all(OVER_BILLED.fullmatch(v) and _over(v) for v in found), (seed, found)
-        known += [f"seed {seed}: {v}" for v in found]
-    if known:
-        pytest.xfail(f"the known ledger gap (issue #58's note): {'; '.join(known)}")
-
-
-OVER_BILLED = re.compile(r"billed (\d+) s, the VMs ran (\d+) s")
-"""The one violation a control may show for now: a job cancelled by a later controller (`up
---resume` after the old one died) stays billed in the dead controller's copy of its record
-up to when that VM went, since no later home closes that record (`identity.restore` fetches
-only the state's own run ids). The soak's ledger check adds every home's copy: over-billed.
-An under-billed control, or any other violation, still fails."""
-
-
-def _over(violation: str) -> bool:
-    billed, ran = map(int, OVER_BILLED.fullmatch(violation).groups())  # type: ignore[union-attr]
-    return billed > ran
+        assert not found, (seed, found)
 
 
 def test_every_fix_names_a_soak_and_a_test_and_guards_lines(tmp_path: Path) -> None:
