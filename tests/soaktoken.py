@@ -33,12 +33,9 @@ Not yet on a job group's run (`--recovery node`, the controller-group soak): the
 check reported seconds billed past what the VMs ran in the short form's seeds, not yet
 explained; the faults leave such a run alone. The +390 s the long form's control reported (a
 holder's launch no look of it saw, left open at its hand-off) is `soakledger._superseded`'s.
-Open: a launch its `blind` controller last saw waiting (its looks failing), then recovered
-and ran until the laptop's `down` cancelled it, is billed by no home (`down` on the laptop
-holds neither its record nor its `skypilot.json`, so `billing.close_downed` cannot close it;
-`up --resume`'s controller holds it only in `earlier_run_ids`, whose records `identity.restore`
-neither fetches nor follows): -7457 s in seed 8 of 20 faults before the
-schedule changed at 89ccab2 (f5c35c5's soak reproduces it on main's `mncloud/`).
+A launch its `blind` controller last saw waiting, then recovered and ran until the laptop's
+`down` cancelled it, was once billed by no home (-7457 s): `down` now closes every launch's
+record from the bucket's copy (`billing.close_downed`).
 """
 
 from __future__ import annotations

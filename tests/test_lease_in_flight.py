@@ -68,6 +68,26 @@ def _dies_launching(
     return controller, dead, journal.launching.run_id
 
 
+def _steering(
+    fake_sky: FakeSky,
+    monkeypatch: pytest.MonkeyPatch,
+    script: Path,  # noqa: F811
+    tmp_path: Path,
+) -> tuple[int, Driver, int]:
+    """`up --deadline` from the laptop; its controller (on its own VM) launches a training
+    job, which gets its VMs and trains, seen so by a look. (controller job id, the
+    controller's driver, the training job id)."""
+    assert _up_deadline(monkeypatch, script, tmp_path).exit_code == 0
+    (controller,) = _named(fake_sky, "llm-control")
+    fake_sky.set_status(controller, S.RUNNING)
+    run = Driver(_fresh_vm(monkeypatch, tmp_path, "controller-vm"))
+    run.tick()
+    (training,) = _named(fake_sky, "llm")
+    fake_sky.set_status(training, S.RUNNING)
+    run.tick(1, gap=GAP)
+    return controller, run, training
+
+
 def _state_uri(tmp_path: Path) -> str:
     return layout.control_state_uri(f"file://{tmp_path / 'bucket'}/llm")
 
@@ -175,14 +195,7 @@ def test_resume_beside_a_job_the_dead_controller_steered_is_still_refused(
     """`--resume` cancels only a launch the dead controller journaled and never recorded;
     one it recorded (and steered, training since) stays the user's to stop with its notice:
     refused in one line, as before, and kept live."""
-    assert _up_deadline(monkeypatch, script, tmp_path).exit_code == 0
-    (controller,) = _named(fake_sky, "llm-control")
-    fake_sky.set_status(controller, S.RUNNING)
-    run = Driver(_fresh_vm(monkeypatch, tmp_path, "controller-vm"))
-    run.tick()
-    (training,) = _named(fake_sky, "llm")
-    fake_sky.set_status(training, S.RUNNING)
-    run.tick(1, gap=GAP)
+    controller, _run, training = _steering(fake_sky, monkeypatch, script, tmp_path)
     fake_sky.set_status(controller, S.FAILED_CONTROLLER)
 
     result = _up_deadline(monkeypatch, script, tmp_path, "--resume")
@@ -257,14 +270,7 @@ def test_the_next_controller_ends_the_record_of_a_job_the_dead_one_left_open(
     on to whenever it is read. The controller `up --resume` starts closes it at SkyPilot's
     end of the job (`billing.close_earlier`): the bucket's copy bills what the job ran, and
     stays so however late it is read."""
-    assert _up_deadline(monkeypatch, script, tmp_path).exit_code == 0
-    (controller,) = _named(fake_sky, "llm-control")
-    fake_sky.set_status(controller, S.RUNNING)
-    dead = Driver(_fresh_vm(monkeypatch, tmp_path, "controller-vm"))
-    dead.tick()
-    (training,) = _named(fake_sky, "llm")
-    fake_sky.set_status(training, S.RUNNING)
-    dead.tick(1, gap=GAP)
+    controller, dead, training = _steering(fake_sky, monkeypatch, script, tmp_path)
     (run_id,) = dead.state.run_ids
     dead.clock.now += 600.0  # it trains on; the controller's job dies before its next look
     fake_sky.set_status(controller, S.FAILED_CONTROLLER)
