@@ -337,6 +337,13 @@ class ControllerHost(Protocol):
         by request id (none: whatever they made, the queue lists)."""
         ...
 
+    def settle_requests(
+        self, request_ids: Iterable[str], *, wait_s: float, poll_s: float,
+        sleep: Callable[[float], None],
+    ) -> list[str]:  # fmt: skip
+        """`settle_launches` of these requests (by id): those still unfinished after `wait_s`."""
+        ...
+
     def job_states(self, job_ids: Iterable[int]) -> dict[int, HostJob]:
         """The queue's view of `job_ids` (a job it no longer lists is left out)."""
         ...

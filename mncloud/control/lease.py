@@ -14,7 +14,8 @@ every user (a controller VM may be another user to the API server), for a live `
 
 Two more ways to a second controller, refused the same way (`--replace` ends them first):
 an `up` cut short while its controller's launch request was in flight (the API server goes
-on with it: listed by `sky.api_status`, not yet in the queue), and a controller that died
+on with it: listed by `sky.api_status`, not yet in the queue; `--replace` waits for it,
+`LAUNCH_WAIT_S` at most, else refuses with nothing done), and a controller that died
 (FAILED past its restarts) while the training job it launched trains on (found by the run
 ids its state in the bucket lists: a new controller would overwrite that state and launch a
 second job beside it).
@@ -77,8 +78,10 @@ def take(state: ControlState) -> None:
 
     name, host = state.name, host_of(state)
     replace = state.existing == "replace"
-    flying = host.launches_in_flight(f"{name}-control", wait=replace)
-    if flying and not replace:
+    flying = host.launches_in_flight(f"{name}-control")
+    if flying and replace:  # waited for, within the bound: then the queue lists what it made
+        _settled_controllers(host, name, flying)
+    elif flying:
         raise SpecError(
             f"run {name!r} has a deadline controller still being launched (SkyPilot request "
             f"{', '.join(flying)}, from an `up` cut short); follow it with `mncloud status "
@@ -97,6 +100,20 @@ def take(state: ControlState) -> None:
             "with `--replace` (it cancels that controller and its training job)"
         )
     _end_first(host, state, live)
+
+
+def _settled_controllers(host: ControllerHost, name: str, flying: list[str]) -> None:
+    """`--replace`: the controller launches in flight (an `up` cut short) waited for,
+    `LAUNCH_WAIT_S` at most; SpecError, nothing launched or cancelled, when one is not done."""
+    left = host.settle_requests(flying, wait_s=LAUNCH_WAIT_S, poll_s=LAUNCH_POLL_S, sleep=pause)
+    if left:
+        ids = " ".join(left)
+        raise SpecError(
+            f"run {name!r}: a deadline controller's launch (from an `up` cut short) is still in "
+            f"flight at the SkyPilot API server after {LAUNCH_WAIT_S:g}s (request {ids}); "
+            f"nothing was launched or cancelled: run this `up --replace` again once it ends "
+            f"(`sky api status`), or cancel it first (`sky api cancel {ids}`)"
+        )
 
 
 def _left_unsteered(host: ControllerHost, state: ControlState) -> None:

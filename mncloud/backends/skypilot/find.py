@@ -204,9 +204,18 @@ def settle_launch_requests(
     """Wait up to `wait_s` (a look every `poll_s`) for the unfinished `jobs.launch` requests
     naming one of `run_ids`; the ids of those still unfinished then (none: each ended, and
     whatever it made the queue lists). Looks are counted, not timed: `sleep` is the clock."""
+    return settle_requests(launch_requests_naming(run_ids), wait_s=wait_s, poll_s=poll_s,
+                           sleep=sleep)  # fmt: skip
+
+
+def settle_requests(
+    request_ids: Iterable[str], *, wait_s: float, poll_s: float, sleep: Callable[[float], None]
+) -> list[str]:
+    """Wait up to `wait_s` (a look every `poll_s`, `sleep` between) for the API server to
+    finish `request_ids`; those still unfinished then."""
     from tenacity import Retrying, retry_if_result, stop_after_attempt, wait_fixed
 
-    flying = launch_requests_naming(run_ids)
+    flying = list(request_ids)
     if not flying:
         return []
     looks = Retrying(

@@ -81,6 +81,12 @@ class SkyPilotHost:
     ) -> list[str]:  # fmt: skip
         return find.settle_launch_requests(run_ids, wait_s=wait_s, poll_s=poll_s, sleep=sleep)
 
+    def settle_requests(
+        self, request_ids: Iterable[str], *, wait_s: float, poll_s: float,
+        sleep: Callable[[float], None],
+    ) -> list[str]:  # fmt: skip
+        return find.settle_requests(request_ids, wait_s=wait_s, poll_s=poll_s, sleep=sleep)
+
     def job_states(self, job_ids: Iterable[int]) -> dict[int, HostJob]:
         return dict(find.job_states(job_ids))
 
