@@ -56,12 +56,12 @@ def follow(ctl: Steering, status: RunStatus | None) -> bool:
     """Bring the live launch's record up to what the queue says ran (and the records an
     earlier controller left open, `close_earlier`); whether it could (the status has the
     queue's times and the launch has a record)."""
-    if ctl.backend.records_own_events:
+    st, backend = ctl.state, ctl.backend
+    if st.earlier_run_ids and not backend.runs_here and not backend.records_own_events:
+        close_earlier(st, backend.controller_host(), ctl.clock.time())
+    if status is None or status.times is None or backend.records_own_events:
         return False
-    close_earlier(ctl.state, ctl.backend.controller_host(), ctl.clock.time())
-    if status is None or status.times is None:
-        return False
-    return follow_queue(ctl.state, status, ctl.clock.time())
+    return follow_queue(st, status, ctl.clock.time())
 
 
 def follow_queue(
