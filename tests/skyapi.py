@@ -61,8 +61,12 @@ def serve(folder: Path, settings: Mapping[str, str] | None = None) -> Iterator[s
     the log's last line where it does not start."""
     port, log_path = free_port(), folder / "server.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("SKYPILOT_API_SERVER")}
+    # The local port moves the server's internal request-queue port (50011) in lockstep
+    # (`sky/server/requests/queues/mp_queue.py`): two servers at once (the suite's two
+    # workers) do not collide there.
     env.update(HOME=str(folder), SKY_RUNTIME_DIR=str(folder), IS_SKYPILOT_SERVER="true",
-               SKYPILOT_DISABLE_USAGE_COLLECTION="1", **(settings or {}))  # fmt: skip
+               SKYPILOT_DISABLE_USAGE_COLLECTION="1", SKYPILOT_API_SERVER_LOCAL_PORT=str(port),
+               **(settings or {}))  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
