@@ -149,7 +149,7 @@ def soak(
     _credentials_kept(fake, tmp_path, report)
     final_checks(s)
     s.homes.append((os.environ["MNCLOUD_HOME"], s.run.clock.now))
-    money_kept(fake, monkeypatch, s.homes, report)
+    money_kept(fake, monkeypatch, s.homes, report, bucket=f"file://{tmp_path / 'bucket'}")
     return report
 
 

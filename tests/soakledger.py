@@ -25,18 +25,25 @@ if TYPE_CHECKING:
 
 
 def money_kept(
-    fake: FakeSky, monkeypatch: pytest.MonkeyPatch, homes: list[tuple[str, float]], report: Report
+    fake: FakeSky,
+    monkeypatch: pytest.MonkeyPatch,
+    homes: list[tuple[str, float]],
+    report: Report,
+    bucket: str,
 ) -> None:
     """The ledger bills what the VMs ran, within one tick: per launch (run id), the union of
-    the segments every home's record of it bills, each home's read up to when it went; but
-    a launch still unconfirmed when its home went (`_superseded`) as the home that took the
-    record over bills it."""
-    from mncloud.records.store import list_records
+    the segments every home's record of it bills, each home's read up to when it went, and
+    the bucket's copies (what every later reader sees) read at the end, after `down`; but a
+    segment still open when its home went (`_superseded`) as the copy that took the record
+    over bills it."""
+    from mncloud.records.store import list_bucket_records, list_records
 
     held: list[tuple[float, list[RunRecord]]] = []
     for home, went in homes:
         monkeypatch.setenv("MNCLOUD_HOME", home)
         held.append((went, list_records("llm")))
+    end = max(went for _home, went in homes)
+    held.append((end + 1.0, [r for r in list_bucket_records(bucket) if r.name == "llm"]))
     spans: dict[str, list[tuple[float, float]]] = {}
     for went, records in held:
         for record in records:

@@ -18,9 +18,10 @@ home, its token, its hand-off key) on the soak's clock:
     token_stop  the successor never gets its VM: the run is stopped at a checkpoint before
                 the controller's token expires; then `up --deadline --resume` from the laptop
                 (a new controller job, a fresh token), with which the soak goes on.
-    blind       the controller's VM stalls from before its stop point to past its token's
-                expiry: its next look makes no call, its state naming `mncloud down`; the
-                laptop's `down`, then `up --resume`, and the soak goes on.
+    blind       the controller's VM stalls, while a job it steers trains, from before its
+                stop point to past its token's expiry: its next look makes no call, its state
+                naming `mncloud down`; the laptop's `down`, then `up --resume`, and the soak
+                goes on.
 
 Invariants beside each look's (`cloudsoak._look`): no call answered 401 for an expired token
 (`fake.refused`); a controller whose key the run's state in the bucket does not name neither
@@ -282,8 +283,15 @@ def _token_stop(s: Soak, holder: VM) -> VM:
 
 
 def _blind(s: Soak, holder: VM) -> VM:
-    """See the module docstring: the controller `up --resume` started."""
+    """See the module docstring: the controller `up --resume` started. It stalls while a
+    job it steers trains, where the run gets one (`soakfaults._trains`): the stint no look
+    of it sees is the laptop's `down` to close (`billing.close_downed`)."""
+    from tests.soakfaults import _trains
+
     fake = s.fake
+    _trains(s)
+    if holder.run.state.final:
+        return holder
     ends = _arm(s, holder, TOKEN_MARGIN_S + s.rng.uniform(600, 3600))
     for _ in range(3):  # its last looks before its stop point, its training job running
         _vms_up(fake)
