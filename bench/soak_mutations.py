@@ -43,7 +43,8 @@ def main() -> int:
             soaked = fix.soak != OWN_TEST_ONLY  # else its own test only (`fix.unsoaked`)
             missed = [s for s in seeds if soaked and not verdict.caught.get(s)]
             bad |= bool(missed) or not verdict.own_test_failed
-            rows.append({"fix": name, "soak": fix.soak, "caught": len(seeds) - len(missed),
+            caught = len(seeds) - len(missed) if soaked else None  # (none: its own test only)
+            rows.append({"fix": name, "soak": fix.soak, "caught": caught,
                          "missed": missed, "own_test_failed": verdict.own_test_failed,
                          "cells": "".join("." if s in missed else "x" for s in seeds)
                          if soaked else "own test only",
@@ -51,6 +52,7 @@ def main() -> int:
                          "seconds": round(time.monotonic() - began)})  # fmt: skip
             _say(rows[-1], args.json)
         for n, soak in enumerate(() if args.fix else SOAKS):
+            began = time.monotonic()
             verdict = check(None, soak, seeds, args.faults, Path(scratch) / f"none-{n}")
             found = [s for s in seeds if verdict.caught.get(s)]
             bad |= bool(found)
@@ -58,7 +60,7 @@ def main() -> int:
                          "missed": [], "own_test_failed": None,
                          "cells": "".join("x" if s in found else "." for s in seeds),
                          "first": next((v for v in verdict.caught.values() if v), ""),
-                         "seconds": 0})  # fmt: skip
+                         "seconds": round(time.monotonic() - began)})  # fmt: skip
             _say(rows[-1], args.json)
     if not args.json:
         print(_table(rows, len(seeds), args.faults))
@@ -77,9 +79,14 @@ def _table(rows: list[dict[str, object]], seeds: int, faults: int) -> str:
     head = [f"| fix taken out | soak | seeds 0–{seeds - 1} ({faults} faults each) | caught "
             "| own test |", "|---|---|---|---|---|"]  # fmt: skip
     own = {True: "fails", False: "PASSES", None: "—"}
-    lines = [f"| {r['fix']} | {r['soak']} | `{r['cells']}` | {r['caught']}/{seeds} | "
+    lines = [f"| {r['fix']} | {r['soak']} | `{r['cells']}` | {_caught(r['caught'], seeds)} | "
              f"{own[r['own_test_failed']]} |" for r in rows]  # type: ignore[index]  # fmt: skip
     return "\n".join(head + lines)
+
+
+def _caught(caught: object, seeds: int) -> str:
+    """`caught/seeds`, or — for a fix no soak reaches (its own test only)."""
+    return "—" if caught is None else f"{caught}/{seeds}"
 
 
 if __name__ == "__main__":
