@@ -106,13 +106,18 @@ def _settled_controllers(host: ControllerHost, name: str, flying: list[str]) -> 
     """`--replace`: the controller launches in flight (an `up` cut short) waited for,
     `LAUNCH_WAIT_S` at most; SpecError, nothing launched or cancelled, when one is not done."""
     left = host.settle_requests(flying, wait_s=LAUNCH_WAIT_S, poll_s=LAUNCH_POLL_S, sleep=pause)
+    _refuse_in_flight(name, "a deadline controller's launch (from an `up` cut short)", left,
+                      "nothing was launched or cancelled", "up --replace")  # fmt: skip
+
+
+def _refuse_in_flight(name: str, what: str, left: list[str], done: str, again: str) -> None:
+    """SpecError naming the launch requests `left` in flight after the wait (none: nothing)."""
     if left:
         ids = " ".join(left)
         raise SpecError(
-            f"run {name!r}: a deadline controller's launch (from an `up` cut short) is still in "
-            f"flight at the SkyPilot API server after {LAUNCH_WAIT_S:g}s (request {ids}); "
-            f"nothing was launched or cancelled: run this `up --replace` again once it ends "
-            f"(`sky api status`), or cancel it first (`sky api cancel {ids}`)"
+            f"run {name!r}: {what} is still in flight at the SkyPilot API server after "
+            f"{LAUNCH_WAIT_S:g}s (request {ids}); {done}: run this `{again}` again once it "
+            f"ends (`sky api status`), or cancel it first (`sky api cancel {ids}`)"
         )
 
 
@@ -168,14 +173,8 @@ def _settled(
     `up` did already, for the refusal)."""
     run_ids = _run_ids(old)
     flying = host.settle_launches(run_ids, wait_s=LAUNCH_WAIT_S, poll_s=LAUNCH_POLL_S, sleep=pause)
-    if flying:
-        ids = " ".join(flying)
-        raise SpecError(
-            f"run {state.name!r}: a training launch of its last deadline controller is still "
-            f"in flight at the SkyPilot API server after {LAUNCH_WAIT_S:g}s (request {ids}); "
-            f"{done}nothing was launched: run this `up` again once it ends (`sky api status`), "
-            f"or cancel it first (`sky api cancel {ids}`)"
-        )
+    _refuse_in_flight(state.name, "a training launch of its last deadline controller", flying,
+                      f"{done}nothing was launched", "up")  # fmt: skip
     state.earlier_run_ids = run_ids
     return run_ids
 
