@@ -132,7 +132,8 @@ def close_open(
             continue
         latest = max(latest or upto, upto)
         if ended is not None and status is not None:  # (a stint unseen ends in `waiting`)
-            _ended(st.name, run_id, status, ended)
+            with contextlib.suppress(MncloudError):  # unreadable now: the next look's, or none
+                _ended(st.name, run_id, status, ended)
     return latest
 
 
