@@ -178,27 +178,19 @@ def live_status(backend: Backend, st: ControlState) -> RunStatus | None:
 def close_downed(st: ControlState) -> None:
     """After `mncloud down` cancelled run `st`'s jobs: each launch's record still open closed
     at SkyPilot's `end_at`, as the controller's next look would have (`follow`; none comes
-    now), and the cost kept in the state (`launch_costs`, what the laptop's `status` shows).
-    The live launch's as this machine's `skypilot.json` of it says (the controller's home);
-    every other, and all of them on a laptop, from the bucket's copy, its job found by run id
-    (`close_open`). SkyPilot or the bucket unreadable now: as the controller left it."""
+    now), and the cost kept in the state (`launch_costs`, what the laptop's `status` shows):
+    from this machine's copy of the record or, where it has none (a laptop), the bucket's,
+    its job found by run id (`close_open`). SkyPilot or the bucket unreadable now: as the
+    controller left it."""
     from mncloud.backends.registry import get_backend
-    from mncloud.records.store import find_record
 
     backend = get_backend(st.config.backend)
     if backend.records_own_events or backend.runs_here:
         return
-    ended = None
-    with contextlib.suppress(MncloudError):  # (not held here, or SkyPilot unsure: below)
-        if st.run_ids and not find_record(st.run_ids[-1]).finished:
-            status = live_status(backend, st)
-            ended = status.times.ended_at if status and status.times else None
-            if ended is not None and not follow_queue(st, status, ended):
-                ended = None
     run_ids = [*st.earlier_run_ids, *st.run_ids]
-    later = close_open(st, backend.controller_host(), run_ids, None, fetch=True)
-    if ended is not None or later is not None:
-        count_costs(st, max(ended or 0.0, later or 0.0))
+    ended = close_open(st, backend.controller_host(), run_ids, None, fetch=True)
+    if ended is not None:
+        count_costs(st, ended)
 
 
 def _placement(events: list[Event]) -> dict[str, object]:
