@@ -94,11 +94,8 @@ class SkyPilotHost:
         from mncloud.backends.skypilot.group import job_group_status
         from mncloud.backends.skypilot.status import managed_job_status
 
-        group = len(job.tasks) > 1
-        meta = RunMeta(kind=JOB_GROUP if group else MANAGED_JOB, name=name, nodes=nodes,
-                       spot=spot, job_id=job.job_id, tasks=list(job.tasks) if group else [],
-                       cloud=job.cloud, region=job.region, max_restarts=0)  # fmt: skip
-        return job_group_status(meta) if group else managed_job_status(meta)
+        meta = _job_meta(job, name, nodes, spot)
+        return job_group_status(meta) if meta.kind == JOB_GROUP else managed_job_status(meta)
 
     def cancel(
         self,
@@ -126,22 +123,34 @@ class SkyPilotHost:
         save_meta(RunMeta.model_validate(dict(meta)))
 
     def adopt(self, job: HostJob, launch: Adopted) -> None:
-        group = len(job.tasks) > 1
         choice = launch.choice
         save_meta(
-            RunMeta(
-                kind=JOB_GROUP if group else MANAGED_JOB,
-                tasks=list(job.tasks) if group else [],
-                name=launch.name,
-                nodes=launch.nodes,
-                spot=launch.spot,
+            _job_meta(
+                job,
+                launch.name,
+                launch.nodes,
+                launch.spot,
                 cloud=job.cloud or choice.get("cloud"),
                 region=job.region or choice.get("region"),
                 instance_type=choice.get("instance_type"),
                 hourly_per_node=choice.get("hourly_per_node"),
                 launched_at=launch.launched_at,
-                job_id=job.job_id,
-                max_restarts=0,  # the controller's launches: it counts the errors (`outcomes.py`)
                 ckpt_uri=launch.ckpt_uri,
             )
         )
+
+
+def _job_meta(job: HostJob, name: str, nodes: int, spot: bool, **fields: Any) -> RunMeta:
+    """The `RunMeta` of a job found in the queue (a job group by its tasks), with `fields`;
+    a controller's launch: it counts the errors itself (`max_restarts` 0, `outcomes.py`)."""
+    group = len(job.tasks) > 1
+    return RunMeta(
+        kind=JOB_GROUP if group else MANAGED_JOB,
+        tasks=list(job.tasks) if group else [],
+        name=name,
+        nodes=nodes,
+        spot=spot,
+        job_id=job.job_id,
+        max_restarts=0,
+        **{"cloud": job.cloud, "region": job.region, **fields},
+    )
