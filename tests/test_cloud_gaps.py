@@ -19,6 +19,7 @@ from mncloud.errors import BackendError
 from tests.fakesky import FakeSky
 from tests.test_control_cloud import Driver, _fresh_vm, _named, _state
 from tests.test_control_faults import _up_deadline
+from tests.test_lease_in_flight import server_finishes_while_waiting
 from tests.test_skypilot import script  # noqa: F401 - a fixture
 
 pytestmark = pytest.mark.catalog
@@ -69,14 +70,14 @@ def test_up_again_while_the_first_ups_controller_launch_is_in_flight_is_refused(
         _up_deadline(monkeypatch, script, tmp_path, "--replace")
     fake_sky.held.clear()
     (request_id,) = fake_sky._in_flight
-    waited = _server_finishes_after(monkeypatch, fake_sky, None)  # never, within the bound
+    waited = server_finishes_while_waiting(monkeypatch, fake_sky, None, None)  # never finished
     before = _statuses(fake_sky)
     line = _one_line(_up_deadline(monkeypatch, script, tmp_path, "--replace"))
     assert "still in flight" in line and f"sky api cancel {request_id}" in line
     assert sum(waited) >= lease.LAUNCH_WAIT_S
     assert _statuses(fake_sky) == before and fake_sky._in_flight  # nothing launched or cancelled
 
-    _server_finishes_after(monkeypatch, fake_sky, 3 * lease.LAUNCH_POLL_S)
+    server_finishes_while_waiting(monkeypatch, fake_sky, None, 3 * lease.LAUNCH_POLL_S)
     replaced = _up_deadline(monkeypatch, script, tmp_path, "--replace")
     assert replaced.exit_code == 0, replaced.output
     assert len(fake_sky.live_jobs("llm-control")) == 1
@@ -84,22 +85,6 @@ def test_up_again_while_the_first_ups_controller_launch_is_in_flight_is_refused(
 
 def _statuses(fake_sky: FakeSky) -> dict[int, list[S]]:
     return {j: [t.status for t in fake_sky.job(j).tasks] for j in fake_sky.jobs}
-
-
-def _server_finishes_after(
-    monkeypatch: pytest.MonkeyPatch, fake_sky: FakeSky, after_s: float | None
-) -> list[float]:
-    """`lease.pause` without sleeping; the server finishes what it holds once `after_s` of
-    the wait passed (None: never). The pauses, in seconds."""
-    pauses: list[float] = []
-
-    def pause(seconds: float) -> None:
-        pauses.append(seconds)
-        if after_s is not None and sum(pauses) >= after_s:
-            fake_sky.finish_in_flight()
-
-    monkeypatch.setattr(lease, "pause", pause)
-    return pauses
 
 
 def test_up_resume_beside_a_dead_controllers_live_training_job_is_refused(

@@ -22,7 +22,7 @@ from mncloud.control import lease
 from mncloud.records.ledger import cost_summary
 from mncloud.records.store import fetch_record, list_records
 from tests.fakesky import FakeSky
-from tests.test_control import GAP
+from tests.test_control import GAP, FakeClock
 from tests.test_control_cloud import Crash, Driver, _fresh_vm, _named, runner
 from tests.test_control_faults import _up_deadline
 from tests.test_skypilot import script  # noqa: F401 - a fixture
@@ -92,17 +92,20 @@ def _state_uri(tmp_path: Path) -> str:
     return layout.control_state_uri(f"file://{tmp_path / 'bucket'}/llm")
 
 
-def _server_finishes_while_waiting(
-    monkeypatch: pytest.MonkeyPatch, fake_sky: FakeSky, dead: Driver, after_s: float | None
+def server_finishes_while_waiting(
+    monkeypatch: pytest.MonkeyPatch,
+    fake_sky: FakeSky,
+    clock: FakeClock | None,
+    after_s: float | None,
 ) -> list[float]:
-    """`lease.pause` on the dead controller's fake clock; the server finishes the request in
-    flight once `after_s` of the wait passed (None: never). The pauses, in seconds."""
+    """`lease.pause` on a fake clock (None: no clock moves); the server finishes the requests
+    in flight once `after_s` of the wait passed (None: never). The pauses, in seconds."""
     pauses: list[float] = []
-    clock = dead.clock
 
     def pause(seconds: float) -> None:
         pauses.append(seconds)
-        clock.now += seconds
+        if clock is not None:
+            clock.now += seconds
         if after_s is not None and sum(pauses) >= after_s:
             fake_sky.finish_in_flight()
 
@@ -126,7 +129,7 @@ def test_a_launch_in_flight_when_the_controller_died_ends_in_one_training_job(
     controller, dead, old_run_id = _dies_launching(fake_sky, monkeypatch, script, tmp_path)
     if flag == "--resume":
         fake_sky.set_status(controller, S.FAILED_CONTROLLER)
-    pauses = _server_finishes_while_waiting(monkeypatch, fake_sky, dead, FINISHED_AFTER_S)
+    pauses = server_finishes_while_waiting(monkeypatch, fake_sky, dead.clock, FINISHED_AFTER_S)
 
     result = _up_deadline(monkeypatch, script, tmp_path, flag)
     assert result.exit_code == 0, result.output
@@ -165,7 +168,7 @@ def test_resume_with_the_launch_still_in_flight_past_the_wait_is_refused_nothing
     old state in the bucket as it was. Once the server ends it, `--resume` goes on."""
     controller, dead, _run_id = _dies_launching(fake_sky, monkeypatch, script, tmp_path)
     fake_sky.set_status(controller, S.FAILED_CONTROLLER)
-    pauses = _server_finishes_while_waiting(monkeypatch, fake_sky, dead, None)
+    pauses = server_finishes_while_waiting(monkeypatch, fake_sky, dead.clock, None)
     launches = len(fake_sky.called("jobs.launch"))
     before = control.load_uri(_state_uri(tmp_path))
 
